@@ -1,0 +1,1 @@
+//! `dfx_engine._internal`: the dfx plugin file, seen from datafusion-python.
