@@ -1,0 +1,296 @@
+//! The ABI of a dfx plugin file, and the one loader every host uses.
+//!
+//! A dfx plugin is a `cdylib` exporting one `abi_stable` root module,
+//! [`DfxPlugin`]. A host calls [`load`] with the file's path, which performs
+//! the whole handshake before anything in the library is called:
+//!
+//! 1. open the file as a shared library ([`LoadCheck::Open`]);
+//! 2. find the exported root module ([`LoadCheck::NotADfxPlugin`]);
+//! 3. let `abi_stable` check its version numbers and the root module's layout
+//!    ([`LoadCheck::AbiStableVersion`], [`LoadCheck::RootModuleLayout`]);
+//! 4. compare the dfx ABI version and the `datafusion-ffi` major the plugin
+//!    declares with this host's ([`LoadCheck::DfxAbiVersion`],
+//!    [`LoadCheck::DataFusionMajor`]).
+//!
+//! Only then does [`Plugin`] hand out the plugin's constructors.
+//!
+//! ```no_run
+//! let plugin = dfx_abi::load(std::path::Path::new("target/debug/libdfx_plugin.so"))?;
+//! println!("{} {}", plugin.name(), plugin.version());
+//! # Ok::<(), dfx_abi::LoadError>(())
+//! ```
+
+pub mod compat;
+pub mod module;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use abi_stable::library::{LibraryError, RootModule, lib_header_from_path};
+use abi_stable::std_types::{RResult, RStr};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::logical_expr::{AggregateUDF, AggregateUDFImpl, ScalarUDF, ScalarUDFImpl};
+use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
+use datafusion_ffi::execution::FFI_TaskContextProvider;
+use datafusion_ffi::execution_plan::FFI_ExecutionPlan;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
+use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
+use datafusion_ffi::query_planner::FFI_QueryPlanner;
+use datafusion_ffi::udaf::FFI_AggregateUDF;
+use datafusion_ffi::udf::FFI_ScalarUDF;
+
+pub use compat::{DFX_ABI_VERSION, LoadCheck, LoadError, host_datafusion_ffi_major};
+pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
+
+/// The file name a plugin build produces on this platform (`libdfx_plugin.so`
+/// on Linux).
+pub fn plugin_file_name() -> String {
+    format!(
+        "{}{}{}",
+        std::env::consts::DLL_PREFIX,
+        DfxPluginRef::BASE_NAME,
+        std::env::consts::DLL_SUFFIX
+    )
+}
+
+/// A plugin file that passed the handshake.
+///
+/// Cheap to clone: the library stays loaded for the life of the process (an
+/// unloaded library would leave dangling function pointers in every FFI
+/// struct it handed out).
+#[derive(Clone)]
+pub struct Plugin {
+    path: PathBuf,
+    module: DfxPluginRef,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("path", &self.path)
+            .field("name", &self.name())
+            .field("version", &self.version())
+            .finish()
+    }
+}
+
+/// Load the dfx plugin at `path`, performing the whole handshake.
+///
+/// # Errors
+///
+/// A [`LoadError`] naming the check that failed, with what this host expected
+/// and what the file had. A refused library is never called into.
+pub fn load(path: &Path) -> Result<Plugin, LoadError> {
+    let refuse = |check: LoadCheck, expected: &str, found: String| LoadError {
+        path: path.to_path_buf(),
+        check,
+        expected: expected.to_string(),
+        found,
+    };
+    let header = lib_header_from_path(path).map_err(|err| match err {
+        LibraryError::OpenError { err, .. } => {
+            refuse(LoadCheck::Open, "a loadable shared library", err.to_string())
+        }
+        LibraryError::GetSymbolError { err, .. } => refuse(
+            LoadCheck::NotADfxPlugin,
+            "a dfx plugin (an exported abi_stable root module)",
+            format!("not a dfx plugin: {err}"),
+        ),
+        other => refuse(
+            LoadCheck::AbiStableVersion,
+            "a compatible abi_stable library header",
+            other.to_string(),
+        ),
+    })?;
+    let module = header.init_root_module::<DfxPluginRef>().map_err(|err| match err {
+        LibraryError::AbiInstability(err) => refuse(
+            LoadCheck::RootModuleLayout,
+            "the dfx root module layout of this host's dfx-abi",
+            format!("an incompatible layout: {err}"),
+        ),
+        LibraryError::IncompatibleVersionNumber {
+            expected_version,
+            actual_version,
+            ..
+        } => refuse(
+            LoadCheck::AbiStableVersion,
+            &format!("dfx-abi {expected_version}"),
+            format!("dfx-abi {actual_version}"),
+        ),
+        LibraryError::RootModule { err, .. } => refuse(
+            LoadCheck::RootModuleInit,
+            "a root module that initializes",
+            err.to_string(),
+        ),
+        other => refuse(
+            LoadCheck::AbiStableVersion,
+            "a compatible abi_stable library",
+            other.to_string(),
+        ),
+    })?;
+    compat::check_versions(path, module.dfx_abi_version(), module.datafusion_ffi_major())?;
+    Ok(Plugin {
+        path: path.to_path_buf(),
+        module,
+    })
+}
+
+impl Plugin {
+    /// The file this plugin was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The root module, for hosts that need a field this wrapper does not cover.
+    pub fn module(&self) -> DfxPluginRef {
+        self.module
+    }
+
+    /// The plugin's package name.
+    pub fn name(&self) -> &'static str {
+        self.module.plugin_name().as_str()
+    }
+
+    /// The plugin's package version.
+    pub fn version(&self) -> &'static str {
+        self.module.plugin_version().as_str()
+    }
+
+    /// The dfx ABI version the plugin declares (equal to [`DFX_ABI_VERSION`]).
+    pub fn abi_version(&self) -> u32 {
+        self.module.dfx_abi_version()
+    }
+
+    /// The `datafusion-ffi` major the plugin was built with.
+    pub fn datafusion_ffi_major(&self) -> u64 {
+        self.module.datafusion_ffi_major()
+    }
+
+    /// The stage node's name (`ShuffleStageExec`).
+    pub fn stage_node_name(&self) -> &'static str {
+        self.module.stage_node_name().as_str()
+    }
+
+    /// The id of the plugin's physical codec (`dfx_engine.physical.v1`).
+    pub fn codec_id(&self) -> &'static str {
+        self.module.codec_id().as_str()
+    }
+
+    /// The prefix of the plugin's config extension (`dfx_engine`).
+    pub fn config_prefix(&self) -> &'static str {
+        self.module.config_prefix().as_str()
+    }
+
+    /// The id of the `index`-th stage in pre-order.
+    pub fn stage_id(&self, index: usize) -> u64 {
+        (self.module.stage_id())(index as u64)
+    }
+
+    /// The file holding `partition` of stage `stage_id` under `dir`.
+    pub fn partition_path(&self, dir: &Path, stage_id: u64, partition: usize) -> PathBuf {
+        let dir = dir.to_string_lossy();
+        let path = (self.module.partition_path())(RStr::from_str(&dir), stage_id, partition as u64);
+        PathBuf::from(path.into_string())
+    }
+
+    /// Glob, relative to a shuffle directory, matching any stage output file.
+    pub fn partition_glob(&self) -> &'static str {
+        (self.module.partition_glob())().as_str()
+    }
+
+    /// A snapshot of the plugin's counters.
+    pub fn counters(&self) -> DfxCounters {
+        (self.module.counters())()
+    }
+
+    /// The plugin's query planner on the host's codec chains.
+    pub fn query_planner(
+        &self,
+        logical_codec: FFI_LogicalExtensionCodec,
+        physical_codec: FFI_PhysicalExtensionCodec,
+    ) -> Result<FFI_QueryPlanner> {
+        self.result("query planner", (self.module.new_query_planner())(logical_codec, physical_codec))
+    }
+
+    /// The plugin's physical codec, bound to `task_ctx_provider`.
+    pub fn physical_codec(
+        &self,
+        task_ctx_provider: FFI_TaskContextProvider,
+    ) -> Result<FFI_PhysicalExtensionCodec> {
+        self.result("physical codec", (self.module.new_physical_codec())(task_ctx_provider))
+    }
+
+    /// The plugin's config extension with its defaults.
+    pub fn config_options(&self) -> Result<FFI_ExtensionOptions> {
+        self.result("config options", (self.module.new_config_options())())
+    }
+
+    /// The plugin's scalar functions as FFI structs.
+    pub fn ffi_scalar_udfs(&self) -> Result<Vec<FFI_ScalarUDF>> {
+        self.result("scalar functions", (self.module.scalar_udfs())()).map(|v| v.into_vec())
+    }
+
+    /// The plugin's aggregate functions as FFI structs.
+    pub fn ffi_aggregate_udfs(&self) -> Result<Vec<FFI_AggregateUDF>> {
+        self.result("aggregate functions", (self.module.aggregate_udfs())())
+            .map(|v| v.into_vec())
+    }
+
+    /// The plugin's scalar functions, ready to register on a session.
+    pub fn scalar_udfs(&self) -> Result<Vec<ScalarUDF>> {
+        Ok(self
+            .ffi_scalar_udfs()?
+            .iter()
+            .map(|udf| ScalarUDF::new_from_shared_impl(Arc::<dyn ScalarUDFImpl>::from(udf)))
+            .collect())
+    }
+
+    /// The plugin's aggregate functions, ready to register on a session.
+    pub fn aggregate_udfs(&self) -> Result<Vec<AggregateUDF>> {
+        Ok(self
+            .ffi_aggregate_udfs()?
+            .iter()
+            .map(|udaf| AggregateUDF::new_from_shared_impl(Arc::<dyn AggregateUDFImpl>::from(udaf)))
+            .collect())
+    }
+
+    /// Call the plugin's panic probe (see [`DfxPlugin::panic_probe`]).
+    ///
+    /// # Errors
+    ///
+    /// Always, when the plugin behaves: either the caught panic's message, or
+    /// "built without test hooks". `Ok` means the plugin lacks the probe.
+    pub fn panic_probe(&self) -> Result<u64> {
+        match self.module.panic_probe() {
+            Some(probe) => self.result("panic probe", probe()),
+            None => Err(DataFusionError::Execution(format!(
+                "dfx plugin {} has no panic probe",
+                self.path.display()
+            ))),
+        }
+    }
+
+    /// What a stage node made by this plugin carries (id, shuffle directory,
+    /// partition count); an error for any other node.
+    pub fn stage_info(&self, plan: &Arc<dyn ExecutionPlan>) -> Result<DfxStageInfo> {
+        let Some(stage_info) = self.module.stage_info() else {
+            return Err(DataFusionError::Execution(format!(
+                "dfx plugin {} cannot describe stage nodes (built before stage_info)",
+                self.path.display()
+            )));
+        };
+        let ffi_plan = FFI_ExecutionPlan::new(Arc::clone(plan), None);
+        self.result("stage info", stage_info(ffi_plan))
+    }
+
+    fn result<T>(&self, what: &str, result: FfiResult<T>) -> Result<T> {
+        match result {
+            RResult::ROk(value) => Ok(value),
+            RResult::RErr(message) => Err(DataFusionError::Execution(format!(
+                "dfx plugin {}: {what} failed: {message}",
+                self.path.display()
+            ))),
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The root module: the one symbol a dfx plugin file exports.
+//!
+//! Declared as an `abi_stable` prefix type so that a later plugin can append
+//! fields without breaking hosts built against this one: a host reads the
+//! fields it knows and `abi_stable` checks their layout before any of them is
+//! touched. Every field is `Copy` (integers, `RStr<'static>`, `extern "C"`
+//! function pointers), because prefix fields are read by value.
+//!
+//! The `datafusion-ffi` structs returned by the constructors are opaque to
+//! `abi_stable` (`#[sabi(unsafe_opaque_field)]`); their compatibility is
+//! guarded by [`DfxPlugin::datafusion_ffi_major`], which every host checks
+//! before calling anything (see [`crate::compat`]).
+
+use abi_stable::library::RootModule;
+use abi_stable::sabi_types::VersionStrings;
+use abi_stable::std_types::{RResult, RStr, RString, RVec};
+use abi_stable::{StableAbi, declare_root_module_statics, package_version_strings};
+use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
+use datafusion_ffi::execution::FFI_TaskContextProvider;
+use datafusion_ffi::execution_plan::FFI_ExecutionPlan;
+use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
+use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
+use datafusion_ffi::query_planner::FFI_QueryPlanner;
+use datafusion_ffi::udaf::FFI_AggregateUDF;
+use datafusion_ffi::udf::FFI_ScalarUDF;
+
+/// What an exported constructor returns: the value, or an error message.
+///
+/// A constructor never unwinds across the boundary; a panic inside it is
+/// caught by the plugin and arrives here as `RErr`.
+pub type FfiResult<T> = RResult<T, RString>;
+
+/// Counters the plugin keeps so that tests and benchmarks can see what
+/// happened on its side of the boundary.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DfxCounters {
+    /// Calls of the plugin's query planner.
+    pub planner_calls: u64,
+    /// `ShuffleStageExec` nodes inserted by the planner, summed over calls.
+    pub stages_inserted: u64,
+    /// Stage nodes encoded by the plugin's codec.
+    pub stages_encoded: u64,
+    /// Stage nodes decoded by the plugin's codec.
+    pub stages_decoded: u64,
+    /// Plugin-side objects alive right now (stage nodes and their streams,
+    /// planners, codecs). Returns to zero when a host has released everything.
+    pub live_objects: u64,
+}
+
+/// The dfx plugin's root module.
+///
+/// Fields up to [`DfxPlugin::counters`] form the first version's prefix;
+/// later versions may only append after it.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = DfxPluginRef)))]
+#[sabi(missing_field(option))]
+pub struct DfxPlugin {
+    /// The dfx ABI version the plugin was built with ([`crate::DFX_ABI_VERSION`]).
+    pub dfx_abi_version: u32,
+    /// `datafusion_ffi::version()` of the plugin's build: the DataFusion major
+    /// its FFI structs belong to.
+    pub datafusion_ffi_major: u64,
+    /// The plugin's package name.
+    pub plugin_name: RStr<'static>,
+    /// The plugin's package version.
+    pub plugin_version: RStr<'static>,
+    /// Name of the stage node (`ShuffleStageExec`); hosts find stages by
+    /// containment of this name in a node's display.
+    pub stage_node_name: RStr<'static>,
+    /// Id of the plugin's physical extension codec (`dfx_engine.physical.v1`).
+    pub codec_id: RStr<'static>,
+    /// Prefix of the plugin's config extension (`dfx_engine`).
+    pub config_prefix: RStr<'static>,
+
+    /// The query planner, built on the host's codec chains.
+    #[sabi(unsafe_opaque_field)]
+    pub new_query_planner: extern "C" fn(
+        logical_codec: FFI_LogicalExtensionCodec,
+        physical_codec: FFI_PhysicalExtensionCodec,
+    ) -> FfiResult<FFI_QueryPlanner>,
+
+    /// The physical extension codec for `ShuffleStageExec`, bound to a
+    /// task-context provider of the host's session.
+    #[sabi(unsafe_opaque_field)]
+    pub new_physical_codec:
+        extern "C" fn(task_ctx_provider: FFI_TaskContextProvider) -> FfiResult<FFI_PhysicalExtensionCodec>,
+
+    /// The config extension declaring `dfx_engine.shuffle_dir`, with defaults.
+    #[sabi(unsafe_opaque_field)]
+    pub new_config_options: extern "C" fn() -> FfiResult<FFI_ExtensionOptions>,
+
+    /// The plugin's scalar functions.
+    #[sabi(unsafe_opaque_field)]
+    pub scalar_udfs: extern "C" fn() -> FfiResult<RVec<FFI_ScalarUDF>>,
+
+    /// The plugin's aggregate functions.
+    #[sabi(unsafe_opaque_field)]
+    pub aggregate_udfs: extern "C" fn() -> FfiResult<RVec<FFI_AggregateUDF>>,
+
+    /// Id of the `index`-th stage in pre-order (`FIRST_STAGE_ID + index`).
+    pub stage_id: extern "C" fn(index: u64) -> u64,
+
+    /// Path of the file holding `partition` of `stage` under `dir`.
+    pub partition_path: extern "C" fn(dir: RStr<'_>, stage: u64, partition: u64) -> RString,
+
+    /// Glob (relative to a shuffle directory) matching any stage output file.
+    pub partition_glob: extern "C" fn() -> RStr<'static>,
+
+    /// A snapshot of the plugin's counters.
+    #[sabi(last_prefix_field)]
+    pub counters: extern "C" fn() -> DfxCounters,
+
+    /// Test hook: panics inside an exported constructor when the plugin was
+    /// built with its `test-hooks` feature, and reports an error otherwise.
+    /// Lets a host prove that a panic does not unwind across the boundary.
+    pub panic_probe: extern "C" fn() -> FfiResult<u64>,
+
+    /// What a stage node made by this plugin carries: its id, shuffle
+    /// directory and partition count. Errors for any other node. Lets a worker
+    /// check a decoded stage against its envelope, which the FFI wrapper's
+    /// display cannot tell it.
+    #[sabi(unsafe_opaque_field)]
+    pub stage_info: extern "C" fn(plan: FFI_ExecutionPlan) -> FfiResult<DfxStageInfo>,
+}
+
+/// What [`DfxPlugin::stage_info`] reports about a stage node.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct DfxStageInfo {
+    /// The stage id the planner gave the node.
+    pub stage_id: u64,
+    /// The shuffle directory the node reads and writes.
+    pub shuffle_dir: RString,
+    /// Partitions of the stage (one file each).
+    pub partition_count: u64,
+}
+
+impl RootModule for DfxPluginRef {
+    declare_root_module_statics! {DfxPluginRef}
+    const BASE_NAME: &'static str = "dfx_plugin";
+    const NAME: &'static str = "dfx_plugin";
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}
