@@ -1,1 +1,52 @@
 //! `dfx_engine._internal`: the dfx plugin file, seen from datafusion-python.
+//!
+//! This module compiles no engine code. It loads the same `libdfx_plugin.so`
+//! the Rust host loads, through the same `dfx_abi::load` handshake, and hands
+//! the plugin's `datafusion-ffi` structs to datafusion-python as PyCapsules:
+//!
+//! ```text
+//! libdfx_plugin.so ──dfx_abi::load──► Plugin ──FFI_* in a PyCapsule──► datafusion-python
+//!   (bundled next to this module,        │
+//!    or named by DFX_PLUGIN)             └─ constants, counters, paths ──► dfx_engine.*
+//! ```
+//!
+//! Glossary: a *capsule* is a named `PyCapsule` owning one boxed `FFI_*`
+//! struct (dropped with the capsule); a *getter* is the dunder method
+//! datafusion-python calls to obtain one (`__datafusion_query_planner__`).
+
+mod capsule;
+mod config;
+mod extension;
+mod functions;
+mod payload;
+mod plugin;
+
+use pyo3::prelude::*;
+
+/// The native half of the `dfx_engine` package.
+#[pymodule]
+fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<extension::DfxEngineExtension>()?;
+    m.add_class::<extension::DfxPhysicalCodec>()?;
+    m.add_class::<config::DfxEngineConfig>()?;
+    m.add_class::<functions::DfxScalarFunction>()?;
+    m.add_class::<functions::DfxAggregateFunction>()?;
+    m.add_function(wrap_pyfunction!(functions::scalar_functions, m)?)?;
+    m.add_function(wrap_pyfunction!(functions::aggregate_functions, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::plugin_path, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::plugin_name, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::plugin_version, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::abi_version, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::datafusion_ffi_major, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::host_datafusion_ffi_major, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::stage_node_name, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::config_prefix, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::physical_codec_id, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::stage_id, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::partition_path, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::partition_glob, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::counters, m)?)?;
+    m.add_function(wrap_pyfunction!(payload::stage_payload, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

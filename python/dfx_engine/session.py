@@ -1,0 +1,158 @@
+"""One session factory for the driver and every worker.
+
+A :class:`SessionSpec` says everything a session depends on: the tables, the
+shuffle directory and the partition count. The driver ships it to every
+worker inside the task envelope, and :func:`build_session` turns it into the
+same session on both sides, so a worker decodes a stage with exactly the
+codecs and functions the driver encoded it with.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from datafusion import SessionConfig, SessionContext, udaf, udf
+
+from dfx_engine import _internal
+
+__all__ = ["SessionSpec", "build_session", "expected_codec_ids"]
+
+
+def expected_codec_ids() -> list[str]:
+    """The physical codec ids a correctly built session carries, in order.
+
+    datafusion-python tags every payload an installed codec writes with the
+    codec's id and decodes a payload only with the codec of that id, so two
+    sessions can exchange plans only if these lists agree.
+    """
+    return [_internal.physical_codec_id()]
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What a session is built from; travels to workers as JSON.
+
+    Attributes:
+        tables: Table name to a directory of Parquet files.
+        shuffle_dir: Where stages publish their partitions. Empty means "do
+            not distribute": the planner inserts no stage.
+        target_partitions: Pinned rather than the core count, so the driver
+            and a worker on another machine plan the same partitions.
+    """
+
+    tables: dict[str, str] = field(default_factory=dict)
+    shuffle_dir: str = ""
+    target_partitions: int = 2
+
+    def to_json(self) -> dict[str, Any]:
+        """The spec as a JSON object, with the codec ids this session carries.
+
+        ``codec_ids`` is what the worker compares with its own session before
+        decoding anything: a plan written through a codec the worker lacks
+        would be misread, not merely rejected.
+        """
+        return {
+            "tables": dict(self.tables),
+            "shuffle_dir": self.shuffle_dir,
+            "target_partitions": self.target_partitions,
+            "codec_ids": expected_codec_ids(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | str) -> SessionSpec:
+        """Read a spec written by :meth:`to_json` (a dict or its JSON text).
+
+        ``codec_ids`` is not part of the spec itself; read it with
+        :func:`codec_ids_of`.
+
+        Raises:
+            ValueError: If a field is missing or has the wrong type.
+        """
+        obj = json.loads(data) if isinstance(data, str) else data
+        try:
+            tables = obj["tables"]
+            shuffle_dir = obj["shuffle_dir"]
+            target_partitions = obj.get("target_partitions", 2)
+        except (KeyError, TypeError) as err:
+            message = f"not a dfx session spec: {obj!r} (missing {err})"
+            raise ValueError(message) from err
+        if not isinstance(tables, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in tables.items()
+        ):
+            message = f"session spec tables must map names to paths, got {tables!r}"
+            raise ValueError(message)
+        if not isinstance(shuffle_dir, str) or not isinstance(target_partitions, int):
+            message = (
+                f"session spec has shuffle_dir={shuffle_dir!r}, "
+                f"target_partitions={target_partitions!r}"
+            )
+            raise ValueError(message)
+        return cls(
+            tables=dict(tables),
+            shuffle_dir=shuffle_dir,
+            target_partitions=target_partitions,
+        )
+
+
+def codec_ids_of(data: dict[str, Any] | str) -> list[str] | None:
+    """The ``codec_ids`` a spec's JSON carries, or ``None`` if it has none."""
+    obj = json.loads(data) if isinstance(data, str) else data
+    ids = obj.get("codec_ids") if isinstance(obj, dict) else None
+    return list(ids) if isinstance(ids, list) else None
+
+
+def build_session(spec: SessionSpec) -> tuple[SessionContext, _internal.DfxEngineExtension]:
+    """A session with dfx installed, the plugin's functions and the spec's tables.
+
+    In this order, each for a reason:
+
+    1. The config extension goes on the :class:`~datafusion.SessionConfig`
+       before the context exists, so the planner sees the shuffle directory
+       from the first query on.
+    2. ``with_extensions`` is called once, installing the plugin's codec and
+       then its planner on the session's final codec chain.
+    3. The plugin's functions are registered: they travel in a plan by name,
+       so every session that decodes a plan needs them.
+    4. Each table is registered as Parquet over its directory.
+    5. The session's codec ids are checked against :func:`expected_codec_ids`.
+
+    Returns:
+        The context and the installed extension (whose counters show what
+        the planner and codec did).
+
+    Raises:
+        RuntimeError: If the session did not end up with the expected codecs.
+        FileNotFoundError: If a table's directory does not exist.
+    """
+    config = (
+        SessionConfig()
+        .with_target_partitions(spec.target_partitions)
+        .with_extension(_internal.DfxEngineConfig(shuffle_dir=spec.shuffle_dir))
+    )
+    engine = _internal.DfxEngineExtension()
+    ctx = SessionContext(config).with_extensions(engine)
+
+    for function in _internal.scalar_functions():
+        ctx.register_udf(udf(function))
+    for function in _internal.aggregate_functions():
+        ctx.register_udaf(udaf(function))
+
+    for name, directory in sorted(spec.tables.items()):
+        path = pathlib.Path(directory)
+        if not path.is_dir():
+            message = f"table {name!r}: {directory} is not a directory"
+            raise FileNotFoundError(message)
+        ctx.register_parquet(name, str(path))
+
+    found = ctx.physical_extension_codec_ids()
+    expected = expected_codec_ids()
+    if found != expected:
+        message = (
+            f"the session carries physical codecs {found}, expected {expected}; "
+            "the dfx extension was not installed as build_session installs it"
+        )
+        raise RuntimeError(message)
+    return ctx, engine

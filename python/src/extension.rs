@@ -1,0 +1,178 @@
+//! `DfxEngineExtension`: the bundle `SessionContext.with_extensions` installs.
+//!
+//! datafusion-python calls the bundle twice (see its `datafusion.extensions`):
+//!
+//! ```text
+//! phase 1  __datafusion_session_components__(ctx)
+//!            ctx's task-context provider ──► plugin.physical_codec(provider)
+//!            ──► DfxPhysicalCodec (id dfx_engine.physical.v1) joins the chain
+//! phase 2  __datafusion_session_planner__(ctx, fallback)
+//!            ctx's final logical + physical chains ──► plugin.query_planner(..)
+//!            ──► datafusion_query_planner capsule
+//! ```
+//!
+//! The planner is built in phase 2 so it encodes through the session's
+//! complete chain, the one that holds the plugin's codec. It does not wrap
+//! `fallback`: the plugin's planner carries DataFusion's default planner
+//! itself, so a planner installed on the session before this bundle is
+//! replaced, not layered.
+
+use datafusion_ffi::execution::FFI_TaskContextProvider;
+use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
+use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyDict, PyTuple};
+
+use crate::capsule;
+use crate::plugin::plugin;
+
+/// Install dfx on a datafusion-python session:
+/// `SessionContext(config).with_extensions(DfxEngineExtension())`.
+///
+/// Configuration only: it holds no session, so one instance may be installed
+/// on any number of sessions. The config extension (the shuffle directory)
+/// travels separately, on the `SessionConfig`: see `DfxEngineConfig`.
+#[pyclass(frozen, module = "dfx_engine._internal")]
+pub struct DfxEngineExtension;
+
+#[pymethods]
+impl DfxEngineExtension {
+    /// Loads the plugin now, so a missing or refused file fails here rather
+    /// than inside `with_extensions`.
+    #[new]
+    fn new(py: Python<'_>) -> PyResult<Self> {
+        plugin(py)?;
+        Ok(Self)
+    }
+
+    /// Phase 1: the plugin's physical codec, bound to `ctx`'s task-context
+    /// provider.
+    fn __datafusion_session_components__<'py>(
+        &self,
+        py: Python<'py>,
+        ctx: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let plugin = plugin(py)?;
+        let provider: FFI_TaskContextProvider = capsule::import(
+            ctx,
+            "__datafusion_task_context_provider__",
+            c"datafusion_task_context_provider",
+        )?;
+        let codec = plugin.physical_codec(provider).map_err(runtime_error)?;
+        let codec = Bound::new(py, DfxPhysicalCodec { codec })?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("physical_extension_codecs", PyTuple::new(py, [codec])?)?;
+        py.import("datafusion.extensions")?
+            .getattr("SessionExtensionComponents")?
+            .call((), Some(&kwargs))
+    }
+
+    /// Phase 2: the plugin's planner on the session's final codec chains.
+    /// `fallback` is not wrapped (see the module docs).
+    #[allow(unused_variables)]
+    fn __datafusion_session_planner__<'py>(
+        &self,
+        py: Python<'py>,
+        ctx: &Bound<'py, PyAny>,
+        fallback: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let plugin = plugin(py)?;
+        let logical: FFI_LogicalExtensionCodec = capsule::import(
+            ctx,
+            "__datafusion_logical_extension_codec__",
+            c"datafusion_logical_extension_codec",
+        )?;
+        // SAFETY: `version` is a plain function pointer of the struct we just
+        // cloned out of a capsule of the right name.
+        capsule::check_version("logical extension codec", unsafe { (logical.version)() })?;
+        let physical: FFI_PhysicalExtensionCodec = capsule::import(
+            ctx,
+            "__datafusion_physical_extension_codec__",
+            c"datafusion_physical_extension_codec",
+        )?;
+        // SAFETY: as above.
+        capsule::check_version("physical extension codec", unsafe { (physical.version)() })?;
+        let planner = plugin.query_planner(logical, physical).map_err(runtime_error)?;
+        capsule::export(py, planner, c"datafusion_query_planner")
+    }
+
+    /// Planner calls so far (the plugin's process-wide counter).
+    fn plan_calls(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(plugin(py)?.counters().planner_calls)
+    }
+
+    /// Stage nodes the planner inserted, summed over calls.
+    fn stages_inserted(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(plugin(py)?.counters().stages_inserted)
+    }
+
+    /// Stage nodes the plugin's codec encoded.
+    fn encode_calls(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(plugin(py)?.counters().stages_encoded)
+    }
+
+    /// Stage nodes the plugin's codec decoded.
+    fn decode_calls(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(plugin(py)?.counters().stages_decoded)
+    }
+
+    /// Plugin-side objects alive right now.
+    fn live_objects(&self, py: Python<'_>) -> PyResult<u64> {
+        Ok(plugin(py)?.counters().live_objects)
+    }
+
+    /// The id the plugin's codec is installed under.
+    fn physical_codec_id(&self, py: Python<'_>) -> PyResult<&'static str> {
+        Ok(plugin(py)?.codec_id())
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let plugin = plugin(py)?;
+        Ok(format!(
+            "DfxEngineExtension(plugin={:?}, version={:?})",
+            plugin.path().display().to_string(),
+            plugin.version()
+        ))
+    }
+}
+
+/// The plugin's physical codec, bound to one session, as datafusion-python
+/// installs codecs: an object with `__datafusion_codec_id__` and a getter.
+///
+/// The id is what datafusion-python frames the codec's payloads with, so it
+/// is the plugin's own codec id, identical on every host.
+#[pyclass(frozen, module = "dfx_engine._internal")]
+pub struct DfxPhysicalCodec {
+    codec: FFI_PhysicalExtensionCodec,
+}
+
+#[pymethods]
+impl DfxPhysicalCodec {
+    /// The plugin's codec id (`dfx_engine.physical.v1`).
+    #[getter(__datafusion_codec_id__)]
+    fn codec_id(&self, py: Python<'_>) -> PyResult<&'static str> {
+        Ok(plugin(py)?.codec_id())
+    }
+
+    /// A `datafusion_physical_extension_codec` capsule. `session` is ignored:
+    /// the codec was bound to its session when the bundle built it.
+    #[pyo3(signature = (session = None))]
+    #[allow(unused_variables)]
+    fn __datafusion_physical_extension_codec__<'py>(
+        &self,
+        py: Python<'py>,
+        session: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        capsule::export(py, self.codec.clone(), c"datafusion_physical_extension_codec")
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("DfxPhysicalCodec({:?})", plugin(py)?.codec_id()))
+    }
+}
+
+/// A DataFusion error from the plugin, as a Python `RuntimeError`.
+pub fn runtime_error(err: datafusion::common::DataFusionError) -> PyErr {
+    PyRuntimeError::new_err(err.to_string())
+}
