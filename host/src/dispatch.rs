@@ -1,0 +1,228 @@
+//! Fan-out: one worker process per task, all in flight, every failure kept.
+//!
+//! ```text
+//!            ┌─► worker task-1-0.json ─► stage-1-part-0.arrow
+//! driver ────┼─► worker task-1-1.json ─► stage-1-part-1.arrow
+//!            └─► ...                      (last stdout line: report)
+//! ```
+//!
+//! Each child is started with `kill_on_drop`, and each is owned by the future
+//! waiting for it. Whatever ends the fan-out early — an error, the caller
+//! dropping the future, Ctrl-C in the `dfx` binary — drops those futures and
+//! so kills the children: a worker left running would keep writing into a
+//! shuffle directory its driver believes settled, or is about to delete.
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::envelope::WorkerReport;
+use crate::error::{HostError, Result, TaskFailure};
+
+/// The command a worker is started with; the envelope path is appended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerCommand {
+    program: PathBuf,
+    args: Vec<OsString>,
+    envs: Vec<(OsString, OsString)>,
+}
+
+impl WorkerCommand {
+    /// Run `program` with no arguments before the envelope path.
+    pub fn new(program: impl Into<PathBuf>) -> Self {
+        Self {
+            program: program.into(),
+            args: Vec::new(),
+            envs: Vec::new(),
+        }
+    }
+
+    /// `program worker <envelope>`: a `dfx` binary, or any host built on
+    /// this library that answers the `worker` subcommand.
+    pub fn dfx(program: impl Into<PathBuf>) -> Self {
+        Self::new(program).arg("worker")
+    }
+
+    /// This executable as a worker (`<current exe> worker <envelope>`).
+    ///
+    /// # Errors
+    ///
+    /// When the path of the running executable is unknown.
+    pub fn current_exe() -> Result<Self> {
+        let exe = std::env::current_exe().map_err(|e| HostError::io("cannot find", "the running executable", e))?;
+        Ok(Self::dfx(exe))
+    }
+
+    /// Append an argument before the envelope path.
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> Self {
+        self.args.push(arg.as_ref().to_os_string());
+        self
+    }
+
+    /// Set an environment variable for the worker.
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Self {
+        self.envs
+            .push((key.as_ref().to_os_string(), value.as_ref().to_os_string()));
+        self
+    }
+
+    /// The program started.
+    pub fn program(&self) -> &Path {
+        &self.program
+    }
+
+    fn command(&self, envelope: &Path) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(&self.program);
+        command
+            .args(&self.args)
+            .arg(envelope)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // The guarantee that no worker outlives the future waiting for it.
+            .kill_on_drop(true);
+        command
+    }
+}
+
+/// One task to dispatch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    /// The stage.
+    pub stage_id: u64,
+    /// The partition.
+    pub partition: usize,
+    /// The envelope file the worker is given.
+    pub envelope: PathBuf,
+}
+
+/// How to run the fan-out.
+#[derive(Debug, Clone, Default)]
+pub struct FanOutOptions {
+    /// At most this many workers at once; `None` runs every task at once.
+    pub max_workers: Option<usize>,
+    /// Draw a progress bar on stderr (only when stderr is a terminal).
+    pub progress: bool,
+}
+
+/// Rows each task reported, keyed by `(stage_id, partition)`.
+pub type TaskRows = BTreeMap<(u64, usize), usize>;
+
+/// Run every task in its own worker process and collect their reports.
+///
+/// All tasks are in flight together unless `options.max_workers` caps them.
+/// Every failure — a worker that cannot start, exits non-zero or by a
+/// signal, or prints no readable report for its own task — is collected and
+/// reported together once every worker has finished.
+///
+/// # Errors
+///
+/// [`HostError::Workers`] naming each failed task with its stderr.
+pub async fn fan_out(command: &WorkerCommand, tasks: &[Task], options: &FanOutOptions) -> Result<TaskRows> {
+    let bar = progress_bar(tasks.len(), options.progress);
+    let limit = options.max_workers.unwrap_or(tasks.len()).max(1);
+    let outcomes: Vec<(usize, std::result::Result<usize, TaskFailure>)> =
+        futures::stream::iter(tasks.iter().enumerate())
+            .map(|(index, task)| {
+                let bar = bar.clone();
+                async move {
+                    let outcome = run_one(command, task).await;
+                    bar.inc(1);
+                    (index, outcome)
+                }
+            })
+            .buffer_unordered(limit)
+            .collect()
+            .await;
+    bar.finish_and_clear();
+
+    let mut outcomes = outcomes;
+    // Report failures in dispatch order, not completion order, so a message
+    // reads the same from one run to the next.
+    outcomes.sort_by_key(|(index, _)| *index);
+    let mut rows = TaskRows::new();
+    let mut failures = Vec::new();
+    for (index, outcome) in outcomes {
+        let task = &tasks[index];
+        match outcome {
+            Ok(n) => {
+                rows.insert((task.stage_id, task.partition), n);
+            }
+            Err(failure) => failures.push(failure),
+        }
+    }
+    if failures.is_empty() {
+        Ok(rows)
+    } else {
+        Err(HostError::Workers {
+            total: tasks.len(),
+            failures,
+        })
+    }
+}
+
+async fn run_one(command: &WorkerCommand, task: &Task) -> std::result::Result<usize, TaskFailure> {
+    let fail = |reason: String, stderr: String| TaskFailure {
+        stage_id: task.stage_id,
+        partition: task.partition,
+        reason,
+        stderr,
+    };
+    let child = command.command(&task.envelope).spawn().map_err(|err| {
+        fail(
+            format!("could not start {}: {err}", command.program.display()),
+            String::new(),
+        )
+    })?;
+    let output = child
+        .wait_with_output()
+        .await
+        .map_err(|err| fail(format!("could not be waited for: {err}"), String::new()))?;
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    if !output.status.success() {
+        return Err(fail(describe_exit(output.status), stderr));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let report = WorkerReport::parse(&stdout).map_err(|reason| fail(reason, stderr.clone()))?;
+    if (report.stage_id, report.partition) != (task.stage_id, task.partition) {
+        return Err(fail(
+            format!(
+                "reported stage {} partition {} instead of its own task",
+                report.stage_id, report.partition
+            ),
+            stderr,
+        ));
+    }
+    Ok(report.rows)
+}
+
+fn describe_exit(status: ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(signal) = status.signal() {
+            return format!("was killed by signal {signal}");
+        }
+    }
+    match status.code() {
+        Some(code) => format!("exited with status {code}"),
+        None => format!("ended with {status}"),
+    }
+}
+
+fn progress_bar(total: usize, wanted: bool) -> ProgressBar {
+    if !wanted || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{spinner} workers {pos}/{len} [{bar:30}] {elapsed}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}

@@ -1,0 +1,170 @@
+//! The host's one error type, and its policy.
+//!
+//! Three kinds of failure reach a user, and each message says which:
+//!
+//! - **the environment**: a plugin file that is missing or refused, a
+//!   directory that cannot be read or written, a worker that cannot be
+//!   started. The message names the path.
+//! - **the input**: an envelope, spec or plan file that does not parse, a
+//!   shuffle directory that already holds output, a plan whose codec ids or
+//!   shuffle directory disagree with its envelope. The message names the file
+//!   and, for a task, its stage and partition.
+//! - **the query**: whatever DataFusion or the plugin reports while planning
+//!   or executing, passed through with what the host was doing at the time.
+//!
+//! Nothing here is retried: a distributed run either completes every task or
+//! reports every task that did not.
+
+use std::path::PathBuf;
+
+use datafusion::error::DataFusionError;
+
+/// Result of a host operation.
+pub type Result<T> = std::result::Result<T, HostError>;
+
+/// What went wrong in the host. Every variant's message names its culprit.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// No plugin file was found at any of the places the loader looks.
+    #[error(
+        "cannot find the dfx plugin file {file}. Looked at: {looked}. Pass --plugin PATH, \
+         set DFX_PLUGIN, or build it beside the dfx executable (cargo build -p dfx-plugin)."
+    )]
+    PluginNotFound {
+        /// The file name searched for.
+        file: String,
+        /// Every place looked at, with the rule that produced it.
+        looked: String,
+    },
+
+    /// A plugin file was found but refused by the ABI handshake.
+    #[error("the dfx plugin file was refused ({source}); it was found via {via}")]
+    PluginRefused {
+        /// How the file was located (`--plugin`, `DFX_PLUGIN`, beside the executable).
+        via: String,
+        /// The handshake's refusal, naming the file and both sides.
+        #[source]
+        source: dfx_abi::LoadError,
+    },
+
+    /// DataFusion or the plugin failed while the host was doing `context`.
+    #[error("{context}: {source}")]
+    DataFusion {
+        /// What the host was doing.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: DataFusionError,
+    },
+
+    /// A file or directory operation failed.
+    #[error("{action} {}: {source}", path.display())]
+    Io {
+        /// What the host tried to do ("cannot read", "cannot create").
+        action: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A JSON file (spec, envelope) did not parse.
+    #[error("cannot parse {what} {}: {source}", path.display())]
+    Json {
+        /// Which kind of file.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// Anything the user passed in that the host refuses before doing work.
+    #[error("{0}")]
+    Invalid(String),
+
+    /// A distributed run whose workers failed; every failure, together.
+    #[error("{} of {total} worker task(s) failed:\n{}", failures.len(), render_failures(failures))]
+    Workers {
+        /// Tasks dispatched in total.
+        total: usize,
+        /// Every task that did not report, in dispatch order.
+        failures: Vec<TaskFailure>,
+    },
+}
+
+/// One task that did not complete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskFailure {
+    /// The stage the task belonged to.
+    pub stage_id: u64,
+    /// The partition it computed.
+    pub partition: usize,
+    /// Why: the exit status, an unreadable report, or a spawn error.
+    pub reason: String,
+    /// Everything the worker wrote on stderr.
+    pub stderr: String,
+}
+
+impl std::fmt::Display for TaskFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stage {} partition {} {}",
+            self.stage_id, self.partition, self.reason
+        )?;
+        let stderr = self.stderr.trim_end();
+        if !stderr.is_empty() {
+            write!(f, "; its stderr:\n{}", indent(stderr))?;
+        }
+        Ok(())
+    }
+}
+
+fn render_failures(failures: &[TaskFailure]) -> String {
+    failures
+        .iter()
+        .map(|f| format!("- {f}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|line| format!("    {line}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl HostError {
+    /// Wrap a DataFusion error with what the host was doing.
+    pub fn datafusion(context: impl Into<String>, source: DataFusionError) -> Self {
+        HostError::DataFusion {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// Wrap an I/O error with the action and the path.
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        HostError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Attach context to a DataFusion result.
+pub(crate) trait DataFusionContext<T> {
+    /// Map the error into [`HostError::DataFusion`] with `context`.
+    fn context(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> DataFusionContext<T> for std::result::Result<T, DataFusionError> {
+    fn context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| HostError::datafusion(context(), source))
+    }
+}

@@ -1,0 +1,263 @@
+//! `dfx`: run SQL over Parquet directories, distributed over worker
+//! processes by the dfx plugin. A thin CLI over [`dfx_host`].
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use datafusion::arrow::record_batch::RecordBatch;
+use dfx_host::{Envelope, Host, HostError, Result, SessionSpec, load_plugin, run_task};
+
+/// Distributed SQL over Parquet with the dfx plugin.
+#[derive(Debug, Parser)]
+#[command(name = "dfx", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// One variant per subcommand; add new ones here and in `main`'s match.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a query: each stage partition in its own worker, then the final merge here.
+    Run(RunArgs),
+    /// Show the physical plan with each stage marked with its id and partition count.
+    Explain(ExplainArgs),
+    /// Run one task from an envelope file (what the driver starts; not for humans).
+    Worker(WorkerArgs),
+}
+
+/// Options shared by `run` and `explain`.
+#[derive(Debug, Args)]
+struct QueryArgs {
+    /// The plugin file (default: $DFX_PLUGIN, else beside this executable).
+    #[arg(long, value_name = "PATH")]
+    plugin: Option<PathBuf>,
+    /// A table: NAME=DIR, a directory of Parquet files (one partition per file). Repeatable.
+    #[arg(long = "table", value_name = "NAME=DIR", value_parser = parse_table)]
+    tables: Vec<(String, PathBuf)>,
+    /// Partitions the session plans for.
+    #[arg(long, value_name = "N", default_value_t = dfx_host::session::DEFAULT_TARGET_PARTITIONS)]
+    partitions: usize,
+    /// Shuffle directory for stage output (must not hold stage output yet).
+    /// Default: a fresh temporary directory, removed after success.
+    #[arg(long, value_name = "DIR")]
+    shuffle_dir: Option<PathBuf>,
+    /// Run in this process with no shuffle directory: no stages, no workers.
+    #[arg(long)]
+    local: bool,
+    /// The SQL query.
+    sql: String,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    #[command(flatten)]
+    query: QueryArgs,
+    /// How to print the result on stdout.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+    /// At most this many workers at once (default: all tasks at once).
+    #[arg(long, value_name = "N")]
+    max_workers: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+struct ExplainArgs {
+    #[command(flatten)]
+    query: QueryArgs,
+}
+
+#[derive(Debug, Args)]
+struct WorkerArgs {
+    /// The plugin file (default: $DFX_PLUGIN, else beside this executable).
+    #[arg(long, value_name = "PATH")]
+    plugin: Option<PathBuf>,
+    /// The task envelope (JSON) written by the driver.
+    envelope: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Format {
+    /// An aligned text table.
+    Table,
+    /// CSV with a header row.
+    Csv,
+    /// A JSON array of objects.
+    Json,
+}
+
+fn parse_table(value: &str) -> std::result::Result<(String, PathBuf), String> {
+    match value.split_once('=') {
+        Some((name, dir)) if !name.is_empty() && !dir.is_empty() => Ok((name.to_string(), PathBuf::from(dir))),
+        _ => Err(format!("expected NAME=DIR, got {value:?}")),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let work = async {
+        match cli.command {
+            Command::Run(args) => run(args).await,
+            Command::Explain(args) => explain(args).await,
+            Command::Worker(args) => worker(args).await,
+        }
+    };
+    // On Ctrl-C the `work` future is dropped, which kills every worker it
+    // started (they are `kill_on_drop`) before the process exits.
+    let outcome = tokio::select! {
+        outcome = work => outcome,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("dfx: interrupted; workers stopped");
+            return ExitCode::from(130);
+        }
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("dfx: error: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn absolute(path: &Path) -> Result<PathBuf> {
+    std::path::absolute(path).map_err(|e| HostError::io("cannot resolve", path, e))
+}
+
+/// The spec `args` describe, every path absolute: workers may resolve them
+/// from another directory.
+fn spec_of(args: &QueryArgs) -> Result<SessionSpec> {
+    let mut tables = Vec::new();
+    for (name, dir) in &args.tables {
+        tables.push((name.clone(), absolute(dir)?));
+    }
+    Ok(SessionSpec::new(tables).with_target_partitions(args.partitions))
+}
+
+/// A shuffle directory for one query: the user's, or a fresh temporary one.
+fn shuffle_dir(args: &QueryArgs) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+    match &args.shuffle_dir {
+        Some(dir) => Ok((absolute(dir)?, None)),
+        None => {
+            let temp = tempfile::Builder::new()
+                .prefix("dfx-shuffle-")
+                .tempdir()
+                .map_err(|e| HostError::io("cannot create", std::env::temp_dir(), e))?;
+            Ok((temp.path().to_path_buf(), Some(temp)))
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> Result<()> {
+    let started = Instant::now();
+    let plugin = load_plugin(args.query.plugin.as_deref())?;
+    let host = Host::new(plugin)?.max_workers(args.max_workers).progress(true);
+    let spec = spec_of(&args.query)?;
+    if args.query.local {
+        let batches = host.run_local(&args.query.sql, &spec).await?;
+        print_batches(&batches, args.format)?;
+        eprintln!(
+            "local run: no stages, no tasks; {} row(s) in {:.2?}",
+            rows(&batches),
+            started.elapsed()
+        );
+        return Ok(());
+    }
+    let (dir, temp) = shuffle_dir(&args.query)?;
+    let spec = spec.with_shuffle_dir(&dir);
+    let result = match host.run_distributed(&args.query.sql, &spec).await {
+        Ok(result) => result,
+        Err(err) => {
+            if let Some(temp) = temp {
+                // Kept: the envelopes and any published files are the evidence.
+                let kept = temp.keep();
+                eprintln!("dfx: shuffle directory kept for inspection: {}", kept.display());
+            }
+            return Err(err);
+        }
+    };
+    print_batches(&result.batches, args.format)?;
+    let stage_ids = result.stage_ids();
+    eprintln!(
+        "stages: {} ({}); tasks: {}; wall time: {:.2?}",
+        stage_ids.len(),
+        stage_ids
+            .iter()
+            .map(|s| format!("stage {s}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        result.tasks.len(),
+        started.elapsed()
+    );
+    let per_task: Vec<String> = result
+        .task_rows
+        .iter()
+        .map(|((stage, partition), rows)| format!("{stage}/{partition}={rows}"))
+        .collect();
+    eprintln!("rows per task (stage/partition=rows): {}", per_task.join(" "));
+    eprintln!("result: {} row(s); shuffle directory: {}", result.rows(), dir.display());
+    if let Some(temp) = temp {
+        let path = temp.path().to_path_buf();
+        temp.close().map_err(|e| HostError::io("cannot remove", path, e))?;
+    }
+    Ok(())
+}
+
+async fn explain(args: ExplainArgs) -> Result<()> {
+    let plugin = load_plugin(args.query.plugin.as_deref())?;
+    let host = Host::new(plugin)?;
+    let mut spec = spec_of(&args.query)?;
+    // Planning writes nothing, so a temporary directory is only a name here.
+    let (dir, _temp) = shuffle_dir(&args.query)?;
+    if !args.query.local {
+        spec = spec.with_shuffle_dir(dir);
+    }
+    print!("{}", host.explain(&args.query.sql, &spec).await?);
+    Ok(())
+}
+
+async fn worker(args: WorkerArgs) -> Result<()> {
+    let plugin = load_plugin(args.plugin.as_deref())?;
+    let envelope = Envelope::read(&args.envelope)?;
+    let report = run_task(&plugin, &envelope).await?;
+    // The last line of stdout is the report; the driver reads nothing else.
+    println!("{}", report.to_line());
+    Ok(())
+}
+
+fn rows(batches: &[RecordBatch]) -> usize {
+    batches.iter().map(RecordBatch::num_rows).sum()
+}
+
+fn print_batches(batches: &[RecordBatch], format: Format) -> Result<()> {
+    use std::io::Write as _;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let arrow = |e: datafusion::arrow::error::ArrowError| HostError::Invalid(format!("cannot print the result: {e}"));
+    match format {
+        Format::Table => {
+            let table = datafusion::arrow::util::pretty::pretty_format_batches(batches).map_err(arrow)?;
+            writeln!(out, "{table}").map_err(|e| HostError::io("cannot write", "stdout", e))?;
+        }
+        Format::Csv => {
+            let mut writer = datafusion::arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(&mut out);
+            for batch in batches {
+                writer.write(batch).map_err(arrow)?;
+            }
+        }
+        Format::Json => {
+            let mut writer = datafusion::arrow::json::ArrayWriter::new(&mut out);
+            for batch in batches {
+                writer.write(batch).map_err(arrow)?;
+            }
+            writer.finish().map_err(arrow)?;
+            writeln!(out).map_err(|e| HostError::io("cannot write", "stdout", e))?;
+        }
+    }
+    Ok(())
+}

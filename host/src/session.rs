@@ -1,0 +1,386 @@
+//! The one session factory, used by the driver and by every worker.
+//!
+//! A [`SessionSpec`] is everything a session depends on, small enough to
+//! travel as JSON inside a task envelope. [`build_session`] turns it into a
+//! [`DfxSession`]: a `SessionContext` carrying the plugin's planner, codec,
+//! config extension and functions. Driver and worker call the same function
+//! with the same spec, so a plan one encodes the other can decode.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock, Weak};
+
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::ListingOptions;
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::execution::{TaskContext, TaskContextProvider};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_ffi::execution::FFI_TaskContextProvider;
+use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
+use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
+use datafusion_ffi::query_planner::ForeignQueryPlanner;
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use datafusion_proto::logical_plan::DefaultLogicalExtensionCodec;
+use datafusion_proto::physical_plan::PhysicalExtensionCodec;
+use dfx_abi::Plugin;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::codec_chain::CodecChain;
+use crate::error::{DataFusionContext, HostError, Result};
+use crate::table::PerFileTable;
+
+/// Partitions a session plans for unless told otherwise. Pinned rather than
+/// the core count, so a plan's shape does not depend on the machine it was
+/// planned on.
+pub const DEFAULT_TARGET_PARTITIONS: usize = 2;
+
+/// Extension of the files a table directory is scanned for.
+pub const PARQUET_EXTENSION: &str = ".parquet";
+
+/// Everything a session depends on; travels as JSON in a task envelope.
+///
+/// ```
+/// let spec: dfx_host::SessionSpec = serde_json::from_str(
+///     r#"{"tables": {"lineitem": "/data/lineitem"}, "shuffle_dir": "/tmp/q1"}"#,
+/// ).unwrap();
+/// assert_eq!(spec.target_partitions, 2);
+/// assert!(spec.codec_ids.is_empty());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSpec {
+    /// Table name → directory of Parquet files (one partition per file).
+    #[serde(default)]
+    pub tables: BTreeMap<String, PathBuf>,
+    /// Where stage output goes. `None` (written as `""`) means "do not
+    /// distribute": the planner inserts no stage.
+    #[serde(
+        default,
+        serialize_with = "write_shuffle_dir",
+        deserialize_with = "read_shuffle_dir"
+    )]
+    pub shuffle_dir: Option<PathBuf>,
+    /// Partitions the session plans for.
+    #[serde(default = "default_target_partitions")]
+    pub target_partitions: usize,
+    /// The physical codec ids a correctly built session carries. Empty means
+    /// "not known yet"; the driver fills it in before shipping the spec.
+    #[serde(default)]
+    pub codec_ids: Vec<String>,
+}
+
+impl Default for SessionSpec {
+    fn default() -> Self {
+        Self {
+            tables: BTreeMap::new(),
+            shuffle_dir: None,
+            target_partitions: DEFAULT_TARGET_PARTITIONS,
+            codec_ids: Vec::new(),
+        }
+    }
+}
+
+impl SessionSpec {
+    /// A spec over `tables`, with defaults for everything else.
+    pub fn new(tables: impl IntoIterator<Item = (String, PathBuf)>) -> Self {
+        Self {
+            tables: tables.into_iter().collect(),
+            ..Self::default()
+        }
+    }
+
+    /// This spec with `shuffle_dir` set.
+    pub fn with_shuffle_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.shuffle_dir = Some(dir.into());
+        self
+    }
+
+    /// This spec with no shuffle directory (for a local run).
+    pub fn without_shuffle_dir(mut self) -> Self {
+        self.shuffle_dir = None;
+        self
+    }
+
+    /// This spec planning for `partitions` partitions.
+    pub fn with_target_partitions(mut self, partitions: usize) -> Self {
+        self.target_partitions = partitions;
+        self
+    }
+}
+
+fn default_target_partitions() -> usize {
+    DEFAULT_TARGET_PARTITIONS
+}
+
+// `""` rather than `null` for "no directory": the Python driver's spec
+// spells it that way, and envelopes cross between the two hosts.
+fn write_shuffle_dir<S: Serializer>(dir: &Option<PathBuf>, s: S) -> std::result::Result<S::Ok, S::Error> {
+    match dir {
+        Some(dir) => dir.serialize(s),
+        None => s.serialize_str(""),
+    }
+}
+
+fn read_shuffle_dir<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<PathBuf>, D::Error> {
+    let dir: Option<String> = Option::deserialize(d)?;
+    Ok(dir.filter(|d| !d.is_empty()).map(PathBuf::from))
+}
+
+/// A session built by [`build_session`], with the codec chain it encodes and
+/// decodes stages with.
+pub struct DfxSession {
+    ctx: Arc<SessionContext>,
+    chain: Arc<CodecChain>,
+    spec: SessionSpec,
+    plugin: Plugin,
+    // The FFI codecs hold only a weak reference to this provider; it must
+    // live as long as the session or every decode on the plugin side fails
+    // with "task context provider dropped".
+    _provider: Arc<dyn TaskContextProvider>,
+}
+
+impl std::fmt::Debug for DfxSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DfxSession")
+            .field("spec", &self.spec)
+            .field("codec_ids", &self.codec_ids())
+            .finish()
+    }
+}
+
+impl DfxSession {
+    /// The DataFusion session.
+    pub fn ctx(&self) -> &SessionContext {
+        &self.ctx
+    }
+
+    /// The spec the session was built from.
+    pub fn spec(&self) -> &SessionSpec {
+        &self.spec
+    }
+
+    /// The plugin the session was built with.
+    pub fn plugin(&self) -> &Plugin {
+        &self.plugin
+    }
+
+    /// The session's physical codec chain.
+    pub fn codec(&self) -> Arc<CodecChain> {
+        Arc::clone(&self.chain)
+    }
+
+    /// The physical codec ids the session carries, in install order.
+    pub fn codec_ids(&self) -> Vec<String> {
+        self.chain.ids()
+    }
+
+    /// Plan `sql` into a physical plan.
+    ///
+    /// # Errors
+    ///
+    /// Whatever parsing, logical or physical planning reports.
+    pub async fn physical_plan(&self, sql: &str) -> Result<Arc<dyn ExecutionPlan>> {
+        let frame = self
+            .ctx
+            .sql(sql)
+            .await
+            .context(|| format!("cannot plan {sql:?}"))?;
+        frame
+            .create_physical_plan()
+            .await
+            .context(|| format!("cannot create the physical plan of {sql:?}"))
+    }
+
+    /// Encode `plan` with this session's codecs (driver rule 1: without them
+    /// only DataFusion's own nodes survive).
+    ///
+    /// # Errors
+    ///
+    /// A node no codec of the session claims.
+    pub fn encode(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>> {
+        let name = plan.name().to_string();
+        physical_plan_to_bytes_with_extension_codec(plan, self.chain.as_ref())
+            .map(|bytes| bytes.to_vec())
+            .context(|| format!("cannot encode the plan rooted at {name}"))
+    }
+
+    /// Decode a plan encoded by a session with the same codec ids.
+    ///
+    /// # Errors
+    ///
+    /// Bytes that are not a plan, or a node no codec of the session claims.
+    pub fn decode(&self, bytes: &[u8]) -> Result<Arc<dyn ExecutionPlan>> {
+        physical_plan_from_bytes_with_extension_codec(bytes, &self.ctx.task_ctx(), self.chain.as_ref())
+            .context(|| format!("cannot decode a plan of {} bytes", bytes.len()))
+    }
+}
+
+/// A task-context provider bound to its session after the session exists.
+///
+/// The plugin's planner needs the codecs and the codecs need a provider,
+/// but the provider is the session the planner goes into. This breaks the
+/// cycle: the codecs get the provider first, the session is bound to it once
+/// built. A weak reference, so the provider never keeps the session alive.
+#[derive(Default)]
+struct LateTaskContext {
+    session: OnceLock<Weak<SessionContext>>,
+}
+
+impl TaskContextProvider for LateTaskContext {
+    fn task_ctx(&self) -> Arc<TaskContext> {
+        match self.session.get().and_then(Weak::upgrade) {
+            Some(ctx) => ctx.task_ctx(),
+            // Only reachable while the session is being built or after it is
+            // gone; a default context still decodes built-in nodes.
+            None => Arc::new(TaskContext::default()),
+        }
+    }
+}
+
+/// Build the session `spec` describes, with `plugin`'s planner, codec, config
+/// extension and functions, and every table registered.
+///
+/// Used by the driver and by every worker, so both decode and encode with the
+/// same chain. When `spec.codec_ids` is not empty, the session's codec ids
+/// must equal it.
+///
+/// # Errors
+///
+/// A plugin constructor that fails, a table directory that cannot be listed
+/// or registered, or codec ids that differ from the spec's.
+pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSession> {
+    let plugin_what = |what: &str| format!("dfx plugin {}: {what}", plugin.path().display());
+    let late = Arc::new(LateTaskContext::default());
+    let provider: Arc<dyn TaskContextProvider> = late.clone();
+    let runtime = tokio::runtime::Handle::try_current().ok();
+
+    let plugin_codec = plugin
+        .physical_codec(FFI_TaskContextProvider::from(&provider))
+        .context(|| plugin_what("cannot build its physical codec"))?;
+    let plugin_codec: Arc<dyn PhysicalExtensionCodec> = (&plugin_codec).into();
+    let chain = CodecChain::default()
+        .with_codec(plugin.codec_id(), plugin_codec)
+        .context(|| plugin_what("cannot install its physical codec"))?;
+    let chain = Arc::new(chain);
+    if !spec.codec_ids.is_empty() && chain.ids() != spec.codec_ids {
+        return Err(HostError::Invalid(format!(
+            "codec ids differ: the spec expects {:?} but a session built with the plugin {} carries {:?}; \
+             the plan was written by a differently built host and would be misread",
+            spec.codec_ids,
+            plugin.path().display(),
+            chain.ids()
+        )));
+    }
+
+    let logical = FFI_LogicalExtensionCodec::new(
+        Arc::new(DefaultLogicalExtensionCodec {}),
+        runtime.clone(),
+        FFI_TaskContextProvider::from(&provider),
+    );
+    let physical = FFI_PhysicalExtensionCodec::new(
+        Arc::clone(&chain) as Arc<dyn PhysicalExtensionCodec>,
+        runtime,
+        FFI_TaskContextProvider::from(&provider),
+    );
+    let planner = plugin
+        .query_planner(logical, physical)
+        .context(|| plugin_what("cannot build its query planner"))?;
+
+    let mut config = SessionConfig::new().with_target_partitions(spec.target_partitions.max(1));
+    // One partition per file is the contract of a table here (a task per
+    // file); splitting a large file across partitions would change the task
+    // list with the file sizes.
+    config.options_mut().optimizer.repartition_file_scans = false;
+    let options = plugin
+        .config_options()
+        .context(|| plugin_what("cannot build its config extension"))?;
+    config.options_mut().extensions.insert(options);
+    let key = format!("{}.shuffle_dir", plugin.config_prefix());
+    let dir = spec
+        .shuffle_dir
+        .as_deref()
+        .map(|d| d.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    config
+        .options_mut()
+        .set(&key, &dir)
+        .context(|| plugin_what(&format!("cannot set {key}")))?;
+
+    let state = SessionStateBuilder::new()
+        .with_default_features()
+        .with_config(config)
+        .with_query_planner(Arc::new(ForeignQueryPlanner(planner)))
+        .build();
+    let ctx = Arc::new(SessionContext::new_with_state(state));
+    // Cannot fail: `late` was created above and bound nowhere else.
+    let _ = late.session.set(Arc::downgrade(&ctx));
+
+    for udf in plugin
+        .scalar_udfs()
+        .context(|| plugin_what("cannot load its scalar functions"))?
+    {
+        ctx.register_udf(udf);
+    }
+    for udaf in plugin
+        .aggregate_udfs()
+        .context(|| plugin_what("cannot load its aggregate functions"))?
+    {
+        ctx.register_udaf(udaf);
+    }
+    for (name, dir) in &spec.tables {
+        register_parquet_dir(&ctx, name, dir).await?;
+    }
+
+    Ok(DfxSession {
+        ctx,
+        chain,
+        spec: spec.clone(),
+        plugin: plugin.clone(),
+        _provider: provider,
+    })
+}
+
+/// Register `dir` as table `name`, one partition per Parquet file.
+async fn register_parquet_dir(ctx: &SessionContext, name: &str, dir: &Path) -> Result<()> {
+    let dir = std::path::absolute(dir).map_err(|e| HostError::io("cannot resolve", dir, e))?;
+    let files = parquet_files(&dir)?;
+    if files.is_empty() {
+        return Err(HostError::Invalid(format!(
+            "table {name}: no {PARQUET_EXTENSION} files in {}",
+            dir.display()
+        )));
+    }
+    let options = ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(PARQUET_EXTENSION);
+    // A trailing slash makes the URL a directory, not a file.
+    let url = format!("{}/", dir.display());
+    let table = PerFileTable::try_new(&ctx.state(), &url, options, files.len())
+        .await
+        .context(|| format!("cannot read table {name} in {}", dir.display()))?;
+    ctx.register_table(name, Arc::new(table))
+        .map(|_| ())
+        .context(|| format!("cannot register table {name} over {}", dir.display()))
+}
+
+/// The Parquet files directly in `dir`, sorted by name.
+///
+/// # Errors
+///
+/// A directory that cannot be read.
+pub fn parquet_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| HostError::io("cannot list", dir, e))?;
+    let mut files = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(|e| HostError::io("cannot list", dir, e))?.path();
+        if path.is_file()
+            && path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().ends_with(PARQUET_EXTENSION))
+        {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
