@@ -11,12 +11,13 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{RResult, RStr, RString, RVec};
 use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
 use datafusion_ffi::execution::FFI_TaskContextProvider;
+use datafusion_ffi::execution_plan::FFI_ExecutionPlan;
 use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
 use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use datafusion_ffi::query_planner::FFI_QueryPlanner;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
-use dfx_abi::{DfxCounters, DfxPlugin, DfxPluginRef, FfiResult};
+use dfx_abi::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 
 /// Calls of the root-module initializer (abi_stable runs it to read the
 /// declared versions; that is data, not behaviour).
@@ -29,7 +30,9 @@ pub static DFX_TEST_CONSTRUCTOR_CALLS: AtomicU64 = AtomicU64::new(0);
 
 fn called<T>() -> FfiResult<T> {
     DFX_TEST_CONSTRUCTOR_CALLS.fetch_add(1, Ordering::SeqCst);
-    RResult::RErr(RString::from("test plugin: a refused plugin was called into"))
+    RResult::RErr(RString::from(
+        "test plugin: a refused plugin was called into",
+    ))
 }
 
 extern "C" fn new_query_planner(
@@ -39,7 +42,9 @@ extern "C" fn new_query_planner(
     called()
 }
 
-extern "C" fn new_physical_codec(_provider: FFI_TaskContextProvider) -> FfiResult<FFI_PhysicalExtensionCodec> {
+extern "C" fn new_physical_codec(
+    _provider: FFI_TaskContextProvider,
+) -> FfiResult<FFI_PhysicalExtensionCodec> {
     called()
 }
 
@@ -79,6 +84,10 @@ extern "C" fn panic_probe() -> FfiResult<u64> {
     called()
 }
 
+extern "C" fn stage_info(_plan: FFI_ExecutionPlan) -> FfiResult<DfxStageInfo> {
+    called()
+}
+
 /// A dfx root module that declares `dfx_abi_version` and
 /// `datafusion_ffi_major` as given, every function of which only counts.
 pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPluginRef {
@@ -101,6 +110,7 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         partition_glob,
         counters,
         panic_probe,
+        stage_info,
     }
     .leak_into_prefix()
 }

@@ -6,10 +6,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use abi_stable::library::RootModule;
+use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::sabi_types::VersionStrings;
 use abi_stable::std_types::RStr;
-use abi_stable::{StableAbi, declare_root_module_statics, export_root_module, package_version_strings};
-use abi_stable::prefix_type::PrefixTypeTrait;
+use abi_stable::{
+    StableAbi, declare_root_module_statics, export_root_module, package_version_strings,
+};
 
 /// Calls of the root-module initializer: must stay zero.
 #[unsafe(no_mangle)]

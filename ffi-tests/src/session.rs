@@ -1,0 +1,208 @@
+//! A minimal host session wired to the plugin file, as any host would build
+//! it from the plugin's FFI structs:
+//!
+//! ```text
+//! SessionContext
+//!   query planner  = ForeignQueryPlanner(plugin.query_planner(logical, physical))
+//!   physical chain = [DefaultPhysicalExtensionCodec, foreign plugin codec]
+//!   config         = plugin.config_options() (+ dfx_engine.shuffle_dir)
+//!   functions      = plugin.scalar_udfs() + plugin.aggregate_udfs()
+//! ```
+
+use std::path::Path;
+use std::sync::{Arc, OnceLock, Weak};
+
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::{SessionStateBuilder, TaskContext, TaskContextProvider};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_ffi::execution::FFI_TaskContextProvider;
+use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
+use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use datafusion_proto::logical_plan::DefaultLogicalExtensionCodec;
+use datafusion_proto::physical_plan::{
+    ComposedPhysicalExtensionCodec, DefaultPhysicalExtensionCodec, PhysicalExtensionCodec,
+};
+use dfx_abi::Plugin;
+
+/// Partitions of every test session: pinned, never the core count, so plans
+/// and file counts are the same on every machine.
+pub const TARGET_PARTITIONS: usize = 2;
+
+/// A task-context provider bound to its session after the session exists.
+///
+/// The planner and codecs must be built before the `SessionContext` they
+/// serve, yet call back into it; `FFI_TaskContextProvider` keeps only a weak
+/// reference, so this object must live as long as the session (it does: the
+/// [`TestSession`] owns it).
+#[derive(Debug, Default)]
+struct LateTaskContext {
+    session: OnceLock<Weak<SessionContext>>,
+}
+
+impl TaskContextProvider for LateTaskContext {
+    fn task_ctx(&self) -> Arc<TaskContext> {
+        match self.session.get().and_then(Weak::upgrade) {
+            Some(ctx) => ctx.task_ctx(),
+            // Only reached if a plugin object outlives its session.
+            None => Arc::new(TaskContext::default()),
+        }
+    }
+}
+
+/// What a test session is built from.
+#[derive(Debug, Clone, Default)]
+pub struct SessionOptions {
+    /// `dfx_engine.shuffle_dir`; `None` leaves the plugin's default.
+    pub shuffle_dir: Option<String>,
+    /// Parquet tables: (name, directory).
+    pub tables: Vec<(String, String)>,
+}
+
+impl SessionOptions {
+    /// Options with this shuffle directory and no tables.
+    pub fn distributed(shuffle_dir: &Path) -> Self {
+        Self {
+            shuffle_dir: Some(shuffle_dir.to_string_lossy().into_owned()),
+            tables: Vec::new(),
+        }
+    }
+
+    /// Add a Parquet table.
+    pub fn with_table(mut self, name: &str, dir: &Path) -> Self {
+        self.tables
+            .push((name.to_string(), dir.to_string_lossy().into_owned()));
+        self
+    }
+}
+
+/// A host session on the plugin, with the codec chain it encodes stages with.
+pub struct TestSession {
+    /// The session.
+    pub ctx: Arc<SessionContext>,
+    /// Host default codec followed by the plugin's foreign codec.
+    pub chain: Arc<dyn PhysicalExtensionCodec>,
+    /// The plugin's codec alone (foreign), for feeding it payloads directly.
+    pub plugin_codec: Arc<dyn PhysicalExtensionCodec>,
+    // Kept alive for the FFI structs' weak references; dropped last.
+    _provider: Arc<dyn TaskContextProvider>,
+}
+
+impl std::fmt::Debug for TestSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestSession").finish_non_exhaustive()
+    }
+}
+
+impl TestSession {
+    /// Build a session on `plugin`. Must run inside a multi-threaded tokio
+    /// runtime: the FFI wrappers get its handle to drive plugin-side streams.
+    ///
+    /// # Errors
+    ///
+    /// Any refusal of the plugin's constructors, of the config key, or of a
+    /// table registration.
+    pub async fn new(plugin: &Plugin, options: &SessionOptions) -> Result<Self> {
+        let late = Arc::new(LateTaskContext::default());
+        let provider: Arc<dyn TaskContextProvider> = late.clone();
+        let ffi_provider = FFI_TaskContextProvider::from(&provider);
+        let runtime = tokio::runtime::Handle::try_current().ok();
+
+        let plugin_codec_ffi = plugin.physical_codec(ffi_provider.clone())?;
+        let plugin_codec: Arc<dyn PhysicalExtensionCodec> = (&plugin_codec_ffi).into();
+        let chain: Arc<dyn PhysicalExtensionCodec> =
+            Arc::new(ComposedPhysicalExtensionCodec::new(vec![
+                Arc::new(DefaultPhysicalExtensionCodec {}),
+                Arc::clone(&plugin_codec),
+            ]));
+        let logical = FFI_LogicalExtensionCodec::new(
+            Arc::new(DefaultLogicalExtensionCodec {}),
+            runtime.clone(),
+            ffi_provider.clone(),
+        );
+        let physical = FFI_PhysicalExtensionCodec::new(Arc::clone(&chain), runtime, ffi_provider);
+        let planner_ffi = plugin.query_planner(logical, physical)?;
+        let planner: Arc<dyn datafusion::execution::context::QueryPlanner + Send + Sync> =
+            (&planner_ffi).into();
+
+        let mut config = SessionConfig::new().with_target_partitions(TARGET_PARTITIONS);
+        config
+            .options_mut()
+            .extensions
+            .insert(plugin.config_options()?);
+        if let Some(dir) = &options.shuffle_dir {
+            config
+                .options_mut()
+                .set(&format!("{}.shuffle_dir", plugin.config_prefix()), dir)?;
+        }
+        let state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .with_query_planner(planner)
+            .build();
+        let ctx = Arc::new(SessionContext::new_with_state(state));
+        late.session
+            .set(Arc::downgrade(&ctx))
+            .map_err(|_| DataFusionError::Internal("session bound twice".into()))?;
+        for udf in plugin.scalar_udfs()? {
+            ctx.register_udf(udf);
+        }
+        for udaf in plugin.aggregate_udfs()? {
+            ctx.register_udaf(udaf);
+        }
+        for (name, dir) in &options.tables {
+            ctx.register_parquet(name.as_str(), dir.as_str(), Default::default())
+                .await?;
+        }
+        Ok(Self {
+            ctx,
+            chain,
+            plugin_codec,
+            _provider: provider,
+        })
+    }
+
+    /// Plan `sql` into a physical plan (through the plugin's planner).
+    ///
+    /// # Errors
+    ///
+    /// SQL, planning or plugin errors.
+    pub async fn plan(&self, sql: &str) -> Result<Arc<dyn ExecutionPlan>> {
+        self.ctx.sql(sql).await?.create_physical_plan().await
+    }
+
+    /// Run `sql` to completion and format the result as a table.
+    ///
+    /// # Errors
+    ///
+    /// SQL, planning, plugin or execution errors, message intact.
+    pub async fn run_sql(&self, sql: &str) -> Result<String> {
+        let plan = self.plan(sql).await?;
+        crate::plans::run_to_table(&plan, self.ctx.task_ctx()).await
+    }
+
+    /// Encode `plan` through this session's chain.
+    ///
+    /// # Errors
+    ///
+    /// When a node has no codec in the chain.
+    pub fn encode(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Vec<u8>> {
+        Ok(physical_plan_to_bytes_with_extension_codec(plan, self.chain.as_ref())?.to_vec())
+    }
+
+    /// Decode `bytes` through this session's chain.
+    ///
+    /// # Errors
+    ///
+    /// Malformed bytes, unknown nodes, or the plugin codec's refusal.
+    pub fn decode(&self, bytes: &[u8]) -> Result<Arc<dyn ExecutionPlan>> {
+        physical_plan_from_bytes_with_extension_codec(
+            bytes,
+            &self.ctx.task_ctx(),
+            self.chain.as_ref(),
+        )
+    }
+}
