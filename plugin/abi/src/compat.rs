@@ -110,17 +110,32 @@ mod tests {
 
     #[test]
     fn matching_versions_pass() {
-        check_versions(Path::new("p.so"), DFX_ABI_VERSION, host_datafusion_ffi_major()).unwrap();
+        check_versions(
+            Path::new("p.so"),
+            DFX_ABI_VERSION,
+            host_datafusion_ffi_major(),
+        )
+        .unwrap();
     }
 
     #[test]
     fn another_abi_version_names_both_sides() {
-        let err = check_versions(Path::new("p.so"), DFX_ABI_VERSION + 1, host_datafusion_ffi_major())
-            .unwrap_err();
+        let err = check_versions(
+            Path::new("p.so"),
+            DFX_ABI_VERSION + 1,
+            host_datafusion_ffi_major(),
+        )
+        .unwrap_err();
         assert_eq!(err.check, LoadCheck::DfxAbiVersion);
         let message = err.to_string();
-        assert!(message.contains(&format!("dfx ABI version {DFX_ABI_VERSION}")), "{message}");
-        assert!(message.contains(&format!("dfx ABI version {}", DFX_ABI_VERSION + 1)), "{message}");
+        assert!(
+            message.contains(&format!("dfx ABI version {DFX_ABI_VERSION}")),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!("dfx ABI version {}", DFX_ABI_VERSION + 1)),
+            "{message}"
+        );
         assert!(message.contains("p.so"), "{message}");
     }
 
@@ -131,7 +146,10 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("datafusion-ffi major 54"), "{message}");
         assert!(
-            message.contains(&format!("datafusion-ffi major {}", host_datafusion_ffi_major())),
+            message.contains(&format!(
+                "datafusion-ffi major {}",
+                host_datafusion_ffi_major()
+            )),
             "{message}"
         );
     }

@@ -30,10 +30,10 @@ use abi_stable::library::{LibraryError, RootModule, lib_header_from_path};
 use abi_stable::std_types::{RResult, RStr};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::{AggregateUDF, AggregateUDFImpl, ScalarUDF, ScalarUDFImpl};
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
 use datafusion_ffi::execution::FFI_TaskContextProvider;
 use datafusion_ffi::execution_plan::FFI_ExecutionPlan;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
 use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use datafusion_ffi::query_planner::FFI_QueryPlanner;
@@ -89,9 +89,11 @@ pub fn load(path: &Path) -> Result<Plugin, LoadError> {
         found,
     };
     let header = lib_header_from_path(path).map_err(|err| match err {
-        LibraryError::OpenError { err, .. } => {
-            refuse(LoadCheck::Open, "a loadable shared library", err.to_string())
-        }
+        LibraryError::OpenError { err, .. } => refuse(
+            LoadCheck::Open,
+            "a loadable shared library",
+            err.to_string(),
+        ),
         LibraryError::GetSymbolError { err, .. } => refuse(
             LoadCheck::NotADfxPlugin,
             "a dfx plugin (an exported abi_stable root module)",
@@ -103,33 +105,39 @@ pub fn load(path: &Path) -> Result<Plugin, LoadError> {
             other.to_string(),
         ),
     })?;
-    let module = header.init_root_module::<DfxPluginRef>().map_err(|err| match err {
-        LibraryError::AbiInstability(err) => refuse(
-            LoadCheck::RootModuleLayout,
-            "the dfx root module layout of this host's dfx-abi",
-            format!("an incompatible layout: {err}"),
-        ),
-        LibraryError::IncompatibleVersionNumber {
-            expected_version,
-            actual_version,
-            ..
-        } => refuse(
-            LoadCheck::AbiStableVersion,
-            &format!("dfx-abi {expected_version}"),
-            format!("dfx-abi {actual_version}"),
-        ),
-        LibraryError::RootModule { err, .. } => refuse(
-            LoadCheck::RootModuleInit,
-            "a root module that initializes",
-            err.to_string(),
-        ),
-        other => refuse(
-            LoadCheck::AbiStableVersion,
-            "a compatible abi_stable library",
-            other.to_string(),
-        ),
-    })?;
-    compat::check_versions(path, module.dfx_abi_version(), module.datafusion_ffi_major())?;
+    let module = header
+        .init_root_module::<DfxPluginRef>()
+        .map_err(|err| match err {
+            LibraryError::AbiInstability(err) => refuse(
+                LoadCheck::RootModuleLayout,
+                "the dfx root module layout of this host's dfx-abi",
+                format!("an incompatible layout: {err}"),
+            ),
+            LibraryError::IncompatibleVersionNumber {
+                expected_version,
+                actual_version,
+                ..
+            } => refuse(
+                LoadCheck::AbiStableVersion,
+                &format!("dfx-abi {expected_version}"),
+                format!("dfx-abi {actual_version}"),
+            ),
+            LibraryError::RootModule { err, .. } => refuse(
+                LoadCheck::RootModuleInit,
+                "a root module that initializes",
+                err.to_string(),
+            ),
+            other => refuse(
+                LoadCheck::AbiStableVersion,
+                "a compatible abi_stable library",
+                other.to_string(),
+            ),
+        })?;
+    compat::check_versions(
+        path,
+        module.dfx_abi_version(),
+        module.datafusion_ffi_major(),
+    )?;
     Ok(Plugin {
         path: path.to_path_buf(),
         module,
@@ -210,7 +218,10 @@ impl Plugin {
         logical_codec: FFI_LogicalExtensionCodec,
         physical_codec: FFI_PhysicalExtensionCodec,
     ) -> Result<FFI_QueryPlanner> {
-        self.result("query planner", (self.module.new_query_planner())(logical_codec, physical_codec))
+        self.result(
+            "query planner",
+            (self.module.new_query_planner())(logical_codec, physical_codec),
+        )
     }
 
     /// The plugin's physical codec, bound to `task_ctx_provider`.
@@ -218,7 +229,10 @@ impl Plugin {
         &self,
         task_ctx_provider: FFI_TaskContextProvider,
     ) -> Result<FFI_PhysicalExtensionCodec> {
-        self.result("physical codec", (self.module.new_physical_codec())(task_ctx_provider))
+        self.result(
+            "physical codec",
+            (self.module.new_physical_codec())(task_ctx_provider),
+        )
     }
 
     /// The plugin's config extension with its defaults.
@@ -228,7 +242,8 @@ impl Plugin {
 
     /// The plugin's scalar functions as FFI structs.
     pub fn ffi_scalar_udfs(&self) -> Result<Vec<FFI_ScalarUDF>> {
-        self.result("scalar functions", (self.module.scalar_udfs())()).map(|v| v.into_vec())
+        self.result("scalar functions", (self.module.scalar_udfs())())
+            .map(|v| v.into_vec())
     }
 
     /// The plugin's aggregate functions as FFI structs.

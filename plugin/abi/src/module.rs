@@ -84,8 +84,9 @@ pub struct DfxPlugin {
     /// The physical extension codec for `ShuffleStageExec`, bound to a
     /// task-context provider of the host's session.
     #[sabi(unsafe_opaque_field)]
-    pub new_physical_codec:
-        extern "C" fn(task_ctx_provider: FFI_TaskContextProvider) -> FfiResult<FFI_PhysicalExtensionCodec>,
+    pub new_physical_codec: extern "C" fn(
+        task_ctx_provider: FFI_TaskContextProvider,
+    ) -> FfiResult<FFI_PhysicalExtensionCodec>,
 
     /// The config extension declaring `dfx_engine.shuffle_dir`, with defaults.
     #[sabi(unsafe_opaque_field)]

@@ -1,0 +1,128 @@
+//! Peak memory of a worker publishing one large stage partition.
+//!
+//! `cargo run --release -p dfx-plugin --example publish_rss -- 100 1000`
+//! streams a 100 MB and a 1000 MB partition (each in a fresh child process,
+//! so each peak is its own) through `ShuffleStageExec` and prints the peak
+//! resident set size beside the size written. Flat memory means the node
+//! streams; a buffering node would grow with the partition.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use datafusion::arrow::array::{Float64Array, Int64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use datafusion::prelude::SessionContext;
+use dfx_plugin::ShuffleStageExec;
+use futures::StreamExt;
+
+const ROWS_PER_BATCH: usize = 65_536;
+const BYTES_PER_ROW: usize = 16;
+
+#[derive(Debug)]
+struct Generated {
+    schema: SchemaRef,
+    batches: usize,
+}
+
+impl PartitionStream for Generated {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let schema = Arc::clone(&self.schema);
+        let batches = (0..self.batches).map(move |i| {
+            let base = (i * ROWS_PER_BATCH) as i64;
+            let keys = Int64Array::from_iter_values(base..base + ROWS_PER_BATCH as i64);
+            let values = Float64Array::from_iter_values((0..ROWS_PER_BATCH).map(|r| r as f64));
+            Ok(RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![Arc::new(keys), Arc::new(values)],
+            )?)
+        });
+        Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            futures::stream::iter(batches),
+        ))
+    }
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+async fn publish(megabytes: usize) -> datafusion::common::Result<()> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Float64, false),
+    ]));
+    let batches = (megabytes << 20) / (ROWS_PER_BATCH * BYTES_PER_ROW);
+    let source = Arc::new(Generated {
+        schema: Arc::clone(&schema),
+        batches,
+    });
+    let input = Arc::new(StreamingTableExec::try_new(
+        schema,
+        vec![source],
+        None,
+        vec![],
+        false,
+        None,
+    )?);
+    let dir = tempfile::tempdir()?;
+    let stage = ShuffleStageExec::new(1, dir.path().to_path_buf(), input);
+    let start = Instant::now();
+    let mut stream = stage.execute(0, SessionContext::new().task_ctx())?;
+    let mut rows = 0;
+    while let Some(batch) = stream.next().await {
+        rows += batch?.num_rows();
+    }
+    let file = stage.partition_path(0);
+    let written = std::fs::metadata(&file)?.len() as f64 / (1 << 20) as f64;
+    println!(
+        "{megabytes:>6} MB of batches  {rows:>11} rows  file {written:>8.1} MiB  peak RSS {:>7.1} MiB  {:>6.2} s",
+        peak_rss_mib(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> datafusion::common::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [flag, size] = args.as_slice()
+        && flag == "--child"
+    {
+        let size = size
+            .parse()
+            .map_err(|e| datafusion::common::DataFusionError::Plan(format!("size: {e}")))?;
+        return publish(size).await;
+    }
+    let sizes = if args.is_empty() {
+        vec!["100".to_string(), "1000".to_string()]
+    } else {
+        args
+    };
+    let exe = std::env::current_exe()?;
+    for size in sizes {
+        let status = std::process::Command::new(&exe)
+            .args(["--child", &size])
+            .status()?;
+        if !status.success() {
+            return Err(datafusion::common::DataFusionError::Execution(format!(
+                "the {size} MB run failed"
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! The `dfx_engine` config extension.
+//!
+//! One key, `dfx_engine.shuffle_dir`: where stage output goes. Empty (the
+//! default) means "do not distribute": the planner inserts no stage.
+//!
+//! A host that loaded the plugin registers the options as an
+//! `FFI_ExtensionOptions`, so on the plugin's side of the boundary they arrive
+//! as plain key/value entries, and a host may show the key as
+//! `datafusion_ffi.dfx_engine.shuffle_dir`. Both spellings are read here.
+
+use std::path::PathBuf;
+
+use datafusion::common::config::{ConfigExtension, ConfigOptions, ExtensionOptions};
+use datafusion::common::{DataFusionError, Result, extensions_options};
+use datafusion::config::DATAFUSION_FFI_CONFIG_NAMESPACE;
+use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
+
+/// Prefix of every dfx config key.
+pub const CONFIG_PREFIX: &str = "dfx_engine";
+
+/// The full key of the shuffle directory.
+pub const SHUFFLE_DIR_KEY: &str = "dfx_engine.shuffle_dir";
+
+extensions_options! {
+    /// dfx's session options.
+    pub struct DfxConfig {
+        /// Directory that receives stage output; empty disables distribution.
+        pub shuffle_dir: String, default = String::new()
+    }
+}
+
+impl ConfigExtension for DfxConfig {
+    const PREFIX: &'static str = CONFIG_PREFIX;
+}
+
+impl DfxConfig {
+    /// Read dfx's options from a session's config, under either spelling.
+    ///
+    /// # Errors
+    ///
+    /// A key under `dfx_engine` that dfx does not declare: a typo must not
+    /// silently run a query in one process.
+    pub fn from_config(options: &ConfigOptions) -> Result<Self> {
+        if let Some(config) = options.extensions.get::<DfxConfig>() {
+            return Ok(config.clone());
+        }
+        let mut config = DfxConfig::default();
+        let Some(ffi) = options.extensions.get::<FFI_ExtensionOptions>() else {
+            return Ok(config);
+        };
+        for entry in ffi.entries() {
+            let key = entry.key.as_str();
+            let key = key
+                .strip_prefix(DATAFUSION_FFI_CONFIG_NAMESPACE)
+                .and_then(|k| k.strip_prefix('.'))
+                .unwrap_or(key);
+            let Some(inner) = key
+                .strip_prefix(CONFIG_PREFIX)
+                .and_then(|k| k.strip_prefix('.'))
+            else {
+                continue;
+            };
+            let value = entry.value.unwrap_or_default();
+            config.set(inner, &value).map_err(|err| {
+                DataFusionError::Configuration(format!(
+                    "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` (dfx declares only \
+                     `{SHUFFLE_DIR_KEY}`): {err}"
+                ))
+            })?;
+        }
+        Ok(config)
+    }
+
+    /// The shuffle directory, or `None` when distribution is off.
+    pub fn shuffle_dir(&self) -> Option<PathBuf> {
+        let dir = self.shuffle_dir.trim();
+        (!dir.is_empty()).then(|| PathBuf::from(dir))
+    }
+
+    /// These options as an `FFI_ExtensionOptions`, for a host to register.
+    pub fn to_ffi(&self) -> Result<FFI_ExtensionOptions> {
+        let mut options = FFI_ExtensionOptions::default();
+        options.add_config(self)?;
+        Ok(options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options_with_ffi(key: &str, value: &str) -> Result<ConfigOptions> {
+        let mut options = ConfigOptions::default();
+        options.extensions.insert(DfxConfig::default().to_ffi()?);
+        options.set(key, value)?;
+        Ok(options)
+    }
+
+    #[test]
+    fn local_extension() -> Result<()> {
+        let mut options = ConfigOptions::default();
+        options.extensions.insert(DfxConfig::default());
+        options.set(SHUFFLE_DIR_KEY, "/tmp/q1")?;
+        let config = DfxConfig::from_config(&options)?;
+        assert_eq!(config.shuffle_dir(), Some(PathBuf::from("/tmp/q1")));
+        Ok(())
+    }
+
+    #[test]
+    fn ffi_extension_under_both_spellings() -> Result<()> {
+        for key in [SHUFFLE_DIR_KEY, "datafusion_ffi.dfx_engine.shuffle_dir"] {
+            let options = options_with_ffi(key, "/tmp/q2")?;
+            let config = DfxConfig::from_config(&options)?;
+            assert_eq!(
+                config.shuffle_dir(),
+                Some(PathBuf::from("/tmp/q2")),
+                "{key}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn empty_or_missing_means_no_distribution() -> Result<()> {
+        let options = options_with_ffi(SHUFFLE_DIR_KEY, "")?;
+        assert_eq!(DfxConfig::from_config(&options)?.shuffle_dir(), None);
+        let options = ConfigOptions::default();
+        assert_eq!(DfxConfig::from_config(&options)?.shuffle_dir(), None);
+        Ok(())
+    }
+
+    #[test]
+    fn unknown_key_is_an_error() -> Result<()> {
+        let options = options_with_ffi("dfx_engine.shufle_dir", "/tmp/x")?;
+        let err = DfxConfig::from_config(&options).unwrap_err().to_string();
+        assert!(err.contains("dfx_engine.shufle_dir"), "{err}");
+        assert!(err.contains(SHUFFLE_DIR_KEY), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn other_extensions_are_ignored() -> Result<()> {
+        let options = options_with_ffi("other_lib.key", "v")?;
+        assert_eq!(DfxConfig::from_config(&options)?.shuffle_dir(), None);
+        Ok(())
+    }
+}

@@ -1,0 +1,164 @@
+//! The root module and its `extern "C"` constructors.
+//!
+//! Every constructor runs its body under `catch_unwind`: a panic must not
+//! unwind into a host compiled separately (it would abort the process, or
+//! worse), so it becomes an error message instead.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::Path;
+use std::sync::Arc;
+
+use abi_stable::export_root_module;
+use abi_stable::prefix_type::PrefixTypeTrait;
+use abi_stable::std_types::{RErr, ROk, RStr, RString, RVec};
+use datafusion::common::{DataFusionError, Result};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
+use datafusion_ffi::execution::FFI_TaskContextProvider;
+use datafusion_ffi::execution_plan::FFI_ExecutionPlan;
+use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
+use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
+use datafusion_ffi::query_planner::FFI_QueryPlanner;
+use datafusion_ffi::udaf::FFI_AggregateUDF;
+use datafusion_ffi::udf::FFI_ScalarUDF;
+use dfx_abi::{DFX_ABI_VERSION, DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
+
+use crate::codec::{CODEC_ID, DfxPhysicalCodec};
+use crate::config::{CONFIG_PREFIX, DfxConfig};
+use crate::planner::DfxQueryPlanner;
+use crate::stage::{STAGE_NODE_NAME, ShuffleStageExec};
+use crate::{counters, functions, paths};
+
+/// The plugin's root module, as `abi_stable` exports it.
+#[export_root_module]
+pub fn root_module() -> DfxPluginRef {
+    DfxPlugin {
+        dfx_abi_version: DFX_ABI_VERSION,
+        datafusion_ffi_major: datafusion_ffi::version(),
+        plugin_name: RStr::from_str(env!("CARGO_PKG_NAME")),
+        plugin_version: RStr::from_str(env!("CARGO_PKG_VERSION")),
+        stage_node_name: RStr::from_str(STAGE_NODE_NAME),
+        codec_id: RStr::from_str(CODEC_ID),
+        config_prefix: RStr::from_str(CONFIG_PREFIX),
+        new_query_planner,
+        new_physical_codec,
+        new_config_options,
+        scalar_udfs,
+        aggregate_udfs,
+        stage_id,
+        partition_path,
+        partition_glob,
+        counters,
+        panic_probe,
+        stage_info,
+    }
+    .leak_into_prefix()
+}
+
+/// Run `body`, turning an error or a panic into an error message for the host.
+fn guarded<T>(what: &str, body: impl FnOnce() -> Result<T>) -> FfiResult<T> {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(value)) => ROk(value),
+        Ok(Err(err)) => RErr(RString::from(format!("dfx {what}: {err}"))),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_string());
+            RErr(RString::from(format!("dfx {what} panicked: {message}")))
+        }
+    }
+}
+
+extern "C" fn new_query_planner(
+    logical_codec: FFI_LogicalExtensionCodec,
+    physical_codec: FFI_PhysicalExtensionCodec,
+) -> FfiResult<FFI_QueryPlanner> {
+    guarded("query planner", || {
+        Ok(FFI_QueryPlanner::new_with_ffi_codecs(
+            Arc::new(DfxQueryPlanner::default()),
+            logical_codec,
+            physical_codec,
+        ))
+    })
+}
+
+extern "C" fn new_physical_codec(
+    task_ctx_provider: FFI_TaskContextProvider,
+) -> FfiResult<FFI_PhysicalExtensionCodec> {
+    guarded("physical codec", || {
+        Ok(FFI_PhysicalExtensionCodec::new(
+            Arc::new(DfxPhysicalCodec::default()),
+            None,
+            task_ctx_provider,
+        ))
+    })
+}
+
+extern "C" fn new_config_options() -> FfiResult<FFI_ExtensionOptions> {
+    guarded("config options", || DfxConfig::default().to_ffi())
+}
+
+extern "C" fn scalar_udfs() -> FfiResult<RVec<FFI_ScalarUDF>> {
+    guarded("scalar functions", || {
+        Ok(functions::scalar_udfs()
+            .into_iter()
+            .map(FFI_ScalarUDF::from)
+            .collect())
+    })
+}
+
+extern "C" fn aggregate_udfs() -> FfiResult<RVec<FFI_AggregateUDF>> {
+    guarded("aggregate functions", || {
+        Ok(functions::aggregate_udfs()
+            .into_iter()
+            .map(FFI_AggregateUDF::from)
+            .collect())
+    })
+}
+
+extern "C" fn stage_id(index: u64) -> u64 {
+    paths::stage_id(index)
+}
+
+extern "C" fn partition_path(dir: RStr<'_>, stage: u64, partition: u64) -> RString {
+    let path = paths::partition_path(Path::new(dir.as_str()), stage, partition as usize);
+    RString::from(path.to_string_lossy().into_owned())
+}
+
+extern "C" fn partition_glob() -> RStr<'static> {
+    RStr::from_str(paths::PARTITION_GLOB)
+}
+
+extern "C" fn counters() -> DfxCounters {
+    counters::snapshot()
+}
+
+extern "C" fn panic_probe() -> FfiResult<u64> {
+    guarded("panic probe", || {
+        if cfg!(feature = "test-hooks") {
+            panic!("the panic probe fired inside the plugin, as a test asked");
+        }
+        Err(DataFusionError::Execution(
+            "the plugin was built without its test-hooks feature".to_string(),
+        ))
+    })
+}
+
+extern "C" fn stage_info(plan: FFI_ExecutionPlan) -> FfiResult<DfxStageInfo> {
+    guarded("stage info", || {
+        let plan = Arc::<dyn ExecutionPlan>::try_from(&plan)?;
+        let Some(stage) = plan.downcast_ref::<ShuffleStageExec>() else {
+            return Err(DataFusionError::Execution(format!(
+                "{} is not a stage node of this plugin",
+                plan.name()
+            )));
+        };
+        Ok(DfxStageInfo {
+            stage_id: stage.stage_id(),
+            shuffle_dir: RString::from(stage.shuffle_dir().to_string_lossy().into_owned()),
+            partition_count: stage.partition_count() as u64,
+        })
+    })
+}

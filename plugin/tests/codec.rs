@@ -1,0 +1,97 @@
+//! The codec on real plans: a stage survives encode/decode through a chain
+//! of the default codec plus dfx's, and nothing else is claimed.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use datafusion::common::Result;
+use datafusion::physical_plan::{ExecutionPlan, displayable};
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
+use datafusion_proto::physical_plan::{
+    ComposedPhysicalExtensionCodec, DefaultPhysicalExtensionCodec, PhysicalExtensionCodec,
+};
+use dfx_plugin::{DfxPhysicalCodec, ShuffleStageExec};
+
+fn chain() -> ComposedPhysicalExtensionCodec {
+    ComposedPhysicalExtensionCodec::new(vec![
+        Arc::new(DefaultPhysicalExtensionCodec {}) as Arc<dyn PhysicalExtensionCodec>,
+        Arc::new(DfxPhysicalCodec::default()),
+    ])
+}
+
+#[tokio::test]
+async fn a_stage_round_trips_through_the_chain() -> Result<()> {
+    let dir = temp_dir();
+    let ctx = session(Some(dir.path()))?;
+    let plan = ctx
+        .sql("SELECT g, sum(v) FROM t GROUP BY g UNION ALL SELECT g, count(*) FROM u GROUP BY g")
+        .await?
+        .create_physical_plan()
+        .await?;
+    for stage in stages(&plan) {
+        let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&stage), &chain())?;
+        let decoded =
+            physical_plan_from_bytes_with_extension_codec(&bytes, &ctx.task_ctx(), &chain())?;
+        let before = displayable(stage.as_ref()).indent(true).to_string();
+        let after = displayable(decoded.as_ref()).indent(true).to_string();
+        assert_eq!(before, after);
+        let node = decoded.downcast_ref::<ShuffleStageExec>().expect("a stage");
+        assert_eq!(node.shuffle_dir(), dir.path());
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn without_dfx_in_the_chain_a_stage_cannot_be_encoded() -> Result<()> {
+    let dir = temp_dir();
+    let ctx = session(Some(dir.path()))?;
+    let plan = ctx
+        .sql("SELECT g, sum(v) FROM t GROUP BY g")
+        .await?
+        .create_physical_plan()
+        .await?;
+    let stage: Arc<dyn ExecutionPlan> = Arc::clone(&stages(&plan)[0]);
+    let err = physical_plan_to_bytes_with_extension_codec(stage, &DefaultPhysicalExtensionCodec {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("ShuffleStageExec") || err.contains("not provided"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn dfx_claims_nothing_but_stages() {
+    let ctx = datafusion::prelude::SessionContext::new();
+    let plan: Arc<dyn ExecutionPlan> =
+        Arc::new(datafusion::physical_plan::empty::EmptyExec::new(kv_schema()));
+    let mut buf = Vec::new();
+    let err = DfxPhysicalCodec::default()
+        .try_encode(
+            plan,
+            &mut buf,
+            &datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {},
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("dfx codec encodes only ShuffleStageExec"),
+        "{err}"
+    );
+    assert!(buf.is_empty());
+    let err = DfxPhysicalCodec::default()
+        .try_decode(
+            b"garbage!",
+            &[],
+            &ctx.task_ctx(),
+            &datafusion_proto::physical_plan::DefaultPhysicalProtoConverter {},
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dfx codec"), "{err}");
+}

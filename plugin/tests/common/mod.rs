@@ -1,0 +1,192 @@
+//! Shared fixtures for the plugin's in-process tests.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Float64Array, Int64Array, StringArray};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::MemTable;
+use datafusion::execution::{SendableRecordBatchStream, SessionStateBuilder, TaskContext};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use datafusion::prelude::{SessionConfig, SessionContext};
+use dfx_plugin::functions::{aggregate_udfs, scalar_udfs};
+use dfx_plugin::{DfxConfig, DfxQueryPlanner, SHUFFLE_DIR_KEY, ShuffleStageExec};
+
+/// `(k Int64, v Float64)`.
+pub fn kv_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Float64, true),
+    ]))
+}
+
+/// A batch of `(k, v)` rows.
+pub fn kv_batch(keys: &[i64], values: &[f64]) -> RecordBatch {
+    RecordBatch::try_new(
+        kv_schema(),
+        vec![
+            Arc::new(Int64Array::from(keys.to_vec())),
+            Arc::new(Float64Array::from(values.to_vec())),
+        ],
+    )
+    .unwrap()
+}
+
+/// One partition whose batches are made on demand, so a test can stream far
+/// more data than it holds, or end the stream with an error.
+#[derive(Debug)]
+pub struct GeneratedPartition {
+    pub schema: SchemaRef,
+    pub batches: usize,
+    pub rows_per_batch: usize,
+    /// Yield an error instead of the batch with this index.
+    pub fail_at: Option<usize>,
+}
+
+impl PartitionStream for GeneratedPartition {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let rows = self.rows_per_batch;
+        let fail_at = self.fail_at;
+        let batches = (0..self.batches).map(move |i| {
+            if Some(i) == fail_at {
+                return Err(DataFusionError::Execution(format!(
+                    "generated failure at batch {i}"
+                )));
+            }
+            let keys: Vec<i64> = (0..rows as i64).map(|r| r + (i * rows) as i64).collect();
+            let values: Vec<f64> = keys.iter().map(|k| *k as f64 * 0.5).collect();
+            Ok(kv_batch(&keys, &values))
+        });
+        Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            futures::stream::iter(batches),
+        ))
+    }
+}
+
+/// A plan of `partitions` generated partitions.
+pub fn generated_plan(
+    partitions: usize,
+    batches: usize,
+    rows_per_batch: usize,
+    fail_at: Option<usize>,
+) -> Arc<dyn ExecutionPlan> {
+    let streams: Vec<Arc<dyn PartitionStream>> = (0..partitions)
+        .map(|_| {
+            Arc::new(GeneratedPartition {
+                schema: kv_schema(),
+                batches,
+                rows_per_batch,
+                fail_at,
+            }) as Arc<dyn PartitionStream>
+        })
+        .collect();
+    Arc::new(StreamingTableExec::try_new(kv_schema(), streams, None, vec![], false, None).unwrap())
+}
+
+/// A stage over `input` publishing into `dir`.
+pub fn stage(id: u64, dir: &Path, input: Arc<dyn ExecutionPlan>) -> Arc<ShuffleStageExec> {
+    Arc::new(ShuffleStageExec::new(id, dir.to_path_buf(), input))
+}
+
+/// Every file in `dir`, sorted by name.
+pub fn files_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// A session with dfx's planner, config and functions, and table `t(k, g, v)`
+/// in two partitions and table `u` with the same shape.
+pub fn session(shuffle_dir: Option<&Path>) -> Result<SessionContext> {
+    let mut config = SessionConfig::new().with_target_partitions(2);
+    config.options_mut().extensions.insert(DfxConfig::default());
+    if let Some(dir) = shuffle_dir {
+        config
+            .options_mut()
+            .set(SHUFFLE_DIR_KEY, &dir.to_string_lossy())?;
+    }
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_query_planner(Arc::new(DfxQueryPlanner::default()))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    for udf in scalar_udfs() {
+        ctx.register_udf(udf.as_ref().clone());
+    }
+    for udaf in aggregate_udfs() {
+        ctx.register_udaf(udaf.as_ref().clone());
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("g", DataType::Utf8, false),
+        Field::new("v", DataType::Float64, true),
+    ]));
+    let batch = |k: Vec<i64>, g: Vec<&str>, v: Vec<Option<f64>>| {
+        RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from(k)),
+                Arc::new(StringArray::from(g)),
+                Arc::new(Float64Array::from(v)),
+            ],
+        )
+        .unwrap()
+    };
+    let partitions = vec![
+        vec![batch(
+            vec![1, 2],
+            vec!["a", "b"],
+            vec![Some(1.0), Some(2.0)],
+        )],
+        vec![batch(vec![3, 4], vec!["a", "b"], vec![Some(3.0), None])],
+    ];
+    for name in ["t", "u"] {
+        let table = MemTable::try_new(Arc::clone(&schema), partitions.clone())?;
+        ctx.register_table(name, Arc::new(table))?;
+    }
+    Ok(ctx)
+}
+
+/// Stage nodes of `plan` in pre-order, not descending into a stage.
+pub fn stages(plan: &Arc<dyn ExecutionPlan>) -> Vec<Arc<dyn ExecutionPlan>> {
+    if plan.downcast_ref::<ShuffleStageExec>().is_some() {
+        return vec![Arc::clone(plan)];
+    }
+    plan.children().into_iter().flat_map(stages).collect()
+}
+
+/// Ids of the stages of `plan`, in pre-order.
+pub fn stage_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<u64> {
+    stages(plan)
+        .iter()
+        .map(|s| s.downcast_ref::<ShuffleStageExec>().unwrap().stage_id())
+        .collect()
+}
+
+/// A fresh temp dir path (created).
+pub fn temp_dir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
+}
+
+/// `dir/name`.
+pub fn path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(name)
+}

@@ -1,0 +1,151 @@
+//! The split rule: where stages go, how they are numbered, and that running
+//! every stage partition then the whole plan gives the in-process answer.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::common::Result;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, collect, displayable};
+use dfx_plugin::ShuffleStageExec;
+use futures::StreamExt;
+
+async fn plan(sql: &str, shuffle: Option<&std::path::Path>) -> Result<Arc<dyn ExecutionPlan>> {
+    session(shuffle)?
+        .sql(sql)
+        .await?
+        .create_physical_plan()
+        .await
+}
+
+fn text(plan: &Arc<dyn ExecutionPlan>) -> String {
+    displayable(plan.as_ref()).indent(false).to_string()
+}
+
+#[tokio::test]
+async fn one_aggregate_is_one_stage_over_the_partial_aggregate() -> Result<()> {
+    let dir = temp_dir();
+    let plan = plan("SELECT g, sum(v) FROM t GROUP BY g", Some(dir.path())).await?;
+    assert_eq!(stage_ids(&plan), vec![1], "{}", text(&plan));
+    let stage = &stages(&plan)[0];
+    let child = stage.children()[0];
+    assert!(
+        text(child).starts_with("AggregateExec: mode=Partial"),
+        "{}",
+        text(&plan)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn no_aggregate_wraps_the_whole_plan() -> Result<()> {
+    let dir = temp_dir();
+    let plan = plan("SELECT k, v FROM t WHERE v > 1", Some(dir.path())).await?;
+    assert!(
+        plan.downcast_ref::<ShuffleStageExec>().is_some(),
+        "{}",
+        text(&plan)
+    );
+    assert_eq!(stage_ids(&plan), vec![1]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn union_of_two_aggregates_is_stages_one_and_two() -> Result<()> {
+    let dir = temp_dir();
+    let sql = "SELECT g, sum(v) FROM t GROUP BY g UNION ALL SELECT g, count(*) FROM u GROUP BY g";
+    let plan = plan(sql, Some(dir.path())).await?;
+    assert_eq!(stage_ids(&plan), vec![1, 2], "{}", text(&plan));
+    Ok(())
+}
+
+#[tokio::test]
+async fn join_of_two_aggregates_is_two_stages() -> Result<()> {
+    let dir = temp_dir();
+    let sql = "SELECT a.g, a.s, b.c FROM (SELECT g, sum(v) AS s FROM t GROUP BY g) a \
+               JOIN (SELECT g, count(*) AS c FROM u GROUP BY g) b ON a.g = b.g";
+    let plan = plan(sql, Some(dir.path())).await?;
+    assert_eq!(stage_ids(&plan), vec![1, 2], "{}", text(&plan));
+    Ok(())
+}
+
+#[tokio::test]
+async fn no_shuffle_dir_no_stage() -> Result<()> {
+    let plan = plan("SELECT g, sum(v) FROM t GROUP BY g", None).await?;
+    assert!(stage_ids(&plan).is_empty(), "{}", text(&plan));
+    Ok(())
+}
+
+#[tokio::test]
+async fn numbering_starts_afresh_on_every_call() -> Result<()> {
+    let dir = temp_dir();
+    let ctx = session(Some(dir.path()))?;
+    let sql = "SELECT g, sum(v) FROM t GROUP BY g UNION ALL SELECT g, sum(v) FROM u GROUP BY g";
+    for _ in 0..3 {
+        let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+        assert_eq!(stage_ids(&plan), vec![1, 2]);
+    }
+    Ok(())
+}
+
+/// Run every stage partition (as workers would), then the whole plan (as the
+/// driver does), and compare with the in-process answer.
+async fn distributed_equals_local(sql: &str) -> Result<()> {
+    let dir = temp_dir();
+    let ctx = session(Some(dir.path()))?;
+    let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+    let mut tasks = 0;
+    for stage in stages(&plan) {
+        for p in 0..stage.output_partitioning().partition_count() {
+            let mut stream = stage.execute(p, ctx.task_ctx())?;
+            while let Some(batch) = stream.next().await {
+                batch?;
+            }
+            tasks += 1;
+        }
+    }
+    let published = files_in(dir.path());
+    assert_eq!(published.len(), tasks, "one file per task: {published:?}");
+    let replanned = ctx.sql(sql).await?.create_physical_plan().await?;
+    let distributed = collect(replanned, ctx.task_ctx()).await?;
+    let local = session(None)?.sql(sql).await?.collect().await?;
+    assert_eq!(
+        pretty_format_batches(&distributed)?.to_string(),
+        pretty_format_batches(&local)?.to_string(),
+        "{sql}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn stages_run_separately_give_the_local_answer() -> Result<()> {
+    distributed_equals_local("SELECT g, sum(v), count(*) FROM t GROUP BY g ORDER BY g").await?;
+    distributed_equals_local("SELECT k, v FROM t WHERE k > 1 ORDER BY k").await?;
+    distributed_equals_local(
+        "SELECT g, dfx_weighted_avg(v, k) AS w, sum(dfx_net_revenue(v, 0.1, 0.05)) AS r \
+         FROM t GROUP BY g ORDER BY g",
+    )
+    .await?;
+    distributed_equals_local(
+        "SELECT * FROM (SELECT g, sum(v) FROM t GROUP BY g UNION ALL \
+         SELECT g, count(*) FROM u GROUP BY g) ORDER BY 1, 2",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn the_functions_answer_by_hand() -> Result<()> {
+    // t: (1,a,1.0) (2,b,2.0) (3,a,3.0) (4,b,null)
+    // a: weighted avg (1*1 + 3*3) / (1 + 3) = 2.5; b: only (2, 2.0) counts = 2.0
+    let ctx = session(None)?;
+    let batches = ctx
+        .sql("SELECT g, dfx_weighted_avg(v, k) AS w FROM t GROUP BY g ORDER BY g")
+        .await?
+        .collect()
+        .await?;
+    let expected = "+---+-----+\n| g | w   |\n+---+-----+\n| a | 2.5 |\n| b | 2.0 |\n+---+-----+";
+    assert_eq!(pretty_format_batches(&batches)?.to_string(), expected);
+    Ok(())
+}
