@@ -20,6 +20,9 @@ from dfx_engine import _internal
 
 __all__ = ["SessionSpec", "build_session", "expected_codec_ids"]
 
+WORK_STEALING = "datafusion.execution.enable_file_stream_work_stealing"
+"""DataFusion 55's run-time rebalancing of files between sibling partitions."""
+
 
 def expected_codec_ids() -> list[str]:
     """The physical codec ids a correctly built session carries, in order.
@@ -130,6 +133,10 @@ def build_session(spec: SessionSpec) -> tuple[SessionContext, _internal.DfxEngin
     config = (
         SessionConfig()
         .with_target_partitions(spec.target_partitions)
+        # Off, or a worker running partition 0 alone would steal every file of
+        # its sibling partitions (which no process polls) and the answer would
+        # count those rows once per worker.
+        .set(WORK_STEALING, "false")
         .with_extension(_internal.DfxEngineConfig(shuffle_dir=spec.shuffle_dir))
     )
     engine = _internal.DfxEngineExtension()

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build the dfx Python package against the workspace's plugin file and run its
+# checks: ruff, then pytest.
+#
+# Run from anywhere; expects `cargo build -p dfx-plugin` to have produced
+# target/debug/libdfx_plugin.so (the README's test command does that first).
+# Creates python/.venv on first use. Needs only python3.11 (with venv and pip)
+# and cargo.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+# One target directory for the whole workspace, so the wheel build reuses the
+# DataFusion the other crates already compiled.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+python="${PYTHON:-python3.11}"
+venv="$here/.venv"
+plugin="$CARGO_TARGET_DIR/debug/libdfx_plugin.so"
+
+if [[ ! -f "$plugin" ]]; then
+    echo "run-tests.sh: $plugin is missing; run 'cargo build -p dfx-plugin' first" >&2
+    exit 1
+fi
+
+if [[ ! -x "$venv/bin/python" ]]; then
+    "$python" -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install --quiet --upgrade pip
+"$venv/bin/python" -m pip install --quiet \
+    "maturin>=1.7,<2" "datafusion==55.0.0" pyarrow pytest cloudpickle ruff
+
+# Bundle the plugin beside the package so the wheel carries it; the file is
+# ignored by git (python/.gitignore).
+cp "$plugin" "$here/dfx_engine/libdfx_plugin.so"
+
+wheels="$CARGO_TARGET_DIR/wheels"
+rm -rf "$wheels/dfx_engine-"*.whl
+(cd "$here" && "$venv/bin/maturin" build --profile dev --out "$wheels" \
+    --interpreter "$venv/bin/python" --compatibility linux --quiet)
+"$venv/bin/python" -m pip install --quiet --force-reinstall --no-deps \
+    "$wheels"/dfx_engine-*.whl
+
+"$venv/bin/ruff" check "$here"
+"$venv/bin/ruff" format --check "$here"
+# From the repository root, through the pytest script rather than
+# `python -m pytest`: neither puts python/ on sys.path, so the tests and their
+# worker processes import the installed wheel, not the source tree (which has
+# no native module), and a test module is not importable by a worker.
+cd "$root"
+exec "$venv/bin/pytest" -c "$here/pyproject.toml" -p no:cacheprovider "$here/tests" "$@"
