@@ -1,0 +1,142 @@
+"""Shared fixtures: a hand-checked lineitem-like table and fresh specs.
+
+The table is four Parquet files of two rows each::
+
+    file  l_returnflag  l_quantity  l_extendedprice  l_discount  l_tax
+    0     A             10          100.0            0.10        0.00
+    0     B             20          200.0            0.00        0.50
+    1     A             30          300.0            0.00        0.10
+    1     B             40          400.0            0.50        0.00
+    2     A             50          500.0            0.20        0.00
+    2     R             60          600.0            0.00        0.00
+    3     B             70          700.0            0.10        0.00
+    3     R             80          800.0            0.50        0.50
+
+Worked out by hand, per flag, with net = price * (1 - discount) * (1 + tax)
+and the quantity-weighted average price = sum(price * qty) / sum(qty):
+
+    A: net 90 + 330 + 400 = 820;   qty 90;  weighted 35000 / 90  = 388.888...
+    B: net 300 + 200 + 630 = 1130; qty 130; weighted 69000 / 130 = 530.769...
+    R: net 600 + 600 = 1200;       qty 140; weighted 100000 / 140 = 714.285...
+
+    all: 8 rows, quantity 360, net 3150.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pathlib
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dfx_engine.session import SessionSpec
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+ROWS = [
+    ("A", 10, 100.0, 0.10, 0.00),
+    ("B", 20, 200.0, 0.00, 0.50),
+    ("A", 30, 300.0, 0.00, 0.10),
+    ("B", 40, 400.0, 0.50, 0.00),
+    ("A", 50, 500.0, 0.20, 0.00),
+    ("R", 60, 600.0, 0.00, 0.00),
+    ("B", 70, 700.0, 0.10, 0.00),
+    ("R", 80, 800.0, 0.50, 0.50),
+]
+FILES = 4
+
+NET_BY_FLAG = {"A": 820.0, "B": 1130.0, "R": 1200.0}
+QTY_BY_FLAG = {"A": 90, "B": 130, "R": 140}
+WEIGHTED_BY_FLAG = {"A": 35000 / 90, "B": 69000 / 130, "R": 100000 / 140}
+
+REVENUE_SQL = """
+SELECT l_returnflag AS flag,
+       sum(l_quantity) AS qty,
+       sum(dfx_net_revenue(l_extendedprice, l_discount, l_tax)) AS net,
+       dfx_weighted_avg(l_extendedprice, CAST(l_quantity AS DOUBLE)) AS weighted
+FROM lineitem
+GROUP BY l_returnflag
+ORDER BY flag
+"""
+"""Both plugin functions, an aggregate split into partial and final."""
+
+SQL_ONLY = """
+SELECT l_returnflag AS flag, count(*) AS n, sum(l_quantity) AS qty
+FROM lineitem GROUP BY l_returnflag ORDER BY flag
+"""
+"""No plugin function: what any host can run."""
+
+
+@pytest.fixture(scope="session")
+def lineitem(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The fixture table's directory: four Parquet files, two rows each."""
+    directory = tmp_path_factory.mktemp("lineitem")
+    schema = pa.schema(
+        [
+            ("l_returnflag", pa.string()),
+            ("l_quantity", pa.int64()),
+            ("l_extendedprice", pa.float64()),
+            ("l_discount", pa.float64()),
+            ("l_tax", pa.float64()),
+        ]
+    )
+    per_file = len(ROWS) // FILES
+    for index in range(FILES):
+        pair = ROWS[index * per_file : (index + 1) * per_file]
+        table = pa.Table.from_pylist(
+            [dict(zip(schema.names, row, strict=True)) for row in pair], schema
+        )
+        pq.write_table(table, directory / f"part-{index}.parquet")
+    return directory
+
+
+@pytest.fixture
+def make_spec(
+    lineitem: pathlib.Path, tmp_path: pathlib.Path
+) -> Callable[..., SessionSpec]:
+    """A factory of specs over the fixture, each with a fresh shuffle directory.
+
+    Four target partitions: one per file, so a stage has four tasks.
+    """
+    counter = itertools.count()
+
+    def make(*, shuffle: bool = True, target_partitions: int = FILES) -> SessionSpec:
+        shuffle_dir = tmp_path / f"shuffle-{next(counter)}" if shuffle else None
+        return SessionSpec(
+            tables={"lineitem": str(lineitem)},
+            shuffle_dir=str(shuffle_dir) if shuffle_dir else "",
+            target_partitions=target_partitions,
+        )
+
+    return make
+
+
+def as_rows(batches: list[pa.RecordBatch]) -> list[dict[str, object]]:
+    """The rows of ``batches`` as dicts, in order."""
+    return pa.Table.from_batches(batches).to_pylist() if batches else []
+
+
+def assert_revenue(rows: list[dict[str, object]]) -> None:
+    """``rows`` is the hand-checked answer of :data:`REVENUE_SQL`."""
+    assert [row["flag"] for row in rows] == ["A", "B", "R"]
+    for row in rows:
+        flag = row["flag"]
+        assert row["qty"] == QTY_BY_FLAG[flag]
+        assert row["net"] == pytest.approx(NET_BY_FLAG[flag], rel=1e-9)
+        assert row["weighted"] == pytest.approx(WEIGHTED_BY_FLAG[flag], rel=1e-9)
+
+
+def assert_same(left: list[dict[str, object]], right: list[dict[str, object]]) -> None:
+    """Same rows, floats to 1e-6 relative."""
+    assert len(left) == len(right)
+    for a, b in zip(left, right, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            if isinstance(a[key], float):
+                assert a[key] == pytest.approx(b[key], rel=1e-6), key
+            else:
+                assert a[key] == b[key], key
