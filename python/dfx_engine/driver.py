@@ -137,7 +137,7 @@ def _register(
     ctx: SessionContext, functions: list[ScalarUDF | AggregateUDF] | None
 ) -> None:
     """Register caller-supplied Python functions on the driver's session."""
-    from datafusion.user_defined import AggregateUDF  # noqa: PLC0415
+    from datafusion.user_defined import AggregateUDF
 
     for function in functions or []:
         if isinstance(function, AggregateUDF):

@@ -107,7 +107,9 @@ def codec_ids_of(data: dict[str, Any] | str) -> list[str] | None:
     return list(ids) if isinstance(ids, list) else None
 
 
-def build_session(spec: SessionSpec) -> tuple[SessionContext, _internal.DfxEngineExtension]:
+def build_session(
+    spec: SessionSpec,
+) -> tuple[SessionContext, _internal.DfxEngineExtension]:
     """A session with dfx installed, the plugin's functions and the spec's tables.
 
     In this order, each for a reason:

@@ -45,7 +45,9 @@ def _read_envelope(path: pathlib.Path) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         message = f"cannot read task envelope {path}: {err}"
         raise TaskError(message) from err
-    missing = [k for k in ("spec", "plan", "stage_id", "partition") if k not in envelope]
+    missing = [
+        k for k in ("spec", "plan", "stage_id", "partition") if k not in envelope
+    ]
     if missing:
         message = f"task envelope {path} lacks {missing}"
         raise TaskError(message)

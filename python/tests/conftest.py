@@ -25,7 +25,6 @@ and the quantity-weighted average price = sum(price * qty) / sum(qty):
 from __future__ import annotations
 
 import itertools
-import pathlib
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -35,6 +34,7 @@ import pytest
 from dfx_engine.session import SessionSpec
 
 if TYPE_CHECKING:
+    import pathlib
     from collections.abc import Callable
 
 ROWS = [

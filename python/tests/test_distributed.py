@@ -147,5 +147,5 @@ def test_require_empty_shuffle_ignores_other_files(tmp_path: pathlib.Path) -> No
     require_empty_shuffle(tmp_path)
     require_empty_shuffle(tmp_path / "does-not-exist")
     pathlib.Path(_internal.partition_path(str(tmp_path), 1, 0)).write_bytes(b"")
-    with pytest.raises(RuntimeError, match="stage-1-part-0.arrow"):
+    with pytest.raises(RuntimeError, match=r"stage-1-part-0\.arrow"):
         require_empty_shuffle(tmp_path)

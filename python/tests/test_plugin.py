@@ -22,7 +22,11 @@ def probe(plugin: str | None) -> subprocess.CompletedProcess[str]:
     if plugin is not None:
         env["DFX_PLUGIN"] = plugin
     return subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, check=False
+        [sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
     )
 
 
@@ -73,7 +77,7 @@ def test_versions_and_contract_constants() -> None:
 
 @pytest.mark.parametrize("name", ["dfx_net_revenue"])
 def test_plugin_functions_are_registrable(name: str) -> None:
-    from datafusion import SessionContext, udaf, udf  # noqa: PLC0415
+    from datafusion import SessionContext, udaf, udf
 
     ctx = SessionContext()
     for function in _internal.scalar_functions():

@@ -39,7 +39,12 @@ def write_envelope(
     path: pathlib.Path, spec_json: dict[str, Any], plan: pathlib.Path, partition: int
 ) -> pathlib.Path:
     """A task envelope as the driver writes one."""
-    envelope = {"spec": spec_json, "plan": str(plan), "stage_id": 1, "partition": partition}
+    envelope = {
+        "spec": spec_json,
+        "plan": str(plan),
+        "stage_id": 1,
+        "partition": partition,
+    }
     path.write_text(json.dumps(envelope))
     return path
 
