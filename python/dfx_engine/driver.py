@@ -29,6 +29,8 @@ from dfx_engine import _internal
 from dfx_engine.session import SessionSpec, build_session
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import pyarrow as pa
     from datafusion import DataFrame, SessionContext
     from datafusion.plan import ExecutionPlan
@@ -39,6 +41,7 @@ __all__ = [
     "dataframe_for",
     "find_stage",
     "find_stages",
+    "python_worker",
     "require_empty_shuffle",
     "run_distributed",
     "run_local",
@@ -157,15 +160,22 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def _spawn(envelope_path: pathlib.Path) -> subprocess.Popen[str]:
-    """Start the worker of one task.
+def python_worker() -> list[str]:
+    """The command of a Python worker, to which the envelope path is appended.
 
     ``sys.executable`` rather than ``python``: a cloudpickled inline UDF
     loads only on the Python minor it was pickled on, and a worker started
     from another interpreter fails far from the cause.
     """
-    return subprocess.Popen(  # noqa: S603 - our own interpreter and module
-        [sys.executable, "-m", "dfx_engine.worker", str(envelope_path)],
+    return [sys.executable, "-m", "dfx_engine.worker"]
+
+
+def _spawn(
+    envelope_path: pathlib.Path, worker_command: Sequence[str]
+) -> subprocess.Popen[str]:
+    """Start the worker of one task: ``worker_command`` plus the envelope."""
+    return subprocess.Popen(  # noqa: S603 - the caller's worker command
+        [*worker_command, str(envelope_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -204,7 +214,9 @@ def _rows_reported(task: Task, stdout: str) -> int:
     return rows
 
 
-def _run_workers(envelopes: dict[Task, pathlib.Path]) -> dict[Task, int]:
+def _run_workers(
+    envelopes: dict[Task, pathlib.Path], worker_command: Sequence[str] | None = None
+) -> dict[Task, int]:
     """Run every task's worker at once; rows per task.
 
     Every failure (a non-zero exit with its stderr, an unreadable report) is
@@ -221,7 +233,7 @@ def _run_workers(envelopes: dict[Task, pathlib.Path]) -> dict[Task, int]:
     failures: list[str] = []
     try:
         for task, path in envelopes.items():
-            running[task] = _spawn(path)
+            running[task] = _spawn(path, worker_command or python_worker())
         for task, worker in running.items():
             stdout, stderr = worker.communicate()
             stage, partition = task
@@ -252,6 +264,8 @@ def run_distributed(
     sql: str,
     spec: SessionSpec,
     extra_udfs: list[ScalarUDF | AggregateUDF] | None = None,
+    *,
+    worker_command: Sequence[str] | None = None,
 ) -> DistributedResult:
     """Run ``sql`` with every stage partition in its own worker process.
 
@@ -260,6 +274,10 @@ def run_distributed(
     registered on the driver only: encoding the stage cloudpickles them into
     the plan, so they reach the workers by value, unlike the plugin's
     functions, which travel by name and are registered on every session.
+
+    ``worker_command`` starts a worker when the envelope path is appended
+    (default: :func:`python_worker`). Any dfx host's worker reads the same
+    envelope, e.g. ``["dfx", "worker"]`` for the Rust host.
 
     Raises:
         ValueError: If ``spec`` has no shuffle directory.
@@ -306,7 +324,7 @@ def run_distributed(
             path.write_text(json.dumps(envelope, indent=2))
             envelopes[task] = path
 
-    task_rows = _run_workers(envelopes)
+    task_rows = _run_workers(envelopes, worker_command)
 
     # Every stage partition now has its file: planning and running the query
     # again streams them, and only the final merge happens here.
