@@ -15,11 +15,15 @@ async fn shuffle_dir_set_on_the_host_reaches_the_planner() {
         SessionOptions::distributed(&shuffle).with_table("lineitem", &write_lineitem(dir.path()));
     let session = TestSession::new(plugin(), &options).await.unwrap();
 
-    // The host shows the key under the FFI namespace.
+    // The host lists the key among its options (DataFusion 55.2 shows the FFI
+    // extension's full keys; a host may also spell it under the
+    // `datafusion_ffi.` namespace, and the plugin accepts both).
     let entries = session.ctx.state().config_options().entries();
     let entry = entries
         .iter()
-        .find(|entry| entry.key == "datafusion_ffi.dfx_engine.shuffle_dir")
+        .find(|entry| {
+            entry.key == "dfx_engine.shuffle_dir" || entry.key == "datafusion_ffi.dfx_engine.shuffle_dir"
+        })
         .unwrap_or_else(|| {
             panic!(
                 "no namespaced key among {:?}",
