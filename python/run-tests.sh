@@ -16,6 +16,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 python="${PYTHON:-python3.11}"
 venv="$here/.venv"
 plugin="$CARGO_TARGET_DIR/debug/libdfx_plugin.so"
+# The Rust host for the cross-host tests (skipped when it is not built).
+export DFX_HOST_BINARY="${DFX_HOST_BINARY:-$CARGO_TARGET_DIR/debug/dfx}"
 
 if [[ ! -f "$plugin" ]]; then
     echo "run-tests.sh: $plugin is missing; run 'cargo build -p dfx-plugin' first" >&2
@@ -36,7 +38,7 @@ cp "$plugin" "$here/dfx_engine/libdfx_plugin.so"
 wheels="$CARGO_TARGET_DIR/wheels"
 rm -rf "$wheels/dfx_engine-"*.whl
 (cd "$here" && "$venv/bin/maturin" build --profile dev --out "$wheels" \
-    --interpreter "$venv/bin/python" --compatibility linux --quiet)
+    --interpreter "$venv/bin/python" --compatibility linux --strip --quiet)
 "$venv/bin/python" -m pip install --quiet --force-reinstall --no-deps \
     "$wheels"/dfx_engine-*.whl
 

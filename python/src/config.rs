@@ -28,10 +28,14 @@ impl DfxEngineConfig {
     #[pyo3(signature = (shuffle_dir = String::new()))]
     fn new(py: Python<'_>, shuffle_dir: String) -> PyResult<Self> {
         let plugin = plugin(py)?;
-        let mut options = plugin.config_options().map_err(crate::extension::runtime_error)?;
+        let mut options = plugin
+            .config_options()
+            .map_err(crate::extension::runtime_error)?;
         let key = format!("{}.shuffle_dir", plugin.config_prefix());
         options.set(&key, &shuffle_dir).map_err(|err| {
-            PyValueError::new_err(format!("dfx_engine: cannot set {key}={shuffle_dir:?}: {err}"))
+            PyValueError::new_err(format!(
+                "dfx_engine: cannot set {key}={shuffle_dir:?}: {err}"
+            ))
         })?;
         Ok(Self {
             options,

@@ -93,7 +93,9 @@ impl DfxEngineExtension {
         )?;
         // SAFETY: as above.
         capsule::check_version("physical extension codec", unsafe { (physical.version)() })?;
-        let planner = plugin.query_planner(logical, physical).map_err(runtime_error)?;
+        let planner = plugin
+            .query_planner(logical, physical)
+            .map_err(runtime_error)?;
         capsule::export(py, planner, c"datafusion_query_planner")
     }
 
@@ -164,7 +166,11 @@ impl DfxPhysicalCodec {
         py: Python<'py>,
         session: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyCapsule>> {
-        capsule::export(py, self.codec.clone(), c"datafusion_physical_extension_codec")
+        capsule::export(
+            py,
+            self.codec.clone(),
+            c"datafusion_physical_extension_codec",
+        )
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {

@@ -47,7 +47,9 @@ pub fn stage_payload(py: Python<'_>, plan: &[u8]) -> PyResult<(u64, String)> {
     let node = PhysicalPlanNode::decode(plan)
         .map_err(|err| fail(format!("not a physical plan ({} bytes): {err}", plan.len())))?;
     let Some(PhysicalPlanType::Extension(extension)) = node.physical_plan_type else {
-        return Err(fail("the root node is not an extension node, so not a stage".into()));
+        return Err(fail(
+            "the root node is not an extension node, so not a stage".into(),
+        ));
     };
     let payload = strip_python_envelope(&extension.node, codec_id).map_err(&fail)?;
     parse_stage_payload(payload).map_err(fail)
@@ -65,7 +67,9 @@ fn strip_python_envelope<'a>(buf: &'a [u8], codec_id: &str) -> Result<&'a [u8], 
     }
     let (len, rest) = rest.split_at_checked(4).ok_or("truncated codec envelope")?;
     let len = u32::from_le_bytes(len.try_into().map_err(|_| "truncated codec envelope")?) as usize;
-    let (id, rest) = rest.split_at_checked(len).ok_or("truncated codec envelope")?;
+    let (id, rest) = rest
+        .split_at_checked(len)
+        .ok_or("truncated codec envelope")?;
     if id != codec_id.as_bytes() {
         return Err(format!(
             "the root node was encoded by codec {:?}, not {codec_id:?}",
@@ -96,6 +100,7 @@ fn parse_stage_payload(buf: &[u8]) -> Result<(u64, String), String> {
             dir.len()
         ));
     }
-    let dir = std::str::from_utf8(dir).map_err(|err| format!("shuffle directory is not UTF-8: {err}"))?;
+    let dir =
+        std::str::from_utf8(dir).map_err(|err| format!("shuffle directory is not UTF-8: {err}"))?;
     Ok((stage, dir.to_string()))
 }
