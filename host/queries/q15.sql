@@ -1,5 +1,5 @@
 -- TPC-H Q15: top supplier (validation: DATE = 1996-01-01)
--- The specification defines revenue0 as a view; here it is a common table
+-- The specification defines revenue0 as a view. Here it is a common table
 -- expression so the query is one statement.
 with revenue0 as (
     select
