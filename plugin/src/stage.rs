@@ -147,7 +147,7 @@ impl ShuffleStageExec {
                 ),
             )
         })?;
-        let input = self.input.execute(partition, context)?;
+        let input = self.input.execute(partition, isolated(&context))?;
         let temp = temp_path(&path);
         let file = File::create(&temp)
             .map_err(|e| self.error(partition, format!("cannot create {}: {e}", temp.display())))?;
@@ -261,6 +261,40 @@ impl ExecutionPlan for ShuffleStageExec {
             self.compute_and_publish(partition, path, context)
         }
     }
+}
+
+/// `context` with file-stream work stealing off.
+///
+/// A task runs one partition of the stage's child and nothing polls the
+/// siblings, so a scan that rebalances files between sibling partitions at
+/// run time would let this one partition read every file of the scan, and
+/// each task would publish the whole input: the answer would count each row
+/// once per task. Forced here rather than left to each host's session config,
+/// because the node is what makes "execute one partition alone" a contract.
+fn isolated(context: &Arc<TaskContext>) -> Arc<TaskContext> {
+    if !context
+        .session_config()
+        .options()
+        .execution
+        .enable_file_stream_work_stealing
+    {
+        return Arc::clone(context);
+    }
+    let mut config = context.session_config().clone();
+    config
+        .options_mut()
+        .execution
+        .enable_file_stream_work_stealing = false;
+    Arc::new(TaskContext::new(
+        context.task_id(),
+        context.session_id(),
+        config,
+        context.scalar_functions().clone(),
+        context.higher_order_functions().clone(),
+        context.aggregate_functions().clone(),
+        context.window_functions().clone(),
+        context.runtime_env(),
+    ))
 }
 
 /// Field lists agree on names, types and nullability, in order. Metadata is

@@ -149,3 +149,60 @@ async fn the_functions_answer_by_hand() -> Result<()> {
     assert_eq!(pretty_format_batches(&batches)?.to_string(), expected);
     Ok(())
 }
+
+/// A worker runs one partition of a stage and never polls its siblings. With
+/// a scan over several files, run-time file rebalancing between sibling
+/// partitions would let that one partition read every file: each task would
+/// publish the whole table. Each task must publish only its own files' rows.
+#[tokio::test]
+async fn a_task_reads_only_its_own_files() -> Result<()> {
+    use datafusion::prelude::ParquetReadOptions;
+
+    let data = temp_dir();
+    let writer_ctx = datafusion::prelude::SessionContext::new();
+    // Four files of two rows: with two partitions each task owns two files.
+    for file in 0..4 {
+        let df = writer_ctx
+            .sql(&format!(
+                "SELECT * FROM (VALUES ({file}, 1.0), ({file}, 2.0)) AS v(k, v)"
+            ))
+            .await?;
+        df.write_parquet(
+            &data
+                .path()
+                .join(format!("part-{file}.parquet"))
+                .to_string_lossy(),
+            datafusion::dataframe::DataFrameWriteOptions::new(),
+            None,
+        )
+        .await?;
+    }
+    let shuffle = temp_dir();
+    let ctx = session(Some(shuffle.path()))?;
+    ctx.register_parquet(
+        "files",
+        &data.path().to_string_lossy(),
+        ParquetReadOptions::default(),
+    )
+    .await?;
+    let plan = ctx
+        .sql("SELECT k, v FROM files")
+        .await?
+        .create_physical_plan()
+        .await?;
+    let stage = &stages(&plan)[0];
+    assert_eq!(
+        stage.output_partitioning().partition_count(),
+        2,
+        "{}",
+        text(&plan)
+    );
+    // Partition 1 alone, first, as a worker process would run it.
+    let mut rows = 0;
+    let mut stream = stage.execute(1, ctx.task_ctx())?;
+    while let Some(batch) = stream.next().await {
+        rows += batch?.num_rows();
+    }
+    assert_eq!(rows, 4, "partition 1 owns two files of two rows");
+    Ok(())
+}
