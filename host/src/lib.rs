@@ -17,6 +17,7 @@
 //!
 //! [`Host`] is the entry point for embedding; `dfx` is a thin CLI over it.
 
+pub mod bench;
 pub mod codec_chain;
 pub mod dispatch;
 pub mod driver;
@@ -25,7 +26,7 @@ pub mod error;
 pub mod loader;
 pub mod session;
 pub mod stages;
-pub mod table;
+pub mod tpch;
 pub mod worker;
 
 pub use dfx_abi::Plugin;

@@ -30,7 +30,6 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::codec_chain::CodecChain;
 use crate::error::{DataFusionContext, HostError, Result};
-use crate::table::PerFileTable;
 
 /// Partitions a session plans for unless told otherwise. Pinned rather than
 /// the core count, so a plan's shape does not depend on the machine it was
@@ -288,7 +287,7 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
         .query_planner(logical, physical)
         .context(|| plugin_what("cannot build its query planner"))?;
 
-    let mut config = SessionConfig::new().with_target_partitions(spec.target_partitions.max(1));
+    let mut config = SessionConfig::new().with_target_partitions(effective_target_partitions(spec)?);
     // One partition per file is the contract of a table here (a task per
     // file); splitting a large file across partitions would change the task
     // list with the file sizes.
@@ -342,24 +341,42 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
     })
 }
 
+/// The partitions a session built from `spec` plans for: the spec's
+/// `target_partitions`, raised to the file count of its largest table.
+///
+/// A task is one partition of a stage and the unit of work over a table is a
+/// file, so a table of N files must scan as N partitions. DataFusion groups a
+/// listing table's files into `target_partitions` groups, and across the FFI
+/// planner only the session config reaches the scan (a custom table provider
+/// would have to cross as bytes), so the floor is raised here. The result
+/// depends only on the spec and the files, never on the machine.
+///
+/// # Errors
+///
+/// A table directory that cannot be listed or holds no Parquet file.
+pub fn effective_target_partitions(spec: &SessionSpec) -> Result<usize> {
+    let mut partitions = spec.target_partitions.max(1);
+    for (name, dir) in &spec.tables {
+        let files = parquet_files(dir)?;
+        if files.is_empty() {
+            return Err(HostError::Invalid(format!(
+                "table {name}: no {PARQUET_EXTENSION} files in {}",
+                dir.display()
+            )));
+        }
+        partitions = partitions.max(files.len());
+    }
+    Ok(partitions)
+}
+
 /// Register `dir` as table `name`, one partition per Parquet file.
 async fn register_parquet_dir(ctx: &SessionContext, name: &str, dir: &Path) -> Result<()> {
-    let dir = std::path::absolute(dir).map_err(|e| HostError::io("cannot resolve", dir, e))?;
-    let files = parquet_files(&dir)?;
-    if files.is_empty() {
-        return Err(HostError::Invalid(format!(
-            "table {name}: no {PARQUET_EXTENSION} files in {}",
-            dir.display()
-        )));
-    }
     let options = ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(PARQUET_EXTENSION);
+    let dir = std::path::absolute(dir).map_err(|e| HostError::io("cannot resolve", dir, e))?;
     // A trailing slash makes the URL a directory, not a file.
     let url = format!("{}/", dir.display());
-    let table = PerFileTable::try_new(&ctx.state(), &url, options, files.len())
+    ctx.register_listing_table(name, &url, options, None, None)
         .await
-        .context(|| format!("cannot read table {name} in {}", dir.display()))?;
-    ctx.register_table(name, Arc::new(table))
-        .map(|_| ())
         .context(|| format!("cannot register table {name} over {}", dir.display()))
 }
 

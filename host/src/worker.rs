@@ -86,6 +86,7 @@ pub async fn run_task(plugin: &Plugin, envelope: &Envelope) -> Result<WorkerRepo
 /// directory is read back the only way the host can: by asking the plugin's
 /// codec to encode the decoded node again and checking that its payload ends
 /// with the expected directory — the last field of the codec's payload.
+/// (Interim: an accessor exported by the plugin would make this exact.)
 fn check_shuffle_dir(session: &DfxSession, stage: &Arc<dyn ExecutionPlan>, task: &str) -> Result<()> {
     let expected = session.spec().shuffle_dir.as_deref().ok_or_else(|| {
         HostError::Invalid(format!(
@@ -101,7 +102,12 @@ fn check_shuffle_dir(session: &DfxSession, stage: &Arc<dyn ExecutionPlan>, task:
         .try_encode(Arc::clone(stage), &mut payload, &DefaultPhysicalProtoConverter {})
         .context(|| format!("{task}: cannot read the stage's shuffle directory back"))?;
     let expected_bytes = expected.as_os_str().as_encoded_bytes();
-    if payload.ends_with(expected_bytes) {
+    // The directory ends the payload, right after its length. A path never
+    // holds a NUL byte and the length's high byte is NUL for any real path,
+    // so "ends with the expected directory, preceded by NUL" cannot be
+    // satisfied by a longer path that merely ends the same way.
+    let boundary = payload.len().checked_sub(expected_bytes.len() + 1);
+    if payload.ends_with(expected_bytes) && boundary.is_some_and(|at| payload[at] == 0) {
         return Ok(());
     }
     Err(HostError::Invalid(format!(
