@@ -292,6 +292,11 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
     // file); splitting a large file across partitions would change the task
     // list with the file sizes.
     config.options_mut().optimizer.repartition_file_scans = false;
+    // Each partition must read only its own files. With work stealing (the
+    // default) a partition that finishes early reads its siblings' files, so
+    // a worker executing partition 0 alone would compute every partition and
+    // the final merge would count every row once per task.
+    config.options_mut().execution.enable_file_stream_work_stealing = false;
     let options = plugin
         .config_options()
         .context(|| plugin_what("cannot build its config extension"))?;
