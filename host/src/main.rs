@@ -26,6 +26,10 @@ enum Command {
     Explain(ExplainArgs),
     /// Run one task from an envelope file (what the driver starts; not for humans).
     Worker(WorkerArgs),
+    /// TPC-H distributed and single-process: answers checked, timings compared.
+    Tpch(dfx_host::tpch::TpchArgs),
+    /// Benchmarks (`dfx bench overhead`: what one task costs with no data).
+    Bench(dfx_host::bench::BenchArgs),
 }
 
 /// Options shared by `run` and `explain`.
@@ -98,11 +102,15 @@ fn parse_table(value: &str) -> std::result::Result<(String, PathBuf), String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `tpch` and `bench` choose their own exit status (a mismatch is not an error).
+    let mut status = ExitCode::SUCCESS;
     let work = async {
         match cli.command {
             Command::Run(args) => run(args).await,
             Command::Explain(args) => explain(args).await,
             Command::Worker(args) => worker(args).await,
+            Command::Tpch(args) => dfx_host::tpch::run_cli(args).await.map(|code| status = code).map_err(HostError::from),
+            Command::Bench(args) => dfx_host::bench::run_cli(args).await.map(|code| status = code).map_err(HostError::from),
         }
     };
     // On Ctrl-C the `work` future is dropped, which kills every worker it
@@ -115,7 +123,7 @@ async fn main() -> ExitCode {
         }
     };
     match outcome {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => status,
         Err(err) => {
             eprintln!("dfx: error: {err}");
             ExitCode::FAILURE

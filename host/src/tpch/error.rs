@@ -61,3 +61,12 @@ impl TpchError {
         }
     }
 }
+
+impl From<TpchError> for crate::HostError {
+    fn from(err: TpchError) -> Self {
+        match err {
+            TpchError::Host(host) => host,
+            other => crate::HostError::Invalid(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,423 @@
+//! `dfx bench overhead`: what one task costs when it has no data to work on.
+//!
+//! A distributed query pays, for every task, a process start, a plugin load
+//! and ABI handshake, a session build, a plan decode, the execution and the
+//! report. With an empty table the execution is next to nothing, so what is
+//! left is the fixed price of a task.
+//!
+//! ```text
+//! driver (overhead)                       timed worker (`dfx bench task`)
+//! -----------------                       --------------------------------
+//! fresh shuffle dir, plan, encode
+//! note the time, spawn ─────────────────► start: process start = now - spawn time
+//!                                         load plugin + handshake
+//!                                         build session (same factory)
+//!                                         read + decode the stage
+//!                                         execute partition, drain
+//!            report + exit = exit - t ◄── note t, print the report line
+//! ```
+//!
+//! The timed worker does what `dfx worker` does, with a clock around each
+//! step; the benchmark also runs the real `dfx worker` on the same kind of
+//! task, spawn to exit, so the two totals can be compared. The timings ride
+//! in the report line as extra keys: the `{"stage_id", "partition", "rows"}`
+//! contract of the last stdout line is kept.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Subcommand};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::physical_plan::ExecutionPlanProperties;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::{Envelope, TASK_DIR, envelope_path, plan_path};
+use crate::error::HostError;
+use crate::tpch::TpchError;
+use crate::tpch::report::median;
+use crate::{Plugin, SessionSpec, WorkerReport, build_session, load_plugin};
+
+/// Environment variable carrying the driver's spawn time (ns since the Unix
+/// epoch) to the timed worker.
+pub const SPAWN_TIME_ENV: &str = "DFX_BENCH_SPAWN_NS";
+
+/// The query each benchmark task runs a stage of: an aggregate over an
+/// empty table, so the stage exists and has nothing to do.
+pub const OVERHEAD_SQL: &str = "SELECT count(*) AS n FROM empty";
+
+/// Arguments of `dfx bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Which benchmark.
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+/// The benchmarks.
+#[derive(Debug, Clone, Subcommand)]
+pub enum BenchCommand {
+    /// What one task costs with no data: process start, plugin load and
+    /// handshake, session build, decode, execute, report (medians over N tasks).
+    Overhead(OverheadArgs),
+    /// Run one task with a clock around each step (started by `overhead`).
+    #[command(hide = true)]
+    Task(TaskArgs),
+}
+
+/// Arguments of `dfx bench overhead`.
+#[derive(Debug, Clone, Args)]
+pub struct OverheadArgs {
+    /// Tasks to time (each in a fresh shuffle directory, one after another).
+    #[arg(long, default_value_t = 20, value_name = "N")]
+    pub tasks: usize,
+    /// The plugin file (default: $DFX_PLUGIN, else beside this executable).
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+    /// Also write the figures as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// Arguments of the hidden `dfx bench task`.
+#[derive(Debug, Clone, Args)]
+pub struct TaskArgs {
+    /// The plugin file.
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+    /// The task envelope.
+    pub envelope: PathBuf,
+}
+
+/// Step timings of one task, in microseconds, as the timed worker reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StepTimes {
+    /// Spawn by the driver to the first instruction of the subcommand.
+    pub process_start_us: f64,
+    /// `load_plugin`: open the file, abi_stable checks, dfx ABI and major checks.
+    pub plugin_load_us: f64,
+    /// Read the envelope and `build_session` (planner, codecs, config, functions, tables).
+    pub session_build_us: f64,
+    /// Read the plan file and decode it with the session's codecs.
+    pub decode_us: f64,
+    /// Execute the partition and drain it (the stage node writes its file).
+    pub execute_us: f64,
+    /// Print the report until the driver sees the process exit.
+    pub report_us: f64,
+}
+
+/// The timed worker's last stdout line: the worker report plus timings.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+struct TimedReport {
+    stage_id: u64,
+    partition: usize,
+    rows: usize,
+    steps: StepTimes,
+    /// When the report was about to be printed (ns since the epoch).
+    report_at_ns: u128,
+}
+
+/// Medians over the timed tasks, in milliseconds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OverheadReport {
+    /// Tasks timed.
+    pub tasks: usize,
+    /// Step name and median milliseconds, in the order the steps happen.
+    pub steps: Vec<(String, f64)>,
+    /// Sum of the step medians.
+    pub total_ms: f64,
+    /// Median spawn-to-exit of the real `dfx worker` on the same kind of task.
+    pub real_worker_ms: f64,
+}
+
+impl OverheadReport {
+    /// The breakdown as a Markdown table.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "overhead of one task with no data, median of {} task(s)\n\n| step | median ms |\n|---|--:|\n",
+            self.tasks
+        );
+        for (name, ms) in &self.steps {
+            out.push_str(&format!("| {name} | {ms:.2} |\n"));
+        }
+        out.push_str(&format!(
+            "| **sum of steps** | **{:.2}** |\n| real `dfx worker`, spawn to exit | {:.2} |\n",
+            self.total_ms, self.real_worker_ms
+        ));
+        out
+    }
+}
+
+/// Run `dfx bench ...` as the CLI does.
+///
+/// # Errors
+/// Whatever the benchmark or the timed task reports.
+pub async fn run_cli(args: BenchArgs) -> Result<ExitCode, TpchError> {
+    match args.command {
+        BenchCommand::Overhead(args) => {
+            let plugin = load_plugin(args.plugin.as_deref())?;
+            let exe = std::env::current_exe()
+                .map_err(|e| HostError::io("cannot find", "the running executable", e))?;
+            let report = overhead(&plugin, &exe, args.tasks).await?;
+            print!("{}", report.table());
+            if let Some(path) = &args.json {
+                let text = serde_json::to_string_pretty(&report)
+                    .map_err(|e| TpchError::Invalid(format!("cannot serialise the report: {e}")))?;
+                std::fs::write(path, text + "\n").map_err(|e| TpchError::io(path, e))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Task(args) => {
+            timed_task(args.plugin.as_deref(), &args.envelope).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+fn micros(started: Instant) -> f64 {
+    started.elapsed().as_secs_f64() * 1e6
+}
+
+/// The timed worker: run the task in `envelope` like `dfx worker`, timing
+/// each step, and print the report line with the timings.
+///
+/// # Errors
+/// Any step failing, named.
+pub async fn timed_task(plugin_path: Option<&Path>, envelope: &Path) -> Result<(), TpchError> {
+    let entered_ns = now_ns();
+    let spawned_ns: Option<u128> = std::env::var(SPAWN_TIME_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let mut steps = StepTimes {
+        process_start_us: spawned_ns
+            .map(|s| entered_ns.saturating_sub(s) as f64 / 1e3)
+            .unwrap_or(f64::NAN),
+        ..StepTimes::default()
+    };
+
+    let t = Instant::now();
+    let plugin = load_plugin(plugin_path)?;
+    steps.plugin_load_us = micros(t);
+
+    let t = Instant::now();
+    let envelope = Envelope::read(envelope)?;
+    let session = build_session(&plugin, &envelope.spec).await?;
+    steps.session_build_us = micros(t);
+
+    let t = Instant::now();
+    let bytes =
+        std::fs::read(&envelope.plan).map_err(|e| TpchError::io(&envelope.plan, e))?;
+    let stage = session.decode(&bytes)?;
+    steps.decode_us = micros(t);
+
+    let t = Instant::now();
+    let task = format!(
+        "stage {} partition {}",
+        envelope.stage_id, envelope.partition
+    );
+    let partitions = stage.output_partitioning().partition_count();
+    if envelope.partition >= partitions {
+        return Err(TpchError::Invalid(format!(
+            "{task}: the stage has only {partitions} partition(s)"
+        )));
+    }
+    let mut stream = stage
+        .execute(envelope.partition, session.ctx().task_ctx())
+        .map_err(|e| HostError::datafusion(format!("{task}: cannot start"), e))?;
+    let mut rows = 0;
+    while let Some(batch) = stream.next().await {
+        rows += batch
+            .map_err(|e| HostError::datafusion(format!("{task}: failed"), e))?
+            .num_rows();
+    }
+    steps.execute_us = micros(t);
+
+    let report = TimedReport {
+        stage_id: envelope.stage_id,
+        partition: envelope.partition,
+        rows,
+        steps,
+        report_at_ns: now_ns(),
+    };
+    let line = serde_json::to_string(&report)
+        .map_err(|e| TpchError::Invalid(format!("cannot serialise the report: {e}")))?;
+    println!("{line}");
+    Ok(())
+}
+
+/// A one-task stage ready to run: its envelope, inside a fresh shuffle directory.
+struct PreparedTask {
+    envelope: PathBuf,
+    _shuffle: tempfile::TempDir,
+}
+
+/// Plan [`OVERHEAD_SQL`] over `spec` in a fresh shuffle directory and write
+/// the envelope of its first stage's partition 0, as the driver would.
+async fn prepare_task(plugin: &Plugin, spec: &SessionSpec) -> Result<PreparedTask, TpchError> {
+    let shuffle = tempfile::Builder::new()
+        .prefix("dfx-bench-")
+        .tempdir()
+        .map_err(|e| TpchError::io(&std::env::temp_dir(), e))?;
+    let spec = spec.clone().with_shuffle_dir(shuffle.path());
+    let session = build_session(plugin, &spec).await?;
+    let plan = session.physical_plan(OVERHEAD_SQL).await?;
+    let stage = crate::stages::stages(plugin, &plan)
+        .into_iter()
+        .next()
+        .ok_or_else(|| {
+            TpchError::Invalid(format!(
+                "the plan of {OVERHEAD_SQL:?} has no {}",
+                plugin.stage_node_name()
+            ))
+        })?;
+    let task_dir = shuffle.path().join(TASK_DIR);
+    std::fs::create_dir_all(&task_dir).map_err(|e| TpchError::io(&task_dir, e))?;
+    let plan_file = plan_path(&task_dir, stage.stage_id);
+    let bytes = session.encode(stage.plan.clone())?;
+    std::fs::write(&plan_file, bytes).map_err(|e| TpchError::io(&plan_file, e))?;
+    let envelope = Envelope {
+        spec: SessionSpec {
+            codec_ids: session.codec_ids(),
+            ..spec
+        },
+        plan: plan_file,
+        stage_id: stage.stage_id,
+        partition: 0,
+    };
+    let path = envelope_path(&task_dir, stage.stage_id, 0);
+    envelope.write(&path)?;
+    Ok(PreparedTask {
+        envelope: path,
+        _shuffle: shuffle,
+    })
+}
+
+/// Write a Parquet file with one Int64 column and no rows: the empty table.
+fn write_empty_table(dir: &Path) -> Result<PathBuf, TpchError> {
+    let table = dir.join("empty");
+    std::fs::create_dir_all(&table).map_err(|e| TpchError::io(&table, e))?;
+    let path = table.join("part-1.parquet");
+    let file = std::fs::File::create(&path).map_err(|e| TpchError::io(&path, e))?;
+    let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)]));
+    let writer = ArrowWriter::try_new(file, schema, None).map_err(|e| TpchError::parquet(&path, e))?;
+    writer.close().map_err(|e| TpchError::parquet(&path, e))?;
+    Ok(table)
+}
+
+/// Output of one finished child: (stdout, stderr), or why it failed.
+async fn run_child(
+    mut command: tokio::process::Command,
+    what: &str,
+) -> Result<String, TpchError> {
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Never leave a worker behind if the benchmark is interrupted.
+        .kill_on_drop(true);
+    let output = command
+        .output()
+        .await
+        .map_err(|e| TpchError::Invalid(format!("{what}: cannot start: {e}")))?;
+    if !output.status.success() {
+        return Err(TpchError::Invalid(format!(
+            "{what}: {}; its stderr:\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim_end()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Time `tasks` tasks with no data, using `program` (a `dfx` binary, or any
+/// host answering `bench task` and `worker`) as the worker.
+///
+/// # Errors
+/// A task that fails or reports unreadably, or files that cannot be written.
+pub async fn overhead(plugin: &Plugin, program: &Path, tasks: usize) -> Result<OverheadReport, TpchError> {
+    if tasks == 0 {
+        return Err(TpchError::Invalid("--tasks must be at least 1".to_string()));
+    }
+    let data = tempfile::Builder::new()
+        .prefix("dfx-bench-data-")
+        .tempdir()
+        .map_err(|e| TpchError::io(&std::env::temp_dir(), e))?;
+    let table = write_empty_table(data.path())?;
+    let spec = SessionSpec::new([("empty".to_string(), table)]).with_target_partitions(1);
+
+    let mut samples: Vec<StepTimes> = Vec::new();
+    let mut real = Vec::new();
+    for i in 0..tasks {
+        // Timed worker.
+        let task = prepare_task(plugin, &spec).await?;
+        let mut command = tokio::process::Command::new(program);
+        command
+            .arg("bench")
+            .arg("task")
+            .arg("--plugin")
+            .arg(plugin.path())
+            .arg(&task.envelope);
+        command.env(SPAWN_TIME_ENV, now_ns().to_string());
+        let stdout = run_child(command, &format!("timed task {}", i + 1)).await?;
+        let exited_ns = now_ns();
+        let line = stdout
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or_default();
+        // The contract part must parse as a plain worker report too.
+        WorkerReport::parse(&stdout).map_err(|e| {
+            TpchError::Invalid(format!("timed task {}: {e}", i + 1))
+        })?;
+        let report: TimedReport = serde_json::from_str(line.trim()).map_err(|e| {
+            TpchError::Invalid(format!("timed task {}: unreadable timings {line:?}: {e}", i + 1))
+        })?;
+        let mut steps = report.steps;
+        steps.report_us = exited_ns.saturating_sub(report.report_at_ns) as f64 / 1e3;
+        samples.push(steps);
+
+        // The real worker, spawn to exit, on a fresh task of the same kind.
+        let task = prepare_task(plugin, &spec).await?;
+        let mut command = tokio::process::Command::new(program);
+        command
+            .arg("worker")
+            .arg("--plugin")
+            .arg(plugin.path())
+            .arg(&task.envelope);
+        let started = Instant::now();
+        let stdout = run_child(command, &format!("dfx worker task {}", i + 1)).await?;
+        real.push(started.elapsed().as_secs_f64() * 1e3);
+        WorkerReport::parse(&stdout)
+            .map_err(|e| TpchError::Invalid(format!("dfx worker task {}: {e}", i + 1)))?;
+    }
+
+    let step = |name: &str, f: fn(&StepTimes) -> f64| {
+        let values: Vec<f64> = samples.iter().map(|s| f(s) / 1e3).collect();
+        (name.to_string(), median(&values).unwrap_or(f64::NAN))
+    };
+    let steps = vec![
+        step("process start", |s| s.process_start_us),
+        step("plugin load + handshake", |s| s.plugin_load_us),
+        step("session build", |s| s.session_build_us),
+        step("decode", |s| s.decode_us),
+        step("execute", |s| s.execute_us),
+        step("report + exit", |s| s.report_us),
+    ];
+    let total_ms = steps.iter().map(|(_, ms)| ms).sum();
+    Ok(OverheadReport {
+        tasks,
+        steps,
+        total_ms,
+        real_worker_ms: median(&real).unwrap_or(f64::NAN),
+    })
+}

@@ -1,0 +1,118 @@
+//! `dfx tpch`: TPC-H run distributed and single-process, answers checked.
+//!
+//! ```text
+//! datagen ──► <data-dir>/sf<S>-p<P>/<table>/part-<i>.parquet   (cached)
+//!                │
+//! queries ──► for each query:  run_local × runs ─┐
+//!                              run_distributed × runs (fresh shuffle dir each)
+//!                                                 ├─► compare ──► report
+//! ```
+//!
+//! - [`datagen`]: the eight tables as Parquet, one file per partition, cached.
+//! - [`queries`]: the 22 queries (`host/queries/q<N>.sql`, compiled in).
+//! - [`runner`]: times both modes and checks the answers agree.
+//! - [`compare`]: what "agree" means (floats to 1e-6 relative, order only
+//!   where the query orders).
+//! - [`report`]: the results table and its JSON.
+
+pub mod compare;
+pub mod datagen;
+pub mod error;
+pub mod queries;
+pub mod report;
+pub mod runner;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+
+pub use error::TpchError;
+pub use runner::{TpchOptions, run_tpch};
+
+/// Default data directory, relative to the working directory: beside the
+/// build output, so `cargo clean` removes it and git ignores it.
+pub const DEFAULT_DATA_DIR: &str = "target/tpch-data";
+
+/// Arguments of `dfx tpch`.
+#[derive(Debug, Clone, Args)]
+pub struct TpchArgs {
+    /// TPC-H scale factor (1 = about 1 GB of raw data).
+    #[arg(long, default_value_t = 0.1, value_name = "SF")]
+    pub scale: f64,
+    /// Files per table, and partitions every session plans for.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub partitions: usize,
+    /// Queries to run: `all`, or a list such as `1,3,6` or `1-5,18`.
+    #[arg(long, default_value = "all", value_name = "LIST")]
+    pub queries: String,
+    /// Where generated data is cached (one sub-directory per scale and partition count).
+    #[arg(long, default_value = DEFAULT_DATA_DIR, value_name = "DIR")]
+    pub data_dir: PathBuf,
+    /// Timed runs per query and mode; the table shows the medians.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub runs: usize,
+    /// Also write the figures as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// The plugin file (default: $DFX_PLUGIN, else beside this executable).
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+}
+
+/// Exit status when some query's distributed answer differs from the local one.
+pub const EXIT_MISMATCH: u8 = 1;
+/// Exit status when every answer that was compared agrees but some query
+/// could not run in one of the modes.
+pub const EXIT_NOT_RUN: u8 = 2;
+
+/// Run `dfx tpch` as the CLI does: load the plugin, generate or reuse the
+/// data, run every selected query, print the table (stdout) and write the
+/// JSON. Workers are this executable (`<exe> worker <envelope>`).
+///
+/// Returns [`EXIT_MISMATCH`] if any answer differs, [`EXIT_NOT_RUN`] if a
+/// query could not run, success otherwise.
+///
+/// # Errors
+/// Bad arguments, a plugin that cannot be loaded, data that cannot be
+/// generated, or a JSON file that cannot be written. A query that fails is
+/// not an error here: it is a row of the table.
+pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
+    let queries = queries::parse_selection(&args.queries)?;
+    let plugin = crate::load_plugin(args.plugin.as_deref())?;
+    let host = crate::Host::new(plugin)?;
+    let data_dir = std::path::absolute(&args.data_dir).map_err(|e| TpchError::io(&args.data_dir, e))?;
+    let options = TpchOptions {
+        scale: args.scale,
+        partitions: args.partitions,
+        queries,
+        data_dir,
+        runs: args.runs,
+        progress: true,
+    };
+    let report = run_tpch(&host, &options).await?;
+    println!(
+        "TPC-H sf{} with {} partitions, median of {} run(s) per mode\n",
+        report.scale, report.partitions, report.runs
+    );
+    print!("{}", report.table());
+    if let Some(path) = &args.json {
+        report.write_json(path)?;
+        eprintln!("figures written to {}", path.display());
+    }
+    if report.mismatches > 0 {
+        eprintln!(
+            "dfx tpch: {} query answer(s) DIFFER between distributed and single-process runs",
+            report.mismatches
+        );
+        return Ok(ExitCode::from(EXIT_MISMATCH));
+    }
+    if report.failures > 0 {
+        eprintln!(
+            "dfx tpch: {} query(ies) could not run in both modes (see the table)",
+            report.failures
+        );
+        return Ok(ExitCode::from(EXIT_NOT_RUN));
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,223 @@
+//! Run TPC-H queries both ways, time them, and check the answers agree.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use datafusion::arrow::record_batch::RecordBatch;
+
+use super::compare::{RowOrder, compare, row_order, rows_of};
+use super::datagen::{Dataset, Provenance, ensure_dataset};
+use super::queries::query;
+use super::report::{Outcome, QueryReport, RunReport, first_line, median};
+use super::TpchError;
+use crate::{Host, HostError, SessionSpec, build_session};
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TpchOptions {
+    /// TPC-H scale factor.
+    pub scale: f64,
+    /// Files per table, and the sessions' target partitions.
+    pub partitions: usize,
+    /// Query numbers, in the order to run them.
+    pub queries: Vec<u8>,
+    /// Where datasets are cached (absolute: workers resolve it elsewhere).
+    pub data_dir: PathBuf,
+    /// Timed runs per query and mode (at least 1).
+    pub runs: usize,
+    /// Progress on stderr (data generation bar, one line per query).
+    pub progress: bool,
+}
+
+/// Generate (or reuse) the data, then run every selected query with `host`.
+///
+/// # Errors
+/// Invalid options or data that cannot be generated. A query that fails to
+/// run is reported in its row, not returned as an error.
+pub async fn run_tpch(host: &Host, options: &TpchOptions) -> Result<RunReport, TpchError> {
+    if options.runs == 0 {
+        return Err(TpchError::Invalid("--runs must be at least 1".to_string()));
+    }
+    let dataset = prepare_data(options).await?;
+    let spec = SessionSpec::new(dataset.tables()).with_target_partitions(options.partitions);
+    let mut reports = Vec::new();
+    for &number in &options.queries {
+        let report = run_query(host, &spec, number, options.runs).await?;
+        if options.progress {
+            eprintln!(
+                "q{number}: {} (single-process {}, distributed {})",
+                report.outcome.label(),
+                report.local_ms.map_or("-".into(), |v| format!("{v:.1} ms")),
+                report
+                    .distributed_ms
+                    .map_or("-".into(), |v| format!("{v:.1} ms")),
+            );
+        }
+        reports.push(report);
+    }
+    Ok(RunReport::new(
+        options.scale,
+        options.partitions,
+        options.runs,
+        reports,
+    ))
+}
+
+/// The dataset `options` ask for, generated off the async runtime's threads.
+async fn prepare_data(options: &TpchOptions) -> Result<Dataset, TpchError> {
+    let (dir, scale, partitions, progress) = (
+        options.data_dir.clone(),
+        options.scale,
+        options.partitions,
+        options.progress,
+    );
+    let (dataset, provenance) = tokio::task::spawn_blocking(move || {
+        ensure_dataset(&dir, scale, partitions, progress)
+    })
+    .await
+    .map_err(|e| TpchError::Invalid(format!("data generation did not finish: {e}")))??;
+    if options.progress {
+        let how = match provenance {
+            Provenance::Cached => "reusing",
+            Provenance::Generated => "generated",
+        };
+        eprintln!("{how} TPC-H data in {}", dataset.root.display());
+    }
+    Ok(dataset)
+}
+
+/// Run one query `runs` times each way and compare every distributed answer
+/// with the single-process one.
+///
+/// # Errors
+/// Only an unknown query number or a shuffle directory that cannot be
+/// created; query failures land in the report.
+pub async fn run_query(
+    host: &Host,
+    spec: &SessionSpec,
+    number: u8,
+    runs: usize,
+) -> Result<QueryReport, TpchError> {
+    let sql = query(number)
+        .ok_or_else(|| TpchError::Invalid(format!("no TPC-H query {number}")))?
+        .sql;
+    let mut report = QueryReport {
+        query: number,
+        rows: None,
+        local_ms: None,
+        distributed_ms: None,
+        ratio: None,
+        stages: None,
+        tasks: None,
+        outcome: Outcome::Agree,
+    };
+
+    let order = match ordering_of(host, spec, sql).await {
+        Ok(order) => order,
+        Err(err) => {
+            report.outcome = Outcome::LocalFailed(summary(&err));
+            return Ok(report);
+        }
+    };
+
+    let mut local_times = Vec::new();
+    let mut expected: Option<Vec<RecordBatch>> = None;
+    for _ in 0..runs {
+        let started = Instant::now();
+        match host.run_local(sql, spec).await {
+            Ok(batches) => {
+                local_times.push(millis(started));
+                expected.get_or_insert(batches);
+            }
+            Err(err) => {
+                report.outcome = Outcome::LocalFailed(summary(&err));
+                return Ok(report);
+            }
+        }
+    }
+    let expected = expected.unwrap_or_default();
+    let expected_rows = rows_of(&expected)?;
+    report.rows = Some(expected_rows.len());
+    report.local_ms = median(&local_times);
+
+    let mut distributed_times = Vec::new();
+    for run in 0..runs {
+        // One directory per query run: a stage node reads any file it finds,
+        // so a second run in the same directory would read the first one's output.
+        let shuffle = tempfile::Builder::new()
+            .prefix(&format!("dfx-tpch-q{number}-"))
+            .tempdir()
+            .map_err(|e| TpchError::io(&std::env::temp_dir(), e))?;
+        let run_spec = spec.clone().with_shuffle_dir(shuffle.path());
+        let started = Instant::now();
+        match host.run_distributed(sql, &run_spec).await {
+            Ok(result) => {
+                distributed_times.push(millis(started));
+                report.stages = Some(result.stage_ids().len());
+                report.tasks = Some(result.tasks.len());
+                let actual = rows_of(&result.batches)?;
+                if let Err(mismatch) = compare(&expected_rows, &actual, &order) {
+                    report.outcome = Outcome::Mismatch(format!("run {}: {mismatch}", run + 1));
+                }
+            }
+            Err(err) => {
+                report.outcome = Outcome::DistributedFailed(summary(&err));
+                break;
+            }
+        }
+        if !matches!(report.outcome, Outcome::Agree) {
+            break;
+        }
+    }
+    report.distributed_ms = median(&distributed_times);
+    if let (Some(local), Some(distributed), Outcome::Agree) =
+        (report.local_ms, report.distributed_ms, &report.outcome)
+        && local > 0.0
+    {
+        report.ratio = Some(distributed / local);
+    }
+    Ok(report)
+}
+
+/// How the answer of `sql` is ordered, from its logical plan in a local session.
+async fn ordering_of(host: &Host, spec: &SessionSpec, sql: &str) -> Result<RowOrder, HostError> {
+    let local = spec.clone().without_shuffle_dir();
+    let session = build_session(host.plugin(), &local).await?;
+    let plan = session
+        .ctx()
+        .state()
+        .create_logical_plan(sql)
+        .await
+        .map_err(|e| HostError::datafusion("cannot plan the query", e))?;
+    Ok(row_order(&plan))
+}
+
+fn millis(started: Instant) -> f64 {
+    started.elapsed().as_secs_f64() * 1e3
+}
+
+/// One line saying why a run failed: for failed workers, the first task's
+/// reason and the first line of its stderr, which is where the cause is.
+pub fn summary(err: &HostError) -> String {
+    match err {
+        HostError::Workers { total, failures } => {
+            let Some(first) = failures.first() else {
+                return first_line(&err.to_string());
+            };
+            let cause = first
+                .stderr
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .unwrap_or("(no stderr)");
+            format!(
+                "{} of {total} task(s) failed; stage {} partition {} {}: {cause}",
+                failures.len(),
+                first.stage_id,
+                first.partition,
+                first.reason
+            )
+        }
+        other => first_line(&other.to_string()),
+    }
+}
