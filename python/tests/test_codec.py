@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import TYPE_CHECKING
 
 import pytest
@@ -91,3 +92,19 @@ def test_stage_round_trips_through_the_session(
 def test_stage_payload_refuses_other_bytes() -> None:
     with pytest.raises(ValueError, match="encoded stage"):
         _internal.stage_payload(b"\x00\x01garbage")
+
+
+def test_plugin_objects_are_released_with_the_session(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    baseline = _internal.counters()["live_objects"]
+
+    def plan_once() -> int:
+        ctx, _engine = build_session(make_spec())
+        assert find_stage(ctx.sql(REVENUE_SQL).execution_plan()) is not None
+        return _internal.counters()["live_objects"]
+
+    # While the session lives, its planner and codec live on the plugin side.
+    assert plan_once() > baseline
+    gc.collect()
+    assert _internal.counters()["live_objects"] == baseline
