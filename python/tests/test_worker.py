@@ -166,3 +166,36 @@ def test_killed_worker_is_reported_and_none_survive(
     assert f"status -{signal.SIGKILL.value}" in message
     assert "partition 1" not in message
     assert workers_mentioning(str(tmp_path)) == []
+
+
+DRIVER_WAITING_ON = """
+import pathlib, sys
+from dfx_engine.driver import _run_workers
+_run_workers({(1, 0): pathlib.Path(sys.argv[1]), (1, 1): pathlib.Path(sys.argv[2])})
+"""
+
+
+def test_interrupted_driver_leaves_no_worker_running(tmp_path: pathlib.Path) -> None:
+    # Two workers that block on FIFOs nobody writes: the driver waits on them
+    # until it is interrupted.
+    stuck = [tmp_path / "stuck-0.json", tmp_path / "stuck-1.json"]
+    for path in stuck:
+        os.mkfifo(path)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER_WAITING_ON, *map(str, stuck)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while len(workers_mentioning(str(tmp_path))) < len(stuck):
+            assert driver.poll() is None, driver.communicate()
+            time.sleep(0.05)
+        driver.send_signal(signal.SIGINT)
+        _stdout, stderr = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert "KeyboardInterrupt" in stderr
+    assert workers_mentioning(str(tmp_path)) == []
