@@ -47,6 +47,13 @@ pub const LINEITEM: [&[Row]; 2] = [
 ///
 /// On I/O errors: a fixture that cannot be written is a broken test machine.
 pub fn write_lineitem(root: &Path) -> PathBuf {
+    write_lineitem_with_price_factor(root, 1.0)
+}
+
+/// [`write_lineitem`] with every price multiplied by `factor`: the same files,
+/// schema and partitioning, other answers. Overwriting the fixture with it
+/// after a stage ran proves a later read used the stage files, not the table.
+pub fn write_lineitem_with_price_factor(root: &Path, factor: f64) -> PathBuf {
     let dir = root.join("lineitem");
     std::fs::create_dir_all(&dir).expect("create the fixture directory");
     let schema = Arc::new(Schema::new(vec![
@@ -62,7 +69,9 @@ pub fn write_lineitem(root: &Path) -> PathBuf {
             vec![
                 Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
                 Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.1))),
-                Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.2))),
+                Arc::new(Float64Array::from_iter_values(
+                    rows.iter().map(|r| r.2 * factor),
+                )),
                 Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.3))),
                 Arc::new(Float64Array::from_iter_values(rows.iter().map(|r| r.4))),
             ],

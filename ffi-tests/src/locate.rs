@@ -108,3 +108,20 @@ pub fn test_library_calls(path: &Path) -> TestLibraryCalls {
         constructors: read(b"DFX_TEST_CONSTRUCTOR_CALLS\0"),
     }
 }
+
+/// Copy the real plugin file into `dir` and load the copy.
+///
+/// A copy is a distinct file, so the dynamic loader maps it as a second,
+/// independent library with its own statics (counters included): tests that
+/// count plugin-side objects use their own copy, so tests running beside them
+/// in this process cannot disturb the count.
+///
+/// # Panics
+///
+/// When the copy cannot be written or is refused.
+pub fn load_copy(dir: &Path) -> Plugin {
+    std::fs::create_dir_all(dir).expect("create the copy's directory");
+    let copy = dir.join(dfx_abi::plugin_file_name());
+    std::fs::copy(plugin_path(), &copy).expect("copy the plugin file");
+    dfx_abi::load(&copy).unwrap_or_else(|err| panic!("the copied plugin was refused: {err}"))
+}

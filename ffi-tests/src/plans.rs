@@ -11,7 +11,11 @@ use futures::StreamExt;
 
 /// The one-line display of `plan`'s root node.
 pub fn node_display(plan: &Arc<dyn ExecutionPlan>) -> String {
-    displayable(plan.as_ref()).one_line().to_string().trim_end().to_string()
+    displayable(plan.as_ref())
+        .one_line()
+        .to_string()
+        .trim_end()
+        .to_string()
 }
 
 /// The indented display of the whole plan.

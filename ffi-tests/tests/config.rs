@@ -22,7 +22,8 @@ async fn shuffle_dir_set_on_the_host_reaches_the_planner() {
     let entry = entries
         .iter()
         .find(|entry| {
-            entry.key == "dfx_engine.shuffle_dir" || entry.key == "datafusion_ffi.dfx_engine.shuffle_dir"
+            entry.key == "dfx_engine.shuffle_dir"
+                || entry.key == "datafusion_ffi.dfx_engine.shuffle_dir"
         })
         .unwrap_or_else(|| {
             panic!(

@@ -1,0 +1,87 @@
+//! Errors and panics inside the plugin reach the host as errors, message
+//! intact, and the host survives.
+
+use std::path::PathBuf;
+
+use dfx_ffi_tests::fixtures::{AGGREGATE_SQL, write_lineitem};
+use dfx_ffi_tests::locate::{plugin, profile_dir};
+use dfx_ffi_tests::plans::{find_stages, run_partitions, run_to_table};
+use dfx_ffi_tests::session::{SessionOptions, TestSession};
+
+/// The plugin built with its `test-hooks` feature: `DFX_PLUGIN_TEST_HOOKS`,
+/// else `<profile dir>/test-hooks/libdfx_plugin.so` (see the README).
+fn test_hooks_plugin_path() -> PathBuf {
+    match std::env::var_os("DFX_PLUGIN_TEST_HOOKS") {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => profile_dir()
+            .join("test-hooks")
+            .join(dfx_abi::plugin_file_name()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_shuffle_file_reaches_the_host_with_its_message_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let shuffle = dir.path().join("shuffle");
+    let options =
+        SessionOptions::distributed(&shuffle).with_table("lineitem", &write_lineitem(dir.path()));
+    let session = TestSession::new(plugin(), &options).await.unwrap();
+    let plan = session.plan(AGGREGATE_SQL).await.unwrap();
+    let stage = find_stages(&plan, plugin().stage_node_name()).remove(0);
+    let stage_id = plugin().stage_info(&stage).unwrap().stage_id;
+    run_partitions(&stage, session.ctx.task_ctx())
+        .await
+        .unwrap();
+
+    let corrupt = plugin().partition_path(&shuffle, stage_id, 0);
+    std::fs::write(&corrupt, b"these bytes are not an Arrow IPC stream").unwrap();
+    let error = run_to_table(&plan, session.ctx.task_ctx())
+        .await
+        .unwrap_err()
+        .to_string();
+    let expected = format!(
+        "dfx stage {stage_id} partition 0: {} is not a readable Arrow IPC stream",
+        corrupt.display()
+    );
+    assert!(
+        error.contains(&expected),
+        "expected `{expected}` in: {error}"
+    );
+}
+
+#[test]
+fn the_shipped_plugin_has_no_panic_in_its_probe() {
+    let error = plugin().panic_probe().unwrap_err().to_string();
+    assert!(
+        error.contains("built without its test-hooks feature"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_inside_the_plugin_becomes_an_error_and_the_host_survives() {
+    let path = test_hooks_plugin_path();
+    assert!(
+        path.exists(),
+        "{} does not exist: build the plugin with `--features test-hooks` and copy it there \
+         (ffi-tests/run-suite.sh does), or set DFX_PLUGIN_TEST_HOOKS",
+        path.display()
+    );
+    let hooks = dfx_abi::load(&path).unwrap_or_else(|err| panic!("{err}"));
+    for _ in 0..2 {
+        let error = hooks.panic_probe().unwrap_err().to_string();
+        assert!(error.contains("panicked"), "{error}");
+        assert!(
+            error.contains("the panic probe fired inside the plugin"),
+            "{error}"
+        );
+    }
+    // The process, and the plugin, still work.
+    assert_eq!(hooks.stage_id(0), 1);
+    let dir = tempfile::tempdir().unwrap();
+    let options = SessionOptions::distributed(&dir.path().join("shuffle"))
+        .with_table("lineitem", &write_lineitem(dir.path()));
+    let session = TestSession::new(&hooks, &options).await.unwrap();
+    let answer = session.run_sql(AGGREGATE_SQL).await.unwrap();
+    assert_eq!(answer, dfx_ffi_tests::fixtures::AGGREGATE_ANSWER);
+}
