@@ -1,0 +1,84 @@
+"""SessionSpec and the one session factory."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import TYPE_CHECKING
+
+import pytest
+from datafusion import SessionConfig, SessionContext
+from datafusion.extensions import SessionComponentsExportable, SessionPlannerExportable
+
+from dfx_engine import DfxEngineConfig, DfxEngineExtension, _internal
+from dfx_engine.driver import find_stage
+from dfx_engine.session import (
+    SessionSpec,
+    build_session,
+    codec_ids_of,
+    expected_codec_ids,
+)
+
+if TYPE_CHECKING:
+    import pathlib
+    from collections.abc import Callable
+
+
+def test_spec_round_trips_and_carries_codec_ids() -> None:
+    spec = SessionSpec(tables={"t": "/data/t"}, shuffle_dir="/s", target_partitions=3)
+    data = spec.to_json()
+    assert data == {
+        "tables": {"t": "/data/t"},
+        "shuffle_dir": "/s",
+        "target_partitions": 3,
+        "codec_ids": ["dfx_engine.physical.v1"],
+    }
+    assert SessionSpec.from_json(data) == spec
+    assert SessionSpec.from_json(json.dumps(data)) == spec
+    assert codec_ids_of(data) == expected_codec_ids()
+    assert SessionSpec().target_partitions == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.shuffle_dir = "/elsewhere"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"shuffle_dir": "/s"},
+        {"tables": ["t"], "shuffle_dir": "/s"},
+        {"tables": {}, "shuffle_dir": 7},
+        "[1, 2]",
+    ],
+)
+def test_spec_refuses_what_it_cannot_read(data: object) -> None:
+    with pytest.raises(ValueError, match="spec"):
+        SessionSpec.from_json(data)  # type: ignore[arg-type]
+
+
+def test_missing_table_directory_is_named(tmp_path: pathlib.Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(FileNotFoundError, match="nope"):
+        build_session(SessionSpec(tables={"t": str(missing)}))
+
+
+def test_the_extension_speaks_both_bundle_hooks() -> None:
+    engine = DfxEngineExtension()
+    assert isinstance(engine, SessionComponentsExportable)
+    assert isinstance(engine, SessionPlannerExportable)
+    assert DfxEngineConfig(shuffle_dir="/s").shuffle_dir == "/s"
+
+
+def test_by_hand_installation_plans_stages(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    spec = make_spec()
+    config = SessionConfig().with_extension(DfxEngineConfig(spec.shuffle_dir))
+    ctx = SessionContext(config).with_extensions(DfxEngineExtension())
+    ctx.register_parquet("lineitem", spec.tables["lineitem"])
+    plan = ctx.sql("SELECT sum(l_quantity) FROM lineitem").execution_plan()
+    assert find_stage(plan) is not None
+    assert ctx.physical_extension_codec_ids() == [_internal.physical_codec_id()]
+    # The config extension is what switches distribution on.
+    bare = SessionContext().with_extensions(DfxEngineExtension())
+    bare.register_parquet("lineitem", spec.tables["lineitem"])
+    assert find_stage(bare.sql("SELECT 1").execution_plan()) is None
