@@ -179,8 +179,9 @@ async fn run(args: RunArgs) -> Result<()> {
     let result = match host.run_distributed(&args.query.sql, &spec).await {
         Ok(result) => result,
         Err(err) => {
-            if let Some(temp) = temp {
-                // Kept: the envelopes and any published files are the evidence.
+            // Kept when workers were dispatched: the envelopes and whatever
+            // they published are the evidence. An empty one is just removed.
+            if let Some(temp) = temp.filter(|t| std::fs::read_dir(t.path()).is_ok_and(|mut d| d.next().is_some())) {
                 let kept = temp.keep();
                 eprintln!("dfx: shuffle directory kept for inspection: {}", kept.display());
             }

@@ -1,0 +1,43 @@
+//! A custom host in a few dozen lines: this one binary is the driver and,
+//! started again as `embed worker ENVELOPE`, every worker.
+//!
+//! ```text
+//! cargo run -p dfx-host --example embed -- /path/to/lineitem \
+//!     "SELECT l_returnflag, sum(l_quantity) FROM lineitem GROUP BY l_returnflag"
+//! ```
+//!
+//! The plugin file is found the way `dfx` finds it: `DFX_PLUGIN`, else beside
+//! the executable (`target/<profile>/examples/` looks in `target/<profile>/`).
+
+use std::path::{Path, PathBuf};
+
+use datafusion::arrow::util::pretty::pretty_format_batches;
+use dfx_host::{Envelope, Host, SessionSpec, load_plugin, run_task};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let plugin = load_plugin(None)?;
+
+    // The worker half: `Host::new` starts this same executable with `worker`.
+    if let [command, envelope] = args.as_slice()
+        && command == "worker"
+    {
+        let report = run_task(&plugin, &Envelope::read(Path::new(envelope))?).await?;
+        println!("{}", report.to_line());
+        return Ok(());
+    }
+
+    // The driver half.
+    let [table_dir, sql] = args.as_slice() else {
+        return Err("usage: embed LINEITEM_DIR SQL".into());
+    };
+    let shuffle = tempfile::tempdir()?;
+    let spec = SessionSpec::new([("lineitem".to_string(), PathBuf::from(table_dir))])
+        .with_shuffle_dir(shuffle.path());
+    let host = Host::new(plugin)?;
+    let result = host.run_distributed(sql, &spec).await?;
+    println!("{}", pretty_format_batches(&result.batches)?);
+    eprintln!("{} tasks: {:?}", result.tasks.len(), result.task_rows);
+    Ok(())
+}
