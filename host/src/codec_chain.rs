@@ -326,7 +326,9 @@ impl PhysicalExtensionCodec for CodecChain {
 
     fn try_decode_udaf(&self, name: &str, buf: &[u8]) -> Result<Arc<AggregateUDF>> {
         let what = format!("aggregate function {name}");
-        self.decode_with(&what, buf, |codec, payload| codec.try_decode_udaf(name, payload))
+        self.decode_with(&what, buf, |codec, payload| {
+            codec.try_decode_udaf(name, payload)
+        })
     }
 
     fn try_encode_udaf(&self, node: &AggregateUDF, buf: &mut Vec<u8>) -> Result<()> {
@@ -336,7 +338,9 @@ impl PhysicalExtensionCodec for CodecChain {
 
     fn try_decode_udwf(&self, name: &str, buf: &[u8]) -> Result<Arc<WindowUDF>> {
         let what = format!("window function {name}");
-        self.decode_with(&what, buf, |codec, payload| codec.try_decode_udwf(name, payload))
+        self.decode_with(&what, buf, |codec, payload| {
+            codec.try_decode_udwf(name, payload)
+        })
     }
 
     fn try_encode_udwf(&self, node: &WindowUDF, buf: &mut Vec<u8>) -> Result<()> {
@@ -374,9 +378,13 @@ mod tests {
             let err = read_frame(&bad).unwrap_err().to_string();
             assert!(err.contains("truncated"), "{err}");
         }
-        let err = read_frame(b"DFPYCHN\x09\x00\x00\x00\x00").unwrap_err().to_string();
+        let err = read_frame(b"DFPYCHN\x09\x00\x00\x00\x00")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("v9"), "{err}");
-        let err = read_frame(b"DFPYCHN\x01\x01\x00\x00\x00\xff").unwrap_err().to_string();
+        let err = read_frame(b"DFPYCHN\x01\x01\x00\x00\x00\xff")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("non-UTF-8"), "{err}");
     }
 

@@ -54,7 +54,8 @@ impl WorkerCommand {
     ///
     /// When the path of the running executable is unknown.
     pub fn current_exe() -> Result<Self> {
-        let exe = std::env::current_exe().map_err(|e| HostError::io("cannot find", "the running executable", e))?;
+        let exe = std::env::current_exe()
+            .map_err(|e| HostError::io("cannot find", "the running executable", e))?;
         Ok(Self::dfx(exe))
     }
 
@@ -124,7 +125,11 @@ pub type TaskRows = BTreeMap<(u64, usize), usize>;
 /// # Errors
 ///
 /// [`HostError::Workers`] naming each failed task with its stderr.
-pub async fn fan_out(command: &WorkerCommand, tasks: &[Task], options: &FanOutOptions) -> Result<TaskRows> {
+pub async fn fan_out(
+    command: &WorkerCommand,
+    tasks: &[Task],
+    options: &FanOutOptions,
+) -> Result<TaskRows> {
     let bar = progress_bar(tasks.len(), options.progress);
     let limit = options.max_workers.unwrap_or(tasks.len()).max(1);
     let outcomes: Vec<(usize, std::result::Result<usize, TaskFailure>)> =
@@ -221,7 +226,9 @@ fn progress_bar(total: usize, wanted: bool) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
-    if let Ok(style) = ProgressStyle::with_template("{spinner} workers {pos}/{len} [{bar:30}] {elapsed}") {
+    if let Ok(style) =
+        ProgressStyle::with_template("{spinner} workers {pos}/{len} [{bar:30}] {elapsed}")
+    {
         bar.set_style(style.progress_chars("=> "));
     }
     bar

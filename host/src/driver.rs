@@ -117,7 +117,11 @@ impl Host {
     /// No shuffle directory, a reused one, a plan without stages, a stage
     /// that cannot be encoded, any failed worker (all reported together), or
     /// a failure of the final read.
-    pub async fn run_distributed(&self, sql: &str, spec: &SessionSpec) -> Result<DistributedResult> {
+    pub async fn run_distributed(
+        &self,
+        sql: &str,
+        spec: &SessionSpec,
+    ) -> Result<DistributedResult> {
         let shuffle_dir = spec.shuffle_dir.clone().ok_or_else(|| {
             HostError::Invalid(
                 "a distributed run needs a shuffle directory; the spec has none".into(),
@@ -147,7 +151,8 @@ impl Host {
         };
         // The driver's scratch lives in `tasks/`, never beside stage output.
         let task_dir = shuffle_dir.join(TASK_DIR);
-        std::fs::create_dir_all(&task_dir).map_err(|e| HostError::io("cannot create", &task_dir, e))?;
+        std::fs::create_dir_all(&task_dir)
+            .map_err(|e| HostError::io("cannot create", &task_dir, e))?;
 
         // Rule 5: every stage, every partition.
         let mut tasks = Vec::new();
@@ -155,7 +160,8 @@ impl Host {
             // Rule 1: encoded through the session that owns the codecs.
             let bytes = session.encode(stage.plan.clone())?;
             let plan_file = plan_path(&task_dir, stage.stage_id);
-            std::fs::write(&plan_file, &bytes).map_err(|e| HostError::io("cannot write", &plan_file, e))?;
+            std::fs::write(&plan_file, &bytes)
+                .map_err(|e| HostError::io("cannot write", &plan_file, e))?;
             for partition in 0..stage.partitions {
                 let envelope = Envelope {
                     spec: shipped.clone(),
@@ -185,7 +191,12 @@ impl Host {
             .context(|| format!("cannot plan {sql:?} for the final read"))?
             .collect()
             .await
-            .context(|| format!("cannot read the stage output of {sql:?} in {}", shuffle_dir.display()))?;
+            .context(|| {
+                format!(
+                    "cannot read the stage output of {sql:?} in {}",
+                    shuffle_dir.display()
+                )
+            })?;
         Ok(DistributedResult {
             batches,
             tasks: tasks.iter().map(|t| (t.stage_id, t.partition)).collect(),

@@ -35,7 +35,9 @@ pub struct Envelope {
 
 // The spec may arrive as an object or as a JSON string holding one (a
 // driver that serialized the spec first and embedded the text).
-fn spec_object_or_string<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<SessionSpec, D::Error> {
+fn spec_object_or_string<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<SessionSpec, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Either {
@@ -55,7 +57,8 @@ impl Envelope {
     ///
     /// A file that cannot be read or does not parse, named in the message.
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| HostError::io("cannot read envelope", path, e))?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| HostError::io("cannot read envelope", path, e))?;
         serde_json::from_str(&text).map_err(|source| HostError::Json {
             what: "envelope",
             path: path.to_path_buf(),
@@ -138,8 +141,16 @@ mod tests {
                 rows: 7
             }
         );
-        assert!(WorkerReport::parse("\n \n").unwrap_err().contains("no report"));
-        assert!(WorkerReport::parse("rows: 7").unwrap_err().contains("unreadable"));
+        assert!(
+            WorkerReport::parse("\n \n")
+                .unwrap_err()
+                .contains("no report")
+        );
+        assert!(
+            WorkerReport::parse("rows: 7")
+                .unwrap_err()
+                .contains("unreadable")
+        );
     }
 
     #[test]

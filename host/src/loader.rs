@@ -75,7 +75,9 @@ pub fn locate_plugin(explicit: Option<&Path>) -> Result<PluginLocation> {
                 looked.push(format!("{} (beside the executable)", path.display()));
             }
         }
-        Err(err) => looked.push(format!("beside the executable (its path is unknown: {err})")),
+        Err(err) => looked.push(format!(
+            "beside the executable (its path is unknown: {err})"
+        )),
     }
     Err(not_found(&file, looked))
 }

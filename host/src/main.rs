@@ -94,7 +94,9 @@ enum Format {
 
 fn parse_table(value: &str) -> std::result::Result<(String, PathBuf), String> {
     match value.split_once('=') {
-        Some((name, dir)) if !name.is_empty() && !dir.is_empty() => Ok((name.to_string(), PathBuf::from(dir))),
+        Some((name, dir)) if !name.is_empty() && !dir.is_empty() => {
+            Ok((name.to_string(), PathBuf::from(dir)))
+        }
         _ => Err(format!("expected NAME=DIR, got {value:?}")),
     }
 }
@@ -109,8 +111,14 @@ async fn main() -> ExitCode {
             Command::Run(args) => run(args).await,
             Command::Explain(args) => explain(args).await,
             Command::Worker(args) => worker(args).await,
-            Command::Tpch(args) => dfx_host::tpch::run_cli(args).await.map(|code| status = code).map_err(HostError::from),
-            Command::Bench(args) => dfx_host::bench::run_cli(args).await.map(|code| status = code).map_err(HostError::from),
+            Command::Tpch(args) => dfx_host::tpch::run_cli(args)
+                .await
+                .map(|code| status = code)
+                .map_err(HostError::from),
+            Command::Bench(args) => dfx_host::bench::run_cli(args)
+                .await
+                .map(|code| status = code)
+                .map_err(HostError::from),
         }
     };
     // On Ctrl-C the `work` future is dropped, which kills every worker it
@@ -162,7 +170,9 @@ fn shuffle_dir(args: &QueryArgs) -> Result<(PathBuf, Option<tempfile::TempDir>)>
 async fn run(args: RunArgs) -> Result<()> {
     let started = Instant::now();
     let plugin = load_plugin(args.query.plugin.as_deref())?;
-    let host = Host::new(plugin)?.max_workers(args.max_workers).progress(true);
+    let host = Host::new(plugin)?
+        .max_workers(args.max_workers)
+        .progress(true);
     let spec = spec_of(&args.query)?;
     if args.query.local {
         let batches = host.run_local(&args.query.sql, &spec).await?;
@@ -181,9 +191,14 @@ async fn run(args: RunArgs) -> Result<()> {
         Err(err) => {
             // Kept when workers were dispatched: the envelopes and whatever
             // they published are the evidence. An empty one is just removed.
-            if let Some(temp) = temp.filter(|t| std::fs::read_dir(t.path()).is_ok_and(|mut d| d.next().is_some())) {
+            if let Some(temp) =
+                temp.filter(|t| std::fs::read_dir(t.path()).is_ok_and(|mut d| d.next().is_some()))
+            {
                 let kept = temp.keep();
-                eprintln!("dfx: shuffle directory kept for inspection: {}", kept.display());
+                eprintln!(
+                    "dfx: shuffle directory kept for inspection: {}",
+                    kept.display()
+                );
             }
             return Err(err);
         }
@@ -206,11 +221,19 @@ async fn run(args: RunArgs) -> Result<()> {
         .iter()
         .map(|((stage, partition), rows)| format!("{stage}/{partition}={rows}"))
         .collect();
-    eprintln!("rows per task (stage/partition=rows): {}", per_task.join(" "));
-    eprintln!("result: {} row(s); shuffle directory: {}", result.rows(), dir.display());
+    eprintln!(
+        "rows per task (stage/partition=rows): {}",
+        per_task.join(" ")
+    );
+    eprintln!(
+        "result: {} row(s); shuffle directory: {}",
+        result.rows(),
+        dir.display()
+    );
     if let Some(temp) = temp {
         let path = temp.path().to_path_buf();
-        temp.close().map_err(|e| HostError::io("cannot remove", path, e))?;
+        temp.close()
+            .map_err(|e| HostError::io("cannot remove", path, e))?;
     }
     Ok(())
 }
@@ -245,10 +268,13 @@ fn print_batches(batches: &[RecordBatch], format: Format) -> Result<()> {
     use std::io::Write as _;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let arrow = |e: datafusion::arrow::error::ArrowError| HostError::Invalid(format!("cannot print the result: {e}"));
+    let arrow = |e: datafusion::arrow::error::ArrowError| {
+        HostError::Invalid(format!("cannot print the result: {e}"))
+    };
     match format {
         Format::Table => {
-            let table = datafusion::arrow::util::pretty::pretty_format_batches(batches).map_err(arrow)?;
+            let table =
+                datafusion::arrow::util::pretty::pretty_format_batches(batches).map_err(arrow)?;
             writeln!(out, "{table}").map_err(|e| HostError::io("cannot write", "stdout", e))?;
         }
         Format::Csv => {

@@ -115,14 +115,19 @@ fn default_target_partitions() -> usize {
 
 // `""` rather than `null` for "no directory": the Python driver's spec
 // spells it that way, and envelopes cross between the two hosts.
-fn write_shuffle_dir<S: Serializer>(dir: &Option<PathBuf>, s: S) -> std::result::Result<S::Ok, S::Error> {
+fn write_shuffle_dir<S: Serializer>(
+    dir: &Option<PathBuf>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
     match dir {
         Some(dir) => dir.serialize(s),
         None => s.serialize_str(""),
     }
 }
 
-fn read_shuffle_dir<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<PathBuf>, D::Error> {
+fn read_shuffle_dir<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<PathBuf>, D::Error> {
     let dir: Option<String> = Option::deserialize(d)?;
     Ok(dir.filter(|d| !d.is_empty()).map(PathBuf::from))
 }
@@ -211,8 +216,12 @@ impl DfxSession {
     ///
     /// Bytes that are not a plan, or a node no codec of the session claims.
     pub fn decode(&self, bytes: &[u8]) -> Result<Arc<dyn ExecutionPlan>> {
-        physical_plan_from_bytes_with_extension_codec(bytes, &self.ctx.task_ctx(), self.chain.as_ref())
-            .context(|| format!("cannot decode a plan of {} bytes", bytes.len()))
+        physical_plan_from_bytes_with_extension_codec(
+            bytes,
+            &self.ctx.task_ctx(),
+            self.chain.as_ref(),
+        )
+        .context(|| format!("cannot decode a plan of {} bytes", bytes.len()))
     }
 }
 
@@ -287,7 +296,8 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
         .query_planner(logical, physical)
         .context(|| plugin_what("cannot build its query planner"))?;
 
-    let mut config = SessionConfig::new().with_target_partitions(effective_target_partitions(spec)?);
+    let mut config =
+        SessionConfig::new().with_target_partitions(effective_target_partitions(spec)?);
     // One partition per file is the contract of a table here (a task per
     // file); splitting a large file across partitions would change the task
     // list with the file sizes.
@@ -296,7 +306,10 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
     // default) a partition that finishes early reads its siblings' files, so
     // a worker executing partition 0 alone would compute every partition and
     // the final merge would count every row once per task.
-    config.options_mut().execution.enable_file_stream_work_stealing = false;
+    config
+        .options_mut()
+        .execution
+        .enable_file_stream_work_stealing = false;
     let options = plugin
         .config_options()
         .context(|| plugin_what("cannot build its config extension"))?;
@@ -376,7 +389,8 @@ pub fn effective_target_partitions(spec: &SessionSpec) -> Result<usize> {
 
 /// Register `dir` as table `name`, one partition per Parquet file.
 async fn register_parquet_dir(ctx: &SessionContext, name: &str, dir: &Path) -> Result<()> {
-    let options = ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(PARQUET_EXTENSION);
+    let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
+        .with_file_extension(PARQUET_EXTENSION);
     let dir = std::path::absolute(dir).map_err(|e| HostError::io("cannot resolve", dir, e))?;
     // A trailing slash makes the URL a directory, not a file.
     let url = format!("{}/", dir.display());
@@ -394,7 +408,9 @@ pub fn parquet_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let entries = std::fs::read_dir(dir).map_err(|e| HostError::io("cannot list", dir, e))?;
     let mut files = Vec::new();
     for entry in entries {
-        let path = entry.map_err(|e| HostError::io("cannot list", dir, e))?.path();
+        let path = entry
+            .map_err(|e| HostError::io("cannot list", dir, e))?
+            .path();
         if path.is_file()
             && path
                 .file_name()

@@ -30,7 +30,11 @@ pub struct Stage {
 
 /// A node's display on one line.
 pub fn one_line(plan: &dyn ExecutionPlan) -> String {
-    displayable(plan).one_line().to_string().trim_end().to_string()
+    displayable(plan)
+        .one_line()
+        .to_string()
+        .trim_end()
+        .to_string()
 }
 
 /// Every node whose display contains `node_name`, in pre-order, without
@@ -41,7 +45,11 @@ pub fn find_stages(plan: &Arc<dyn ExecutionPlan>, node_name: &str) -> Vec<Arc<dy
     found
 }
 
-fn collect(plan: &Arc<dyn ExecutionPlan>, node_name: &str, found: &mut Vec<Arc<dyn ExecutionPlan>>) {
+fn collect(
+    plan: &Arc<dyn ExecutionPlan>,
+    node_name: &str,
+    found: &mut Vec<Arc<dyn ExecutionPlan>>,
+) {
     if one_line(plan.as_ref()).contains(node_name) {
         found.push(Arc::clone(plan));
         return;

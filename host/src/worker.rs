@@ -45,7 +45,8 @@ pub async fn run_task(plugin: &Plugin, envelope: &Envelope) -> Result<WorkerRepo
         )));
     }
 
-    let bytes = std::fs::read(&envelope.plan).map_err(|e| HostError::io("cannot read plan", &envelope.plan, e))?;
+    let bytes = std::fs::read(&envelope.plan)
+        .map_err(|e| HostError::io("cannot read plan", &envelope.plan, e))?;
     let stage = session.decode(&bytes).map_err(|err| {
         HostError::Invalid(format!("{task}: plan {}: {err}", envelope.plan.display()))
     })?;
@@ -87,19 +88,33 @@ pub async fn run_task(plugin: &Plugin, envelope: &Envelope) -> Result<WorkerRepo
 /// codec to encode the decoded node again and checking that its payload ends
 /// with the expected directory — the last field of the codec's payload.
 /// (Interim: an accessor exported by the plugin would make this exact.)
-fn check_shuffle_dir(session: &DfxSession, stage: &Arc<dyn ExecutionPlan>, task: &str) -> Result<()> {
+fn check_shuffle_dir(
+    session: &DfxSession,
+    stage: &Arc<dyn ExecutionPlan>,
+    task: &str,
+) -> Result<()> {
     let expected = session.spec().shuffle_dir.as_deref().ok_or_else(|| {
         HostError::Invalid(format!(
             "{task}: the envelope's spec has no shuffle directory, so no stage may run"
         ))
     })?;
     let plugin = session.plugin();
-    let codec = session.codec().installed(plugin.codec_id()).ok_or_else(|| {
-        HostError::Invalid(format!("{task}: the session lacks the plugin's codec {}", plugin.codec_id()))
-    })?;
+    let codec = session
+        .codec()
+        .installed(plugin.codec_id())
+        .ok_or_else(|| {
+            HostError::Invalid(format!(
+                "{task}: the session lacks the plugin's codec {}",
+                plugin.codec_id()
+            ))
+        })?;
     let mut payload = Vec::new();
     codec
-        .try_encode(Arc::clone(stage), &mut payload, &DefaultPhysicalProtoConverter {})
+        .try_encode(
+            Arc::clone(stage),
+            &mut payload,
+            &DefaultPhysicalProtoConverter {},
+        )
         .context(|| format!("{task}: cannot read the stage's shuffle directory back"))?;
     let expected_bytes = expected.as_os_str().as_encoded_bytes();
     // The directory ends the payload, right after its length. A path never

@@ -30,14 +30,24 @@ fn dfx_run_prints_the_answer_and_a_summary_and_removes_its_temp_directory() {
         text(&out.stdout),
         "l_returnflag,n,qty,price\nA,3,11.0,1100.0\nN,3,15.0,1500.0\nR,2,10.0,1000.0\n"
     );
-    assert!(stderr.contains("stages: 1 (stage 1); tasks: 4;"), "{stderr}");
+    assert!(
+        stderr.contains("stages: 1 (stage 1); tasks: 4;"),
+        "{stderr}"
+    );
     assert!(stderr.contains("1/0=2 1/1=2 1/2=2 1/3=2"), "{stderr}");
     assert!(stderr.contains("wall time"), "{stderr}");
     let dir = stderr
         .lines()
-        .find_map(|l| l.split_once("shuffle directory: ").map(|(_, d)| PathBuf::from(d)))
+        .find_map(|l| {
+            l.split_once("shuffle directory: ")
+                .map(|(_, d)| PathBuf::from(d))
+        })
         .expect("the summary names the shuffle directory");
-    assert!(!dir.exists(), "temp shuffle directory {} left behind", dir.display());
+    assert!(
+        !dir.exists(),
+        "temp shuffle directory {} left behind",
+        dir.display()
+    );
 }
 
 #[test]
@@ -46,7 +56,16 @@ fn dfx_run_formats_and_local_mode() {
     let table = format!("lineitem={}", fixture.table_dir().display());
     let shuffle = fixture.shuffle_dir("mine");
     let shuffle_arg = shuffle.to_str().unwrap();
-    let out = dfx(&["run", "--table", &table, "--shuffle-dir", shuffle_arg, "--format", "json", FUNCTIONS]);
+    let out = dfx(&[
+        "run",
+        "--table",
+        &table,
+        "--shuffle-dir",
+        shuffle_arg,
+        "--format",
+        "json",
+        FUNCTIONS,
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(json[2]["l_returnflag"], "R");
@@ -58,8 +77,15 @@ fn dfx_run_formats_and_local_mode() {
     let out = dfx(&["run", "--local", "--table", &table, BY_FLAG]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    assert!(stdout.contains("| A            | 3 | 11.0 | 1100.0 |"), "{stdout}");
-    assert!(text(&out.stderr).contains("local run: no stages"), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains("| A            | 3 | 11.0 | 1100.0 |"),
+        "{stdout}"
+    );
+    assert!(
+        text(&out.stderr).contains("local run: no stages"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -69,7 +95,10 @@ fn dfx_explain_marks_each_stage_with_its_id_and_partitions() {
     let out = dfx(&["explain", "--table", &table, UNION]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(stdout.contains("ShuffleStageExec, number_of_children=1    <== stage 1 (4 partitions)"), "{stdout}");
+    assert!(
+        stdout.contains("ShuffleStageExec, number_of_children=1    <== stage 1 (4 partitions)"),
+        "{stdout}"
+    );
     assert!(stdout.contains("<== stage 2 (4 partitions)"), "{stdout}");
     assert!(stdout.contains("AggregateExec: mode=Partial"), "{stdout}");
 
@@ -84,39 +113,84 @@ fn dfx_fails_with_a_clear_message_and_a_non_zero_status() {
     let table = format!("lineitem={}", fixture.table_dir().display());
 
     let out = Command::new(dfx_bin())
-        .args(["run", "--plugin", "/nonexistent/libdfx_plugin.so", "--table", &table, BY_FLAG])
+        .args([
+            "run",
+            "--plugin",
+            "/nonexistent/libdfx_plugin.so",
+            "--table",
+            &table,
+            BY_FLAG,
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("cannot find the dfx plugin file"), "{stderr}");
-    assert!(stderr.contains("/nonexistent/libdfx_plugin.so (--plugin)"), "{stderr}");
+    assert!(
+        stderr.contains("cannot find the dfx plugin file"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("/nonexistent/libdfx_plugin.so (--plugin)"),
+        "{stderr}"
+    );
 
     let shuffle = fixture.shuffle_dir("used");
     std::fs::create_dir_all(&shuffle).unwrap();
     std::fs::write(shuffle.join("stage-1-part-0.arrow"), b"old").unwrap();
-    let out = dfx(&["run", "--table", &table, "--shuffle-dir", shuffle.to_str().unwrap(), BY_FLAG]);
+    let out = dfx(&[
+        "run",
+        "--table",
+        &table,
+        "--shuffle-dir",
+        shuffle.to_str().unwrap(),
+        BY_FLAG,
+    ]);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("already holds stage output"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("already holds stage output"),
+        "{}",
+        text(&out.stderr)
+    );
 
-    let out = dfx(&["run", "--table", &table, "SELECT no_such_column FROM lineitem"]);
+    let out = dfx(&[
+        "run",
+        "--table",
+        &table,
+        "SELECT no_such_column FROM lineitem",
+    ]);
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
     assert!(stderr.contains("dfx: error: cannot plan"), "{stderr}");
     assert!(stderr.contains("no_such_column"), "{stderr}");
-    assert!(!stderr.contains("kept for inspection"), "nothing was dispatched: {stderr}");
+    assert!(
+        !stderr.contains("kept for inspection"),
+        "nothing was dispatched: {stderr}"
+    );
 
     let out = dfx(&["run", "--table", "no-equals-sign", BY_FLAG]);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("expected NAME=DIR"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("expected NAME=DIR"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
 fn every_subcommand_has_help() {
-    for args in [&["--help"][..], &["run", "--help"], &["explain", "--help"], &["worker", "--help"]] {
+    for args in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["explain", "--help"],
+        &["worker", "--help"],
+    ] {
         let out = dfx(args);
         assert!(out.status.success(), "dfx {args:?}");
-        assert!(text(&out.stdout).contains("Usage: dfx"), "dfx {args:?}: {}", text(&out.stdout));
+        assert!(
+            text(&out.stdout).contains("Usage: dfx"),
+            "dfx {args:?}: {}",
+            text(&out.stdout)
+        );
     }
 }
 
@@ -143,6 +217,13 @@ fn the_embedding_example_runs_a_distributed_query() {
         .unwrap();
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(stdout.contains("| N            | 3 | 15.0 | 1500.0 |"), "{stdout}");
-    assert!(text(&out.stderr).starts_with("4 tasks"), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains("| N            | 3 | 15.0 | 1500.0 |"),
+        "{stdout}"
+    );
+    assert!(
+        text(&out.stderr).starts_with("4 tasks"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -49,7 +49,10 @@ async fn a_union_of_two_aggregates_ships_two_stages_with_their_own_files() {
     let spec = fixture.distributed_spec("shuffle");
     let result = host.run_distributed(UNION, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), union_expected());
-    assert_eq!(rows(&host.run_local(UNION, &fixture.spec()).await.unwrap()), union_expected());
+    assert_eq!(
+        rows(&host.run_local(UNION, &fixture.spec()).await.unwrap()),
+        union_expected()
+    );
 
     let expected_tasks: Vec<(u64, usize)> = [1, 2]
         .into_iter()
@@ -67,7 +70,12 @@ async fn a_union_of_two_aggregates_ships_two_stages_with_their_own_files() {
         let reader = StreamReader::try_new(std::fs::File::open(&path).unwrap(), None).unwrap();
         let first_field = reader.schema().field(0).name().clone();
         let rows: usize = reader.map(|b| b.unwrap().num_rows()).sum();
-        assert_eq!(rows, result.task_rows[&(*stage, *partition)], "{}", path.display());
+        assert_eq!(
+            rows,
+            result.task_rows[&(*stage, *partition)],
+            "{}",
+            path.display()
+        );
         assert_eq!(
             first_field.contains("l_returnflag"),
             *stage == 1,
@@ -94,7 +102,10 @@ async fn one_published_file_per_task_and_no_temp_file_left() {
         ]
     );
     for name in file_names(&dir.join("tasks")) {
-        assert!(!name.contains(".tmp"), "temp file {name} left behind in tasks/");
+        assert!(
+            !name.contains(".tmp"),
+            "temp file {name} left behind in tasks/"
+        );
     }
     assert_eq!(result.tasks.len(), 4);
 }
@@ -106,17 +117,29 @@ async fn no_shuffle_directory_means_no_stage_and_the_right_answer() {
     let plan = host.explain(BY_FLAG, &fixture.spec()).await.unwrap();
     assert!(!plan.contains("ShuffleStageExec"), "{plan}");
     assert!(!plan.contains("<== stage"), "{plan}");
-    assert_eq!(rows(&host.run_local(BY_FLAG, &fixture.spec()).await.unwrap()), by_flag_expected());
+    assert_eq!(
+        rows(&host.run_local(BY_FLAG, &fixture.spec()).await.unwrap()),
+        by_flag_expected()
+    );
 
-    let err = host.run_distributed(BY_FLAG, &fixture.spec()).await.unwrap_err();
-    assert!(err.to_string().contains("needs a shuffle directory"), "{err}");
+    let err = host
+        .run_distributed(BY_FLAG, &fixture.spec())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("needs a shuffle directory"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn a_plan_without_aggregate_is_one_whole_stage() {
     let fixture = Fixture::new();
     let sql = "SELECT l_orderkey, l_quantity FROM lineitem WHERE l_tax > 0 ORDER BY l_orderkey";
-    let result = host().run_distributed(sql, &fixture.distributed_spec("shuffle")).await.unwrap();
+    let result = host()
+        .run_distributed(sql, &fixture.distributed_spec("shuffle"))
+        .await
+        .unwrap();
     // Taxed rows (hand-checked): keys 2, 4, 5, 6.
     assert_eq!(
         rows(&result.batches),

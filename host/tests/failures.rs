@@ -46,7 +46,10 @@ async fn a_worker_whose_codec_ids_differ_refuses_before_decoding() {
         stage_id: 1,
         partition: 0,
     };
-    let err = dfx_host::run_task(&plugin(), &envelope).await.unwrap_err().to_string();
+    let err = dfx_host::run_task(&plugin(), &envelope)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("codec ids differ"), "{err}");
     assert!(err.contains("someone_else.physical.v9"), "{err}");
     assert!(err.contains("dfx_engine.physical.v1"), "{err}");
@@ -71,12 +74,20 @@ async fn a_worker_whose_codec_ids_differ_refuses_before_decoding() {
 async fn a_stage_encoded_without_the_sessions_codecs_fails_to_encode() {
     let fixture = Fixture::new();
     let plugin = plugin();
-    let session = build_session(&plugin, &fixture.distributed_spec("shuffle")).await.unwrap();
+    let session = build_session(&plugin, &fixture.distributed_spec("shuffle"))
+        .await
+        .unwrap();
     let plan = session.physical_plan(BY_FLAG).await.unwrap();
     let stage = stages(&plugin, &plan).remove(0).plan;
-    let err = physical_plan_to_bytes_with_extension_codec(Arc::clone(&stage), &DefaultPhysicalExtensionCodec {})
-        .unwrap_err();
-    assert!(err.to_string().contains("not provided") || err.to_string().contains("not implemented"), "{err}");
+    let err = physical_plan_to_bytes_with_extension_codec(
+        Arc::clone(&stage),
+        &DefaultPhysicalExtensionCodec {},
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("not provided") || err.to_string().contains("not implemented"),
+        "{err}"
+    );
     // With the session's codecs it encodes, and decodes to a stage again.
     let bytes = session.encode(stage).unwrap();
     let decoded = session.decode(&bytes).unwrap();
@@ -100,7 +111,10 @@ exec "$DFX" worker "$1""#,
     assert_eq!(failures.len(), 1, "{err}");
     assert_eq!((failures[0].stage_id, failures[0].partition), (1, 3));
     assert!(failures[0].reason.contains("exited with status 1"), "{err}");
-    assert!(failures[0].stderr.contains("partition 99 out of range"), "{err}");
+    assert!(
+        failures[0].stderr.contains("partition 99 out of range"),
+        "{err}"
+    );
     let message = err.to_string();
     assert!(message.contains("stage 1 partition 3"), "{message}");
     assert!(message.contains("4 partition(s)"), "{message}");
@@ -117,9 +131,18 @@ exec "$DFX" worker "$1""#,
     let spec = fixture.distributed_spec("shuffle");
     let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
     let message = err.to_string();
-    assert!(message.contains("stage 1 partition 1 was killed by signal 9"), "{message}");
-    assert!(message.contains("worker 1/1 about to be killed"), "{message}");
-    assert!(message.contains("1 of 4 worker task(s) failed"), "{message}");
+    assert!(
+        message.contains("stage 1 partition 1 was killed by signal 9"),
+        "{message}"
+    );
+    assert!(
+        message.contains("worker 1/1 about to be killed"),
+        "{message}"
+    );
+    assert!(
+        message.contains("1 of 4 worker task(s) failed"),
+        "{message}"
+    );
     let marker = spec.shuffle_dir.unwrap();
     assert!(live_processes_mentioning(marker.to_str().unwrap()).is_empty());
 }
@@ -140,7 +163,10 @@ exec "$DFX" worker "$1""#,
     };
     let tasks: Vec<(u64, usize)> = failures.iter().map(|f| (f.stage_id, f.partition)).collect();
     assert_eq!(tasks, vec![(1, 0), (1, 2)]);
-    assert!(failures.iter().all(|f| f.reason == "exited with status 3"), "{err}");
+    assert!(
+        failures.iter().all(|f| f.reason == "exited with status 3"),
+        "{err}"
+    );
     assert!(failures[1].stderr.contains("task-1-2.json"), "{err}");
 }
 
@@ -170,9 +196,11 @@ async fn dropping_the_fan_out_kills_every_worker() {
     let fan = fan_out(&command, &tasks, &options);
     let all_started = async {
         let marker = marker.clone();
-        tokio::task::spawn_blocking(move || eventually(|| live_processes_mentioning(&marker).len() == 3))
-            .await
-            .unwrap()
+        tokio::task::spawn_blocking(move || {
+            eventually(|| live_processes_mentioning(&marker).len() == 3)
+        })
+        .await
+        .unwrap()
     };
     tokio::select! {
         outcome = fan => panic!("the fan-out ended on its own: {outcome:?}"),
@@ -209,11 +237,20 @@ async fn a_decoded_stage_whose_shuffle_directory_differs_from_the_spec_is_refuse
         stage_id: 1,
         partition: 0,
     };
-    let err = dfx_host::run_task(&plugin, &envelope).await.unwrap_err().to_string();
+    let err = dfx_host::run_task(&plugin, &envelope)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("shuffle directory differs"), "{err}");
     assert!(err.contains("stage 1 partition 0"), "{err}");
-    assert!(!fixture.shuffle_dir("elsewhere").exists(), "the refused stage wrote output");
-    assert!(!fixture.shuffle_dir("shuffle").exists(), "the refused stage wrote output");
+    assert!(
+        !fixture.shuffle_dir("elsewhere").exists(),
+        "the refused stage wrote output"
+    );
+    assert!(
+        !fixture.shuffle_dir("shuffle").exists(),
+        "the refused stage wrote output"
+    );
 
     // The same envelope with the stage's own directory runs.
     let mut good = envelope.clone();
@@ -221,7 +258,11 @@ async fn a_decoded_stage_whose_shuffle_directory_differs_from_the_spec_is_refuse
     good.spec.codec_ids = session.codec_ids();
     let report = dfx_host::run_task(&plugin, &good).await.unwrap();
     assert_eq!((report.stage_id, report.partition, report.rows), (1, 0, 2));
-    assert!(plugin.partition_path(elsewhere.shuffle_dir.as_deref().unwrap(), 1, 0).is_file());
+    assert!(
+        plugin
+            .partition_path(elsewhere.shuffle_dir.as_deref().unwrap(), 1, 0)
+            .is_file()
+    );
 }
 
 #[tokio::test]
@@ -253,9 +294,16 @@ async fn a_worker_reports_on_its_last_stdout_line() {
         .env("DFX_PLUGIN", plugin_path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
     let report: serde_json::Value = serde_json::from_str(last).unwrap();
-    assert_eq!(report, serde_json::json!({"stage_id": 1, "partition": 2, "rows": 2}));
+    assert_eq!(
+        report,
+        serde_json::json!({"stage_id": 1, "partition": 2, "rows": 2})
+    );
 }

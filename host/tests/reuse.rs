@@ -15,12 +15,20 @@ async fn a_reused_shuffle_directory_is_refused_before_anything_is_built_or_run()
     std::fs::create_dir_all(&dir).unwrap();
     // Output left by an earlier query (its content does not matter: it is
     // never opened), next to a file of the caller's that is not stage output.
-    std::fs::write(dir.join("stage-1-part-0.arrow"), b"an earlier query's partition").unwrap();
+    std::fs::write(
+        dir.join("stage-1-part-0.arrow"),
+        b"an earlier query's partition",
+    )
+    .unwrap();
     std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
 
     let host = host();
     let before = host.plugin().counters();
-    let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err().to_string();
+    let err = host
+        .run_distributed(BY_FLAG, &spec)
+        .await
+        .unwrap_err()
+        .to_string();
     let after = host.plugin().counters();
 
     assert!(err.contains("already holds stage output"), "{err}");

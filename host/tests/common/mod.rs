@@ -117,7 +117,9 @@ impl PartialEq for Value {
         match (self, other) {
             (Value::Str(a), Value::Str(b)) => a == b,
             (Value::Int(a), Value::Int(b)) => a == b,
-            (Value::Float(a), Value::Float(b)) => (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0),
+            (Value::Float(a), Value::Float(b)) => {
+                (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+            }
             _ => false,
         }
     }
@@ -136,8 +138,9 @@ pub fn rows(batches: &[RecordBatch]) -> Vec<Vec<Value>> {
                 } else if let Some(a) = any.downcast_ref::<Float64Array>() {
                     Value::Float(a.value(row))
                 } else {
-                    let formatter = ArrayFormatter::try_new(column.as_ref(), &FormatOptions::default())
-                        .expect("a displayable column");
+                    let formatter =
+                        ArrayFormatter::try_new(column.as_ref(), &FormatOptions::default())
+                            .expect("a displayable column");
                     Value::Str(formatter.value(row).to_string())
                 };
                 cells.push(cell);
