@@ -21,6 +21,9 @@ use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use datafusion_proto::protobuf::PhysicalPlanNode;
+use datafusion_proto::protobuf::physical_plan_node::PhysicalPlanType;
+use prost::Message;
 
 use crate::counters::{self, LiveObject};
 use crate::stage::ShuffleStageExec;
@@ -117,6 +120,37 @@ impl StagePayload {
             shuffle_dir,
         })
     }
+}
+
+/// The stage payload inside an encoded stage plan (the bytes a driver ships),
+/// read without decoding the plan: the root node must be the stage.
+///
+/// A host's codec chain may wrap the payload in a frame of its own naming the
+/// codec that wrote it; the payload is always the frame's tail, so it is
+/// found by its magic and must then parse to the end.
+///
+/// # Errors
+///
+/// Bytes that are not a protobuf physical plan, a root that is not an
+/// extension node, or an extension node carrying no dfx payload.
+pub fn read_encoded_stage(plan_bytes: &[u8]) -> Result<StagePayload> {
+    let fail = |what: String| DataFusionError::Execution(format!("dfx codec: {what}"));
+    let root = PhysicalPlanNode::decode(plan_bytes)
+        .map_err(|e| fail(format!("not an encoded physical plan: {e}")))?;
+    let Some(PhysicalPlanType::Extension(extension)) = root.physical_plan_type else {
+        return Err(fail(
+            "the encoded plan's root is not an extension node, so not a dfx stage".to_string(),
+        ));
+    };
+    let bytes = extension.node.as_slice();
+    let mut last_error = None;
+    for start in (0..bytes.len().saturating_sub(3)).filter(|&i| bytes[i..i + 4] == PAYLOAD_MAGIC) {
+        match StagePayload::decode(&bytes[start..]) {
+            Ok(payload) => return Ok(payload),
+            Err(err) => last_error = Some(err),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| fail(not_ours(bytes))))
 }
 
 fn not_ours(buf: &[u8]) -> String {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use abi_stable::export_root_module;
 use abi_stable::prefix_type::PrefixTypeTrait;
-use abi_stable::std_types::{RErr, ROk, RStr, RString, RVec};
+use abi_stable::std_types::{RErr, ROk, RSlice, RStr, RString, RVec};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
@@ -21,7 +21,9 @@ use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use datafusion_ffi::query_planner::FFI_QueryPlanner;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
-use dfx_abi::{DFX_ABI_VERSION, DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
+use dfx_abi::{
+    DFX_ABI_VERSION, DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, DfxStagePayload, FfiResult,
+};
 
 use crate::codec::{CODEC_ID, DfxPhysicalCodec};
 use crate::config::{CONFIG_PREFIX, DfxConfig};
@@ -51,6 +53,7 @@ pub fn root_module() -> DfxPluginRef {
         counters,
         panic_probe,
         stage_info,
+        encoded_stage_info,
     }
     .leak_into_prefix()
 }
@@ -159,6 +162,16 @@ extern "C" fn stage_info(plan: FFI_ExecutionPlan) -> FfiResult<DfxStageInfo> {
             stage_id: stage.stage_id(),
             shuffle_dir: RString::from(stage.shuffle_dir().to_string_lossy().into_owned()),
             partition_count: stage.partition_count() as u64,
+        })
+    })
+}
+
+extern "C" fn encoded_stage_info(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStagePayload> {
+    guarded("encoded stage info", || {
+        let payload = crate::codec::read_encoded_stage(plan_bytes.as_slice())?;
+        Ok(DfxStagePayload {
+            stage_id: payload.stage_id,
+            shuffle_dir: RString::from(payload.shuffle_dir),
         })
     })
 }

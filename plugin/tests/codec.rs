@@ -95,3 +95,33 @@ fn dfx_claims_nothing_but_stages() {
         .to_string();
     assert!(err.contains("dfx codec"), "{err}");
 }
+
+#[tokio::test]
+async fn an_encoded_stage_tells_its_id_and_directory_without_decoding() -> Result<()> {
+    let dir = temp_dir();
+    let ctx = session(Some(dir.path()))?;
+    let plan = ctx
+        .sql("SELECT g, sum(v) FROM t GROUP BY g UNION ALL SELECT g, count(*) FROM u GROUP BY g")
+        .await?
+        .create_physical_plan()
+        .await?;
+    for (index, stage) in stages(&plan).into_iter().enumerate() {
+        let bytes = physical_plan_to_bytes_with_extension_codec(stage, &chain())?;
+        let payload = dfx_plugin::codec::read_encoded_stage(&bytes)?;
+        assert_eq!(payload.stage_id, index as u64 + 1);
+        assert_eq!(payload.shuffle_dir, dir.path().to_string_lossy());
+    }
+    // A plan whose root is not a stage is refused, and so is garbage.
+    let local = datafusion::prelude::SessionContext::new();
+    let other = local.sql("SELECT 1").await?.create_physical_plan().await?;
+    let bytes = physical_plan_to_bytes_with_extension_codec(other, &chain())?;
+    let err = dfx_plugin::codec::read_encoded_stage(&bytes)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not an extension node"), "{err}");
+    let err = dfx_plugin::codec::read_encoded_stage(b"\xff\xff garbage")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("dfx codec"), "{err}");
+    Ok(())
+}

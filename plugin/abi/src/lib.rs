@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use abi_stable::library::{LibraryError, RootModule, lib_header_from_path};
-use abi_stable::std_types::{RResult, RStr};
+use abi_stable::std_types::{RResult, RSlice, RStr};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::{AggregateUDF, AggregateUDFImpl, ScalarUDF, ScalarUDFImpl};
 use datafusion::physical_plan::ExecutionPlan;
@@ -41,7 +41,7 @@ use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
 
 pub use compat::{DFX_ABI_VERSION, LoadCheck, LoadError, host_datafusion_ffi_major};
-pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
+pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, DfxStagePayload, FfiResult};
 
 /// The file name a plugin build produces on this platform (`libdfx_plugin.so`
 /// on Linux).
@@ -297,6 +297,18 @@ impl Plugin {
         };
         let ffi_plan = FFI_ExecutionPlan::new(Arc::clone(plan), None);
         self.result("stage info", stage_info(ffi_plan))
+    }
+
+    /// The stage id and shuffle directory inside an encoded stage (the bytes
+    /// a driver ships), read without decoding the plan.
+    pub fn encoded_stage_info(&self, plan_bytes: &[u8]) -> Result<DfxStagePayload> {
+        let Some(read) = self.module.encoded_stage_info() else {
+            return Err(DataFusionError::Execution(format!(
+                "dfx plugin {} cannot read encoded stages (built before encoded_stage_info)",
+                self.path.display()
+            )));
+        };
+        self.result("encoded stage info", read(RSlice::from_slice(plan_bytes)))
     }
 
     fn result<T>(&self, what: &str, result: FfiResult<T>) -> Result<T> {

@@ -13,7 +13,7 @@
 
 use abi_stable::library::RootModule;
 use abi_stable::sabi_types::VersionStrings;
-use abi_stable::std_types::{RResult, RStr, RString, RVec};
+use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
 use abi_stable::{StableAbi, declare_root_module_statics, package_version_strings};
 use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
 use datafusion_ffi::execution::FFI_TaskContextProvider;
@@ -124,6 +124,22 @@ pub struct DfxPlugin {
     /// display cannot tell it.
     #[sabi(unsafe_opaque_field)]
     pub stage_info: extern "C" fn(plan: FFI_ExecutionPlan) -> FfiResult<DfxStageInfo>,
+
+    /// The stage id and shuffle directory inside an *encoded* stage (the
+    /// bytes a driver ships), read without decoding the plan. Lets a worker
+    /// refuse a stage aimed at another directory before building anything
+    /// from it, in hosts that cannot hand a decoded node back across FFI.
+    pub encoded_stage_info: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStagePayload>,
+}
+
+/// What [`DfxPlugin::encoded_stage_info`] reads from an encoded stage.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct DfxStagePayload {
+    /// The stage id the planner gave the node.
+    pub stage_id: u64,
+    /// The shuffle directory the node reads and writes.
+    pub shuffle_dir: RString,
 }
 
 /// What [`DfxPlugin::stage_info`] reports about a stage node.
