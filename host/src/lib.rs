@@ -17,6 +17,8 @@
 //!
 //! [`Host`] is the entry point for embedding; `dfx` is a thin CLI over it.
 
+#![warn(missing_docs)]
+
 pub mod bench;
 pub mod codec_chain;
 pub mod dispatch;
