@@ -227,3 +227,36 @@ fn the_embedding_example_runs_a_distributed_query() {
         text(&out.stderr)
     );
 }
+
+#[test]
+fn the_plugin_is_found_beside_the_executable_and_a_refused_file_is_named() {
+    let fixture = Fixture::new();
+    let table = format!("lineitem={}", fixture.table_dir().display());
+    // No --plugin, no DFX_PLUGIN: target/<profile>/dfx finds its neighbour.
+    let out = Command::new(dfx_bin())
+        .args(["run", "--max-workers", "1", "--table", &table, BY_FLAG])
+        .env_remove("DFX_PLUGIN")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("| R            | 2 | 10.0 | 1000.0 |"));
+    assert!(
+        text(&out.stderr).contains("tasks: 4"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A file that is not a plugin: refused by the handshake, and named.
+    let not_a_plugin = fixture.root.path().join("libdfx_plugin.so");
+    std::fs::write(&not_a_plugin, b"not a shared library").unwrap();
+    let out = Command::new(dfx_bin())
+        .args(["explain", "--table", &table, BY_FLAG])
+        .env("DFX_PLUGIN", &not_a_plugin)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("refused"), "{stderr}");
+    assert!(stderr.contains("$DFX_PLUGIN"), "{stderr}");
+    assert!(stderr.contains(not_a_plugin.to_str().unwrap()), "{stderr}");
+}

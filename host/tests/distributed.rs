@@ -153,3 +153,16 @@ async fn a_plan_without_aggregate_is_one_whole_stage() {
     assert_eq!(result.stage_ids(), vec![1]);
     assert_eq!(result.task_rows.values().sum::<usize>(), 4);
 }
+
+#[tokio::test]
+async fn a_capped_fan_out_still_runs_every_task() {
+    let fixture = Fixture::new();
+    let host = host().max_workers(Some(1));
+    let result = host
+        .run_distributed(UNION, &fixture.distributed_spec("shuffle"))
+        .await
+        .unwrap();
+    assert_eq!(rows(&result.batches), union_expected());
+    assert_eq!(result.tasks.len(), 8);
+    assert_eq!(result.task_rows.len(), 8);
+}
