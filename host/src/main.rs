@@ -225,8 +225,13 @@ async fn run(args: RunArgs) -> Result<()> {
         "rows per task (stage/partition=rows): {}",
         per_task.join(" ")
     );
+    let fate = if temp.is_some() {
+        "temporary, removed"
+    } else {
+        "kept"
+    };
     eprintln!(
-        "result: {} row(s); shuffle directory: {}",
+        "result: {} row(s); shuffle directory: {} ({fate})",
         result.rows(),
         dir.display()
     );

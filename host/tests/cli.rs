@@ -40,7 +40,8 @@ fn dfx_run_prints_the_answer_and_a_summary_and_removes_its_temp_directory() {
         .lines()
         .find_map(|l| {
             l.split_once("shuffle directory: ")
-                .map(|(_, d)| PathBuf::from(d))
+                .and_then(|(_, rest)| rest.strip_suffix(" (temporary, removed)"))
+                .map(PathBuf::from)
         })
         .expect("the summary names the shuffle directory");
     assert!(
