@@ -353,6 +353,8 @@ impl PhysicalExtensionCodec for CodecChain {
 mod tests {
     use super::*;
 
+    // The expected bytes are those datafusion-python 55.0.0 wrote around a
+    // payload of a codec installed as "dfx_engine.physical.v1".
     #[test]
     fn frame_layout_matches_the_documented_one() {
         let mut buf = Vec::new();
