@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use datafusion::arrow::record_batch::RecordBatch;
+use dfx_host::dispatch::WorkerCommand;
 use dfx_host::{Envelope, Host, HostError, Result, SessionSpec, load_plugin, run_task};
 
 /// Distributed SQL over Parquet with the dfx plugin.
@@ -65,6 +66,18 @@ struct RunArgs {
     /// At most this many workers at once (default: all tasks at once).
     #[arg(long, value_name = "N")]
     max_workers: Option<usize>,
+    /// Start workers with PROGRAM instead of `<this executable> worker`; the
+    /// envelope path is its last argument (e.g. another host's worker).
+    #[arg(long, value_name = "PROGRAM")]
+    worker: Option<PathBuf>,
+    /// An argument for --worker's PROGRAM, before the envelope path. Repeatable.
+    #[arg(
+        long = "worker-arg",
+        value_name = "ARG",
+        allow_hyphen_values = true,
+        requires = "worker"
+    )]
+    worker_args: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -121,13 +134,18 @@ async fn main() -> ExitCode {
                 .map_err(HostError::from),
         }
     };
-    // On Ctrl-C the `work` future is dropped, which kills every worker it
-    // started (they are `kill_on_drop`) before the process exits.
+    // On Ctrl-C (or SIGTERM) the `work` future is dropped, which kills every
+    // worker it started (they are `kill_on_drop`) and removes a temporary
+    // shuffle directory, before the process exits.
     let outcome = tokio::select! {
         outcome = work => outcome,
         _ = tokio::signal::ctrl_c() => {
             eprintln!("dfx: interrupted; workers stopped");
             return ExitCode::from(130);
+        }
+        _ = terminated() => {
+            eprintln!("dfx: terminated; workers stopped");
+            return ExitCode::from(143);
         }
     };
     match outcome {
@@ -136,6 +154,17 @@ async fn main() -> ExitCode {
             eprintln!("dfx: error: {err}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Resolves when the process receives SIGTERM; never if it cannot listen.
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            term.recv().await;
+        }
+        Err(_) => std::future::pending().await,
     }
 }
 
@@ -170,9 +199,18 @@ fn shuffle_dir(args: &QueryArgs) -> Result<(PathBuf, Option<tempfile::TempDir>)>
 async fn run(args: RunArgs) -> Result<()> {
     let started = Instant::now();
     let plugin = load_plugin(args.query.plugin.as_deref())?;
-    let host = Host::new(plugin)?
-        .max_workers(args.max_workers)
-        .progress(true);
+    let host = match &args.worker {
+        Some(program) => {
+            let command = args
+                .worker_args
+                .iter()
+                .fold(WorkerCommand::new(program), |command, arg| command.arg(arg));
+            Host::with_worker(plugin, command)
+        }
+        None => Host::new(plugin)?,
+    }
+    .max_workers(args.max_workers)
+    .progress(true);
     let spec = spec_of(&args.query)?;
     if args.query.local {
         let batches = host.run_local(&args.query.sql, &spec).await?;

@@ -261,3 +261,68 @@ fn the_plugin_is_found_beside_the_executable_and_a_refused_file_is_named() {
     assert!(stderr.contains("$DFX_PLUGIN"), "{stderr}");
     assert!(stderr.contains(not_a_plugin.to_str().unwrap()), "{stderr}");
 }
+
+/// Whether this process ignores SIGINT (a background job of a non-interactive
+/// shell does, and its children inherit that, so Ctrl-C cannot be simulated).
+fn sigint_ignored() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigIgn:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (2 - 1)) != 0)
+}
+
+#[test]
+fn an_interrupted_driver_leaves_no_worker_running() {
+    let fixture = Fixture::new();
+    let table = format!("lineitem={}", fixture.table_dir().display());
+    let shuffle = fixture.shuffle_dir("interrupted");
+    // Workers that never finish, each naming its envelope on its command line.
+    let mut driver = Command::new(dfx_bin())
+        .args([
+            "run",
+            "--table",
+            &table,
+            "--shuffle-dir",
+            shuffle.to_str().unwrap(),
+        ])
+        .args(["--worker", "/bin/sh", "--worker-arg", "-c"])
+        .args([
+            "--worker-arg",
+            r#"exec tail -f /dev/null "$1""#,
+            "--worker-arg",
+            "sh",
+        ])
+        .arg(BY_FLAG)
+        .env("DFX_PLUGIN", plugin_path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let marker = shuffle.join("tasks").to_str().unwrap().to_string();
+    assert!(
+        eventually(|| live_processes_mentioning(&marker).len() == 4),
+        "four workers never started"
+    );
+    let (signal, code) = if sigint_ignored() {
+        ("-TERM", 143)
+    } else {
+        ("-INT", 130)
+    };
+    let killed = Command::new("kill")
+        .args([signal, &driver.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = driver.wait().unwrap();
+    assert_eq!(status.code(), Some(code));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut driver.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("workers stopped"), "{stderr}");
+    assert!(
+        eventually(|| live_processes_mentioning(&marker).is_empty()),
+        "workers outlived their driver: {:?}",
+        live_processes_mentioning(&marker)
+    );
+}
