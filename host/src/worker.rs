@@ -12,10 +12,10 @@
 //! 6. execute the partition and drain it: the stage node writes its file;
 //! 7. report `{"stage_id", "partition", "rows"}`.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
-use datafusion_proto::physical_plan::DefaultPhysicalProtoConverter;
 use dfx_abi::Plugin;
 use futures::StreamExt;
 
@@ -83,11 +83,8 @@ pub async fn run_task(plugin: &Plugin, envelope: &Envelope) -> Result<WorkerRepo
 /// Refuse a stage that would publish outside the envelope's shuffle directory.
 ///
 /// The stage node keeps its directory inside itself (it travelled in the
-/// encoded plan), and across FFI the host sees only the node's name. So the
-/// directory is read back the only way the host can: by asking the plugin's
-/// codec to encode the decoded node again and checking that its payload ends
-/// with the expected directory — the last field of the codec's payload.
-/// (Interim: an accessor exported by the plugin would make this exact.)
+/// encoded plan), and across FFI the host sees only the node's name, so the
+/// plugin is asked what its node carries.
 fn check_shuffle_dir(
     session: &DfxSession,
     stage: &Arc<dyn ExecutionPlan>,
@@ -98,36 +95,18 @@ fn check_shuffle_dir(
             "{task}: the envelope's spec has no shuffle directory, so no stage may run"
         ))
     })?;
-    let plugin = session.plugin();
-    let codec = session
-        .codec()
-        .installed(plugin.codec_id())
-        .ok_or_else(|| {
-            HostError::Invalid(format!(
-                "{task}: the session lacks the plugin's codec {}",
-                plugin.codec_id()
-            ))
-        })?;
-    let mut payload = Vec::new();
-    codec
-        .try_encode(
-            Arc::clone(stage),
-            &mut payload,
-            &DefaultPhysicalProtoConverter {},
-        )
-        .context(|| format!("{task}: cannot read the stage's shuffle directory back"))?;
-    let expected_bytes = expected.as_os_str().as_encoded_bytes();
-    // The directory ends the payload, right after its length. A path never
-    // holds a NUL byte and the length's high byte is NUL for any real path,
-    // so "ends with the expected directory, preceded by NUL" cannot be
-    // satisfied by a longer path that merely ends the same way.
-    let boundary = payload.len().checked_sub(expected_bytes.len() + 1);
-    if payload.ends_with(expected_bytes) && boundary.is_some_and(|at| payload[at] == 0) {
+    let info = session
+        .plugin()
+        .stage_info(stage)
+        .context(|| format!("{task}: cannot read the stage's shuffle directory"))?;
+    if Path::new(info.shuffle_dir.as_str()) == expected {
         return Ok(());
     }
     Err(HostError::Invalid(format!(
-        "{task}: refusing a stage whose shuffle directory differs from the envelope's {}; a plan \
-         must not make a worker write outside its query's directory",
+        "{task}: refusing a stage whose shuffle directory differs from the envelope's: the \
+         stage names {}, the envelope's spec {}; a plan must not make a worker write outside \
+         its query's directory",
+        info.shuffle_dir,
         expected.display()
     )))
 }
