@@ -18,7 +18,12 @@ from datafusion import SessionConfig, SessionContext, udaf, udf
 
 from dfx_engine import _internal
 
-__all__ = ["SessionSpec", "build_session", "expected_codec_ids"]
+__all__ = [
+    "SessionSpec",
+    "build_session",
+    "effective_target_partitions",
+    "expected_codec_ids",
+]
 
 WORK_STEALING = "datafusion.execution.enable_file_stream_work_stealing"
 """DataFusion 55's run-time rebalancing of files between sibling partitions."""
@@ -107,6 +112,33 @@ def codec_ids_of(data: dict[str, Any] | str) -> list[str] | None:
     return list(ids) if isinstance(ids, list) else None
 
 
+def effective_target_partitions(spec: SessionSpec) -> int:
+    """``spec.target_partitions``, raised to the file count of its largest table.
+
+    A task is one partition of a stage and the unit of work over a table is a
+    file, so a table of N Parquet files scans as N partitions. DataFusion
+    groups a table's files into ``target_partitions`` groups, and only the
+    session config reaches the plugin's planner, so the floor is raised here.
+    The Rust host applies the same rule, so one spec plans alike in both.
+
+    Raises:
+        FileNotFoundError: If a table's directory does not exist or holds no
+            Parquet file.
+    """
+    partitions = max(spec.target_partitions, 1)
+    for name, directory in sorted(spec.tables.items()):
+        path = pathlib.Path(directory)
+        if not path.is_dir():
+            message = f"table {name!r}: {directory} is not a directory"
+            raise FileNotFoundError(message)
+        files = [f for f in path.iterdir() if f.suffix == ".parquet" and f.is_file()]
+        if not files:
+            message = f"table {name!r}: no .parquet files in {directory}"
+            raise FileNotFoundError(message)
+        partitions = max(partitions, len(files))
+    return partitions
+
+
 def build_session(
     spec: SessionSpec,
 ) -> tuple[SessionContext, _internal.DfxEngineExtension]:
@@ -134,7 +166,7 @@ def build_session(
     """
     config = (
         SessionConfig()
-        .with_target_partitions(spec.target_partitions)
+        .with_target_partitions(effective_target_partitions(spec))
         # Off, or a worker running partition 0 alone would steal every file of
         # its sibling partitions (which no process polls) and the answer would
         # count those rows once per worker.
@@ -150,11 +182,7 @@ def build_session(
         ctx.register_udaf(udaf(function))
 
     for name, directory in sorted(spec.tables.items()):
-        path = pathlib.Path(directory)
-        if not path.is_dir():
-            message = f"table {name!r}: {directory} is not a directory"
-            raise FileNotFoundError(message)
-        ctx.register_parquet(name, str(path))
+        ctx.register_parquet(name, directory)
 
     found = ctx.physical_extension_codec_ids()
     expected = expected_codec_ids()
