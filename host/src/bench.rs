@@ -215,8 +215,7 @@ pub async fn timed_task(plugin_path: Option<&Path>, envelope: &Path) -> Result<(
     steps.session_build_us = micros(t);
 
     let t = Instant::now();
-    let bytes =
-        std::fs::read(&envelope.plan).map_err(|e| TpchError::io(&envelope.plan, e))?;
+    let bytes = std::fs::read(&envelope.plan).map_err(|e| TpchError::io(&envelope.plan, e))?;
     let stage = session.decode(&bytes)?;
     steps.decode_us = micros(t);
 
@@ -309,16 +308,14 @@ fn write_empty_table(dir: &Path) -> Result<PathBuf, TpchError> {
     let path = table.join("part-1.parquet");
     let file = std::fs::File::create(&path).map_err(|e| TpchError::io(&path, e))?;
     let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, true)]));
-    let writer = ArrowWriter::try_new(file, schema, None).map_err(|e| TpchError::parquet(&path, e))?;
+    let writer =
+        ArrowWriter::try_new(file, schema, None).map_err(|e| TpchError::parquet(&path, e))?;
     writer.close().map_err(|e| TpchError::parquet(&path, e))?;
     Ok(table)
 }
 
 /// Output of one finished child: (stdout, stderr), or why it failed.
-async fn run_child(
-    mut command: tokio::process::Command,
-    what: &str,
-) -> Result<String, TpchError> {
+async fn run_child(mut command: tokio::process::Command, what: &str) -> Result<String, TpchError> {
     command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -344,7 +341,11 @@ async fn run_child(
 ///
 /// # Errors
 /// A task that fails or reports unreadably, or files that cannot be written.
-pub async fn overhead(plugin: &Plugin, program: &Path, tasks: usize) -> Result<OverheadReport, TpchError> {
+pub async fn overhead(
+    plugin: &Plugin,
+    program: &Path,
+    tasks: usize,
+) -> Result<OverheadReport, TpchError> {
     if tasks == 0 {
         return Err(TpchError::Invalid("--tasks must be at least 1".to_string()));
     }
@@ -376,11 +377,13 @@ pub async fn overhead(plugin: &Plugin, program: &Path, tasks: usize) -> Result<O
             .find(|l| !l.trim().is_empty())
             .unwrap_or_default();
         // The contract part must parse as a plain worker report too.
-        WorkerReport::parse(&stdout).map_err(|e| {
-            TpchError::Invalid(format!("timed task {}: {e}", i + 1))
-        })?;
+        WorkerReport::parse(&stdout)
+            .map_err(|e| TpchError::Invalid(format!("timed task {}: {e}", i + 1)))?;
         let report: TimedReport = serde_json::from_str(line.trim()).map_err(|e| {
-            TpchError::Invalid(format!("timed task {}: unreadable timings {line:?}: {e}", i + 1))
+            TpchError::Invalid(format!(
+                "timed task {}: unreadable timings {line:?}: {e}",
+                i + 1
+            ))
         })?;
         let mut steps = report.steps;
         steps.report_us = exited_ns.saturating_sub(report.report_at_ns) as f64 / 1e3;

@@ -296,11 +296,12 @@ pub fn compare(expected: &[Row], actual: &[Row], order: &RowOrder) -> Result<(),
         RowOrder::ByColumns(keys) => {
             // Walk runs of rows that tie on every key in the expected answer;
             // inside a run any order is right, across runs the order is checked.
-            let key_agrees =
-                |a: &Row, b: &Row| keys.iter().all(|&k| match (a.get(k), b.get(k)) {
+            let key_agrees = |a: &Row, b: &Row| {
+                keys.iter().all(|&k| match (a.get(k), b.get(k)) {
                     (Some(x), Some(y)) => x.agrees(y),
                     _ => false,
-                });
+                })
+            };
             let mut start = 0;
             while start < expected.len() {
                 let mut end = start + 1;
@@ -364,7 +365,10 @@ mod tests {
             "expected 1 rows, found 0"
         );
         let err = compare(&e, &[row(1, 1.1)], &RowOrder::Unordered).unwrap_err();
-        assert!(err.0.contains("expected [1, 1]") && err.0.contains("found [1, 1.1]"), "{err}");
+        assert!(
+            err.0.contains("expected [1, 1]") && err.0.contains("found [1, 1.1]"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -153,7 +153,9 @@ pub fn ensure_dataset(
     // Unique per writer, or two concurrent runs would write into each other's files.
     let staging = data_dir.join(format!(
         ".{}.tmp-{}",
-        root.file_name().and_then(|n| n.to_str()).unwrap_or("dataset"),
+        root.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("dataset"),
         std::process::id()
     ));
     if staging.exists() {
@@ -168,11 +170,8 @@ pub fn ensure_dataset(
         return Err(e);
     }
     let marker = staging.join(COMPLETE_MARKER);
-    fs::write(
-        &marker,
-        format!("scale={scale}\npartitions={partitions}\n"),
-    )
-    .map_err(|e| TpchError::io(&marker, e))?;
+    fs::write(&marker, format!("scale={scale}\npartitions={partitions}\n"))
+        .map_err(|e| TpchError::io(&marker, e))?;
     match fs::rename(&staging, &root) {
         Ok(()) => Ok((dataset, Provenance::Generated)),
         // Another run finished the same dataset first: theirs is as good as ours.
@@ -302,9 +301,7 @@ fn reader(
             scale, part, parts,
         ))),
         other => {
-            return Err(TpchError::Invalid(format!(
-                "unknown TPC-H table {other:?}"
-            )));
+            return Err(TpchError::Invalid(format!("unknown TPC-H table {other:?}")));
         }
     })
 }

@@ -55,6 +55,10 @@ pub struct TpchArgs {
     /// Also write the figures as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Seconds one run of one query may take; a run past it is stopped (its
+    /// workers killed) and the query reported as timed out.
+    #[arg(long, default_value_t = 300, value_name = "SECS")]
+    pub timeout: u64,
     /// The plugin file (default: $DFX_PLUGIN, else beside this executable).
     #[arg(long, value_name = "PATH")]
     pub plugin: Option<PathBuf>,
@@ -81,7 +85,8 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
     let queries = queries::parse_selection(&args.queries)?;
     let plugin = crate::load_plugin(args.plugin.as_deref())?;
     let host = crate::Host::new(plugin)?;
-    let data_dir = std::path::absolute(&args.data_dir).map_err(|e| TpchError::io(&args.data_dir, e))?;
+    let data_dir =
+        std::path::absolute(&args.data_dir).map_err(|e| TpchError::io(&args.data_dir, e))?;
     let options = TpchOptions {
         scale: args.scale,
         partitions: args.partitions,
@@ -89,6 +94,7 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
         data_dir,
         runs: args.runs,
         progress: true,
+        timeout: std::time::Duration::from_secs(args.timeout.max(1)),
     };
     let report = run_tpch(&host, &options).await?;
     println!(

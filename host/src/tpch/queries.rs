@@ -14,28 +14,94 @@ pub struct Query {
 
 /// Every TPC-H query, in number order.
 pub const QUERIES: [Query; 22] = [
-    Query { number: 1, sql: include_str!("../../queries/q1.sql") },
-    Query { number: 2, sql: include_str!("../../queries/q2.sql") },
-    Query { number: 3, sql: include_str!("../../queries/q3.sql") },
-    Query { number: 4, sql: include_str!("../../queries/q4.sql") },
-    Query { number: 5, sql: include_str!("../../queries/q5.sql") },
-    Query { number: 6, sql: include_str!("../../queries/q6.sql") },
-    Query { number: 7, sql: include_str!("../../queries/q7.sql") },
-    Query { number: 8, sql: include_str!("../../queries/q8.sql") },
-    Query { number: 9, sql: include_str!("../../queries/q9.sql") },
-    Query { number: 10, sql: include_str!("../../queries/q10.sql") },
-    Query { number: 11, sql: include_str!("../../queries/q11.sql") },
-    Query { number: 12, sql: include_str!("../../queries/q12.sql") },
-    Query { number: 13, sql: include_str!("../../queries/q13.sql") },
-    Query { number: 14, sql: include_str!("../../queries/q14.sql") },
-    Query { number: 15, sql: include_str!("../../queries/q15.sql") },
-    Query { number: 16, sql: include_str!("../../queries/q16.sql") },
-    Query { number: 17, sql: include_str!("../../queries/q17.sql") },
-    Query { number: 18, sql: include_str!("../../queries/q18.sql") },
-    Query { number: 19, sql: include_str!("../../queries/q19.sql") },
-    Query { number: 20, sql: include_str!("../../queries/q20.sql") },
-    Query { number: 21, sql: include_str!("../../queries/q21.sql") },
-    Query { number: 22, sql: include_str!("../../queries/q22.sql") },
+    Query {
+        number: 1,
+        sql: include_str!("../../queries/q1.sql"),
+    },
+    Query {
+        number: 2,
+        sql: include_str!("../../queries/q2.sql"),
+    },
+    Query {
+        number: 3,
+        sql: include_str!("../../queries/q3.sql"),
+    },
+    Query {
+        number: 4,
+        sql: include_str!("../../queries/q4.sql"),
+    },
+    Query {
+        number: 5,
+        sql: include_str!("../../queries/q5.sql"),
+    },
+    Query {
+        number: 6,
+        sql: include_str!("../../queries/q6.sql"),
+    },
+    Query {
+        number: 7,
+        sql: include_str!("../../queries/q7.sql"),
+    },
+    Query {
+        number: 8,
+        sql: include_str!("../../queries/q8.sql"),
+    },
+    Query {
+        number: 9,
+        sql: include_str!("../../queries/q9.sql"),
+    },
+    Query {
+        number: 10,
+        sql: include_str!("../../queries/q10.sql"),
+    },
+    Query {
+        number: 11,
+        sql: include_str!("../../queries/q11.sql"),
+    },
+    Query {
+        number: 12,
+        sql: include_str!("../../queries/q12.sql"),
+    },
+    Query {
+        number: 13,
+        sql: include_str!("../../queries/q13.sql"),
+    },
+    Query {
+        number: 14,
+        sql: include_str!("../../queries/q14.sql"),
+    },
+    Query {
+        number: 15,
+        sql: include_str!("../../queries/q15.sql"),
+    },
+    Query {
+        number: 16,
+        sql: include_str!("../../queries/q16.sql"),
+    },
+    Query {
+        number: 17,
+        sql: include_str!("../../queries/q17.sql"),
+    },
+    Query {
+        number: 18,
+        sql: include_str!("../../queries/q18.sql"),
+    },
+    Query {
+        number: 19,
+        sql: include_str!("../../queries/q19.sql"),
+    },
+    Query {
+        number: 20,
+        sql: include_str!("../../queries/q20.sql"),
+    },
+    Query {
+        number: 21,
+        sql: include_str!("../../queries/q21.sql"),
+    },
+    Query {
+        number: 22,
+        sql: include_str!("../../queries/q22.sql"),
+    },
 ];
 
 /// The query numbered `number`, if it is one of the 22.
@@ -125,7 +191,12 @@ mod tests {
             );
             let statements = datafusion::sql::parser::DFParser::parse_sql(q.sql)
                 .unwrap_or_else(|e| panic!("q{}.sql does not parse: {e}", q.number));
-            assert_eq!(statements.len(), 1, "q{}.sql is not one statement", q.number);
+            assert_eq!(
+                statements.len(),
+                1,
+                "q{}.sql is not one statement",
+                q.number
+            );
         }
     }
 }

@@ -229,16 +229,29 @@ mod tests {
             vec![
                 q(1, Some(2.0), Outcome::Agree),
                 q(2, None, Outcome::DistributedFailed("not supported".into())),
-                q(3, Some(8.0), Outcome::Mismatch("expected 1 rows, found 2".into())),
+                q(
+                    3,
+                    Some(8.0),
+                    Outcome::Mismatch("expected 1 rows, found 2".into()),
+                ),
             ],
         );
         assert_eq!(report.mismatches, 1);
         assert_eq!(report.failures, 1);
         assert!((report.geomean_ratio.unwrap() - 4.0).abs() < 1e-12);
         let table = report.table();
-        assert!(table.contains("| q1 | 4 | 10.0 | 20.0 | 2.00 | 1 | 2 | agree |"), "{table}");
-        assert!(table.contains("cannot run distributed: not supported"), "{table}");
-        assert!(table.contains("MISMATCH: expected 1 rows, found 2"), "{table}");
+        assert!(
+            table.contains("| q1 | 4 | 10.0 | 20.0 | 2.00 | 1 | 2 | agree |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("cannot run distributed: not supported"),
+            "{table}"
+        );
+        assert!(
+            table.contains("MISMATCH: expected 1 rows, found 2"),
+            "{table}"
+        );
         assert!(table.contains("4.00 (over 2 of 3 queries)"), "{table}");
     }
 

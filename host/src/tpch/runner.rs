@@ -1,15 +1,15 @@
 //! Run TPC-H queries both ways, time them, and check the answers agree.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use datafusion::arrow::record_batch::RecordBatch;
 
+use super::TpchError;
 use super::compare::{RowOrder, compare, row_order, rows_of};
 use super::datagen::{Dataset, Provenance, ensure_dataset};
 use super::queries::query;
 use super::report::{Outcome, QueryReport, RunReport, first_line, median};
-use super::TpchError;
 use crate::{Host, HostError, SessionSpec, build_session};
 
 /// What to run.
@@ -27,6 +27,9 @@ pub struct TpchOptions {
     pub runs: usize,
     /// Progress on stderr (data generation bar, one line per query).
     pub progress: bool,
+    /// Longest a single run of a query may take before it is abandoned
+    /// (its workers are killed) and reported as timed out.
+    pub timeout: Duration,
 }
 
 /// Generate (or reuse) the data, then run every selected query with `host`.
@@ -42,7 +45,7 @@ pub async fn run_tpch(host: &Host, options: &TpchOptions) -> Result<RunReport, T
     let spec = SessionSpec::new(dataset.tables()).with_target_partitions(options.partitions);
     let mut reports = Vec::new();
     for &number in &options.queries {
-        let report = run_query(host, &spec, number, options.runs).await?;
+        let report = run_query(host, &spec, number, options.runs, options.timeout).await?;
         if options.progress {
             eprintln!(
                 "q{number}: {} (single-process {}, distributed {})",
@@ -71,11 +74,10 @@ async fn prepare_data(options: &TpchOptions) -> Result<Dataset, TpchError> {
         options.partitions,
         options.progress,
     );
-    let (dataset, provenance) = tokio::task::spawn_blocking(move || {
-        ensure_dataset(&dir, scale, partitions, progress)
-    })
-    .await
-    .map_err(|e| TpchError::Invalid(format!("data generation did not finish: {e}")))??;
+    let (dataset, provenance) =
+        tokio::task::spawn_blocking(move || ensure_dataset(&dir, scale, partitions, progress))
+            .await
+            .map_err(|e| TpchError::Invalid(format!("data generation did not finish: {e}")))??;
     if options.progress {
         let how = match provenance {
             Provenance::Cached => "reusing",
@@ -97,6 +99,7 @@ pub async fn run_query(
     spec: &SessionSpec,
     number: u8,
     runs: usize,
+    timeout: Duration,
 ) -> Result<QueryReport, TpchError> {
     let sql = query(number)
         .ok_or_else(|| TpchError::Invalid(format!("no TPC-H query {number}")))?
@@ -124,7 +127,7 @@ pub async fn run_query(
     let mut expected: Option<Vec<RecordBatch>> = None;
     for _ in 0..runs {
         let started = Instant::now();
-        match host.run_local(sql, spec).await {
+        match within(timeout, host.run_local(sql, spec)).await {
             Ok(batches) => {
                 local_times.push(millis(started));
                 expected.get_or_insert(batches);
@@ -150,7 +153,8 @@ pub async fn run_query(
             .map_err(|e| TpchError::io(&std::env::temp_dir(), e))?;
         let run_spec = spec.clone().with_shuffle_dir(shuffle.path());
         let started = Instant::now();
-        match host.run_distributed(sql, &run_spec).await {
+        // Dropping the run on timeout kills its workers (they are kill_on_drop).
+        match within(timeout, host.run_distributed(sql, &run_spec)).await {
             Ok(result) => {
                 distributed_times.push(millis(started));
                 report.stages = Some(result.stage_ids().len());
@@ -190,6 +194,20 @@ async fn ordering_of(host: &Host, spec: &SessionSpec, sql: &str) -> Result<RowOr
         .await
         .map_err(|e| HostError::datafusion("cannot plan the query", e))?;
     Ok(row_order(&plan))
+}
+
+/// `work`, or a timeout error once `limit` has passed.
+async fn within<T>(
+    limit: Duration,
+    work: impl std::future::Future<Output = Result<T, HostError>>,
+) -> Result<T, HostError> {
+    match tokio::time::timeout(limit, work).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(HostError::Invalid(format!(
+            "timed out after {:.0} s (raise --timeout to wait longer)",
+            limit.as_secs_f64()
+        ))),
+    }
 }
 
 fn millis(started: Instant) -> f64 {
