@@ -64,7 +64,7 @@ async fn a_panic_inside_the_plugin_becomes_an_error_and_the_host_survives() {
     assert!(
         path.exists(),
         "{} does not exist: build the plugin with `--features test-hooks` and copy it there \
-         (ffi-tests/run-suite.sh does), or set DFX_PLUGIN_TEST_HOOKS",
+         (ffi-tests/build-plugins.sh does), or set DFX_PLUGIN_TEST_HOOKS",
         path.display()
     );
     let hooks = dfx_abi::load(&path).unwrap_or_else(|err| panic!("{err}"));
