@@ -4,11 +4,14 @@
 //! Every constructor counts its calls in an exported static and then returns
 //! an error: a test reads the count through `dlsym` (data, not code) and so
 //! proves that a refusing host never called into the library.
+//!
+//! Every field of `dfx_abi::DfxPlugin` is set here, so a field added to the
+//! root module needs one counting function below (the compiler says which).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use abi_stable::prefix_type::PrefixTypeTrait;
-use abi_stable::std_types::{RResult, RStr, RString, RVec};
+use abi_stable::std_types::{RResult, RSlice, RStr, RString, RVec};
 use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
 use datafusion_ffi::execution::FFI_TaskContextProvider;
 use datafusion_ffi::execution_plan::FFI_ExecutionPlan;
@@ -17,7 +20,7 @@ use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use datafusion_ffi::query_planner::FFI_QueryPlanner;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
-use dfx_abi::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
+use dfx_abi::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, DfxStagePayload, FfiResult};
 
 /// Calls of the root-module initializer (abi_stable runs it to read the
 /// declared versions; that is data, not behaviour).
@@ -88,6 +91,10 @@ extern "C" fn stage_info(_plan: FFI_ExecutionPlan) -> FfiResult<DfxStageInfo> {
     called()
 }
 
+extern "C" fn encoded_stage_info(_plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStagePayload> {
+    called()
+}
+
 /// A dfx root module that declares `dfx_abi_version` and
 /// `datafusion_ffi_major` as given, every function of which only counts.
 pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPluginRef {
@@ -111,6 +118,7 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         counters,
         panic_probe,
         stage_info,
+        encoded_stage_info,
     }
     .leak_into_prefix()
 }

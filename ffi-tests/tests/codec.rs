@@ -74,6 +74,28 @@ async fn a_stage_decodes_and_executes_in_another_process() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plugin_reads_stage_id_and_directory_from_encoded_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (session, _plan, stage) = stage_of(dir.path(), AGGREGATE_SQL).await;
+    let info = plugin().stage_info(&stage).unwrap();
+    let bytes = session.encode(Arc::clone(&stage)).unwrap();
+    let payload = plugin().encoded_stage_info(&bytes).unwrap();
+    assert_eq!(payload.stage_id, info.stage_id);
+    assert_eq!(payload.shuffle_dir, info.shuffle_dir);
+    // Bytes that are not an encoded stage are an error, not a crash.
+    let error = plugin()
+        .encoded_stage_info(b"not a plan")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("dfx"), "{error}");
+    assert!(
+        plugin()
+            .encoded_stage_info(&bytes[..bytes.len() / 2])
+            .is_err()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chain_without_the_plugin_codec_cannot_encode_a_stage() {
     let dir = tempfile::tempdir().unwrap();
     let (_session, _plan, stage) = stage_of(dir.path(), AGGREGATE_SQL).await;
@@ -120,7 +142,7 @@ impl CodecProbe {
 
     /// Decode `payload` with the plugin's codec alone; return its error.
     fn refused(&self, payload: &[u8]) -> String {
-        let child = Arc::clone(&self.stage.children()[0]);
+        let child = Arc::clone(self.stage.children()[0]);
         let result = self.session.plugin_codec.try_decode(
             payload,
             &[child],
@@ -137,7 +159,7 @@ impl CodecProbe {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plugin_codec_decodes_its_own_payload() {
     let probe = CodecProbe::new().await;
-    let child = Arc::clone(&probe.stage.children()[0]);
+    let child = Arc::clone(probe.stage.children()[0]);
     let decoded = probe
         .session
         .plugin_codec
