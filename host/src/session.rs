@@ -310,6 +310,13 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
         .options_mut()
         .execution
         .enable_file_stream_work_stealing = false;
+    // A hash join's dynamic filter waits until *every* partition of the join
+    // has reported its build side; a worker executes one partition, so with
+    // the filter on every stage holding a join hangs forever.
+    config
+        .options_mut()
+        .optimizer
+        .enable_join_dynamic_filter_pushdown = false;
     let options = plugin
         .config_options()
         .context(|| plugin_what("cannot build its config extension"))?;
