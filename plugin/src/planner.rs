@@ -55,8 +55,18 @@ impl QueryPlanner for DfxQueryPlanner {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         counters::planner_called();
         let shuffle_dir = DfxConfig::from_config(session.config_options())?.shuffle_dir();
+        let mut config = session.config().clone();
+        if shuffle_dir.is_some() {
+            // A hash join's dynamic filter waits until every partition of the
+            // join has built its side; a task executes one partition, so a
+            // stage holding such a join would wait forever.
+            config
+                .options_mut()
+                .optimizer
+                .enable_join_dynamic_filter_pushdown = false;
+        }
         let state = SessionStateBuilder::new()
-            .with_config(session.config().clone())
+            .with_config(config)
             .with_runtime_env(Arc::clone(session.runtime_env()))
             .with_default_features()
             .build();

@@ -156,35 +156,10 @@ async fn the_functions_answer_by_hand() -> Result<()> {
 /// publish the whole table. Each task must publish only its own files' rows.
 #[tokio::test]
 async fn a_task_reads_only_its_own_files() -> Result<()> {
-    use datafusion::prelude::ParquetReadOptions;
-
-    let data = temp_dir();
-    let writer_ctx = datafusion::prelude::SessionContext::new();
-    // Four files of two rows: with two partitions each task owns two files.
-    for file in 0..4 {
-        let df = writer_ctx
-            .sql(&format!(
-                "SELECT * FROM (VALUES ({file}, 1.0), ({file}, 2.0)) AS v(k, v)"
-            ))
-            .await?;
-        df.write_parquet(
-            &data
-                .path()
-                .join(format!("part-{file}.parquet"))
-                .to_string_lossy(),
-            datafusion::dataframe::DataFrameWriteOptions::new(),
-            None,
-        )
-        .await?;
-    }
     let shuffle = temp_dir();
     let ctx = session(Some(shuffle.path()))?;
-    ctx.register_parquet(
-        "files",
-        &data.path().to_string_lossy(),
-        ParquetReadOptions::default(),
-    )
-    .await?;
+    // Four files of two rows: with two partitions each task owns two files.
+    let _data = parquet_table(&ctx, "files", 4, 2).await?;
     let plan = ctx
         .sql("SELECT k, v FROM files")
         .await?
@@ -204,5 +179,73 @@ async fn a_task_reads_only_its_own_files() -> Result<()> {
         rows += batch?.num_rows();
     }
     assert_eq!(rows, 4, "partition 1 owns two files of two rows");
+    Ok(())
+}
+
+/// Register `name` as a Parquet table of `files` files, each holding keys
+/// `0..rows` and a value column.
+async fn parquet_table(
+    ctx: &datafusion::prelude::SessionContext,
+    name: &str,
+    files: usize,
+    rows: usize,
+) -> Result<tempfile::TempDir> {
+    let data = temp_dir();
+    let writer = datafusion::prelude::SessionContext::new();
+    for file in 0..files {
+        let df = writer
+            .sql(&format!(
+                "SELECT value AS k, value * {file} AS v FROM generate_series(0, {}) AS s(value)",
+                rows - 1
+            ))
+            .await?;
+        df.write_parquet(
+            &data
+                .path()
+                .join(format!("part-{file}.parquet"))
+                .to_string_lossy(),
+            datafusion::dataframe::DataFrameWriteOptions::new(),
+            None,
+        )
+        .await?;
+    }
+    ctx.register_parquet(
+        name,
+        &data.path().to_string_lossy(),
+        datafusion::prelude::ParquetReadOptions::default(),
+    )
+    .await?;
+    Ok(data)
+}
+
+/// A stage holding a partitioned hash join runs one partition alone, as a
+/// task does. With the join's dynamic filter (which waits for every partition
+/// of the join) it would never finish; the planner turns the filter off when
+/// it distributes. The timeout only turns a hang into a failure.
+#[tokio::test]
+async fn a_task_with_a_partitioned_join_finishes_alone() -> Result<()> {
+    let dir = temp_dir();
+    let ctx = session(Some(dir.path()))?;
+    let _left = parquet_table(&ctx, "l", 2, 100).await?;
+    let _right = parquet_table(&ctx, "r", 2, 100).await?;
+    // Force a partitioned join, not a broadcast of the small side.
+    ctx.sql("SET datafusion.optimizer.hash_join_single_partition_threshold = 0")
+        .await?;
+    ctx.sql("SET datafusion.optimizer.hash_join_single_partition_threshold_rows = 0")
+        .await?;
+    let sql = "SELECT count(*) FROM l JOIN r ON l.k = r.k AND l.v = r.v";
+    let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+    assert!(text(&plan).contains("mode=Partitioned"), "{}", text(&plan));
+    let stage = Arc::clone(&stages(&plan)[0]);
+    let run_one_partition = async {
+        let mut stream = stage.execute(0, ctx.task_ctx())?;
+        while let Some(batch) = stream.next().await {
+            batch?;
+        }
+        Ok::<_, datafusion::common::DataFusionError>(())
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), run_one_partition)
+        .await
+        .expect("partition 0 of the join stage never finished")?;
     Ok(())
 }
