@@ -312,11 +312,12 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
         .enable_file_stream_work_stealing = false;
     // A hash join's dynamic filter waits until *every* partition of the join
     // has reported its build side; a worker executes one partition, so with
-    // the filter on every stage holding a join hangs forever.
-    config
-        .options_mut()
-        .optimizer
-        .enable_join_dynamic_filter_pushdown = false;
+    // the filter on every stage holding a join hangs forever. The umbrella
+    // switch goes off too: the config crosses FFI as a key/value map, and
+    // setting the umbrella `true` there would switch the join filter back on.
+    let optimizer = &mut config.options_mut().optimizer;
+    optimizer.enable_dynamic_filter_pushdown = false;
+    optimizer.enable_join_dynamic_filter_pushdown = false;
     let options = plugin
         .config_options()
         .context(|| plugin_what("cannot build its config extension"))?;
