@@ -318,6 +318,12 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
     let optimizer = &mut config.options_mut().optimizer;
     optimizer.enable_dynamic_filter_pushdown = false;
     optimizer.enable_join_dynamic_filter_pushdown = false;
+    // A join that collects its build side emits the build rows it owes (semi,
+    // anti, outer) only once *every* probe partition has finished; a worker
+    // runs one partition, so no worker would ever emit them. Partitioned
+    // joins own their build rows per partition.
+    optimizer.hash_join_single_partition_threshold = 0;
+    optimizer.hash_join_single_partition_threshold_rows = 0;
     let options = plugin
         .config_options()
         .context(|| plugin_what("cannot build its config extension"))?;
