@@ -324,6 +324,11 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
     // joins own their build rows per partition.
     optimizer.hash_join_single_partition_threshold = 0;
     optimizer.hash_join_single_partition_threshold_rows = 0;
+    // An uncorrelated scalar subquery otherwise runs in a `ScalarSubqueryExec`
+    // above the plan, and the expressions below it that read its value cannot
+    // be decoded without it: a stage cut between the two cannot reach a
+    // worker. As a join, the subquery's value travels like any other column.
+    optimizer.enable_physical_uncorrelated_scalar_subquery = false;
     let options = plugin
         .config_options()
         .context(|| plugin_what("cannot build its config extension"))?;
