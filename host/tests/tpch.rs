@@ -1,0 +1,238 @@
+//! `dfx tpch` and `dfx bench overhead` on the real plugin file and the real
+//! `dfx` binary, at a tiny scale (0.01, two partitions) so a debug build
+//! stays quick.
+//!
+//! Row counts at scale 0.01 are the TPC-H cardinalities times 0.01 (nation
+//! and region are fixed); lineitem's count is not a formula, so it is checked
+//! against tpchgen's own generator and against orders (every order has
+//! between one and seven lines).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
+use dfx_host::SessionSpec;
+use dfx_host::tpch::datagen::{
+    COMPLETE_MARKER, Provenance, TABLES, dataset_dir, ensure_dataset, part_path,
+};
+use dfx_host::tpch::report::Outcome;
+use dfx_host::tpch::runner::run_query;
+use tpchgen::generators::{LineItemGenerator, OrderGenerator};
+
+const SCALE: f64 = 0.01;
+const PARTITIONS: usize = 2;
+
+/// Rows in one Parquet file, from its footer.
+fn parquet_rows(path: &Path) -> i64 {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    SerializedFileReader::new(file)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .metadata()
+        .file_metadata()
+        .num_rows()
+}
+
+fn modified(path: &Path) -> SystemTime {
+    std::fs::metadata(path).and_then(|m| m.modified()).unwrap()
+}
+
+#[test]
+fn generates_one_file_per_partition_with_tpch_row_counts() {
+    let data = tempfile::tempdir().unwrap();
+    let (dataset, how) = ensure_dataset(data.path(), SCALE, PARTITIONS, false).unwrap();
+    assert_eq!(how, Provenance::Generated);
+    assert_eq!(dataset.root, data.path().join("sf0.01-p2"));
+    assert!(dataset.root.join(COMPLETE_MARKER).is_file());
+
+    let expected: BTreeMap<&str, i64> = [
+        ("nation", 25),
+        ("region", 5),
+        ("part", 2_000),
+        ("supplier", 100),
+        ("partsupp", 8_000),
+        ("customer", 1_500),
+        ("orders", 15_000),
+    ]
+    .into();
+    for table in TABLES {
+        let files = if matches!(table, "nation" | "region") {
+            1
+        } else {
+            PARTITIONS
+        };
+        let mut names: Vec<String> = std::fs::read_dir(dataset.table_dir(table))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let wanted: Vec<String> = (1..=files).map(|i| format!("part-{i}.parquet")).collect();
+        assert_eq!(names, wanted, "files of {table}");
+        let total: i64 = (1..=files)
+            .map(|i| parquet_rows(&part_path(&dataset.root, table, i)))
+            .sum();
+        if let Some(&rows) = expected.get(table) {
+            assert_eq!(total, rows, "rows of {table}");
+        }
+    }
+
+    // Each orders part holds the rows tpchgen assigns to that part, and each
+    // lineitem part exactly the lines of those orders.
+    for part in 1..=PARTITIONS {
+        let orders = parquet_rows(&part_path(&dataset.root, "orders", part));
+        assert_eq!(
+            orders,
+            OrderGenerator::calculate_row_count(SCALE, part as i32, PARTITIONS as i32)
+        );
+        let lines = parquet_rows(&part_path(&dataset.root, "lineitem", part));
+        let generated = LineItemGenerator::new(SCALE, part as i32, PARTITIONS as i32)
+            .iter()
+            .count() as i64;
+        assert_eq!(lines, generated, "lineitem part {part}");
+        assert!(
+            (orders..=7 * orders).contains(&lines),
+            "{lines} lines for {orders} orders"
+        );
+    }
+}
+
+#[test]
+fn a_complete_dataset_is_reused_and_an_unmarked_one_redone() {
+    let data = tempfile::tempdir().unwrap();
+    let (first, how) = ensure_dataset(data.path(), SCALE, PARTITIONS, false).unwrap();
+    assert_eq!(how, Provenance::Generated);
+    let lineitem = part_path(&first.root, "lineitem", 1);
+    let stamp = modified(&lineitem);
+
+    let (again, how) = ensure_dataset(data.path(), SCALE, PARTITIONS, false).unwrap();
+    assert_eq!((again, how), (first.clone(), Provenance::Cached));
+    assert_eq!(modified(&lineitem), stamp, "a cached file was rewritten");
+
+    // An interrupted generation: files without the marker are not trusted.
+    std::fs::remove_file(first.root.join(COMPLETE_MARKER)).unwrap();
+    std::fs::write(&lineitem, b"truncated").unwrap();
+    let (_, how) = ensure_dataset(data.path(), SCALE, PARTITIONS, false).unwrap();
+    assert_eq!(how, Provenance::Generated);
+    assert!(parquet_rows(&lineitem) > 0);
+
+    // Another partition count is another dataset beside it.
+    let (other, how) = ensure_dataset(data.path(), SCALE, 3, false).unwrap();
+    assert_eq!(how, Provenance::Generated);
+    assert_eq!(other.root, dataset_dir(data.path(), SCALE, 3));
+    assert!(part_path(&other.root, "orders", 3).is_file());
+    // Nothing else is left in the data directory (no staging directories).
+    let mut entries: Vec<String> = std::fs::read_dir(data.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    entries.sort();
+    assert_eq!(entries, ["sf0.01-p2", "sf0.01-p3"]);
+}
+
+#[test]
+fn invalid_scale_or_partitions_are_refused() {
+    let data = tempfile::tempdir().unwrap();
+    for (scale, partitions) in [(0.0, 2), (-1.0, 2), (f64::NAN, 2), (0.01, 0)] {
+        let err = ensure_dataset(data.path(), scale, partitions, false).unwrap_err();
+        assert!(
+            err.to_string().contains("must be"),
+            "scale {scale} partitions {partitions}: {err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn q1_and_q6_agree_distributed_and_local() {
+    let data = tempfile::tempdir().unwrap();
+    let (dataset, _) = ensure_dataset(data.path(), SCALE, PARTITIONS, false).unwrap();
+    let spec = SessionSpec::new(dataset.tables()).with_target_partitions(PARTITIONS);
+    let host = common::host();
+    for (query, rows) in [(1, 4), (6, 1)] {
+        let report = run_query(&host, &spec, query, 1, Duration::from_secs(300))
+            .await
+            .unwrap();
+        assert_eq!(report.outcome, Outcome::Agree, "q{query}: {report:?}");
+        assert_eq!(report.rows, Some(rows), "q{query}");
+        // One aggregate each: one stage, one task per partition.
+        assert_eq!(report.stages, Some(1), "q{query}");
+        assert_eq!(report.tasks, Some(PARTITIONS), "q{query}");
+        assert!(report.ratio.is_some(), "q{query}");
+    }
+}
+
+#[test]
+fn the_cli_prints_the_table_writes_json_and_exits_zero() {
+    let data = tempfile::tempdir().unwrap();
+    let json = data.path().join("tpch.json");
+    let output = std::process::Command::new(common::dfx_bin())
+        .args([
+            "tpch",
+            "--scale",
+            "0.01",
+            "--partitions",
+            "2",
+            "--queries",
+            "6,14",
+        ])
+        .args(["--runs", "1", "--data-dir"])
+        .arg(data.path())
+        .arg("--json")
+        .arg(&json)
+        .env("DFX_PLUGIN", common::plugin_path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stdout.contains("| q6 | 1 |"), "{stdout}");
+    assert!(stdout.contains("| q14 | 1 |"), "{stdout}");
+    assert!(stdout.contains("geometric mean"), "{stdout}");
+    let figures: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(figures["queries"].as_array().map(Vec::len), Some(2));
+    assert_eq!(figures["mismatches"], 0);
+    assert_eq!(figures["queries"][0]["outcome"]["kind"], "agree");
+}
+
+#[test]
+fn bench_overhead_measures_every_step() {
+    let output = std::process::Command::new(common::dfx_bin())
+        .args(["bench", "overhead", "--tasks", "2"])
+        .env("DFX_PLUGIN", common::plugin_path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    for step in [
+        "process start",
+        "plugin load + handshake",
+        "session build",
+        "decode",
+        "execute",
+        "report + exit",
+        "real `dfx worker`",
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| {step}")))
+            .unwrap_or_else(|| panic!("no {step:?} row in\n{stdout}"));
+        let ms: f64 = line
+            .trim_end_matches('|')
+            .rsplit('|')
+            .next()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{line}: {e}"));
+        assert!(ms.is_finite() && ms >= 0.0, "{line}");
+    }
+}
