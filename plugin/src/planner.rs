@@ -15,6 +15,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::Result;
+use datafusion::common::config::ConfigOptions;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::LogicalPlan;
@@ -57,19 +58,20 @@ impl QueryPlanner for DfxQueryPlanner {
         let shuffle_dir = DfxConfig::from_config(session.config_options())?.shuffle_dir();
         let mut config = session.config().clone();
         if shuffle_dir.is_some() {
-            // A hash join's dynamic filter waits until every partition of the
-            // join has built its side; a task executes one partition, so a
-            // stage holding such a join would wait forever.
-            config
-                .options_mut()
-                .optimizer
-                .enable_join_dynamic_filter_pushdown = false;
+            plan_for_isolated_partitions(config.options_mut());
         }
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(Arc::clone(session.runtime_env()))
             .with_default_features()
             .build();
+        // Optimized again under the settings above: the host optimized the
+        // plan under its own, which may leave uncorrelated scalar subqueries
+        // for a `ScalarSubqueryExec` (see `plan_for_isolated_partitions`).
+        let logical_plan = match shuffle_dir {
+            Some(_) => &state.optimize(logical_plan)?,
+            None => logical_plan,
+        };
         let plan = DefaultPhysicalPlanner::default()
             .create_physical_plan(logical_plan, &state)
             .await?;
@@ -82,6 +84,28 @@ impl QueryPlanner for DfxQueryPlanner {
             }
         }
     }
+}
+
+/// Planner settings under which every partition of a stage can run alone in
+/// its own process, with nothing shared with its siblings. Each one names the
+/// failure it prevents:
+///
+/// - join dynamic filters (and the umbrella switch, which would turn them back
+///   on): a partitioned hash join's filter waits until every partition of the
+///   join has built its side, so a task running one partition waits forever;
+/// - no collected (single-partition) build side: such a join emits the build
+///   rows it owes to semi, anti and outer joins only after every probe
+///   partition finished, which no single task sees, so those rows were lost;
+/// - uncorrelated scalar subqueries planned as joins, not as a
+///   `ScalarSubqueryExec` above the plan: expressions below it read its value
+///   by reference, so a stage cut below it cannot be decoded by a worker.
+fn plan_for_isolated_partitions(options: &mut ConfigOptions) {
+    let optimizer = &mut options.optimizer;
+    optimizer.enable_dynamic_filter_pushdown = false;
+    optimizer.enable_join_dynamic_filter_pushdown = false;
+    optimizer.hash_join_single_partition_threshold = 0;
+    optimizer.hash_join_single_partition_threshold_rows = 0;
+    optimizer.enable_physical_uncorrelated_scalar_subquery = false;
 }
 
 /// Wrap every topmost partial aggregate of `plan` in a stage (or the whole
