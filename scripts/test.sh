@@ -2,7 +2,8 @@
 # The one test command: everything CI checks, from a fresh clone.
 #
 # Builds the plugin file first (every host test loads it from disk), then
-# lints, then runs the Rust suites and the Python suite. Later steps assume
+# lints, then runs the Rust suites (the ABI suite also with a release plugin
+# in a debug host and the reverse) and the Python suite. Later steps assume
 # the earlier ones: a plugin that does not build fails here, not in a host.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,10 +17,11 @@ step "format and lint"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 
-step "Rust tests"
-cargo test --workspace
+step "Rust tests: plugin, host (real worker processes), TPC-H"
+cargo test --workspace --exclude dfx-ffi-tests
 
-if [ -x python/run-tests.sh ]; then
-    step "Python tests"
-    python/run-tests.sh
-fi
+step "ABI suite: debug/debug, then mixed debug/release builds"
+ffi-tests/run-suite.sh --mixed
+
+step "Python tests"
+python/run-tests.sh
