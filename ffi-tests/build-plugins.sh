@@ -23,13 +23,17 @@ if [[ "${1:-}" == "--release" ]]; then
 fi
 target="${CARGO_TARGET_DIR:-target}/$profile_dir"
 
-cargo build "${profile_flag[@]}" -p dfx-plugin --features test-hooks
+# Every build here also selects dfx-ffi-tests, so cargo unifies features exactly
+# as for the suite's own `cargo test -p dfx-ffi-tests`: the DataFusion stack is
+# compiled once per profile, not once for the plugin and again for the tests.
+cargo build "${profile_flag[@]}" -p dfx-ffi-tests -p dfx-plugin --features dfx-plugin/test-hooks
 mkdir -p "$target/test-hooks"
 # Copy then rename: a reader never maps a half-written library.
 cp "$target/libdfx_plugin.so" "$target/test-hooks/libdfx_plugin.so.tmp"
 mv "$target/test-hooks/libdfx_plugin.so.tmp" "$target/test-hooks/libdfx_plugin.so"
 
 cargo build "${profile_flag[@]}" \
+    -p dfx-ffi-tests \
     -p dfx-plugin \
     -p dfx-test-plugin-wrong-abi \
     -p dfx-test-plugin-wrong-major \
