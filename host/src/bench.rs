@@ -314,7 +314,7 @@ fn write_empty_table(dir: &Path) -> Result<PathBuf, TpchError> {
     Ok(table)
 }
 
-/// Output of one finished child: (stdout, stderr), or why it failed.
+/// Run a child to its end; its stdout, or why it failed (with its stderr).
 async fn run_child(mut command: tokio::process::Command, what: &str) -> Result<String, TpchError> {
     command
         .stdin(Stdio::null())

@@ -203,12 +203,9 @@ fn generate_into(dataset: &Dataset, progress: bool) -> Result<(), TpchError> {
         }
     }
     // Biggest first, so the long lineitem parts do not start last.
-    jobs.sort_by_key(|j| std::cmp::Reverse(estimated_rows(j.table, dataset.scale, j)));
+    jobs.sort_by_key(|j| std::cmp::Reverse(estimated_rows(j, dataset.scale)));
 
-    let total: i64 = jobs
-        .iter()
-        .map(|j| estimated_rows(j.table, dataset.scale, j))
-        .sum();
+    let total: i64 = jobs.iter().map(|j| estimated_rows(j, dataset.scale)).sum();
     let bar = if progress {
         let bar = ProgressBar::new(u64::try_from(total).unwrap_or(0));
         bar.set_style(
@@ -259,9 +256,9 @@ fn generate_into(dataset: &Dataset, progress: bool) -> Result<(), TpchError> {
 }
 
 /// Rows the job will produce (exact except lineitem, which is estimated).
-fn estimated_rows(table: &str, scale: f64, job: &Job) -> i64 {
+fn estimated_rows(job: &Job, scale: f64) -> i64 {
     let (part, parts) = (job.part as i32, job.parts as i32);
-    match table {
+    match job.table {
         "nation" => 25,
         "region" => 5,
         "part" => PartGenerator::calculate_row_count(scale, part, parts),
@@ -316,7 +313,7 @@ fn write_part(dataset: &Dataset, job: &Job, bar: &ProgressBar) -> Result<(), Tpc
         .build();
     let mut writer = ArrowWriter::try_new(file, source.schema(), Some(props))
         .map_err(|e| TpchError::parquet(&path, e))?;
-    let estimate = estimated_rows(job.table, dataset.scale, job);
+    let estimate = estimated_rows(job, dataset.scale);
     let mut written: i64 = 0;
     for batch in source.by_ref() {
         let batch = batch.map_err(|e| TpchError::Generate {
