@@ -26,12 +26,11 @@ fn chain() -> ComposedPhysicalExtensionCodec {
 #[tokio::test]
 async fn a_stage_round_trips_through_the_chain() -> Result<()> {
     let dir = temp_dir();
-    let ctx = session(Some(dir.path()))?;
-    let plan = ctx
-        .sql("SELECT g, sum(v) FROM t GROUP BY g UNION ALL SELECT g, count(*) FROM u GROUP BY g")
-        .await?
-        .create_physical_plan()
-        .await?;
+    let (ctx, plan) = planned(
+        dir.path(),
+        "SELECT g, sum(v) FROM t GROUP BY g UNION ALL SELECT g, count(*) FROM u GROUP BY g",
+    )
+    .await?;
     for stage in stages(&plan) {
         let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&stage), &chain())?;
         let decoded =
@@ -48,12 +47,7 @@ async fn a_stage_round_trips_through_the_chain() -> Result<()> {
 #[tokio::test]
 async fn without_dfx_in_the_chain_a_stage_cannot_be_encoded() -> Result<()> {
     let dir = temp_dir();
-    let ctx = session(Some(dir.path()))?;
-    let plan = ctx
-        .sql("SELECT g, sum(v) FROM t GROUP BY g")
-        .await?
-        .create_physical_plan()
-        .await?;
+    let (_ctx, plan) = planned(dir.path(), "SELECT g, sum(v) FROM t GROUP BY g").await?;
     let stage: Arc<dyn ExecutionPlan> = Arc::clone(&stages(&plan)[0]);
     let err = physical_plan_to_bytes_with_extension_codec(stage, &DefaultPhysicalExtensionCodec {})
         .unwrap_err()
@@ -99,12 +93,11 @@ fn dfx_claims_nothing_but_stages() {
 #[tokio::test]
 async fn an_encoded_stage_tells_its_id_and_directory_without_decoding() -> Result<()> {
     let dir = temp_dir();
-    let ctx = session(Some(dir.path()))?;
-    let plan = ctx
-        .sql("SELECT g, sum(v) FROM t GROUP BY g UNION ALL SELECT g, count(*) FROM u GROUP BY g")
-        .await?
-        .create_physical_plan()
-        .await?;
+    let (_ctx, plan) = planned(
+        dir.path(),
+        "SELECT g, sum(v) FROM t GROUP BY g UNION ALL SELECT g, count(*) FROM u GROUP BY g",
+    )
+    .await?;
     for (index, stage) in stages(&plan).into_iter().enumerate() {
         let bytes = physical_plan_to_bytes_with_extension_codec(stage, &chain())?;
         let payload = dfx_plugin::codec::read_encoded_stage(&bytes)?;

@@ -190,3 +190,13 @@ pub fn temp_dir() -> tempfile::TempDir {
 pub fn path(dir: &Path, name: &str) -> PathBuf {
     dir.join(name)
 }
+
+/// A session distributing into `shuffle_dir`, and its physical plan of `sql`.
+pub async fn planned(
+    shuffle_dir: &Path,
+    sql: &str,
+) -> Result<(SessionContext, Arc<dyn ExecutionPlan>)> {
+    let ctx = session(Some(shuffle_dir))?;
+    let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+    Ok((ctx, plan))
+}
