@@ -23,6 +23,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from dfx_engine import _internal
@@ -183,6 +185,37 @@ def _spawn(
     )
 
 
+def _spawn_all(
+    envelopes: dict[Task, pathlib.Path],
+    worker_command: Sequence[str],
+    running: dict[Task, subprocess.Popen[str]],
+) -> None:
+    """Start every task's worker, recording each in ``running`` once it exists.
+
+    The workers are started from a helper thread because Python raises
+    ``KeyboardInterrupt`` only in the main thread. Started from the main
+    thread, a Ctrl-C landing after a child's exec but before ``Popen``
+    returns would lose the child's handle, and that worker would outlive the
+    driver. Here an interrupt stops further spawning, waits for the spawn in
+    progress, and leaves every started worker in ``running`` for the caller
+    to kill.
+    """
+    stop = threading.Event()
+
+    def spawn_every_task() -> None:
+        for task, path in envelopes.items():
+            if stop.is_set():
+                return
+            running[task] = _spawn(path, worker_command)
+
+    spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dfx-spawn")
+    try:
+        spawner.submit(spawn_every_task).result()
+    finally:
+        stop.set()
+        spawner.shutdown(wait=True)
+
+
 def _rows_reported(task: Task, stdout: str) -> int:
     """The row count on a worker's last non-empty line of stdout.
 
@@ -232,8 +265,7 @@ def _run_workers(
     rows: dict[Task, int] = {}
     failures: list[str] = []
     try:
-        for task, path in envelopes.items():
-            running[task] = _spawn(path, worker_command or python_worker())
+        _spawn_all(envelopes, worker_command or python_worker(), running)
         for task, worker in running.items():
             stdout, stderr = worker.communicate()
             stage, partition = task

@@ -169,8 +169,17 @@ def test_killed_worker_is_reported_and_none_survive(
 
 
 DRIVER_WAITING_ON = """
-import pathlib, sys
+import pathlib, subprocess, sys, time
 from dfx_engine.driver import _run_workers
+
+# Widen the window between a worker's exec and Popen returning its handle: an
+# interrupt landing there must not leave that worker behind.
+start_child = subprocess.Popen._execute_child
+def start_child_slowly(self, *args, **kwargs):
+    start_child(self, *args, **kwargs)
+    time.sleep(1)
+subprocess.Popen._execute_child = start_child_slowly
+
 _run_workers({(1, 0): pathlib.Path(sys.argv[1]), (1, 1): pathlib.Path(sys.argv[2])})
 """
 
