@@ -169,8 +169,12 @@ def test_killed_worker_is_reported_and_none_survive(
 
 
 DRIVER_WAITING_ON = """
-import pathlib, subprocess, sys, time
+import pathlib, signal, subprocess, sys, time
 from dfx_engine.driver import _run_workers
+
+# Ctrl-C as an interactive user has it, even when the tests run as a
+# background job (whose children start with SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Widen the window between a worker's exec and Popen returning its handle: an
 # interrupt landing there must not leave that worker behind.
