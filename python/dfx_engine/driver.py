@@ -189,8 +189,13 @@ def _spawn_all(
     envelopes: dict[Task, pathlib.Path],
     worker_command: Sequence[str],
     running: dict[Task, subprocess.Popen[str]],
+    failures: list[str],
 ) -> None:
     """Start every task's worker, recording each in ``running`` once it exists.
+
+    A worker that cannot start (a missing or non-executable program) is a
+    failure of its task, appended to ``failures``; the other tasks still run,
+    so the caller reports every failure at once.
 
     The workers are started from a helper thread because Python raises
     ``KeyboardInterrupt`` only in the main thread. Started from the main
@@ -206,7 +211,14 @@ def _spawn_all(
         for task, path in envelopes.items():
             if stop.is_set():
                 return
-            running[task] = _spawn(path, worker_command)
+            try:
+                running[task] = _spawn(path, worker_command)
+            except OSError as err:
+                stage, partition = task
+                failures.append(
+                    f"stage {stage} partition {partition}: could not start "
+                    f"worker {worker_command[0]!r}: {err}"
+                )
 
     spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dfx-spawn")
     try:
@@ -252,11 +264,12 @@ def _run_workers(
 ) -> dict[Task, int]:
     """Run every task's worker at once; rows per task.
 
-    Every failure (a non-zero exit with its stderr, an unreadable report) is
-    collected and all are raised together once every worker has finished.
-    The ``finally`` kills and reaps whatever is still running when this
-    returns early (a failed spawn, an interrupt): a worker left behind would
-    keep writing into a directory its caller believes is settled.
+    Every failure (a worker that cannot start, a non-zero exit with its
+    stderr, an unreadable report) is collected, and all are raised together
+    once every worker has finished. The ``finally`` kills and reaps whatever
+    is still running when this returns early (an interrupt, an unexpected
+    error): a worker left behind would keep writing into a directory its
+    caller believes is settled.
 
     Raises:
         RuntimeError: Naming every failed task's stage and partition.
@@ -265,7 +278,7 @@ def _run_workers(
     rows: dict[Task, int] = {}
     failures: list[str] = []
     try:
-        _spawn_all(envelopes, worker_command or python_worker(), running)
+        _spawn_all(envelopes, worker_command or python_worker(), running, failures)
         for task, worker in running.items():
             stdout, stderr = worker.communicate()
             stage, partition = task

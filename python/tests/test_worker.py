@@ -16,7 +16,7 @@ import pytest
 from conftest import REVENUE_SQL, SQL_ONLY
 
 from dfx_engine import _internal
-from dfx_engine.driver import _run_workers, find_stages
+from dfx_engine.driver import _run_workers, find_stages, run_distributed
 from dfx_engine.session import build_session
 
 if TYPE_CHECKING:
@@ -136,6 +136,22 @@ def test_out_of_range_partition_is_named_with_stderr(
     assert "stage 1 partition 99" in message
     assert "partition 99 does not exist" in message  # the worker's stderr
     assert workers_mentioning(str(tmp_path)) == []
+
+
+def test_a_worker_that_cannot_start_fails_its_task_by_name(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    spec = make_spec()
+    missing = tmp_path / "no-such-worker"
+    with pytest.raises(RuntimeError) as info:
+        run_distributed(SQL_ONLY, spec, worker_command=[str(missing)])
+    message = str(info.value)
+    # Every task is reported, each naming its stage, its partition and the
+    # program, rather than one bare FileNotFoundError for the first.
+    assert "4 of 4 dfx tasks failed" in message
+    for partition in range(4):
+        assert f"stage 1 partition {partition}: could not start worker" in message
+    assert str(missing) in message
 
 
 def test_killed_worker_is_reported_and_none_survive(
