@@ -43,7 +43,12 @@ struct QueryArgs {
     #[arg(long = "table", value_name = "NAME=DIR", value_parser = parse_table)]
     tables: Vec<(String, PathBuf)>,
     /// Partitions the session plans for.
-    #[arg(long, value_name = "N", default_value_t = dfx_host::session::DEFAULT_TARGET_PARTITIONS)]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = dfx_host::session::DEFAULT_TARGET_PARTITIONS,
+        value_parser = parse_at_least_one
+    )]
     partitions: usize,
     /// Shuffle directory for stage output (must not hold stage output yet).
     /// Default: a fresh temporary directory, removed after success.
@@ -64,7 +69,7 @@ struct RunArgs {
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
     /// At most this many workers at once (default: all tasks at once).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = parse_at_least_one)]
     max_workers: Option<usize>,
     /// Start workers with PROGRAM instead of `<this executable> worker`; the
     /// envelope path is its last argument (e.g. another host's worker).
@@ -111,6 +116,18 @@ fn parse_table(value: &str) -> std::result::Result<(String, PathBuf), String> {
             Ok((name.to_string(), PathBuf::from(dir)))
         }
         _ => Err(format!("expected NAME=DIR, got {value:?}")),
+    }
+}
+
+/// A count that must be at least 1: zero partitions or zero workers is a
+/// mistake to report, not a value to round up silently.
+fn parse_at_least_one(value: &str) -> std::result::Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(0) => Err("expected at least 1, got 0".to_string()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "expected a whole number of at least 1, got {value:?}"
+        )),
     }
 }
 

@@ -394,7 +394,8 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
 pub fn effective_target_partitions(spec: &SessionSpec) -> Result<usize> {
     let mut partitions = spec.target_partitions.max(1);
     for (name, dir) in &spec.tables {
-        let files = parquet_files(dir)?;
+        let files =
+            parquet_files(dir).map_err(|err| HostError::Invalid(format!("table {name}: {err}")))?;
         if files.is_empty() {
             return Err(HostError::Invalid(format!(
                 "table {name}: no {PARQUET_EXTENSION} files in {}",

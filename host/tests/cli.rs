@@ -175,6 +175,23 @@ fn dfx_fails_with_a_clear_message_and_a_non_zero_status() {
         "{}",
         text(&out.stderr)
     );
+
+    let out = dfx(&["run", "--table", "orders=/nonexistent/orders", BY_FLAG]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("table orders: cannot list /nonexistent/orders"),
+        "{stderr}"
+    );
+
+    // Zero partitions or zero workers is refused, not rounded up.
+    for (flag, value) in [("--partitions", "0"), ("--max-workers", "0")] {
+        let out = dfx(&["run", flag, value, "--table", &table, BY_FLAG]);
+        assert!(!out.status.success(), "{flag} {value} was accepted");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(flag), "{stderr}");
+        assert!(stderr.contains("expected at least 1, got 0"), "{stderr}");
+    }
 }
 
 #[test]
