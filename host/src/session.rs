@@ -390,9 +390,15 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
 ///
 /// # Errors
 ///
-/// A table directory that cannot be listed or holds no Parquet file.
+/// A `target_partitions` of 0, or a table directory that cannot be listed
+/// or holds no Parquet file.
 pub fn effective_target_partitions(spec: &SessionSpec) -> Result<usize> {
-    let mut partitions = spec.target_partitions.max(1);
+    if spec.target_partitions == 0 {
+        return Err(HostError::Invalid(
+            "session spec target_partitions must be at least 1, got 0".to_string(),
+        ));
+    }
+    let mut partitions = spec.target_partitions;
     for (name, dir) in &spec.tables {
         let files =
             parquet_files(dir).map_err(|err| HostError::Invalid(format!("table {name}: {err}")))?;

@@ -307,3 +307,17 @@ async fn a_worker_reports_on_its_last_stdout_line() {
         serde_json::json!({"stage_id": 1, "partition": 2, "rows": 2})
     );
 }
+
+#[tokio::test]
+async fn a_spec_with_zero_target_partitions_is_refused() {
+    let fixture = Fixture::new();
+    let spec = fixture.spec().with_target_partitions(0);
+    let Err(err) = build_session(&plugin(), &spec).await else {
+        panic!("a session was built for zero partitions");
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("target_partitions must be at least 1, got 0"),
+        "{err}"
+    );
+}

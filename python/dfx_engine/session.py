@@ -55,6 +55,25 @@ class SessionSpec:
     shuffle_dir: str = ""
     target_partitions: int = 2
 
+    def __post_init__(self) -> None:
+        """Refuse a partition count no session can plan with.
+
+        Raises:
+            ValueError: If ``target_partitions`` is not a whole number of at
+                least 1 (zero is a mistake to report, not to round up).
+        """
+        partitions = self.target_partitions
+        if isinstance(partitions, bool) or not isinstance(partitions, int):
+            message = (
+                f"session spec target_partitions must be an int, got {partitions!r}"
+            )
+            raise ValueError(message)
+        if partitions < 1:
+            message = (
+                f"session spec target_partitions must be at least 1, got {partitions}"
+            )
+            raise ValueError(message)
+
     def to_json(self) -> dict[str, Any]:
         """The spec as a JSON object, with the codec ids this session carries.
 
@@ -125,7 +144,7 @@ def effective_target_partitions(spec: SessionSpec) -> int:
         FileNotFoundError: If a table's directory does not exist or holds no
             Parquet file.
     """
-    partitions = max(spec.target_partitions, 1)
+    partitions = spec.target_partitions
     for name, directory in sorted(spec.tables.items()):
         path = pathlib.Path(directory)
         if not path.is_dir():

@@ -47,6 +47,8 @@ def test_spec_round_trips_and_carries_codec_ids() -> None:
         {"shuffle_dir": "/s"},
         {"tables": ["t"], "shuffle_dir": "/s"},
         {"tables": {}, "shuffle_dir": 7},
+        {"tables": {}, "shuffle_dir": "/s", "target_partitions": 0},
+        {"tables": {}, "shuffle_dir": "/s", "target_partitions": "4"},
         "[1, 2]",
     ],
 )
