@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the dfx Python package against the workspace's plugin file and run its
-# checks: ruff, then pytest.
+# checks: ruff, mypy, then pytest.
 #
 # Run from anywhere; expects `cargo build -p dfx-plugin` to have produced
 # target/debug/libdfx_plugin.so (the README's test command does that first).
@@ -29,7 +29,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet \
-    "maturin>=1.7,<2" "datafusion==55.0.0" pyarrow pytest cloudpickle ruff
+    "maturin>=1.7,<2" "datafusion==55.0.0" pyarrow pytest cloudpickle ruff mypy
 
 # Bundle the plugin beside the package so the wheel carries it; the file is
 # ignored by git (python/.gitignore).
@@ -44,6 +44,8 @@ rm -rf "$wheels/dfx_engine-"*.whl
 
 "$venv/bin/ruff" check "$here"
 "$venv/bin/ruff" format --check "$here"
+# The package ships py.typed: its annotations are checked, strictly.
+(cd "$here" && "$venv/bin/mypy")
 # From the repository root, through the pytest script rather than
 # `python -m pytest`: neither puts python/ on sys.path, so the tests and their
 # worker processes import the installed wheel, not the source tree (which has

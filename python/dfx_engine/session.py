@@ -195,10 +195,10 @@ def build_session(
     engine = _internal.DfxEngineExtension()
     ctx = SessionContext(config).with_extensions(engine)
 
-    for function in _internal.scalar_functions():
-        ctx.register_udf(udf(function))
-    for function in _internal.aggregate_functions():
-        ctx.register_udaf(udaf(function))
+    for scalar in _internal.scalar_functions():
+        ctx.register_udf(udf(scalar))
+    for aggregate in _internal.aggregate_functions():
+        ctx.register_udaf(udaf(aggregate))
 
     for name, directory in sorted(spec.tables.items()):
         ctx.register_parquet(name, directory)

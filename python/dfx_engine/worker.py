@@ -45,6 +45,9 @@ def _read_envelope(path: pathlib.Path) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         message = f"cannot read task envelope {path}: {err}"
         raise TaskError(message) from err
+    if not isinstance(envelope, dict):
+        message = f"task envelope {path} is not a JSON object: {envelope!r:.80}"
+        raise TaskError(message)
     missing = [
         k for k in ("spec", "plan", "stage_id", "partition") if k not in envelope
     ]
