@@ -88,6 +88,18 @@ def test_worker_runs_one_task_and_reports_last(
     assert published.is_file()
 
 
+def test_worker_refuses_an_envelope_that_is_not_a_json_object(
+    tmp_path: pathlib.Path,
+) -> None:
+    # Valid JSON whose text holds every key name: only the type check stops it.
+    envelope = tmp_path / "task.json"
+    envelope.write_text(json.dumps("spec plan stage_id partition"))
+    done = run_worker(envelope)
+    assert done.returncode != 0
+    assert f"task envelope {envelope} is not a JSON object" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_worker_refuses_other_codec_ids_before_decoding(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
 ) -> None:
