@@ -9,45 +9,11 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::{ExecutionPlan, collect, displayable};
 use futures::StreamExt;
 
-/// The one-line display of `plan`'s root node.
-pub fn node_display(plan: &Arc<dyn ExecutionPlan>) -> String {
-    displayable(plan.as_ref())
-        .one_line()
-        .to_string()
-        .trim_end()
-        .to_string()
-}
+pub use dfx_abi::stages::{find_stages, node_display};
 
 /// The indented display of the whole plan.
 pub fn plan_display(plan: &Arc<dyn ExecutionPlan>) -> String {
     displayable(plan.as_ref()).indent(true).to_string()
-}
-
-/// Stage nodes of `plan` in pre-order, found by *containment* of
-/// `stage_node_name` in each node's display (across FFI a stage displays as
-/// the wrapper's `FFI_ExecutionPlan: ShuffleStageExec, ...`). Never descends
-/// into a stage: the planner does not nest them.
-pub fn find_stages(
-    plan: &Arc<dyn ExecutionPlan>,
-    stage_node_name: &str,
-) -> Vec<Arc<dyn ExecutionPlan>> {
-    let mut found = Vec::new();
-    collect_stages(plan, stage_node_name, &mut found);
-    found
-}
-
-fn collect_stages(
-    plan: &Arc<dyn ExecutionPlan>,
-    name: &str,
-    found: &mut Vec<Arc<dyn ExecutionPlan>>,
-) {
-    if node_display(plan).contains(name) {
-        found.push(Arc::clone(plan));
-        return;
-    }
-    for child in plan.children() {
-        collect_stages(child, name, found);
-    }
 }
 
 /// Execute every partition of `plan`, draining each stream; returns the rows

@@ -21,7 +21,7 @@ async fn the_stage_node_is_foreign_and_displays_as_the_ffi_wrapper() {
     assert_eq!(stages.len(), 1, "{}", plan_display(&plan));
     let stage = &stages[0];
     assert_eq!(
-        node_display(stage),
+        node_display(stage.as_ref()),
         "FFI_ExecutionPlan: ShuffleStageExec, number_of_children=1"
     );
     assert!(

@@ -4,18 +4,16 @@
 //! stage node; it runs as one **task** per output partition, each task in its
 //! own worker process, and publishes one file per partition.
 //!
-//! The host cannot downcast a foreign node, and across FFI a stage displays as
-//! its wrapper (`FFI_ExecutionPlan: ShuffleStageExec, number_of_children=1`),
-//! so stages are found by *containment* of the plugin's node name in a node's
-//! one-line display, in pre-order, never descending into a stage (the planner
-//! never nests them). Pre-order is also the order the planner numbers them
-//! in, so the n-th stage found has the id `plugin.stage_id(n)`.
+//! Stages are found by the rule every host shares, [`dfx_abi::stages`]: by
+//! containment of the plugin's node name in a node's display, in pre-order,
+//! so the n-th stage found has the id `plugin.stage_id(n)`.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, displayable};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use dfx_abi::Plugin;
+pub use dfx_abi::stages::{find_stages, node_display};
 
 /// One stage of a plan.
 #[derive(Debug, Clone)]
@@ -26,37 +24,6 @@ pub struct Stage {
     pub partitions: usize,
     /// The stage node itself.
     pub plan: Arc<dyn ExecutionPlan>,
-}
-
-/// A node's display on one line.
-pub fn one_line(plan: &dyn ExecutionPlan) -> String {
-    displayable(plan)
-        .one_line()
-        .to_string()
-        .trim_end()
-        .to_string()
-}
-
-/// Every node whose display contains `node_name`, in pre-order, without
-/// descending into one.
-pub fn find_stages(plan: &Arc<dyn ExecutionPlan>, node_name: &str) -> Vec<Arc<dyn ExecutionPlan>> {
-    let mut found = Vec::new();
-    collect(plan, node_name, &mut found);
-    found
-}
-
-fn collect(
-    plan: &Arc<dyn ExecutionPlan>,
-    node_name: &str,
-    found: &mut Vec<Arc<dyn ExecutionPlan>>,
-) {
-    if one_line(plan.as_ref()).contains(node_name) {
-        found.push(Arc::clone(plan));
-        return;
-    }
-    for child in plan.children() {
-        collect(child, node_name, found);
-    }
 }
 
 /// The plan's stages with their ids and partition counts.
@@ -82,7 +49,7 @@ pub fn render_with_stages(plugin: &Plugin, plan: &Arc<dyn ExecutionPlan>) -> Str
 }
 
 fn render(plan: &Arc<dyn ExecutionPlan>, stages: &[Stage], depth: usize, out: &mut String) {
-    let line = one_line(plan.as_ref());
+    let line = node_display(plan.as_ref());
     let _ = write!(out, "{:indent$}{line}", "", indent = depth * 2);
     if let Some(stage) = stages.iter().find(|s| Arc::ptr_eq(&s.plan, plan)) {
         let _ = write!(

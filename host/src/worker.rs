@@ -22,7 +22,7 @@ use futures::StreamExt;
 use crate::envelope::{Envelope, WorkerReport};
 use crate::error::{DataFusionContext, HostError, Result};
 use crate::session::{DfxSession, build_session};
-use crate::stages::one_line;
+use crate::stages::node_display;
 
 /// Run the task `envelope` describes and return its report.
 ///
@@ -50,7 +50,7 @@ pub async fn run_task(plugin: &Plugin, envelope: &Envelope) -> Result<WorkerRepo
     let stage = session.decode(&bytes).map_err(|err| {
         HostError::Invalid(format!("{task}: plan {}: {err}", envelope.plan.display()))
     })?;
-    let display = one_line(stage.as_ref());
+    let display = node_display(stage.as_ref());
     if !display.contains(plugin.stage_node_name()) {
         return Err(HostError::Invalid(format!(
             "{task}: plan {} is not a stage: its root is {display:?}",

@@ -91,7 +91,7 @@ async fn a_stage_encoded_without_the_sessions_codecs_fails_to_encode() {
     // With the session's codecs it encodes, and decodes to a stage again.
     let bytes = session.encode(stage).unwrap();
     let decoded = session.decode(&bytes).unwrap();
-    assert!(dfx_host::stages::one_line(decoded.as_ref()).contains("ShuffleStageExec"));
+    assert!(dfx_host::stages::node_display(decoded.as_ref()).contains("ShuffleStageExec"));
 }
 
 #[tokio::test]

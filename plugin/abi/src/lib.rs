@@ -22,6 +22,7 @@
 
 pub mod compat;
 pub mod module;
+pub mod stages;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
