@@ -5,8 +5,11 @@
 //! an error: a test reads the count through `dlsym` (data, not code) and so
 //! proves that a refusing host never called into the library.
 //!
-//! Every field of `dfx_abi::DfxPlugin` is set here, so a field added to the
-//! root module needs one counting function below (the compiler says which).
+//! Every field of `dfx_abi::DfxPlugin` is set here (the exchange's fields
+//! included: `bucket_path`, `reader_node_name`, and `encoded_stage_info`
+//! returning `DfxStageInfo`), so the layout is exactly the real plugin's and
+//! only the declared versions differ. A field added to the root module needs
+//! one counting function below (the compiler says which).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -20,7 +23,7 @@ use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use datafusion_ffi::query_planner::FFI_QueryPlanner;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
-use dfx_abi::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, DfxStagePayload, FfiResult};
+use dfx_abi::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 
 /// Calls of the root-module initializer (abi_stable runs it to read the
 /// declared versions; that is data, not behaviour).
@@ -68,7 +71,12 @@ extern "C" fn stage_id(_index: u64) -> u64 {
     0
 }
 
-extern "C" fn partition_path(_dir: RStr<'_>, _stage: u64, _partition: u64) -> RString {
+extern "C" fn partition_path(_dir: RStr<'_>, _stage: u64, _map: u64) -> RString {
+    DFX_TEST_CONSTRUCTOR_CALLS.fetch_add(1, Ordering::SeqCst);
+    RString::new()
+}
+
+extern "C" fn bucket_path(_dir: RStr<'_>, _stage: u64, _map: u64, _bucket: u64) -> RString {
     DFX_TEST_CONSTRUCTOR_CALLS.fetch_add(1, Ordering::SeqCst);
     RString::new()
 }
@@ -91,7 +99,7 @@ extern "C" fn stage_info(_plan: FFI_ExecutionPlan) -> FfiResult<DfxStageInfo> {
     called()
 }
 
-extern "C" fn encoded_stage_info(_plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStagePayload> {
+extern "C" fn encoded_stage_info(_plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStageInfo> {
     called()
 }
 
@@ -104,8 +112,8 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         datafusion_ffi_major,
         plugin_name: RStr::from_str(env!("CARGO_PKG_NAME")),
         plugin_version: RStr::from_str(env!("CARGO_PKG_VERSION")),
-        stage_node_name: RStr::from_str("ShuffleStageExec"),
-        codec_id: RStr::from_str("dfx_engine.physical.v1"),
+        stage_node_name: RStr::from_str("ShuffleWriterExec"),
+        codec_id: RStr::from_str("dfx_engine.physical.v2"),
         config_prefix: RStr::from_str("dfx_engine"),
         new_query_planner,
         new_physical_codec,
@@ -119,6 +127,8 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         panic_probe,
         stage_info,
         encoded_stage_info,
+        bucket_path,
+        reader_node_name: RStr::from_str("ShuffleReaderExec"),
     }
     .leak_into_prefix()
 }
