@@ -21,6 +21,8 @@ use datafusion::arrow::array::{Float64Array, RecordBatch, StringArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 
+use crate::session::SessionOptions;
+
 /// One row of the `lineitem` fixture.
 type Row = (&'static str, f64, f64, f64, f64);
 
@@ -87,7 +89,17 @@ pub fn write_lineitem_with_price_factor(root: &Path, factor: f64) -> PathBuf {
     dir
 }
 
+/// Options for a distributing session over the `lineitem` fixture, written
+/// into `root`, with the shuffle directory `root/shuffle`.
+pub fn distributed_lineitem(root: &Path) -> SessionOptions {
+    SessionOptions::distributed(&root.join("shuffle")).with_table("lineitem", &write_lineitem(root))
+}
+
 /// One aggregate per flag: quantities A 1+2+7, N 4+6+8, R 3+5.
+///
+/// Exchange split: a hash stage (scan + partial aggregate, buckets by flag)
+/// read by a pass-through stage (final aggregate + sort) below the root's
+/// merge. Aggregate split: one stage, the partial aggregate.
 pub const AGGREGATE_SQL: &str = "SELECT l_returnflag, sum(l_quantity) AS qty, count(*) AS n \
      FROM lineitem GROUP BY l_returnflag ORDER BY l_returnflag";
 
@@ -101,7 +113,8 @@ pub const AGGREGATE_ANSWER: &str = "\
 | R            | 8.0  | 2 |
 +--------------+------+---+";
 
-/// Two independent aggregates under a UNION ALL: two stages.
+/// Two independent aggregates under a UNION ALL: two hash stages, siblings
+/// (read by one pass-through stage in the exchange split).
 pub const UNION_SQL: &str = "SELECT l_returnflag, sum(l_quantity) AS v FROM lineitem GROUP BY l_returnflag \
      UNION ALL \
      SELECT l_returnflag, max(l_extendedprice) AS v FROM lineitem GROUP BY l_returnflag \
@@ -120,7 +133,8 @@ pub const UNION_ANSWER: &str = "\
 | R            | 300.0 |
 +--------------+-------+";
 
-/// No aggregate: the plan is wrapped whole in one stage.
+/// No aggregate and no repartition: one pass-through stage below the root's
+/// merge in the exchange split; wrapped whole in the aggregate split.
 pub const SCAN_SQL: &str =
     "SELECT l_returnflag, l_quantity FROM lineitem WHERE l_quantity > 5 ORDER BY l_quantity";
 
@@ -133,3 +147,19 @@ pub const SCAN_ANSWER: &str = "\
 | A            | 7.0        |
 | N            | 8.0        |
 +--------------+------------+";
+
+/// A self-join on the flag, then an aggregate: a join's build side is read
+/// whole by every probe task (broadcast) or both sides are hashed on the key.
+pub const JOIN_SQL: &str = "SELECT a.l_returnflag, count(*) AS n \
+     FROM lineitem a JOIN lineitem b ON a.l_returnflag = b.l_returnflag \
+     GROUP BY a.l_returnflag ORDER BY a.l_returnflag";
+
+/// [`JOIN_SQL`]'s answer: pairs per flag, A 3·3, N 3·3, R 2·2.
+pub const JOIN_ANSWER: &str = "\
++--------------+---+
+| l_returnflag | n |
++--------------+---+
+| A            | 9 |
+| N            | 9 |
+| R            | 4 |
++--------------+---+";

@@ -5,7 +5,7 @@
 //! SessionContext
 //!   query planner  = ForeignQueryPlanner(plugin.query_planner(logical, physical))
 //!   physical chain = [DefaultPhysicalExtensionCodec, foreign plugin codec]
-//!   config         = plugin.config_options() (+ dfx_engine.shuffle_dir)
+//!   config         = plugin.config_options() (+ dfx_engine.shuffle_dir, dfx_engine.split)
 //!   functions      = plugin.scalar_udfs() + plugin.aggregate_udfs()
 //! ```
 
@@ -53,11 +53,19 @@ impl TaskContextProvider for LateTaskContext {
     }
 }
 
+/// The split modes of `dfx_engine.split`.
+pub const SPLIT_EXCHANGE: &str = "exchange";
+/// Round 1's rule: every topmost partial aggregate is a stage.
+pub const SPLIT_AGGREGATE: &str = "aggregate";
+
 /// What a test session is built from.
 #[derive(Debug, Clone, Default)]
 pub struct SessionOptions {
     /// `dfx_engine.shuffle_dir`; `None` leaves the plugin's default.
     pub shuffle_dir: Option<String>,
+    /// `dfx_engine.split` ([`SPLIT_EXCHANGE`], [`SPLIT_AGGREGATE`]); `None`
+    /// leaves the plugin's default.
+    pub split: Option<String>,
     /// Parquet tables: (name, directory).
     pub tables: Vec<(String, String)>,
 }
@@ -67,8 +75,14 @@ impl SessionOptions {
     pub fn distributed(shuffle_dir: &Path) -> Self {
         Self {
             shuffle_dir: Some(shuffle_dir.to_string_lossy().into_owned()),
-            tables: Vec::new(),
+            ..Self::default()
         }
+    }
+
+    /// Set `dfx_engine.split`.
+    pub fn with_split(mut self, split: &str) -> Self {
+        self.split = Some(split.to_string());
+        self
     }
 
     /// Add a Parquet table.
@@ -81,6 +95,8 @@ impl SessionOptions {
 
 /// A host session on the plugin, with the codec chain it encodes stages with.
 pub struct TestSession {
+    /// The plugin the session was built on.
+    pub plugin: Plugin,
     /// The session.
     pub ctx: Arc<SessionContext>,
     /// Host default codec followed by the plugin's foreign codec.
@@ -138,6 +154,11 @@ impl TestSession {
                 .options_mut()
                 .set(&format!("{}.shuffle_dir", plugin.config_prefix()), dir)?;
         }
+        if let Some(split) = &options.split {
+            config
+                .options_mut()
+                .set(&format!("{}.split", plugin.config_prefix()), split)?;
+        }
         let state = SessionStateBuilder::new()
             .with_config(config)
             .with_default_features()
@@ -158,6 +179,7 @@ impl TestSession {
                 .await?;
         }
         Ok(Self {
+            plugin: plugin.clone(),
             ctx,
             chain,
             plugin_codec,
@@ -174,14 +196,16 @@ impl TestSession {
         self.ctx.sql(sql).await?.create_physical_plan().await
     }
 
-    /// Run `sql` to completion and format the result as a table.
+    /// Run `sql` to completion the way a driver does, in this process: plan
+    /// once, run every map of every stage wave by wave, then execute the root
+    /// of the same plan (its readers only read). Format the result as a table.
     ///
     /// # Errors
     ///
     /// SQL, planning, plugin or execution errors, message intact.
     pub async fn run_sql(&self, sql: &str) -> Result<String> {
         let plan = self.plan(sql).await?;
-        crate::plans::run_to_table(&plan, self.ctx.task_ctx()).await
+        crate::plans::run_query(&self.plugin, &plan, self.ctx.task_ctx()).await
     }
 
     /// Encode `plan` through this session's chain.
