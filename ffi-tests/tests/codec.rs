@@ -1,6 +1,8 @@
 //! The plugin's codec: a stage encoded by this host's chain (host default +
-//! the plugin's foreign codec) decodes in another process, displays the same
-//! and executes; malformed payloads give dfx's error, never a crash.
+//! the plugin's foreign codec) decodes here and in another process with its
+//! nested stages intact, its bytes tell the same stage description as its
+//! node, it executes there; malformed payloads give dfx's error, never a
+//! crash.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -9,79 +11,81 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{
     DefaultPhysicalExtensionCodec, DefaultPhysicalProtoConverter,
 };
-use dfx_ffi_tests::fixtures::{AGGREGATE_ANSWER, AGGREGATE_SQL, write_lineitem};
+use dfx_ffi_tests::fixtures::{
+    AGGREGATE_ANSWER, AGGREGATE_SQL, JOIN_SQL, UNION_ANSWER, UNION_SQL, distributed_lineitem,
+};
 use dfx_ffi_tests::locate::plugin;
-use dfx_ffi_tests::plans::{find_stages, plan_display, run_in_child, run_to_table};
-use dfx_ffi_tests::session::{SessionOptions, TestSession};
+use dfx_ffi_tests::plans::{
+    find_readers, plan_display, read_marker, run_in_child, run_to_table, stages, waves,
+};
+use dfx_ffi_tests::session::TestSession;
 
 const CHILD: &str = env!("CARGO_BIN_EXE_dfx-ffi-child");
 
-async fn stage_of(
-    root: &Path,
-    sql: &str,
-) -> (TestSession, Arc<dyn ExecutionPlan>, Arc<dyn ExecutionPlan>) {
-    let options = SessionOptions::distributed(&root.join("shuffle"))
-        .with_table("lineitem", &write_lineitem(root));
-    let session = TestSession::new(plugin(), &options).await.unwrap();
+/// A distributing session over the fixture, and `sql` planned in it.
+async fn planned(root: &Path, sql: &str) -> (TestSession, Arc<dyn ExecutionPlan>) {
+    let session = TestSession::new(plugin(), &distributed_lineitem(root))
+        .await
+        .unwrap();
     let plan = session.plan(sql).await.unwrap();
-    let stage = find_stages(&plan, plugin().stage_node_name()).remove(0);
-    (session, plan, stage)
+    (session, plan)
+}
+
+/// The descriptions of every writer in `plan`, in pre-order.
+fn infos(plan: &Arc<dyn ExecutionPlan>) -> Vec<dfx_abi::DfxStageInfo> {
+    stages(plugin(), plan)
+        .unwrap()
+        .into_iter()
+        .map(|stage| stage.info)
+        .collect()
 }
 
 #[test]
 fn the_codec_id_is_listed() {
-    assert_eq!(plugin().codec_id(), "dfx_engine.physical.v1");
+    assert_eq!(plugin().codec_id(), "dfx_engine.physical.v2");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stage_round_trips_through_the_host_chain() {
+async fn nested_stages_round_trip_through_the_host_chain() {
     let dir = tempfile::tempdir().unwrap();
-    let (session, _plan, stage) = stage_of(dir.path(), AGGREGATE_SQL).await;
-    let bytes = session.encode(Arc::clone(&stage)).unwrap();
-    let decoded = session.decode(&bytes).unwrap();
-    assert_eq!(plan_display(&decoded), plan_display(&stage));
-    assert_eq!(
-        plugin().stage_info(&decoded).unwrap(),
-        plugin().stage_info(&stage).unwrap()
+    let (session, plan) = planned(dir.path(), UNION_SQL).await;
+    let all = stages(plugin(), &plan).unwrap();
+    assert!(
+        all.iter().any(|stage| !stage.info.deps.is_empty()),
+        "no nested stage to round-trip: {}",
+        plan_display(&plan)
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stage_decodes_and_executes_in_another_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let shuffle = dir.path().join("shuffle");
-    let (session, plan, stage) = stage_of(dir.path(), AGGREGATE_SQL).await;
-    let info = plugin().stage_info(&stage).unwrap();
-    let bytes = session.encode(Arc::clone(&stage)).unwrap();
-
-    let report =
-        run_in_child(Path::new(CHILD), &bytes, dir.path()).unwrap_or_else(|err| panic!("{err}"));
-    assert_eq!(report.display, plan_display(&stage));
-    assert_eq!(report.rows.len() as u64, info.partition_count);
-    // The child published every partition; this process finishes the query
-    // from those files.
-    for partition in 0..report.rows.len() {
-        assert!(
-            plugin()
-                .partition_path(&shuffle, info.stage_id, partition)
-                .exists()
-        );
+    for stage in &all {
+        let bytes = session.encode(Arc::clone(&stage.writer)).unwrap();
+        let decoded = session.decode(&bytes).unwrap();
+        assert_eq!(plan_display(&decoded), plan_display(&stage.writer));
+        // Every writer inside (the stage and those it reads) keeps its
+        // description: id, directory, maps, buckets, deps, partitioning.
+        assert_eq!(infos(&decoded), infos(&stage.writer));
     }
-    assert_eq!(
-        run_to_table(&plan, session.ctx.task_ctx()).await.unwrap(),
-        AGGREGATE_ANSWER
-    );
+    // The whole plan too.
+    let decoded = session
+        .decode(&session.encode(Arc::clone(&plan)).unwrap())
+        .unwrap();
+    assert_eq!(plan_display(&decoded), plan_display(&plan));
+    assert_eq!(infos(&decoded), infos(&plan));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_plugin_reads_stage_id_and_directory_from_encoded_bytes() {
+async fn stage_info_and_encoded_stage_info_agree() {
     let dir = tempfile::tempdir().unwrap();
-    let (session, _plan, stage) = stage_of(dir.path(), AGGREGATE_SQL).await;
-    let info = plugin().stage_info(&stage).unwrap();
-    let bytes = session.encode(Arc::clone(&stage)).unwrap();
-    let payload = plugin().encoded_stage_info(&bytes).unwrap();
-    assert_eq!(payload.stage_id, info.stage_id);
-    assert_eq!(payload.shuffle_dir, info.shuffle_dir);
+    for sql in [AGGREGATE_SQL, UNION_SQL, JOIN_SQL] {
+        let (session, plan) = planned(dir.path(), sql).await;
+        for stage in stages(plugin(), &plan).unwrap() {
+            let bytes = session.encode(Arc::clone(&stage.writer)).unwrap();
+            let from_bytes = plugin().encoded_stage_info(&bytes).unwrap();
+            assert_eq!(from_bytes, stage.info, "{sql}");
+        }
+    }
+    let (session, plan) = planned(dir.path(), AGGREGATE_SQL).await;
+    let bytes = session
+        .encode(Arc::clone(&stages(plugin(), &plan).unwrap()[0].writer))
+        .unwrap();
     // Bytes that are not an encoded stage are an error, not a crash.
     let error = plugin()
         .encoded_stage_info(b"not a plan")
@@ -93,46 +97,104 @@ async fn the_plugin_reads_stage_id_and_directory_from_encoded_bytes() {
             .encoded_stage_info(&bytes[..bytes.len() / 2])
             .is_err()
     );
+    // Neither a reader nor the root (a merge) is a stage, encoded or not.
+    let reader = find_readers(&plan, plugin().reader_node_name().unwrap()).remove(0);
+    for node in [reader, Arc::clone(&plan)] {
+        let display = plan_display(&node);
+        assert!(plugin().stage_info(&node).is_err(), "{display}");
+        let bytes = session.encode(node).unwrap();
+        assert!(
+            plugin().encoded_stage_info(&bytes).is_err(),
+            "{display} read as a stage"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stages_decode_and_execute_in_another_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let shuffle = dir.path().join("shuffle");
+    for (sql, answer) in [(AGGREGATE_SQL, AGGREGATE_ANSWER), (UNION_SQL, UNION_ANSWER)] {
+        let (session, plan) = planned(dir.path(), sql).await;
+        let all = stages(plugin(), &plan).unwrap();
+        // Wave by wave, as a driver: every stage a stage reads first.
+        for wave in waves(&all).unwrap() {
+            for index in wave {
+                let stage = &all[index];
+                let bytes = session.encode(Arc::clone(&stage.writer)).unwrap();
+                let report = run_in_child(Path::new(CHILD), &bytes, dir.path())
+                    .unwrap_or_else(|err| panic!("stage {}: {err}", stage.info.stage_id));
+                assert_eq!(report.display, plan_display(&stage.writer));
+                // The child's plugin describes the decoded node and the bytes
+                // as this process's describes the node.
+                assert_eq!(report.stage_info.as_ref(), Some(&stage.info));
+                assert_eq!(report.encoded_stage_info.as_ref(), Some(&stage.info));
+                assert_eq!(report.rows.len() as u64, stage.info.maps);
+                // Each map's report is what its marker says it published.
+                for (map, rows) in report.rows.iter().enumerate() {
+                    let marker = plugin().marker_path(&shuffle, stage.info.stage_id, map);
+                    let marker = read_marker(&marker).unwrap();
+                    let published: u64 = marker.buckets.iter().map(|b| b.rows).sum();
+                    assert_eq!(*rows as u64, published, "{marker:?}");
+                }
+            }
+        }
+        // This process finishes the query from the child's files.
+        assert_eq!(
+            run_to_table(&plan, session.ctx.task_ctx()).await.unwrap(),
+            answer
+        );
+        std::fs::remove_dir_all(&shuffle).unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chain_without_the_plugin_codec_cannot_encode_a_stage() {
     let dir = tempfile::tempdir().unwrap();
-    let (_session, _plan, stage) = stage_of(dir.path(), AGGREGATE_SQL).await;
+    let (_session, plan) = planned(dir.path(), AGGREGATE_SQL).await;
     let host_only = DefaultPhysicalExtensionCodec {};
-    let result =
-        datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec(stage, &host_only);
-    assert!(
-        result.is_err(),
-        "a stage encoded without the plugin's codec"
-    );
+    for stage in stages(plugin(), &plan).unwrap() {
+        let result = datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec(
+            stage.writer,
+            &host_only,
+        );
+        assert!(
+            result.is_err(),
+            "a stage encoded without the plugin's codec"
+        );
+    }
 }
 
-/// A session and the stage of [`AGGREGATE_SQL`], to feed the plugin's codec.
+/// A session and the nodes of [`AGGREGATE_SQL`]'s first stage (its writer
+/// and a reader), to feed the plugin's codec directly.
 struct CodecProbe {
     session: TestSession,
-    stage: Arc<dyn ExecutionPlan>,
+    nodes: Vec<Arc<dyn ExecutionPlan>>,
+    _plan: Arc<dyn ExecutionPlan>,
     _dir: tempfile::TempDir,
 }
 
 impl CodecProbe {
     async fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let (session, _plan, stage) = stage_of(dir.path(), AGGREGATE_SQL).await;
+        let (session, plan) = planned(dir.path(), AGGREGATE_SQL).await;
+        let writer = stages(plugin(), &plan).unwrap().remove(0).writer;
+        let reader = find_readers(&plan, plugin().reader_node_name().unwrap()).remove(0);
         Self {
             session,
-            stage,
+            nodes: vec![writer, reader],
+            _plan: plan,
             _dir: dir,
         }
     }
 
-    /// The plugin codec's own payload for the stage.
-    fn payload(&self) -> Vec<u8> {
+    /// The plugin codec's own payload for `node`.
+    fn payload(&self, node: &Arc<dyn ExecutionPlan>) -> Vec<u8> {
         let mut payload = Vec::new();
         self.session
             .plugin_codec
             .try_encode(
-                Arc::clone(&self.stage),
+                Arc::clone(node),
                 &mut payload,
                 &DefaultPhysicalProtoConverter {},
             )
@@ -140,16 +202,24 @@ impl CodecProbe {
         payload
     }
 
-    /// Decode `payload` with the plugin's codec alone; return its error.
-    fn refused(&self, payload: &[u8]) -> String {
-        let child = Arc::clone(self.stage.children()[0]);
-        let result = self.session.plugin_codec.try_decode(
+    /// Decode `payload` with the plugin's codec alone, with `node`'s children.
+    fn decode(
+        &self,
+        node: &Arc<dyn ExecutionPlan>,
+        payload: &[u8],
+    ) -> datafusion::common::Result<Arc<dyn ExecutionPlan>> {
+        let children: Vec<_> = node.children().into_iter().map(Arc::clone).collect();
+        self.session.plugin_codec.try_decode(
             payload,
-            &[child],
+            &children,
             &self.session.ctx.task_ctx(),
             &DefaultPhysicalProtoConverter {},
-        );
-        match result {
+        )
+    }
+
+    /// Decode `payload` as `node`'s, which must fail; return the error.
+    fn refused(&self, node: &Arc<dyn ExecutionPlan>, payload: &[u8]) -> String {
+        match self.decode(node, payload) {
             Ok(plan) => panic!("payload {payload:02x?} decoded as {}", plan_display(&plan)),
             Err(err) => err.to_string(),
         }
@@ -157,70 +227,78 @@ impl CodecProbe {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_plugin_codec_decodes_its_own_payload() {
+async fn the_plugin_codec_decodes_its_own_payloads() {
     let probe = CodecProbe::new().await;
-    let child = Arc::clone(probe.stage.children()[0]);
-    let decoded = probe
-        .session
-        .plugin_codec
-        .try_decode(
-            &probe.payload(),
-            &[child],
-            &probe.session.ctx.task_ctx(),
-            &DefaultPhysicalProtoConverter {},
-        )
-        .unwrap();
+    let [writer, reader] = [&probe.nodes[0], &probe.nodes[1]];
+    let decoded = probe.decode(writer, &probe.payload(writer)).unwrap();
     assert_eq!(
         plugin().stage_info(&decoded).unwrap(),
-        plugin().stage_info(&probe.stage).unwrap()
+        plugin().stage_info(writer).unwrap()
+    );
+    let decoded = probe.decode(reader, &probe.payload(reader)).unwrap();
+    assert_eq!(decoded.name(), reader.name());
+    assert_eq!(decoded.schema(), reader.schema());
+    assert_eq!(
+        decoded.properties().output_partitioning(),
+        reader.properties().output_partitioning()
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_is_refused_with_dfx_error() {
     let probe = CodecProbe::new().await;
-    let error = probe.refused(b"definitely not a stage payload");
-    assert!(error.contains("dfx codec"), "{error}");
-    assert!(error.contains("not a dfx stage payload"), "{error}");
-    let error = probe.refused(b"");
-    assert!(error.contains("dfx codec"), "{error}");
+    for node in &probe.nodes {
+        let error = probe.refused(node, b"definitely not a stage payload");
+        assert!(error.contains("dfx codec"), "{error}");
+        assert!(error.contains("not a dfx"), "{error}");
+        let error = probe.refused(node, b"");
+        assert!(error.contains("dfx codec"), "{error}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_truncation_is_refused_with_dfx_error() {
     let probe = CodecProbe::new().await;
-    let payload = probe.payload();
-    for len in 0..payload.len() {
-        let error = probe.refused(&payload[..len]);
-        assert!(error.contains("dfx codec"), "length {len}: {error}");
+    for node in &probe.nodes {
+        let payload = probe.payload(node);
+        for len in 0..payload.len() {
+            let error = probe.refused(node, &payload[..len]);
+            assert!(
+                error.contains("dfx codec"),
+                "{} length {len}: {error}",
+                node.name()
+            );
+        }
+        let mut longer = payload.clone();
+        longer.push(b'x');
+        let error = probe.refused(node, &longer);
+        assert!(error.contains("dfx codec"), "{}: {error}", node.name());
     }
-    let mut longer = payload.clone();
-    longer.push(b'x');
-    let error = probe.refused(&longer);
-    assert!(error.contains("dfx codec"), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_future_payload_version_is_refused_with_dfx_error() {
     let probe = CodecProbe::new().await;
-    let mut payload = probe.payload();
-    // The frame (documented in the plugin's codec module): 4 bytes of magic,
-    // then the payload version as u16 little endian.
-    let version = u16::from_le_bytes([payload[4], payload[5]]);
-    payload[4..6].copy_from_slice(&(version + 1).to_le_bytes());
-    let error = probe.refused(&payload);
-    assert!(error.contains("dfx codec"), "{error}");
-    assert!(
-        error.contains(&format!("version {}", version + 1)),
-        "{error}"
-    );
+    for node in &probe.nodes {
+        let mut payload = probe.payload(node);
+        // The frame (documented in the plugin's codec module): 4 bytes of
+        // magic, then the payload version as u16 little endian.
+        let version = u16::from_le_bytes([payload[4], payload[5]]);
+        payload[4..6].copy_from_slice(&(version + 1).to_le_bytes());
+        let error = probe.refused(node, &payload);
+        assert!(error.contains("dfx codec"), "{error}");
+        assert!(
+            error.contains(&format!("version {}", version + 1)),
+            "{error}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_plan_bytes_are_an_error_not_a_crash() {
     let dir = tempfile::tempdir().unwrap();
-    let (session, _plan, stage) = stage_of(dir.path(), AGGREGATE_SQL).await;
+    let (session, plan) = planned(dir.path(), AGGREGATE_SQL).await;
     assert!(session.decode(b"\xff\xfe garbage").is_err());
-    let bytes = session.encode(stage).unwrap();
+    let bytes = session.encode(plan).unwrap();
     assert!(session.decode(&bytes[..bytes.len() / 2]).is_err());
 }

@@ -1,11 +1,14 @@
-//! The plugin's config extension, set on the host's session.
+//! The plugin's config extension (`dfx_engine.shuffle_dir`,
+//! `dfx_engine.split`), set on the host's session.
 
 use std::path::Path;
 
-use dfx_ffi_tests::fixtures::{AGGREGATE_ANSWER, AGGREGATE_SQL, write_lineitem};
+use dfx_ffi_tests::fixtures::{
+    AGGREGATE_ANSWER, AGGREGATE_SQL, distributed_lineitem, write_lineitem,
+};
 use dfx_ffi_tests::locate::plugin;
-use dfx_ffi_tests::plans::{find_stages, plan_display, run_to_table};
-use dfx_ffi_tests::session::{SessionOptions, TestSession};
+use dfx_ffi_tests::plans::{find_stages, plan_display, run_query, run_to_table, stages};
+use dfx_ffi_tests::session::{SPLIT_AGGREGATE, SessionOptions, TestSession};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shuffle_dir_set_on_the_host_reaches_the_planner() {
@@ -33,12 +36,13 @@ async fn shuffle_dir_set_on_the_host_reaches_the_planner() {
         });
     assert_eq!(entry.value.as_deref(), Some(shuffle.to_str().unwrap()));
 
-    // The planner saw it: the stage carries the directory.
+    // The planner saw it: every stage carries the directory.
     let plan = session.plan(AGGREGATE_SQL).await.unwrap();
-    let stages = find_stages(&plan, plugin().stage_node_name());
-    assert_eq!(stages.len(), 1, "{}", plan_display(&plan));
-    let info = plugin().stage_info(&stages[0]).unwrap();
-    assert_eq!(Path::new(info.shuffle_dir.as_str()), shuffle);
+    let stages = stages(plugin(), &plan).unwrap();
+    assert!(!stages.is_empty(), "{}", plan_display(&plan));
+    for stage in &stages {
+        assert_eq!(Path::new(stage.info.shuffle_dir.as_str()), shuffle);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,18 +63,88 @@ async fn a_sql_set_statement_reaches_the_planner() {
         .await
         .unwrap();
     let plan = session.plan(AGGREGATE_SQL).await.unwrap();
-    let stages = find_stages(&plan, plugin().stage_node_name());
-    assert_eq!(stages.len(), 1, "{}", plan_display(&plan));
+    let stages = stages(plugin(), &plan).unwrap();
+    assert!(!stages.is_empty(), "{}", plan_display(&plan));
+    for stage in &stages {
+        assert_eq!(Path::new(stage.info.shuffle_dir.as_str()), shuffle);
+    }
+}
+
+/// Stages of [`AGGREGATE_SQL`] in a distributing session after `statement`.
+async fn stages_after(root: &Path, statement: Option<&str>) -> usize {
+    let session = TestSession::new(plugin(), &distributed_lineitem(root))
+        .await
+        .unwrap();
+    if let Some(statement) = statement {
+        session
+            .ctx
+            .sql(statement)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+    }
+    let plan = session.plan(AGGREGATE_SQL).await.unwrap();
+    let answer = run_query(plugin(), &plan, session.ctx.task_ctx())
+        .await
+        .unwrap();
+    assert_eq!(answer, AGGREGATE_ANSWER, "after {statement:?}");
+    stages(plugin(), &plan).unwrap().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_split_mode_set_on_the_host_reaches_the_planner() {
+    let dir = tempfile::tempdir().unwrap();
+    // Exchange is the default: a hash stage read by a pass-through stage.
+    assert_eq!(stages_after(&dir.path().join("default"), None).await, 2);
     assert_eq!(
-        Path::new(
-            plugin()
-                .stage_info(&stages[0])
-                .unwrap()
-                .shuffle_dir
-                .as_str()
-        ),
-        shuffle
+        stages_after(
+            &dir.path().join("exchange"),
+            Some("SET dfx_engine.split = 'exchange'")
+        )
+        .await,
+        2
     );
+    // Round 1's rule: the partial aggregate is the one stage.
+    assert_eq!(
+        stages_after(
+            &dir.path().join("aggregate"),
+            Some("SET dfx_engine.split = 'aggregate'")
+        )
+        .await,
+        1
+    );
+    // The same through the session's options, as hosts set it.
+    let root = dir.path().join("option");
+    let options = distributed_lineitem(&root).with_split(SPLIT_AGGREGATE);
+    let session = TestSession::new(plugin(), &options).await.unwrap();
+    let plan = session.plan(AGGREGATE_SQL).await.unwrap();
+    assert_eq!(stages(plugin(), &plan).unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_split_mode_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = TestSession::new(plugin(), &distributed_lineitem(dir.path()))
+        .await
+        .unwrap();
+    // Refused when set or, at the latest, when planning: a typo must not
+    // silently plan with another rule.
+    let set = session.ctx.sql("SET dfx_engine.split = 'exchnage'").await;
+    let error = match set {
+        Err(err) => err.to_string(),
+        Ok(frame) => match frame.collect().await {
+            Err(err) => err.to_string(),
+            Ok(_) => session
+                .plan(AGGREGATE_SQL)
+                .await
+                .expect_err("an unknown split mode was accepted")
+                .to_string(),
+        },
+    };
+    assert!(error.contains("exchnage"), "{error}");
+    assert!(error.contains("dfx"), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,7 +179,7 @@ async fn an_empty_shuffle_dir_inserts_no_stage_and_runs_in_process() {
     let dir = tempfile::tempdir().unwrap();
     let options = SessionOptions {
         shuffle_dir: Some(String::new()),
-        tables: Vec::new(),
+        ..SessionOptions::default()
     }
     .with_table("lineitem", &write_lineitem(dir.path()));
     let session = TestSession::new(plugin(), &options).await.unwrap();

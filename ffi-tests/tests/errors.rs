@@ -3,10 +3,10 @@
 
 use std::path::PathBuf;
 
-use dfx_ffi_tests::fixtures::{AGGREGATE_SQL, write_lineitem};
+use dfx_ffi_tests::fixtures::{AGGREGATE_SQL, distributed_lineitem};
 use dfx_ffi_tests::locate::{plugin, profile_dir};
-use dfx_ffi_tests::plans::{find_stages, run_partitions, run_to_table};
-use dfx_ffi_tests::session::{SessionOptions, TestSession};
+use dfx_ffi_tests::plans::{run_stages, run_to_table};
+use dfx_ffi_tests::session::TestSession;
 
 /// The plugin built with its `test-hooks` feature: `DFX_PLUGIN_TEST_HOOKS`,
 /// else `<profile dir>/test-hooks/libdfx_plugin.so` (see the README).
@@ -20,33 +20,52 @@ fn test_hooks_plugin_path() -> PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_corrupt_shuffle_file_reaches_the_host_with_its_message_intact() {
+async fn a_corrupt_bucket_file_reaches_the_host_with_its_message_intact() {
     let dir = tempfile::tempdir().unwrap();
     let shuffle = dir.path().join("shuffle");
-    let options =
-        SessionOptions::distributed(&shuffle).with_table("lineitem", &write_lineitem(dir.path()));
-    let session = TestSession::new(plugin(), &options).await.unwrap();
+    let session = TestSession::new(plugin(), &distributed_lineitem(dir.path()))
+        .await
+        .unwrap();
     let plan = session.plan(AGGREGATE_SQL).await.unwrap();
-    let stage = find_stages(&plan, plugin().stage_node_name()).remove(0);
-    let stage_id = plugin().stage_info(&stage).unwrap().stage_id;
-    run_partitions(&stage, session.ctx.task_ctx())
+    let runs = run_stages(plugin(), &plan, session.ctx.task_ctx())
         .await
         .unwrap();
 
-    let corrupt = plugin().partition_path(&shuffle, stage_id, 0);
+    // A published bucket of the stage the root reads (the first in pre-order).
+    let (stage, maps) = &runs[0];
+    let (map, bucket) = maps
+        .iter()
+        .enumerate()
+        .find_map(|(map, run)| {
+            run.summary
+                .iter()
+                .find(|b| b.rows > 0)
+                .map(|b| (map, b.bucket as usize))
+        })
+        .expect("the stage published a non-empty bucket");
+    let corrupt = plugin()
+        .bucket_path(&shuffle, stage.info.stage_id, map, bucket)
+        .unwrap();
     std::fs::write(&corrupt, b"these bytes are not an Arrow IPC stream").unwrap();
     let error = run_to_table(&plan, session.ctx.task_ctx())
         .await
         .unwrap_err()
         .to_string();
-    let expected = format!(
-        "dfx stage {stage_id} partition 0: {} is not a readable Arrow IPC stream",
-        corrupt.display()
-    );
-    assert!(
-        error.contains(&expected),
-        "expected `{expected}` in: {error}"
-    );
+    // The plugin's message crosses intact: dfx, the stage, map, bucket, the
+    // file and what is wrong with it.
+    for expected in [
+        "dfx".to_string(),
+        format!("stage {}", stage.info.stage_id),
+        format!("map {map}"),
+        format!("bucket {bucket}"),
+        corrupt.display().to_string(),
+        "Arrow IPC".to_string(),
+    ] {
+        assert!(
+            error.contains(&expected),
+            "expected `{expected}` in: {error}"
+        );
+    }
 }
 
 #[test]
@@ -79,9 +98,9 @@ async fn a_panic_inside_the_plugin_becomes_an_error_and_the_host_survives() {
     // The process, and the plugin, still work.
     assert_eq!(hooks.stage_id(0), 1);
     let dir = tempfile::tempdir().unwrap();
-    let options = SessionOptions::distributed(&dir.path().join("shuffle"))
-        .with_table("lineitem", &write_lineitem(dir.path()));
-    let session = TestSession::new(&hooks, &options).await.unwrap();
+    let session = TestSession::new(&hooks, &distributed_lineitem(dir.path()))
+        .await
+        .unwrap();
     let answer = session.run_sql(AGGREGATE_SQL).await.unwrap();
     assert_eq!(answer, dfx_ffi_tests::fixtures::AGGREGATE_ANSWER);
 }

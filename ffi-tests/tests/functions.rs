@@ -11,8 +11,10 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::physical_plan::collect;
 use dfx_ffi_tests::fixtures::{write_lineitem, write_lineitem_with_price_factor};
 use dfx_ffi_tests::locate::plugin;
-use dfx_ffi_tests::plans::{find_stages, plan_display, run_in_child};
-use dfx_ffi_tests::session::{SessionOptions, TestSession};
+use dfx_ffi_tests::plans::{
+    plan_display, run_in_child, run_stage, run_stages, stage_display, stages, waves,
+};
+use dfx_ffi_tests::session::{SPLIT_AGGREGATE, SPLIT_EXCHANGE, SessionOptions, TestSession};
 
 const CHILD: &str = env!("CARGO_BIN_EXE_dfx-ffi-child");
 
@@ -54,8 +56,12 @@ fn rows(batches: &[RecordBatch]) -> Vec<(String, Vec<f64>)> {
     out
 }
 
+/// Plan `sql`, run its stages (if any) in this process, collect the root.
 async fn query(session: &TestSession, sql: &str) -> Vec<(String, Vec<f64>)> {
     let plan = session.plan(sql).await.unwrap();
+    run_stages(plugin(), &plan, session.ctx.task_ctx())
+        .await
+        .unwrap();
     rows(&collect(plan, session.ctx.task_ctx()).await.unwrap())
 }
 
@@ -133,31 +139,48 @@ async fn the_aggregate_equals_the_hosts_own_arithmetic_in_process() {
     assert_weighted_avg(&found);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_aggregate_state_survives_a_partial_final_split_across_processes() {
+/// The partial aggregate's stage runs in another process; the table is then
+/// changed under the plan; the rest of the stages and the root run here.
+async fn partial_in_a_child_final_here(split: &str) {
     let dir = tempfile::tempdir().unwrap();
     let shuffle = dir.path().join("shuffle");
     let table = write_lineitem(dir.path());
-    let options = SessionOptions::distributed(&shuffle).with_table("lineitem", &table);
+    let options = SessionOptions::distributed(&shuffle)
+        .with_table("lineitem", &table)
+        .with_split(split);
     let session = TestSession::new(plugin(), &options).await.unwrap();
     let plan = session.plan(WEIGHTED_AVG_SQL).await.unwrap();
-    let stages = find_stages(&plan, plugin().stage_node_name());
-    assert_eq!(stages.len(), 1, "{}", plan_display(&plan));
-    assert!(
-        plan_display(&stages[0]).contains("mode=Partial"),
-        "{}",
-        plan_display(&stages[0])
-    );
+    let display = plan_display(&plan);
+    let all = stages(plugin(), &plan).unwrap();
+    let reader = plugin().reader_node_name().unwrap();
+    // Exactly one stage holds the partial aggregate among its own operators,
+    // and it reads no other stage (it reads the table).
+    let partial: Vec<usize> = (0..all.len())
+        .filter(|&i| stage_display(&all[i].writer, reader).contains("mode=Partial"))
+        .collect();
+    assert_eq!(partial.len(), 1, "{split}: {display}");
+    let partial = &all[partial[0]];
+    assert!(partial.info.deps.is_empty(), "{:?}", partial.info);
 
     // The partial aggregate runs in another process and publishes its state.
-    let bytes = session.encode(Arc::clone(&stages[0])).unwrap();
+    let bytes = session.encode(Arc::clone(&partial.writer)).unwrap();
     let report =
         run_in_child(Path::new(CHILD), &bytes, dir.path()).unwrap_or_else(|err| panic!("{err}"));
     assert!(report.rows.iter().sum::<usize>() >= 3, "{report:?}");
 
-    // Change the table under the plan: if this process recomputed the partial
-    // aggregate instead of reading the child's state, prices would be 10x.
+    // Change the table under the plan: if anything here recomputed the
+    // partial aggregate instead of reading the child's state, prices would
+    // be 10x.
     write_lineitem_with_price_factor(dir.path(), 10.0);
+    for wave in waves(&all).unwrap() {
+        for index in wave {
+            if all[index].info.stage_id != partial.info.stage_id {
+                run_stage(&all[index], session.ctx.task_ctx())
+                    .await
+                    .unwrap();
+            }
+        }
+    }
     let found = rows(&collect(plan, session.ctx.task_ctx()).await.unwrap());
     assert_weighted_avg(&found);
 
@@ -170,6 +193,16 @@ async fn the_aggregate_state_survives_a_partial_final_split_across_processes() {
     .unwrap();
     let scaled = query(&local, WEIGHTED_AVG_SQL).await;
     assert!(close(scaled[0].1[0], 990.0), "{scaled:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aggregate_state_survives_a_partial_final_split_across_processes() {
+    partial_in_a_child_final_here(SPLIT_EXCHANGE).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aggregate_state_survives_the_aggregate_split_across_processes() {
+    partial_in_a_child_final_here(SPLIT_AGGREGATE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,7 +226,14 @@ async fn distributed_and_local_answers_agree() {
                FROM lineitem GROUP BY l_returnflag ORDER BY l_returnflag";
     let a = query(&local, sql).await;
     let b = query(&distributed, sql).await;
+    let plan = distributed.plan(sql).await.unwrap();
+    assert!(
+        !stages(plugin(), &plan).unwrap().is_empty(),
+        "{}",
+        plan_display(&plan)
+    );
     assert_eq!(a.len(), 3);
+    assert_eq!(b.len(), 3);
     for ((flag_a, va), (flag_b, vb)) in a.iter().zip(&b) {
         assert_eq!(flag_a, flag_b);
         assert!(

@@ -13,7 +13,7 @@ use dfx_ffi_tests::fixtures::{
     AGGREGATE_ANSWER, AGGREGATE_SQL, UNION_ANSWER, UNION_SQL, write_lineitem,
 };
 use dfx_ffi_tests::locate::load_copy;
-use dfx_ffi_tests::plans::{find_stages, run_to_table};
+use dfx_ffi_tests::plans::{find_stages, run_stages, run_to_table};
 use dfx_ffi_tests::session::{SessionOptions, TestSession};
 use futures::StreamExt;
 
@@ -25,8 +25,9 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// Build a session, plan, run a stage stream half-way and drop it, run the
-/// whole query; everything is dropped on return.
+/// Build a session, plan, drop a writer's stream unpolled, run every stage,
+/// run the root's stream half-way and drop it, run the whole query, encode
+/// and decode the plan; everything is dropped on return.
 async fn exercise(plugin: &Plugin, root: &std::path::Path, sql: &str, answer: &str) {
     let options = SessionOptions::distributed(&root.join("shuffle"))
         .with_table("lineitem", &write_lineitem(root));
@@ -36,9 +37,17 @@ async fn exercise(plugin: &Plugin, root: &std::path::Path, sql: &str, answer: &s
         plugin.counters().live_objects > 0,
         "a live session holds plugin objects"
     );
-    // A stream abandoned after one batch must release its plugin side too.
-    let stage = find_stages(&plan, plugin.stage_node_name()).remove(0);
-    let mut stream = stage.execute(0, session.ctx.task_ctx()).unwrap();
+    // A writer's stream abandoned before its first poll must release its
+    // plugin side too (the deepest stage: it reads no other stage).
+    let deepest = find_stages(&plan, plugin.stage_node_name())
+        .pop()
+        .expect("a distributing session plans stages");
+    drop(deepest.execute(0, session.ctx.task_ctx()).unwrap());
+    run_stages(plugin, &plan, session.ctx.task_ctx())
+        .await
+        .unwrap();
+    // A reading stream abandoned after one batch, likewise.
+    let mut stream = plan.execute(0, session.ctx.task_ctx()).unwrap();
     let _ = stream.next().await;
     drop(stream);
     assert_eq!(

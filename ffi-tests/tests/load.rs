@@ -39,9 +39,18 @@ fn real_plugin_loads_and_declares_its_versions() {
     assert_eq!(plugin.datafusion_ffi_major(), host_datafusion_ffi_major());
     assert_eq!(plugin.datafusion_ffi_major(), datafusion_ffi::version());
     assert_eq!(plugin.name(), "dfx-plugin");
-    assert_eq!(plugin.stage_node_name(), "ShuffleStageExec");
-    assert_eq!(plugin.codec_id(), "dfx_engine.physical.v1");
+    assert_eq!(plugin.stage_node_name(), "ShuffleWriterExec");
+    assert_eq!(plugin.reader_node_name(), Some("ShuffleReaderExec"));
+    assert_eq!(plugin.codec_id(), "dfx_engine.physical.v2");
     assert_eq!(plugin.config_prefix(), "dfx_engine");
+    // The exchange's exports are all present (appended after round 1's).
+    let module = plugin.module();
+    assert!(module.stage_info().is_some(), "no stage_info");
+    assert!(
+        module.encoded_stage_info().is_some(),
+        "no encoded_stage_info"
+    );
+    assert!(module.bucket_path().is_some(), "no bucket_path");
 }
 
 #[test]

@@ -1,112 +1,200 @@
-//! The plugin's planner seen from a host: the split rule, and stage ids by
-//! pre-order position equal to the plugin's own numbering.
+//! The plugin's planner seen from a host: where it cuts the plan into stages
+//! (both split modes), stage ids by pre-order position (descending into
+//! nested stages) equal to the plugin's own numbering, deps and maps that
+//! match the plan's shape, and files exactly where the plugin's path
+//! functions say.
 
 use std::path::Path;
+use std::sync::Arc;
 
+use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 use dfx_ffi_tests::fixtures::{
-    AGGREGATE_ANSWER, AGGREGATE_SQL, SCAN_ANSWER, SCAN_SQL, UNION_ANSWER, UNION_SQL, write_lineitem,
+    AGGREGATE_ANSWER, AGGREGATE_SQL, JOIN_ANSWER, JOIN_SQL, SCAN_ANSWER, SCAN_SQL, UNION_ANSWER,
+    UNION_SQL, write_lineitem,
 };
 use dfx_ffi_tests::locate::plugin;
-use dfx_ffi_tests::plans::{find_stages, plan_display, run_partitions, run_to_table};
-use dfx_ffi_tests::session::{SessionOptions, TestSession};
+use dfx_ffi_tests::plans::{
+    direct_deps, expected_files, plan_display, published_files, run_stages, run_to_table, stages,
+};
+use dfx_ffi_tests::session::{SPLIT_AGGREGATE, SPLIT_EXCHANGE, SessionOptions, TestSession};
 
-async fn session(root: &Path) -> TestSession {
+async fn session(root: &Path, split: &str) -> TestSession {
     let options = SessionOptions::distributed(&root.join("shuffle"))
-        .with_table("lineitem", &write_lineitem(root));
+        .with_table("lineitem", &write_lineitem(root))
+        .with_split(split);
     TestSession::new(plugin(), &options).await.unwrap()
 }
 
+/// Every node of `plan`, in pre-order.
+fn nodes(plan: &Arc<dyn ExecutionPlan>, out: &mut Vec<Arc<dyn ExecutionPlan>>) {
+    out.push(Arc::clone(plan));
+    for child in plan.children() {
+        nodes(child, out);
+    }
+}
+
+/// The exchange split's cuts, checked on the plan: no hash or round-robin
+/// repartition is left (each hash one became a hash exchange, round robin is
+/// off), and every merge reads a stage.
+fn assert_exchange_cuts(plan: &Arc<dyn ExecutionPlan>) {
+    let display = plan_display(plan);
+    let reader = plugin().reader_node_name().unwrap();
+    let mut all = Vec::new();
+    nodes(plan, &mut all);
+    for node in &all {
+        if node.name() == "RepartitionExec" {
+            let partitioning = node.properties().output_partitioning();
+            assert!(
+                !matches!(
+                    partitioning,
+                    Partitioning::Hash(..) | Partitioning::RoundRobinBatch(_)
+                ),
+                "a repartition ({partitioning}) survived the exchange split: {display}"
+            );
+        }
+        if matches!(
+            node.name(),
+            "CoalescePartitionsExec" | "SortPreservingMergeExec"
+        ) {
+            let child = &node.children()[0];
+            assert_eq!(child.name(), reader, "{} in {display}", node.name());
+        }
+    }
+}
+
 /// Stage ids recomputed by pre-order position equal the ids the plugin gave
-/// the nodes, and each stage publishes exactly the files its id names.
-async fn check_numbering(sql: &str, expected_stages: usize, answer: &str) {
+/// the writers, deps and maps match the plan, each stage publishes exactly
+/// the files the plugin's path functions name, and the root then answers.
+async fn check_numbering(sql: &str, split: &str, expected_stages: usize, answer: &str) {
     let dir = tempfile::tempdir().unwrap();
     let shuffle = dir.path().join("shuffle");
-    let session = session(dir.path()).await;
+    let session = session(dir.path(), split).await;
     let plan = session.plan(sql).await.unwrap();
-    let stages = find_stages(&plan, plugin().stage_node_name());
-    assert_eq!(stages.len(), expected_stages, "{}", plan_display(&plan));
+    let display = plan_display(&plan);
+    // `stages` checks stage_info's id against plugin.stage_id(position).
+    let found = stages(plugin(), &plan).unwrap_or_else(|err| panic!("{err}\n{display}"));
+    assert_eq!(found.len(), expected_stages, "{split}: {display}");
+    if split == SPLIT_EXCHANGE {
+        assert_exchange_cuts(&plan);
+    }
 
-    for (index, stage) in stages.iter().enumerate() {
-        let info = plugin().stage_info(stage).unwrap();
-        assert_eq!(
-            info.stage_id,
-            plugin().stage_id(index),
-            "stage {index} in pre-order"
-        );
+    for (index, stage) in found.iter().enumerate() {
+        let info = &stage.info;
         assert_eq!(info.stage_id, 1 + index as u64, "FIRST_STAGE_ID is 1");
         assert_eq!(Path::new(info.shuffle_dir.as_str()), shuffle);
-        let rows = run_partitions(stage, session.ctx.task_ctx()).await.unwrap();
-        assert_eq!(rows.len() as u64, info.partition_count);
+        assert_eq!(
+            info.maps as usize,
+            stage
+                .writer
+                .properties()
+                .output_partitioning()
+                .partition_count(),
+            "{info:?}"
+        );
+        // Deps: the writers met first below this one, ascending.
+        assert_eq!(
+            info.deps.to_vec(),
+            direct_deps(plugin(), &stage.writer).unwrap(),
+            "{info:?} in {display}"
+        );
+        assert!(info.deps.iter().all(|&dep| dep > info.stage_id), "{info:?}");
+        assert!(!info.partitioning.is_empty(), "{info:?}");
+        if info.partitioning.starts_with("hash") {
+            assert!(
+                info.partitioning.contains(&format!(", {})", info.buckets)),
+                "{info:?}"
+            );
+        }
     }
-    // Exactly the files the plugin's path function names, nothing else.
-    let mut expected: Vec<_> = stages
-        .iter()
-        .enumerate()
-        .flat_map(|(index, stage)| {
-            let shuffle = shuffle.clone();
-            let count = stage.properties().output_partitioning().partition_count();
-            (0..count).map(move |p| plugin().partition_path(&shuffle, plugin().stage_id(index), p))
-        })
-        .collect();
-    expected.sort();
-    let mut published: Vec<_> = std::fs::read_dir(&shuffle)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|e| e == "arrow"))
-        .collect();
-    published.sort();
-    assert_eq!(published, expected);
 
-    // Planning again numbers afresh and agrees; the second run reads the files.
+    let runs = run_stages(plugin(), &plan, session.ctx.task_ctx())
+        .await
+        .unwrap();
+    // Exactly the files the plugin's path functions name, nothing else.
+    let mut expected = std::collections::BTreeSet::new();
+    for (stage, maps) in &runs {
+        expected.extend(expected_files(plugin(), &shuffle, stage.info.stage_id, maps).unwrap());
+    }
+    assert_eq!(published_files(&shuffle).unwrap(), expected);
+
+    // Planning again numbers afresh and agrees; its root reads the files.
     let again = session.plan(sql).await.unwrap();
-    let again_ids: Vec<u64> = find_stages(&again, plugin().stage_node_name())
-        .iter()
-        .map(|stage| plugin().stage_info(stage).unwrap().stage_id)
+    let again_infos: Vec<_> = stages(plugin(), &again)
+        .unwrap()
+        .into_iter()
+        .map(|stage| stage.info)
         .collect();
-    assert_eq!(
-        again_ids,
-        (0..expected_stages)
-            .map(|i| plugin().stage_id(i))
-            .collect::<Vec<_>>()
-    );
+    let infos: Vec<_> = runs.iter().map(|(stage, _)| stage.info.clone()).collect();
+    assert_eq!(again_infos, infos);
     assert_eq!(
         run_to_table(&again, session.ctx.task_ctx()).await.unwrap(),
+        answer
+    );
+    // And so does the root of the plan the stages came from.
+    assert_eq!(
+        run_to_table(&plan, session.ctx.task_ctx()).await.unwrap(),
         answer
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_aggregate_is_one_stage_numbered_by_the_plugin() {
-    check_numbering(AGGREGATE_SQL, 1, AGGREGATE_ANSWER).await;
+async fn one_aggregate_is_a_hash_stage_read_by_a_pass_through_stage() {
+    check_numbering(AGGREGATE_SQL, SPLIT_EXCHANGE, 2, AGGREGATE_ANSWER).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_union_all_of_aggregates_is_two_stages_numbered_in_pre_order() {
-    check_numbering(UNION_SQL, 2, UNION_ANSWER).await;
+async fn a_union_all_of_aggregates_nests_two_stages_numbered_in_pre_order() {
+    check_numbering(UNION_SQL, SPLIT_EXCHANGE, 3, UNION_ANSWER).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plan_without_aggregate_is_wrapped_whole() {
-    check_numbering(SCAN_SQL, 1, SCAN_ANSWER).await;
+async fn a_plan_without_repartition_is_one_pass_through_stage() {
+    check_numbering(SCAN_SQL, SPLIT_EXCHANGE, 1, SCAN_ANSWER).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_is_cut_into_stages_that_answer_as_one_process() {
+    // How the join is cut (broadcast or hashed on both sides) is the
+    // planner's choice; the numbering, deps, files and answer are checked.
+    let dir = tempfile::tempdir().unwrap();
+    let probe = session(dir.path(), SPLIT_EXCHANGE).await;
+    let plan = probe.plan(JOIN_SQL).await.unwrap();
+    let count = stages(plugin(), &plan).unwrap().len();
+    assert!(count >= 2, "{}", plan_display(&plan));
+    check_numbering(JOIN_SQL, SPLIT_EXCHANGE, count, JOIN_ANSWER).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aggregate_split_keeps_round_ones_stage_counts() {
+    check_numbering(AGGREGATE_SQL, SPLIT_AGGREGATE, 1, AGGREGATE_ANSWER).await;
+    check_numbering(UNION_SQL, SPLIT_AGGREGATE, 2, UNION_ANSWER).await;
+    check_numbering(SCAN_SQL, SPLIT_AGGREGATE, 1, SCAN_ANSWER).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_planner_counts_its_calls_on_the_plugin_side() {
     let dir = tempfile::tempdir().unwrap();
-    let session = session(dir.path()).await;
+    let session = session(dir.path(), SPLIT_EXCHANGE).await;
     let before = plugin().counters();
-    session.plan(UNION_SQL).await.unwrap();
+    let plan = session.plan(UNION_SQL).await.unwrap();
     let after = plugin().counters();
+    let found = stages(plugin(), &plan).unwrap().len() as u64;
     // Other tests in this process plan at the same time: at least ours.
     assert!(after.planner_calls > before.planner_calls);
-    assert!(after.stages_inserted >= before.stages_inserted + 2);
+    assert!(after.stages_inserted >= before.stages_inserted + found);
 }
 
 #[test]
 fn stage_ids_and_paths_come_from_the_plugin() {
     assert_eq!(plugin().stage_id(0), 1);
     assert_eq!(plugin().stage_id(4), 5);
-    let path = plugin().partition_path(Path::new("/q"), 3, 1);
-    assert_eq!(path, Path::new("/q/stage-3-part-1.arrow"));
-    assert_eq!(plugin().partition_glob(), "stage-*-part-*.arrow");
+    assert_eq!(
+        plugin().marker_path(Path::new("/q"), 3, 1),
+        Path::new("/q/stage-3/map-1.json")
+    );
+    assert_eq!(
+        plugin().bucket_path(Path::new("/q"), 3, 1, 2).unwrap(),
+        Path::new("/q/stage-3/map-1/bucket-2.arrow")
+    );
+    assert_eq!(plugin().partition_glob(), "stage-*");
 }
