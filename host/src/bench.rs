@@ -12,8 +12,8 @@
 //! note the time, spawn ─────────────────► start: process start = now - spawn time
 //!                                         load plugin + handshake
 //!                                         build session (same factory)
-//!                                         read + decode the stage
-//!                                         execute partition, drain
+//!                                         read + decode the stage, check it
+//!                                         execute map 0, drain
 //!            report + exit = exit - t ◄── note t, print the report line
 //! ```
 //!
@@ -31,8 +31,6 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use clap::{Args, Subcommand};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
-use datafusion::physical_plan::ExecutionPlanProperties;
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::envelope::{Envelope, TASK_DIR, envelope_path, plan_path};
@@ -103,7 +101,7 @@ pub struct StepTimes {
     pub session_build_us: f64,
     /// Read the plan file and decode it with the session's codecs.
     pub decode_us: f64,
-    /// Execute the partition and drain it (the stage node writes its file).
+    /// Execute the map and drain it (the writer publishes its buckets).
     pub execute_us: f64,
     /// Print the report until the driver sees the process exit.
     pub report_us: f64,
@@ -215,30 +213,12 @@ pub async fn timed_task(plugin_path: Option<&Path>, envelope: &Path) -> Result<(
     steps.session_build_us = micros(t);
 
     let t = Instant::now();
-    let bytes = std::fs::read(&envelope.plan).map_err(|e| TpchError::io(&envelope.plan, e))?;
-    let stage = session.decode(&bytes)?;
+    let bytes = crate::worker::read_plan(&session, &envelope)?;
+    let stage = crate::worker::decode_stage(&session, &envelope, &bytes)?;
     steps.decode_us = micros(t);
 
     let t = Instant::now();
-    let task = format!(
-        "stage {} partition {}",
-        envelope.stage_id, envelope.partition
-    );
-    let partitions = stage.output_partitioning().partition_count();
-    if envelope.partition >= partitions {
-        return Err(TpchError::Invalid(format!(
-            "{task}: the stage has only {partitions} partition(s)"
-        )));
-    }
-    let mut stream = stage
-        .execute(envelope.partition, session.ctx().task_ctx())
-        .map_err(|e| HostError::datafusion(format!("{task}: cannot start"), e))?;
-    let mut rows = 0;
-    while let Some(batch) = stream.next().await {
-        rows += batch
-            .map_err(|e| HostError::datafusion(format!("{task}: failed"), e))?
-            .num_rows();
-    }
+    let rows = crate::worker::run_map(&session, &stage, &envelope).await?;
     steps.execute_us = micros(t);
 
     let report = TimedReport {
@@ -261,7 +241,8 @@ struct PreparedTask {
 }
 
 /// Plan [`OVERHEAD_SQL`] over `spec` in a fresh shuffle directory and write
-/// the envelope of its first stage's partition 0, as the driver would.
+/// the envelope of map 0 of its first stage that reads no other stage (so it
+/// can run alone), as the driver would.
 async fn prepare_task(plugin: &Plugin, spec: &SessionSpec) -> Result<PreparedTask, TpchError> {
     let shuffle = tempfile::Builder::new()
         .prefix("dfx-bench-")
@@ -270,18 +251,19 @@ async fn prepare_task(plugin: &Plugin, spec: &SessionSpec) -> Result<PreparedTas
     let spec = spec.clone().with_shuffle_dir(shuffle.path());
     let session = build_session(plugin, &spec).await?;
     let plan = session.physical_plan(OVERHEAD_SQL).await?;
-    let stage = crate::stages::stages(plugin, &plan)
+    let stage = crate::stages::stages(plugin, &plan)?
         .into_iter()
-        .next()
+        .find(|stage| stage.info.deps.is_empty())
         .ok_or_else(|| {
             TpchError::Invalid(format!(
-                "the plan of {OVERHEAD_SQL:?} has no {}",
+                "the plan of {OVERHEAD_SQL:?} has no {} reading no other stage",
                 plugin.stage_node_name()
             ))
         })?;
+    let stage_id = stage.stage_id();
     let task_dir = shuffle.path().join(TASK_DIR);
     std::fs::create_dir_all(&task_dir).map_err(|e| TpchError::io(&task_dir, e))?;
-    let plan_file = plan_path(&task_dir, stage.stage_id);
+    let plan_file = plan_path(&task_dir, stage_id);
     let bytes = session.encode(stage.plan.clone())?;
     std::fs::write(&plan_file, bytes).map_err(|e| TpchError::io(&plan_file, e))?;
     let envelope = Envelope {
@@ -290,10 +272,10 @@ async fn prepare_task(plugin: &Plugin, spec: &SessionSpec) -> Result<PreparedTas
             ..spec
         },
         plan: plan_file,
-        stage_id: stage.stage_id,
+        stage_id,
         partition: 0,
     };
-    let path = envelope_path(&task_dir, stage.stage_id, 0);
+    let path = envelope_path(&task_dir, stage_id, 0);
     envelope.write(&path)?;
     Ok(PreparedTask {
         envelope: path,

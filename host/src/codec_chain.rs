@@ -1,7 +1,7 @@
 //! The host's physical codec chain, byte-compatible with datafusion-python 55.
 //!
 //! A session carries several physical extension codecs: the plugin's (which
-//! claims `ShuffleStageExec`) and DataFusion's default (which claims nothing
+//! claims `ShuffleWriterExec` and `ShuffleReaderExec`) and DataFusion's default (which claims nothing
 //! and writes nothing). A plan encoded by one host must decode in the other —
 //! a stage written by the Python driver runs in `dfx worker` and the other way
 //! round — so the chain frames payloads exactly as datafusion-python 55 does.
@@ -33,7 +33,7 @@
 //! The *codec ids* of a session are the installed codecs' ids in install
 //! order; the terminal codec has none. A session built by
 //! [`crate::session::build_session`] carries exactly the plugin's codec id
-//! (`dfx_engine.physical.v1`), the list datafusion-python reports for
+//! (`dfx_engine.physical.v2`), the list datafusion-python reports for
 //! `SessionContext().with_extensions(...)` with the dfx extension.
 
 use std::fmt;

@@ -1,8 +1,9 @@
-//! Fan-out: one worker process per task, all in flight, every failure kept.
+//! Fan-out: one worker process per task of a wave, a bounded number in
+//! flight, every failure kept.
 //!
 //! ```text
-//!            ┌─► worker task-1-0.json ─► stage-1-part-0.arrow
-//! driver ────┼─► worker task-1-1.json ─► stage-1-part-1.arrow
+//!            ┌─► worker task-2-0.json ─► stage-2/map-0/bucket-*.arrow, stage-2/map-0.json
+//! driver ────┼─► worker task-2-1.json ─► stage-2/map-1/bucket-*.arrow, stage-2/map-1.json
 //!            └─► ...                      (last stdout line: report)
 //! ```
 //!
@@ -92,13 +93,13 @@ impl WorkerCommand {
     }
 }
 
-/// One task to dispatch.
+/// One task to dispatch: one map of one stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Task {
     /// The stage.
     pub stage_id: u64,
-    /// The partition.
-    pub partition: usize,
+    /// The map (the stage's input partition the worker runs).
+    pub map: usize,
     /// The envelope file the worker is given.
     pub envelope: PathBuf,
 }
@@ -106,18 +107,25 @@ pub struct Task {
 /// How to run the fan-out.
 #[derive(Debug, Clone, Default)]
 pub struct FanOutOptions {
-    /// At most this many workers at once; `None` runs every task at once.
+    /// At most this many workers at once; `None` means [`default_max_workers`].
     pub max_workers: Option<usize>,
     /// Draw a progress bar on stderr (only when stderr is a terminal).
     pub progress: bool,
 }
 
-/// Rows each task reported, keyed by `(stage_id, partition)`.
+/// Rows each task reported, keyed by `(stage_id, map)`.
 pub type TaskRows = BTreeMap<(u64, usize), usize>;
+
+/// Workers in flight when the caller sets no bound: the cores this process
+/// may use (1 if unknown). More would only make them contend for the cores.
+pub fn default_max_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
 
 /// Run every task in its own worker process and collect their reports.
 ///
-/// All tasks are in flight together unless `options.max_workers` caps them.
+/// At most `options.max_workers` (default [`default_max_workers`]) are in
+/// flight at once.
 /// Every failure — a worker that cannot start, exits non-zero or by a
 /// signal, or prints no readable report for its own task — is collected and
 /// reported together once every worker has finished.
@@ -131,7 +139,10 @@ pub async fn fan_out(
     options: &FanOutOptions,
 ) -> Result<TaskRows> {
     let bar = progress_bar(tasks.len(), options.progress);
-    let limit = options.max_workers.unwrap_or(tasks.len()).max(1);
+    let limit = options
+        .max_workers
+        .unwrap_or_else(default_max_workers)
+        .max(1);
     let outcomes: Vec<(usize, std::result::Result<usize, TaskFailure>)> =
         futures::stream::iter(tasks.iter().enumerate())
             .map(|(index, task)| {
@@ -157,7 +168,7 @@ pub async fn fan_out(
         let task = &tasks[index];
         match outcome {
             Ok(n) => {
-                rows.insert((task.stage_id, task.partition), n);
+                rows.insert((task.stage_id, task.map), n);
             }
             Err(failure) => failures.push(failure),
         }
@@ -165,7 +176,12 @@ pub async fn fan_out(
     if failures.is_empty() {
         Ok(rows)
     } else {
+        let mut stages: Vec<u64> = tasks.iter().map(|t| t.stage_id).collect();
+        stages.sort_unstable();
+        stages.dedup();
         Err(HostError::Workers {
+            wave: None,
+            stages,
             total: tasks.len(),
             failures,
         })
@@ -175,7 +191,7 @@ pub async fn fan_out(
 async fn run_one(command: &WorkerCommand, task: &Task) -> std::result::Result<usize, TaskFailure> {
     let fail = |reason: String, stderr: String| TaskFailure {
         stage_id: task.stage_id,
-        partition: task.partition,
+        map: task.map,
         reason,
         stderr,
     };
@@ -195,10 +211,10 @@ async fn run_one(command: &WorkerCommand, task: &Task) -> std::result::Result<us
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
     let report = WorkerReport::parse(&stdout).map_err(|reason| fail(reason, stderr.clone()))?;
-    if (report.stage_id, report.partition) != (task.stage_id, task.partition) {
+    if (report.stage_id, report.partition) != (task.stage_id, task.map) {
         return Err(fail(
             format!(
-                "reported stage {} partition {} instead of its own task",
+                "reported stage {} map {} instead of its own task",
                 report.stage_id, report.partition
             ),
             stderr,

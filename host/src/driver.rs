@@ -1,4 +1,11 @@
-//! The driver: split a query into tasks, fan them out, finish the query.
+//! The driver: plan a query once, run its stages wave by wave, finish it.
+//!
+//! ```text
+//! refuse a used directory ─► build_session ─► plan ONCE ─► stages (pre-order, asked of the plugin)
+//!   ─► encode each writer ─► tasks/stage-S.plan + tasks/task-S-M.json
+//!   ─► wave 1: stages reading nothing ─► wave 2: stages whose deps are done ─► ...
+//!   ─► execute the root of the SAME plan here (its readers find every file)
+//! ```
 //!
 //! The six rules it keeps (DESIGN.md), each at the line that keeps it:
 //!
@@ -6,41 +13,52 @@
 //! 2. ship the codec ids, so a worker refuses what it would misread;
 //! 3. the shuffle directory lives in the session config, so it travels
 //!    inside the encoded stage;
-//! 4. wait for every worker before reading;
-//! 5. ship every stage, keyed by `(stage_id, partition)`;
+//! 4. a stage runs only once every stage it reads is published, and the
+//!    final read only once every stage is;
+//! 5. ship every stage, keyed by `(stage_id, map)`;
 //! 6. refuse a shuffle directory that already holds stage output, before
 //!    building anything.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::physical_plan::collect;
 use dfx_abi::Plugin;
 
 use crate::dispatch::{FanOutOptions, Task, TaskRows, WorkerCommand, fan_out};
 use crate::envelope::{Envelope, TASK_DIR, envelope_path, plan_path};
 use crate::error::{DataFusionContext, HostError, Result};
-use crate::session::{SessionSpec, build_session};
-use crate::stages::{render_with_stages, stages};
+use crate::session::{DfxSession, SessionSpec, build_session};
+use crate::stages::{Stage, StageInfo, render_with_stages, stages, waves};
 
 /// What a distributed run produced, and how.
 #[derive(Debug, Clone)]
 pub struct DistributedResult {
     /// The query's answer.
     pub batches: Vec<RecordBatch>,
-    /// `(stage_id, partition)` of every task dispatched, one per worker, in
-    /// dispatch order. Keyed by both: partition 0 of stage 1 and of stage 2
-    /// are different pieces of work.
+    /// Every stage of the plan, in pre-order (the order of their ids), as the
+    /// plugin described it: maps, buckets, deps.
+    pub stages: Vec<StageInfo>,
+    /// The stage ids of each wave, in the order the waves ran.
+    pub waves: Vec<Vec<u64>>,
+    /// `(stage_id, map)` of every task dispatched, one per worker, in
+    /// dispatch order (wave by wave). Keyed by both: map 0 of stage 1 and of
+    /// stage 2 are different pieces of work.
     pub tasks: Vec<(u64, usize)>,
-    /// Rows each task reported, keyed as `tasks` is.
+    /// Rows each task published, keyed as `tasks` is.
     pub task_rows: TaskRows,
 }
 
 impl DistributedResult {
-    /// Distinct stage ids, in dispatch order.
+    /// The stage ids, in pre-order.
     pub fn stage_ids(&self) -> Vec<u64> {
-        let mut ids: Vec<u64> = self.tasks.iter().map(|(s, _)| *s).collect();
-        ids.dedup();
-        ids
+        self.stages.iter().map(|s| s.stage_id).collect()
+    }
+
+    /// What the plugin said about stage `stage_id`.
+    pub fn stage(&self, stage_id: u64) -> Option<&StageInfo> {
+        self.stages.iter().find(|s| s.stage_id == stage_id)
     }
 
     /// Rows in the answer.
@@ -58,7 +76,7 @@ impl DistributedResult {
 /// let spec = dfx_host::SessionSpec::new([("t".to_string(), "data/t".into())])
 ///     .with_shuffle_dir("/tmp/dfx-q1");
 /// let result = host.run_distributed("SELECT count(*) FROM t", &spec).await?;
-/// println!("{} tasks", result.tasks.len());
+/// println!("{} stages, {} tasks", result.stages.len(), result.tasks.len());
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
@@ -91,7 +109,8 @@ impl Host {
         }
     }
 
-    /// Cap the workers running at once.
+    /// Cap the workers running at once (`None`: the cores this process may
+    /// use, [`crate::dispatch::default_max_workers`]).
     pub fn max_workers(mut self, max: Option<usize>) -> Self {
         self.options.max_workers = max;
         self
@@ -108,15 +127,19 @@ impl Host {
         &self.plugin
     }
 
-    /// Run `sql`, each stage partition in its own worker process.
+    /// Run `sql`: each map of each stage in its own worker process, stage
+    /// after stage as their inputs are published, then the root of the same
+    /// plan here.
     ///
     /// Needs `spec.shuffle_dir`, which must not already hold stage output.
     ///
     /// # Errors
     ///
-    /// No shuffle directory, a reused one, a plan without stages, a stage
-    /// that cannot be encoded, any failed worker (all reported together), or
-    /// a failure of the final read.
+    /// No shuffle directory, a reused one, a plan without stages or whose
+    /// stages the plugin describes inconsistently, a stage that cannot be
+    /// encoded, any failed worker (every failure of its wave, together;
+    /// nothing after that wave runs), or a failure of the final read (a
+    /// missing or unreadable file is named by stage, map and bucket).
     pub async fn run_distributed(
         &self,
         sql: &str,
@@ -128,13 +151,15 @@ impl Host {
             )
         })?;
         // Rule 6, first of all: nothing is built, planned or written into a
-        // directory whose files the stage nodes would read as this query's.
+        // directory whose files the readers would take for this query's.
         require_empty_shuffle(&self.plugin, &shuffle_dir)?;
 
         // Rule 3: the spec's shuffle directory goes into the session config.
         let session = build_session(&self.plugin, spec).await?;
+        // Planned once: the plan the stages are cut from is the plan whose
+        // root runs here at the end, so both name the same files.
         let plan = session.physical_plan(sql).await?;
-        let stages = stages(&self.plugin, &plan);
+        let stages = stages(&self.plugin, &plan)?;
         if stages.is_empty() {
             return Err(HostError::Invalid(format!(
                 "no {} in the plan of {sql:?}; the plugin's planner did not run or its config \
@@ -142,7 +167,68 @@ impl Host {
                 self.plugin.stage_node_name()
             )));
         }
+        check_stage_dirs(&stages, &shuffle_dir)?;
+        let infos: Vec<StageInfo> = stages.iter().map(|s| s.info.clone()).collect();
+        let waves = waves(&infos)?;
 
+        let tasks = self.write_tasks(&session, spec, &stages, &shuffle_dir)?;
+        let mut dispatched = Vec::new();
+        let mut task_rows = TaskRows::new();
+        for (index, wave) in waves.iter().enumerate() {
+            let wave_tasks: Vec<Task> = tasks
+                .iter()
+                .filter(|t| wave.contains(&t.stage_id))
+                .cloned()
+                .collect();
+            // Rule 4: `fan_out` returns only once every worker of the wave has
+            // ended; a failed wave stops the query, so no stage ever runs
+            // over an input that was not published.
+            match fan_out(&self.worker, &wave_tasks, &self.options).await {
+                Ok(rows) => task_rows.extend(rows),
+                Err(HostError::Workers {
+                    total, failures, ..
+                }) => {
+                    return Err(HostError::Workers {
+                        wave: Some(index + 1),
+                        stages: wave.clone(),
+                        total,
+                        failures,
+                    });
+                }
+                Err(other) => return Err(other),
+            }
+            dispatched.extend(wave_tasks.iter().map(|t| (t.stage_id, t.map)));
+        }
+
+        // The root of the same plan: every stage is published, so each reader
+        // finds its files (a missing one is an error naming it, never a
+        // recompute) and the driver runs only what sits above the stages.
+        let batches = collect(Arc::clone(&plan), session.ctx().task_ctx())
+            .await
+            .context(|| {
+                format!(
+                    "cannot read the stage output of {sql:?} in {}",
+                    shuffle_dir.display()
+                )
+            })?;
+        Ok(DistributedResult {
+            batches,
+            stages: infos,
+            waves,
+            tasks: dispatched,
+            task_rows,
+        })
+    }
+
+    /// Encode every stage and write its plan file and one envelope per map;
+    /// returns the tasks in pre-order of their stages, maps ascending.
+    fn write_tasks(
+        &self,
+        session: &DfxSession,
+        spec: &SessionSpec,
+        stages: &[Stage],
+        shuffle_dir: &Path,
+    ) -> Result<Vec<Task>> {
         // Rule 2: the ids the workers must carry. The driver's session
         // checked its own against the spec's if the caller set any.
         let shipped = SessionSpec {
@@ -154,54 +240,34 @@ impl Host {
         std::fs::create_dir_all(&task_dir)
             .map_err(|e| HostError::io("cannot create", &task_dir, e))?;
 
-        // Rule 5: every stage, every partition.
+        // Rule 5: every stage, every map.
         let mut tasks = Vec::new();
-        for stage in &stages {
+        for stage in stages {
+            let stage_id = stage.stage_id();
             // Rule 1: encoded through the session that owns the codecs.
-            let bytes = session.encode(stage.plan.clone())?;
-            let plan_file = plan_path(&task_dir, stage.stage_id);
+            let bytes = session
+                .encode(Arc::clone(&stage.plan))
+                .map_err(|err| HostError::Invalid(format!("stage {stage_id}: {err}")))?;
+            let plan_file = plan_path(&task_dir, stage_id);
             std::fs::write(&plan_file, &bytes)
                 .map_err(|e| HostError::io("cannot write", &plan_file, e))?;
-            for partition in 0..stage.partitions {
+            for map in 0..stage.info.maps {
                 let envelope = Envelope {
                     spec: shipped.clone(),
                     plan: plan_file.clone(),
-                    stage_id: stage.stage_id,
-                    partition,
+                    stage_id,
+                    partition: map,
                 };
-                let path = envelope_path(&task_dir, stage.stage_id, partition);
+                let path = envelope_path(&task_dir, stage_id, map);
                 envelope.write(&path)?;
                 tasks.push(Task {
-                    stage_id: stage.stage_id,
-                    partition,
+                    stage_id,
+                    map,
                     envelope: path,
                 });
             }
         }
-
-        // Rule 4: `fan_out` returns only once every worker has ended.
-        let task_rows = fan_out(&self.worker, &tasks, &self.options).await?;
-
-        // The whole query again: every stage partition now has its file, so
-        // each stage node streams it and the driver does only the final merge.
-        let batches = session
-            .ctx()
-            .sql(sql)
-            .await
-            .context(|| format!("cannot plan {sql:?} for the final read"))?
-            .collect()
-            .await
-            .context(|| {
-                format!(
-                    "cannot read the stage output of {sql:?} in {}",
-                    shuffle_dir.display()
-                )
-            })?;
-        Ok(DistributedResult {
-            batches,
-            tasks: tasks.iter().map(|t| (t.stage_id, t.partition)).collect(),
-            task_rows,
-        })
+        Ok(tasks)
     }
 
     /// Run `sql` in this process with the same session factory and no
@@ -223,28 +289,61 @@ impl Host {
             .context(|| format!("cannot execute {sql:?}"))
     }
 
-    /// The physical plan of `sql`, each stage marked with its id and
-    /// partition count. Writes nothing.
+    /// The physical plan of `sql` in `spec`'s session, each writer marked
+    /// with its stage id, maps, buckets and deps. Writes nothing.
     ///
     /// # Errors
     ///
-    /// Whatever building the session or planning reports.
+    /// Whatever building the session or planning reports, or writers the
+    /// plugin cannot describe.
     pub async fn explain(&self, sql: &str, spec: &SessionSpec) -> Result<String> {
         let session = build_session(&self.plugin, spec).await?;
         let plan = session.physical_plan(sql).await?;
-        Ok(render_with_stages(&self.plugin, &plan))
+        render_with_stages(&self.plugin, &plan)
     }
+
+    /// The stages `sql` is cut into in `spec`'s session, in pre-order.
+    /// Writes nothing.
+    ///
+    /// # Errors
+    ///
+    /// What [`Host::explain`] reports.
+    pub async fn plan_stages(&self, sql: &str, spec: &SessionSpec) -> Result<Vec<StageInfo>> {
+        let session = build_session(&self.plugin, spec).await?;
+        let plan = session.physical_plan(sql).await?;
+        Ok(stages(&self.plugin, &plan)?
+            .into_iter()
+            .map(|s| s.info)
+            .collect())
+    }
+}
+
+/// Refuse stages that would publish outside `shuffle_dir`: the workers would
+/// refuse every one of them, after the driver had spawned them all.
+fn check_stage_dirs(stages: &[Stage], shuffle_dir: &Path) -> Result<()> {
+    for stage in stages {
+        if stage.info.shuffle_dir != shuffle_dir {
+            return Err(HostError::Invalid(format!(
+                "stage {} publishes into {}, not into the query's shuffle directory {}",
+                stage.stage_id(),
+                stage.info.shuffle_dir.display(),
+                shuffle_dir.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Refuse a directory that already holds stage output.
 ///
-/// A stage node reads a partition's file when it exists and computes it
-/// otherwise, and stage ids restart at 1 for every plan: a second query in
-/// the same directory would read the first one's files — a confusing schema
-/// error at best, silently the old answer at worst. The node cannot tell
-/// whose file it sees; the driver, before dispatching anything, can.
-/// Only stage output counts (the plugin's glob), not other files a caller
-/// keeps there.
+/// Stage ids restart at 1 for every plan, and a reader takes any committed
+/// map it finds for its stage: a second query in the same directory would
+/// read the first one's buckets — a confusing schema error at best, silently
+/// the old answer at worst — and its writers would overwrite files a reader
+/// of the first may still be reading. The nodes cannot tell whose file they
+/// see; the driver, before building anything, can. Only stage output counts
+/// (any entry matching the plugin's glob, `stage-*`), not other files a
+/// caller keeps there.
 ///
 /// # Errors
 ///
@@ -267,9 +366,9 @@ pub fn require_empty_shuffle(plugin: &Plugin, dir: &Path) -> Result<()> {
     }
     stale.sort();
     Err(HostError::Invalid(format!(
-        "shuffle directory {} already holds stage output {stale:?}; a stage reads a partition \
-         file when it finds one, so this query would return the previous query's results. \
-         Use one shuffle directory per query.",
+        "shuffle directory {} already holds stage output {stale:?}; a reader takes the files \
+         of its stage when it finds them, so this query would return the previous query's \
+         results. Use one shuffle directory per query.",
         dir.display()
     )))
 }
@@ -301,12 +400,15 @@ mod tests {
 
     #[test]
     fn glob() {
+        let g = "stage-*";
+        assert!(glob_match(g, "stage-1"));
+        assert!(glob_match(g, "stage-12"));
+        assert!(glob_match(g, "stage-1.tmp-7"));
+        assert!(!glob_match(g, "tasks"));
+        assert!(!glob_match(g, "x-stage-1"));
         let g = "stage-*-part-*.arrow";
-        assert!(glob_match(g, "stage-1-part-0.arrow"));
         assert!(glob_match(g, "stage-12-part-30.arrow"));
         assert!(!glob_match(g, "stage-1-part-0.123-0.arrow.tmp"));
-        assert!(!glob_match(g, "tasks"));
-        assert!(!glob_match(g, "x-stage-1-part-0.arrow"));
         assert!(glob_match("abc", "abc"));
         assert!(!glob_match("abc", "abcd"));
     }

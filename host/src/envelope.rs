@@ -19,7 +19,10 @@ use crate::session::SessionSpec;
 /// output owns the shuffle directory itself; nothing else is written there.
 pub const TASK_DIR: &str = "tasks";
 
-/// One task: which stage, which partition, and the session to run it in.
+/// One task: which stage, which map, and the session to run it in.
+///
+/// The JSON keys are the contract shared with the Python host; the map
+/// travels as `partition` (a map is one partition of the stage's input).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope {
     /// The session to build (same factory as the driver's).
@@ -29,7 +32,7 @@ pub struct Envelope {
     pub plan: PathBuf,
     /// The stage's id.
     pub stage_id: u64,
-    /// The partition to compute.
+    /// The map to run: the partition of the stage's input it reads.
     pub partition: usize,
 }
 
@@ -78,9 +81,10 @@ impl Envelope {
     }
 }
 
-/// The file an envelope for `(stage_id, partition)` is written to.
-pub fn envelope_path(task_dir: &Path, stage_id: u64, partition: usize) -> PathBuf {
-    task_dir.join(format!("task-{stage_id}-{partition}.json"))
+/// The file the envelope of map `map` of stage `stage_id` is written to
+/// (`task-S-M.json`).
+pub fn envelope_path(task_dir: &Path, stage_id: u64, map: usize) -> PathBuf {
+    task_dir.join(format!("task-{stage_id}-{map}.json"))
 }
 
 /// The file the encoded stage `stage_id` is written to.
@@ -93,9 +97,9 @@ pub fn plan_path(task_dir: &Path, stage_id: u64) -> PathBuf {
 pub struct WorkerReport {
     /// The stage the worker ran.
     pub stage_id: u64,
-    /// The partition it computed.
+    /// The map it ran (the envelope's `partition`).
     pub partition: usize,
-    /// Rows it produced.
+    /// Rows it published, over all of its buckets.
     pub rows: usize,
 }
 

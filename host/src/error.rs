@@ -8,12 +8,13 @@
 //! - **the input**: an envelope, spec or plan file that does not parse, a
 //!   shuffle directory that already holds output, a plan whose codec ids or
 //!   shuffle directory disagree with its envelope. The message names the file
-//!   and, for a task, its stage and partition.
+//!   and, for a task, its stage and map.
 //! - **the query**: whatever DataFusion or the plugin reports while planning
-//!   or executing, passed through with what the host was doing at the time.
+//!   or executing, passed through with what the host was doing at the time
+//!   (a reader that misses a file names stage, map, bucket and file itself).
 //!
 //! Nothing here is retried: a distributed run either completes every task or
-//! reports every task that did not.
+//! reports every task of the first wave that did not, and runs nothing after.
 
 use std::path::PathBuf;
 
@@ -85,10 +86,20 @@ pub enum HostError {
     #[error("{0}")]
     Invalid(String),
 
-    /// A distributed run whose workers failed; every failure, together.
-    #[error("{} of {total} worker task(s) failed:\n{}", failures.len(), render_failures(failures))]
+    /// A distributed run whose workers failed; every failure of the wave,
+    /// together. Nothing after that wave ran.
+    #[error(
+        "{} of {total} worker task(s) failed{}:\n{}",
+        failures.len(),
+        render_wave(wave, stages),
+        render_failures(failures)
+    )]
     Workers {
-        /// Tasks dispatched in total.
+        /// The wave (1-based) the tasks belonged to, when a driver ran them in waves.
+        wave: Option<usize>,
+        /// The stages of that wave.
+        stages: Vec<u64>,
+        /// Tasks dispatched in that wave.
         total: usize,
         /// Every task that did not report, in dispatch order.
         failures: Vec<TaskFailure>,
@@ -100,8 +111,8 @@ pub enum HostError {
 pub struct TaskFailure {
     /// The stage the task belonged to.
     pub stage_id: u64,
-    /// The partition it computed.
-    pub partition: usize,
+    /// The map task it ran (the stage's input partition).
+    pub map: usize,
     /// Why: the exit status, an unreadable report, or a spawn error.
     pub reason: String,
     /// Everything the worker wrote on stderr.
@@ -112,14 +123,21 @@ impl std::fmt::Display for TaskFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "stage {} partition {} {}",
-            self.stage_id, self.partition, self.reason
+            "stage {} map {} {}",
+            self.stage_id, self.map, self.reason
         )?;
         let stderr = self.stderr.trim_end();
         if !stderr.is_empty() {
             write!(f, "; its stderr:\n{}", indent(stderr))?;
         }
         Ok(())
+    }
+}
+
+fn render_wave(wave: &Option<usize>, stages: &[u64]) -> String {
+    match wave {
+        Some(wave) => format!(" in wave {wave} (stages {stages:?})"),
+        None => String::new(),
     }
 }
 

@@ -1,18 +1,25 @@
 //! `dfx_host`: the Rust host of the dfx distributed query engine.
 //!
 //! Glossary:
-//! - **plugin**: the one file (`libdfx_plugin.so`) holding the engine — stage
-//!   node, planner, codec, config, functions. The host links none of it.
-//! - **stage**: a subtree the plugin's planner wrapped in its stage node.
-//! - **task**: one `(stage, partition)`; runs in its own **worker** process
-//!   and publishes one Arrow IPC file into the query's **shuffle directory**.
-//! - **driver**: plans the query, ships every task, waits for all, then runs
-//!   the query again, reading the published files instead of recomputing.
+//! - **plugin**: the one file (`libdfx_plugin.so`) holding the engine — the
+//!   writer and reader nodes, planner, codec, config, functions. The host
+//!   links none of it.
+//! - **stage**: a subtree whose root is the plugin's writer
+//!   (`ShuffleWriterExec`); its consumer reads it through a reader
+//!   (`ShuffleReaderExec`). Stages nest; each reads the stages it **deps** on.
+//! - **task**: one `(stage, map)`: a **worker** process runs partition `map`
+//!   of the stage's input and publishes its **buckets** into the query's
+//!   **shuffle directory** (`stage-S/map-M/bucket-B.arrow`, then the marker
+//!   `stage-S/map-M.json`).
+//! - **wave**: every stage whose deps are all published; its tasks run
+//!   together, a bounded number at once.
+//! - **driver**: plans the query once, runs the waves, then executes the
+//!   root of that same plan, whose readers read the published files.
 //!
 //! ```text
 //! load_plugin ─► build_session(spec) ─► plan ─► stages ─► encode ─► envelopes
-//!                                                          │
-//!           answer ◄─ plan + execute again ◄─ fan_out(workers: run_task)
+//!                                                                    │
+//!      answer ◄─ execute the plan's root ◄─ wave n ◄─ ... ◄─ wave 1 (workers: run_task)
 //! ```
 //!
 //! [`Host`] is the entry point for embedding; `dfx` is a thin CLI over it.

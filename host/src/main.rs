@@ -8,6 +8,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use datafusion::arrow::record_batch::RecordBatch;
 use dfx_host::dispatch::WorkerCommand;
+use dfx_host::session::Split;
 use dfx_host::{Envelope, Host, HostError, Result, SessionSpec, load_plugin, run_task};
 
 /// Distributed SQL over Parquet with the dfx plugin.
@@ -21,9 +22,9 @@ struct Cli {
 /// One variant per subcommand; add new ones here and in `main`'s match.
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run a query: each stage partition in its own worker, then the final merge here.
+    /// Run a query: each map of each stage in its own worker, stage after stage, then the plan's root here.
     Run(RunArgs),
-    /// Show the physical plan with each stage marked with its id and partition count.
+    /// Show the physical plan with each stage marked with its id, maps, buckets and deps.
     Explain(ExplainArgs),
     /// Run one task from an envelope file (what the driver starts; not for humans).
     Worker(WorkerArgs),
@@ -57,6 +58,10 @@ struct QueryArgs {
     /// Run in this process with no shuffle directory: no stages, no workers.
     #[arg(long)]
     local: bool,
+    /// Where the plan is cut into stages: at every exchange, or round 1's
+    /// rule (each topmost partial aggregate).
+    #[arg(long, value_enum, default_value_t = Split::Exchange)]
+    split: Split,
     /// The SQL query.
     sql: String,
 }
@@ -68,7 +73,7 @@ struct RunArgs {
     /// How to print the result on stdout.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
-    /// At most this many workers at once (default: all tasks at once).
+    /// At most this many workers at once (default: the cores this process may use).
     #[arg(long, value_name = "N", value_parser = parse_at_least_one)]
     max_workers: Option<usize>,
     /// Start workers with PROGRAM instead of `<this executable> worker`; the
@@ -196,7 +201,9 @@ fn spec_of(args: &QueryArgs) -> Result<SessionSpec> {
     for (name, dir) in &args.tables {
         tables.push((name.clone(), absolute(dir)?));
     }
-    Ok(SessionSpec::new(tables).with_target_partitions(args.partitions))
+    Ok(SessionSpec::new(tables)
+        .with_target_partitions(args.partitions)
+        .with_split(args.split))
 }
 
 /// A shuffle directory for one query: the user's, or a fresh temporary one.
@@ -259,27 +266,23 @@ async fn run(args: RunArgs) -> Result<()> {
         }
     };
     print_batches(&result.batches, args.format)?;
-    let stage_ids = result.stage_ids();
     eprintln!(
-        "stages: {} ({}); tasks: {}; wall time: {:.2?}",
-        stage_ids.len(),
-        stage_ids
-            .iter()
-            .map(|s| format!("stage {s}"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        "stages: {}; waves: {}; tasks: {}; split: {}; wall time: {:.2?}",
+        result.stages.len(),
+        result.waves.len(),
         result.tasks.len(),
+        spec.split,
         started.elapsed()
     );
+    for stage in &result.stages {
+        eprintln!("  {}", dfx_host::stages::describe(stage));
+    }
     let per_task: Vec<String> = result
         .task_rows
         .iter()
-        .map(|((stage, partition), rows)| format!("{stage}/{partition}={rows}"))
+        .map(|((stage, map), rows)| format!("{stage}/{map}={rows}"))
         .collect();
-    eprintln!(
-        "rows per task (stage/partition=rows): {}",
-        per_task.join(" ")
-    );
+    eprintln!("rows per task (stage/map=rows): {}", per_task.join(" "));
     let fate = if temp.is_some() {
         "temporary, removed"
     } else {

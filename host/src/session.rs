@@ -68,6 +68,10 @@ pub struct SessionSpec {
     /// "not known yet"; the driver fills it in before shipping the spec.
     #[serde(default)]
     pub codec_ids: Vec<String>,
+    /// Where the plugin's planner cuts the plan into stages
+    /// (`dfx_engine.split`). Absent in a spec means [`Split::Exchange`].
+    #[serde(default)]
+    pub split: Split,
 }
 
 impl Default for SessionSpec {
@@ -77,7 +81,44 @@ impl Default for SessionSpec {
             shuffle_dir: None,
             target_partitions: DEFAULT_TARGET_PARTITIONS,
             codec_ids: Vec::new(),
+            split: Split::default(),
         }
+    }
+}
+
+/// Where the plugin's planner cuts a plan into stages: the value of
+/// `dfx_engine.split`, spelled in JSON and on the command line as the
+/// plugin spells it.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Split {
+    /// At every exchange: hash repartitions, merges, broadcast build sides,
+    /// and single-task stages for operators that need all of an input.
+    #[default]
+    Exchange,
+    /// Round 1's rule: every topmost partial aggregate is a stage, and a
+    /// plan without one is one stage.
+    Aggregate,
+}
+
+impl Split {
+    /// Both modes, for callers that check every one.
+    pub const ALL: [Split; 2] = [Split::Exchange, Split::Aggregate];
+
+    /// The config value (`exchange`, `aggregate`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Split::Exchange => "exchange",
+            Split::Aggregate => "aggregate",
+        }
+    }
+}
+
+impl std::fmt::Display for Split {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -105,6 +146,12 @@ impl SessionSpec {
     /// This spec planning for `partitions` partitions.
     pub fn with_target_partitions(mut self, partitions: usize) -> Self {
         self.target_partitions = partitions;
+        self
+    }
+
+    /// This spec cutting plans into stages by `split`.
+    pub fn with_split(mut self, split: Split) -> Self {
+        self.split = split;
         self
     }
 }
@@ -310,25 +357,13 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
         .options_mut()
         .execution
         .enable_file_stream_work_stealing = false;
-    // A hash join's dynamic filter waits until *every* partition of the join
-    // has reported its build side; a worker executes one partition, so with
-    // the filter on every stage holding a join hangs forever. The umbrella
-    // switch goes off too: the config crosses FFI as a key/value map, and
-    // setting the umbrella `true` there would switch the join filter back on.
-    let optimizer = &mut config.options_mut().optimizer;
-    optimizer.enable_dynamic_filter_pushdown = false;
-    optimizer.enable_join_dynamic_filter_pushdown = false;
-    // A join that collects its build side emits the build rows it owes (semi,
-    // anti, outer) only once *every* probe partition has finished; a worker
-    // runs one partition, so no worker would ever emit them. Partitioned
-    // joins own their build rows per partition.
-    optimizer.hash_join_single_partition_threshold = 0;
-    optimizer.hash_join_single_partition_threshold_rows = 0;
-    // An uncorrelated scalar subquery otherwise runs in a `ScalarSubqueryExec`
-    // above the plan, and the expressions below it that read its value cannot
-    // be decoded without it: a stage cut between the two cannot reach a
-    // worker. As a join, the subquery's value travels like any other column.
-    optimizer.enable_physical_uncorrelated_scalar_subquery = false;
+    // The optimizer settings a stage needs so that each of its partitions can
+    // run alone (no join dynamic filter, no physical scalar subquery, which
+    // joins may collect their build side) are the plugin planner's, defined
+    // once there for both split modes: it plans with a copy of this config
+    // and sets them itself. Setting them here too is how round 1's copies
+    // drifted apart; only what applies at *execution* in a worker, which the
+    // planner cannot reach, is set above.
     let options = plugin
         .config_options()
         .context(|| plugin_what("cannot build its config extension"))?;
@@ -343,6 +378,14 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
         .options_mut()
         .set(&key, &dir)
         .context(|| plugin_what(&format!("cannot set {key}")))?;
+    // Only a distributing session is cut into stages, so only it says where.
+    if spec.shuffle_dir.is_some() {
+        let key = format!("{}.split", plugin.config_prefix());
+        config
+            .options_mut()
+            .set(&key, spec.split.as_str())
+            .context(|| plugin_what(&format!("cannot set {key}")))?;
+    }
 
     let state = SessionStateBuilder::new()
         .with_default_features()

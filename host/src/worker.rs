@@ -1,112 +1,228 @@
-//! The worker: run one task, publish its partition, report.
+//! The worker: run one map task of one stage, publish its buckets, report.
 //!
 //! Steps, in the order DESIGN.md fixes (each check before the work it guards):
 //!
 //! 1. build the session from the envelope's spec (the driver's factory);
 //! 2. check the session's codec ids equal the envelope's — *before* decoding,
 //!    since bytes decoded by the wrong codecs are misread, not rejected;
-//! 3. decode the stage;
-//! 4. check the partition is one the stage has;
-//! 5. check the stage publishes into the envelope's shuffle directory, so a
-//!    plan cannot make a worker write outside its query's directory;
-//! 6. execute the partition and drain it: the stage node writes its file;
-//! 7. report `{"stage_id", "partition", "rows"}`.
+//! 3. decode the stage and check its root is the plugin's writer;
+//! 4. check, with the plugin's description of that writer, that it is the
+//!    envelope's stage, that it publishes into the envelope's shuffle
+//!    directory (a plan cannot make a worker write outside its query's
+//!    directory) and that the map is one it has;
+//! 5. execute the map and drain it: the writer reads its upstream buckets,
+//!    runs the stage, publishes `stage-S/map-M/bucket-B.arrow` and the marker
+//!    `stage-S/map-M.json`, and yields one summary batch;
+//! 6. report `{"stage_id", "partition", "rows"}`, rows summed over the
+//!    summary's buckets.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
-use dfx_abi::Plugin;
+use datafusion::arrow::array::{Array, UInt64Array};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::physical_plan::ExecutionPlan;
 use futures::StreamExt;
 
+use crate::Plugin;
 use crate::envelope::{Envelope, WorkerReport};
 use crate::error::{DataFusionContext, HostError, Result};
 use crate::session::{DfxSession, build_session};
 use crate::stages::node_display;
 
+/// Name of the column of a writer's summary batch holding each bucket's rows.
+pub const SUMMARY_ROWS_COLUMN: &str = "rows";
+
 /// Run the task `envelope` describes and return its report.
 ///
 /// # Errors
 ///
-/// Each refusal names the stage, the partition and what disagreed; a failure
+/// Each refusal names the stage, the map and what disagreed; a failure
 /// while executing carries DataFusion's or the plugin's message.
 pub async fn run_task(plugin: &Plugin, envelope: &Envelope) -> Result<WorkerReport> {
-    let (stage_id, partition) = (envelope.stage_id, envelope.partition);
-    let task = format!("stage {stage_id} partition {partition}");
-
     let session = build_session(plugin, &envelope.spec).await?;
+    let bytes = read_plan(&session, envelope)?;
+    let stage = decode_stage(&session, envelope, &bytes)?;
+    let rows = run_map(&session, &stage, envelope).await?;
+    Ok(WorkerReport {
+        stage_id: envelope.stage_id,
+        partition: envelope.partition,
+        rows,
+    })
+}
+
+fn task_name(envelope: &Envelope) -> String {
+    format!("stage {} map {}", envelope.stage_id, envelope.partition)
+}
+
+/// Check the session's codec ids against the envelope's, then read the
+/// encoded stage (steps 2 and the read of 3).
+///
+/// # Errors
+///
+/// Codec ids that differ (named, before any byte is decoded) or a plan file
+/// that cannot be read.
+pub fn read_plan(session: &DfxSession, envelope: &Envelope) -> Result<Vec<u8>> {
     if session.codec_ids() != envelope.spec.codec_ids {
         return Err(HostError::Invalid(format!(
-            "{task}: refusing to decode {}: it was encoded with codec ids {:?} but this worker's \
+            "{}: refusing to decode {}: it was encoded with codec ids {:?} but this worker's \
              session carries {:?}",
+            task_name(envelope),
             envelope.plan.display(),
             envelope.spec.codec_ids,
             session.codec_ids()
         )));
     }
+    std::fs::read(&envelope.plan).map_err(|e| HostError::io("cannot read plan", &envelope.plan, e))
+}
 
-    let bytes = std::fs::read(&envelope.plan)
-        .map_err(|e| HostError::io("cannot read plan", &envelope.plan, e))?;
-    let stage = session.decode(&bytes).map_err(|err| {
-        HostError::Invalid(format!("{task}: plan {}: {err}", envelope.plan.display()))
-    })?;
+/// Decode the stage and check it against the envelope (steps 3 and 4).
+///
+/// # Errors
+///
+/// Bytes that do not decode, a root that is not a writer, or a writer whose
+/// id, shuffle directory or map count disagrees with the envelope.
+pub fn decode_stage(
+    session: &DfxSession,
+    envelope: &Envelope,
+    bytes: &[u8],
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let task = task_name(envelope);
+    let plan_file = envelope.plan.display();
+    let stage = session
+        .decode(bytes)
+        .map_err(|err| HostError::Invalid(format!("{task}: plan {plan_file}: {err}")))?;
+    check_stage(session, envelope, &stage)?;
+    Ok(stage)
+}
+
+fn check_stage(
+    session: &DfxSession,
+    envelope: &Envelope,
+    stage: &Arc<dyn ExecutionPlan>,
+) -> Result<()> {
+    let task = task_name(envelope);
+    let plan_file = envelope.plan.display();
+    let plugin = session.plugin();
     let display = node_display(stage.as_ref());
     if !display.contains(plugin.stage_node_name()) {
         return Err(HostError::Invalid(format!(
-            "{task}: plan {} is not a stage: its root is {display:?}",
-            envelope.plan.display()
+            "{task}: plan {plan_file} is not a stage: its root is {display:?}, not a {}",
+            plugin.stage_node_name()
         )));
     }
-    let partitions = stage.output_partitioning().partition_count();
-    if partition >= partitions {
+    // Across FFI the host sees only the node's name; what the writer carries
+    // (it travelled inside the encoded plan) is the plugin's to say.
+    let info = plugin
+        .stage_info(stage)
+        .context(|| format!("{task}: cannot describe the stage in {plan_file}"))?;
+    if info.stage_id != envelope.stage_id {
         return Err(HostError::Invalid(format!(
-            "{task}: partition {partition} out of range; the stage in {} has {partitions} partition(s)",
-            envelope.plan.display()
+            "{task}: plan {plan_file} holds stage {}, not the envelope's stage {}",
+            info.stage_id, envelope.stage_id
         )));
     }
-    check_shuffle_dir(&session, &stage, &task)?;
-
-    let mut stream = stage
-        .execute(partition, session.ctx().task_ctx())
-        .context(|| format!("{task}: cannot start"))?;
-    let mut rows = 0;
-    while let Some(batch) = stream.next().await {
-        rows += batch.context(|| format!("{task}: failed"))?.num_rows();
-    }
-    Ok(WorkerReport {
-        stage_id,
-        partition,
-        rows,
-    })
-}
-
-/// Refuse a stage that would publish outside the envelope's shuffle directory.
-///
-/// The stage node keeps its directory inside itself (it travelled in the
-/// encoded plan), and across FFI the host sees only the node's name, so the
-/// plugin is asked what its node carries.
-fn check_shuffle_dir(
-    session: &DfxSession,
-    stage: &Arc<dyn ExecutionPlan>,
-    task: &str,
-) -> Result<()> {
     let expected = session.spec().shuffle_dir.as_deref().ok_or_else(|| {
         HostError::Invalid(format!(
             "{task}: the envelope's spec has no shuffle directory, so no stage may run"
         ))
     })?;
-    let info = session
-        .plugin()
-        .stage_info(stage)
-        .context(|| format!("{task}: cannot read the stage's shuffle directory"))?;
-    if Path::new(info.shuffle_dir.as_str()) == expected {
-        return Ok(());
+    if Path::new(info.shuffle_dir.as_str()) != expected {
+        return Err(HostError::Invalid(format!(
+            "{task}: refusing a stage whose shuffle directory differs from the envelope's: the \
+             stage names {}, the envelope's spec {}; a plan must not make a worker write outside \
+             its query's directory",
+            info.shuffle_dir,
+            expected.display()
+        )));
     }
-    Err(HostError::Invalid(format!(
-        "{task}: refusing a stage whose shuffle directory differs from the envelope's: the \
-         stage names {}, the envelope's spec {}; a plan must not make a worker write outside \
-         its query's directory",
-        info.shuffle_dir,
-        expected.display()
-    )))
+    if envelope.partition as u64 >= info.maps {
+        return Err(HostError::Invalid(format!(
+            "{task}: map {} out of range; the stage in {plan_file} has {} map(s)",
+            envelope.partition, info.maps
+        )));
+    }
+    Ok(())
+}
+
+/// Execute the envelope's map of `stage` and drain it (step 5); returns the
+/// rows the writer published, summed over its summary's buckets.
+///
+/// # Errors
+///
+/// Whatever the writer reports (an upstream file missing, a failed
+/// publish), or a summary without its `rows` column.
+pub async fn run_map(
+    session: &DfxSession,
+    stage: &Arc<dyn ExecutionPlan>,
+    envelope: &Envelope,
+) -> Result<usize> {
+    let task = task_name(envelope);
+    let mut stream = stage
+        .execute(envelope.partition, session.ctx().task_ctx())
+        .context(|| format!("{task}: cannot start"))?;
+    let mut rows = 0;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.context(|| format!("{task}: failed"))?;
+        rows += summary_rows(&batch).map_err(|err| HostError::Invalid(format!("{task}: {err}")))?;
+    }
+    Ok(rows)
+}
+
+/// The rows a writer's summary batch accounts for: the sum of its `rows`
+/// column (one row per bucket).
+///
+/// # Errors
+///
+/// A batch without a UInt64 `rows` column, described with its schema.
+pub fn summary_rows(batch: &RecordBatch) -> std::result::Result<usize, String> {
+    let column = batch
+        .column_by_name(SUMMARY_ROWS_COLUMN)
+        .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
+        .ok_or_else(|| {
+            format!(
+                "the writer's summary has no UInt64 {SUMMARY_ROWS_COLUMN:?} column; its schema \
+                 is {}",
+                batch.schema()
+            )
+        })?;
+    Ok(column
+        .iter()
+        .map(|rows| rows.unwrap_or_default() as usize)
+        .sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Int64Array, UInt64Array};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    #[test]
+    fn a_summary_counts_the_rows_of_every_bucket() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("bucket", DataType::UInt64, false),
+            Field::new("rows", DataType::UInt64, false),
+            Field::new("bytes", DataType::UInt64, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(UInt64Array::from(vec![0, 1, 2])),
+                Arc::new(UInt64Array::from(vec![5, 0, 7])),
+                Arc::new(UInt64Array::from(vec![500, 0, 700])),
+            ],
+        )
+        .unwrap();
+        assert_eq!(summary_rows(&batch), Ok(12));
+
+        let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false)]));
+        let not_a_summary =
+            RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![3]))]).unwrap();
+        let err = summary_rows(&not_a_summary).unwrap_err();
+        assert!(err.contains("no UInt64 \"rows\" column"), "{err}");
+    }
 }

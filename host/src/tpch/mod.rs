@@ -43,6 +43,9 @@ pub struct TpchArgs {
     /// Files per table, and partitions every session plans for.
     #[arg(long, default_value_t = 4, value_name = "N")]
     pub partitions: usize,
+    /// Where distributed plans are cut into stages.
+    #[arg(long, value_enum, default_value_t = crate::session::Split::Exchange)]
+    pub split: crate::session::Split,
     /// Queries to run: `all`, or a list such as `1,3,6` or `1-5,18`.
     #[arg(long, default_value = "all", value_name = "LIST")]
     pub queries: String,
@@ -90,6 +93,7 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
     let options = TpchOptions {
         scale: args.scale,
         partitions: args.partitions,
+        split: args.split,
         queries,
         data_dir,
         runs: args.runs,
@@ -98,8 +102,8 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
     };
     let report = run_tpch(&host, &options).await?;
     println!(
-        "TPC-H sf{} with {} partitions, median of {} run(s) per mode\n",
-        report.scale, report.partitions, report.runs
+        "TPC-H sf{} with {} partitions, split {}, median of {} run(s) per mode\n",
+        report.scale, report.partitions, report.split, report.runs
     );
     print!("{}", report.table());
     if let Some(path) = &args.json {

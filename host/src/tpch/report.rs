@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::TpchError;
+use crate::session::Split;
 
 /// Outcome of one query.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -47,9 +48,9 @@ pub struct QueryReport {
     pub distributed_ms: Option<f64>,
     /// `distributed_ms / local_ms`.
     pub ratio: Option<f64>,
-    /// Stages the distributed plan was split into.
+    /// Stages the distributed plan was cut into.
     pub stages: Option<usize>,
-    /// Worker tasks (one per stage partition) of one distributed run.
+    /// Worker tasks (one per map of each stage) of one distributed run.
     pub tasks: Option<usize>,
     /// Whether the answers agree, or why there is no comparison.
     pub outcome: Outcome,
@@ -62,6 +63,8 @@ pub struct RunReport {
     pub scale: f64,
     /// Files per table (and target partitions of every session).
     pub partitions: usize,
+    /// Where the distributed plans were cut into stages.
+    pub split: Split,
     /// Timed runs per query and mode.
     pub runs: usize,
     /// One entry per selected query, in the order run.
@@ -76,7 +79,13 @@ pub struct RunReport {
 
 impl RunReport {
     /// Assemble a report, computing the geometric mean and the counts.
-    pub fn new(scale: f64, partitions: usize, runs: usize, queries: Vec<QueryReport>) -> Self {
+    pub fn new(
+        scale: f64,
+        partitions: usize,
+        split: Split,
+        runs: usize,
+        queries: Vec<QueryReport>,
+    ) -> Self {
         let ratios: Vec<f64> = queries.iter().filter_map(|q| q.ratio).collect();
         let mismatches = queries
             .iter()
@@ -94,6 +103,7 @@ impl RunReport {
         RunReport {
             scale,
             partitions,
+            split,
             runs,
             geomean_ratio: geometric_mean(&ratios),
             queries,
@@ -225,6 +235,7 @@ mod tests {
         let report = RunReport::new(
             0.1,
             2,
+            Split::Exchange,
             3,
             vec![
                 q(1, Some(2.0), Outcome::Agree),

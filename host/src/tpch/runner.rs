@@ -10,6 +10,7 @@ use super::compare::{RowOrder, compare, row_order, rows_of};
 use super::datagen::{Dataset, Provenance, ensure_dataset};
 use super::queries::query;
 use super::report::{Outcome, QueryReport, RunReport, first_line, median};
+use crate::session::Split;
 use crate::{Host, HostError, SessionSpec, build_session};
 
 /// What to run.
@@ -19,6 +20,8 @@ pub struct TpchOptions {
     pub scale: f64,
     /// Files per table, and the sessions' target partitions.
     pub partitions: usize,
+    /// Where distributed plans are cut into stages.
+    pub split: Split,
     /// Query numbers, in the order to run them.
     pub queries: Vec<u8>,
     /// Where datasets are cached (absolute: workers resolve it elsewhere).
@@ -42,7 +45,9 @@ pub async fn run_tpch(host: &Host, options: &TpchOptions) -> Result<RunReport, T
         return Err(TpchError::Invalid("--runs must be at least 1".to_string()));
     }
     let dataset = prepare_data(options).await?;
-    let spec = SessionSpec::new(dataset.tables()).with_target_partitions(options.partitions);
+    let spec = SessionSpec::new(dataset.tables())
+        .with_target_partitions(options.partitions)
+        .with_split(options.split);
     let mut reports = Vec::new();
     for &number in &options.queries {
         let report = run_query(host, &spec, number, options.runs, options.timeout).await?;
@@ -61,6 +66,7 @@ pub async fn run_tpch(host: &Host, options: &TpchOptions) -> Result<RunReport, T
     Ok(RunReport::new(
         options.scale,
         options.partitions,
+        options.split,
         options.runs,
         reports,
     ))
@@ -145,8 +151,8 @@ pub async fn run_query(
 
     let mut distributed_times = Vec::new();
     for run in 0..runs {
-        // One directory per query run: a stage node reads any file it finds,
-        // so a second run in the same directory would read the first one's output.
+        // One directory per query run: the driver refuses a directory holding
+        // stage output, since readers would take the first run's files.
         let shuffle = tempfile::Builder::new()
             .prefix(&format!("dfx-tpch-q{number}-"))
             .tempdir()
@@ -157,7 +163,7 @@ pub async fn run_query(
         match within(timeout, host.run_distributed(sql, &run_spec)).await {
             Ok(result) => {
                 distributed_times.push(millis(started));
-                report.stages = Some(result.stage_ids().len());
+                report.stages = Some(result.stages.len());
                 report.tasks = Some(result.tasks.len());
                 let actual = rows_of(&result.batches)?;
                 if let Err(mismatch) = compare(&expected_rows, &actual, &order) {
@@ -218,7 +224,9 @@ fn millis(started: Instant) -> f64 {
 /// reason and the first line of its stderr, which is where the cause is.
 pub fn summary(err: &HostError) -> String {
     match err {
-        HostError::Workers { total, failures } => {
+        HostError::Workers {
+            total, failures, ..
+        } => {
             let Some(first) = failures.first() else {
                 return first_line(&err.to_string());
             };
@@ -229,10 +237,10 @@ pub fn summary(err: &HostError) -> String {
                 .find(|l| !l.is_empty())
                 .unwrap_or("(no stderr)");
             format!(
-                "{} of {total} task(s) failed; stage {} partition {} {}: {cause}",
+                "{} of {total} task(s) failed; stage {} map {} {}: {cause}",
                 failures.len(),
                 first.stage_id,
-                first.partition,
+                first.map,
                 first.reason
             )
         }
