@@ -14,21 +14,30 @@ its planner, codec, config and functions to datafusion-python::
 :mod:`dfx_engine.driver` runs a query over worker processes, and
 :mod:`dfx_engine.worker` is the worker.
 
-Glossary: a *stage* is a subtree the planner wrapped in a ``ShuffleStageExec``
-node; a *task* is one ``(stage_id, partition)`` of it, run by one worker
-process; the *shuffle directory* is where workers publish a task's output as
-``stage-<id>-part-<p>.arrow`` and where the driver reads it back.
+Glossary: a *stage* is a subtree the planner rooted at a ``ShuffleWriterExec``
+node; stages nest, a consumer reading an upstream stage through a
+``ShuffleReaderExec`` whose only child is that stage's writer. A *map* is one
+partition of a stage's input, run by one worker process (a *task* is a
+``(stage_id, map)``); it splits its rows into *buckets*. The *shuffle
+directory* is where a map publishes ``stage-<S>/map-<M>/bucket-<B>.arrow``
+and then its commit marker ``stage-<S>/map-<M>.json``, and where readers (in
+later stages and in the driver) find them.
 """
 
 from dfx_engine._internal import (
     DfxEngineConfig,
     DfxEngineExtension,
+    StageInfo,
+    bucket_path,
+    encoded_stage_info,
+    marker_path,
     partition_glob,
-    partition_path,
     physical_codec_id,
     plugin_path,
     plugin_version,
+    reader_node_name,
     stage_id,
+    stage_node_name,
 )
 from dfx_engine.session import SessionSpec, build_session, expected_codec_ids
 
@@ -36,12 +45,17 @@ __all__ = [
     "DfxEngineConfig",
     "DfxEngineExtension",
     "SessionSpec",
+    "StageInfo",
+    "bucket_path",
     "build_session",
+    "encoded_stage_info",
     "expected_codec_ids",
+    "marker_path",
     "partition_glob",
-    "partition_path",
     "physical_codec_id",
     "plugin_path",
     "plugin_version",
+    "reader_node_name",
     "stage_id",
+    "stage_node_name",
 ]

@@ -14,32 +14,43 @@ use crate::plugin::plugin;
 ///
 /// It must be on the config before the context is built: the planner reads
 /// the shuffle directory from the session's config, and an empty directory
-/// means "do not distribute" (no stage is inserted).
+/// means "do not distribute" (no stage is inserted). `split` chooses where
+/// the planner cuts (`exchange`, the plugin's default, or `aggregate`);
+/// `None` leaves the plugin's default in place.
 #[pyclass(frozen, module = "dfx_engine._internal")]
 pub struct DfxEngineConfig {
     options: FFI_ExtensionOptions,
     shuffle_dir: String,
+    split: Option<String>,
 }
 
 #[pymethods]
 impl DfxEngineConfig {
-    /// The plugin's options with `shuffle_dir` set.
+    /// The plugin's options with `shuffle_dir` (and `split`, when given) set.
     #[new]
-    #[pyo3(signature = (shuffle_dir = String::new()))]
-    fn new(py: Python<'_>, shuffle_dir: String) -> PyResult<Self> {
+    #[pyo3(signature = (shuffle_dir = String::new(), split = None))]
+    fn new(py: Python<'_>, shuffle_dir: String, split: Option<String>) -> PyResult<Self> {
         let plugin = plugin(py)?;
         let mut options = plugin
             .config_options()
             .map_err(crate::extension::runtime_error)?;
-        let key = format!("{}.shuffle_dir", plugin.config_prefix());
-        options.set(&key, &shuffle_dir).map_err(|err| {
-            PyValueError::new_err(format!(
-                "dfx_engine: cannot set {key}={shuffle_dir:?}: {err}"
-            ))
-        })?;
+        let prefix = plugin.config_prefix();
+        let mut set = |name: &str, value: &str| {
+            let key = format!("{prefix}.{name}");
+            // The plugin validates the value (an unknown split mode is
+            // refused here, not at planning time).
+            options.set(&key, value).map_err(|err| {
+                PyValueError::new_err(format!("dfx_engine: cannot set {key}={value:?}: {err}"))
+            })
+        };
+        set("shuffle_dir", &shuffle_dir)?;
+        if let Some(split) = &split {
+            set("split", split)?;
+        }
         Ok(Self {
             options,
             shuffle_dir,
+            split,
         })
     }
 
@@ -47,6 +58,12 @@ impl DfxEngineConfig {
     #[getter]
     fn shuffle_dir(&self) -> &str {
         &self.shuffle_dir
+    }
+
+    /// The split mode this config sets, or `None` for the plugin's default.
+    #[getter]
+    fn split(&self) -> Option<&str> {
+        self.split.as_deref()
     }
 
     /// A `datafusion_extension_options` capsule.
@@ -58,6 +75,9 @@ impl DfxEngineConfig {
     }
 
     fn __repr__(&self) -> String {
-        format!("DfxEngineConfig(shuffle_dir={:?})", self.shuffle_dir)
+        format!(
+            "DfxEngineConfig(shuffle_dir={:?}, split={:?})",
+            self.shuffle_dir, self.split
+        )
     }
 }

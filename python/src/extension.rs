@@ -5,7 +5,7 @@
 //! ```text
 //! phase 1  __datafusion_session_components__(ctx)
 //!            ctx's task-context provider ──► plugin.physical_codec(provider)
-//!            ──► DfxPhysicalCodec (id dfx_engine.physical.v1) joins the chain
+//!            ──► DfxPhysicalCodec (id dfx_engine.physical.v2) joins the chain
 //! phase 2  __datafusion_session_planner__(ctx, fallback)
 //!            ctx's final logical + physical chains ──► plugin.query_planner(..)
 //!            ──► datafusion_query_planner capsule
@@ -151,7 +151,7 @@ pub struct DfxPhysicalCodec {
 
 #[pymethods]
 impl DfxPhysicalCodec {
-    /// The plugin's codec id (`dfx_engine.physical.v1`).
+    /// The plugin's codec id (`dfx_engine.physical.v2`).
     #[getter(__datafusion_codec_id__)]
     fn codec_id(&self, py: Python<'_>) -> PyResult<&'static str> {
         Ok(plugin(py)?.codec_id())

@@ -7,7 +7,8 @@
 //! ```text
 //! libdfx_plugin.so ──dfx_abi::load──► Plugin ──FFI_* in a PyCapsule──► datafusion-python
 //!   (bundled next to this module,        │
-//!    or named by DFX_PLUGIN)             └─ constants, counters, paths ──► dfx_engine.*
+//!    or named by DFX_PLUGIN)             └─ constants, counters, paths,
+//!                                           stage info of encoded stages ──► dfx_engine.*
 //! ```
 //!
 //! Glossary: a *capsule* is a named `PyCapsule` owning one boxed `FFI_*`
@@ -18,8 +19,8 @@ mod capsule;
 mod config;
 mod extension;
 mod functions;
-mod payload;
 mod plugin;
+mod stage_info;
 
 use pyo3::prelude::*;
 
@@ -40,13 +41,16 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plugin::datafusion_ffi_major, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::host_datafusion_ffi_major, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::stage_node_name, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::reader_node_name, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::config_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::physical_codec_id, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::stage_id, m)?)?;
-    m.add_function(wrap_pyfunction!(plugin::partition_path, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::marker_path, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::bucket_path, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::partition_glob, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::counters, m)?)?;
-    m.add_function(wrap_pyfunction!(payload::stage_payload, m)?)?;
+    m.add_class::<stage_info::StageInfo>()?;
+    m.add_function(wrap_pyfunction!(stage_info::encoded_stage_info, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -111,10 +111,18 @@ pub fn host_datafusion_ffi_major() -> u64 {
     dfx_abi::host_datafusion_ffi_major()
 }
 
-/// The stage node's name (`ShuffleStageExec`).
+/// The stage root's name (`ShuffleWriterExec`): a plan's stages are the nodes
+/// whose display contains it.
 #[pyfunction]
 pub fn stage_node_name(py: Python<'_>) -> PyResult<&'static str> {
     Ok(plugin(py)?.stage_node_name())
+}
+
+/// The consumer node's name (`ShuffleReaderExec`), or `None` for a plugin
+/// without one.
+#[pyfunction]
+pub fn reader_node_name(py: Python<'_>) -> PyResult<Option<&'static str>> {
+    Ok(plugin(py)?.reader_node_name())
 }
 
 /// The prefix of the plugin's config extension (`dfx_engine`).
@@ -123,7 +131,7 @@ pub fn config_prefix(py: Python<'_>) -> PyResult<&'static str> {
     Ok(plugin(py)?.config_prefix())
 }
 
-/// The id of the plugin's physical codec (`dfx_engine.physical.v1`).
+/// The id of the plugin's physical codec (`dfx_engine.physical.v2`).
 #[pyfunction]
 pub fn physical_codec_id(py: Python<'_>) -> PyResult<&'static str> {
     Ok(plugin(py)?.codec_id())
@@ -136,21 +144,38 @@ pub fn stage_id(py: Python<'_>, index: usize) -> PyResult<u64> {
     Ok(plugin(py)?.stage_id(index))
 }
 
-/// The file holding `partition` of stage `stage` under `dir`.
+/// The commit marker of map task `map` of stage `stage` under `dir`
+/// (`stage-S/map-M.json`): the map's buckets are published once it exists.
 #[pyfunction]
-pub fn partition_path(
-    py: Python<'_>,
-    dir: PathBuf,
-    stage: u64,
-    partition: usize,
-) -> PyResult<String> {
+pub fn marker_path(py: Python<'_>, dir: PathBuf, stage: u64, map: usize) -> PyResult<String> {
     Ok(plugin(py)?
-        .partition_path(&dir, stage, partition)
+        .marker_path(&dir, stage, map)
         .to_string_lossy()
         .into_owned())
 }
 
-/// Glob, relative to a shuffle directory, matching any stage output file.
+/// The file of bucket `bucket` of map `map` of stage `stage` under `dir`
+/// (`stage-S/map-M/bucket-B.arrow`; absent when the bucket is empty).
+///
+/// # Errors
+///
+/// `RuntimeError` when the plugin predates the exchange's file layout.
+#[pyfunction]
+pub fn bucket_path(
+    py: Python<'_>,
+    dir: PathBuf,
+    stage: u64,
+    map: usize,
+    bucket: usize,
+) -> PyResult<String> {
+    let path = plugin(py)?
+        .bucket_path(&dir, stage, map, bucket)
+        .map_err(crate::extension::runtime_error)?;
+    Ok(path.to_string_lossy().into_owned())
+}
+
+/// Glob, relative to a shuffle directory, matching any stage output entry
+/// (`stage-*`).
 #[pyfunction]
 pub fn partition_glob(py: Python<'_>) -> PyResult<&'static str> {
     Ok(plugin(py)?.partition_glob())

@@ -1,29 +1,80 @@
 //! What an encoded stage says about itself, read without decoding it.
 //!
-//! A worker must refuse a stage whose shuffle directory differs from its
-//! spec before running it, and a decoded stage is a foreign node whose
-//! display carries only its name. The plugin reads its own payload out of
-//! the plan bytes (`encoded_stage_info`), so this module states no layout.
+//! A driver schedules stages by their ids, map counts and dependencies, and a
+//! worker must refuse a stage aimed at another shuffle directory before
+//! building anything from it; a decoded stage is a foreign node whose display
+//! carries only its name. The plugin reads its own payload out of the plan
+//! bytes (`encoded_stage_info`), so this module states no layout.
 
+use dfx_abi::DfxStageInfo;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::plugin::plugin;
 
-/// `(stage_id, shuffle_dir)` of the stage at the root of `plan` (bytes of an
-/// encoded stage, as the driver writes them).
+/// What a stage root (`ShuffleWriterExec`) carries: everything a driver needs
+/// to schedule it, as the plugin reports it.
+///
+/// ```text
+/// stage 2 ── reads ──► stage 1        deps = [1]
+///   maps    = tasks of stage 2 (its input's partitions)
+///   buckets = files each map publishes (its output's partitions)
+/// ```
+#[pyclass(frozen, get_all, eq, module = "dfx_engine._internal")]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageInfo {
+    /// The id the planner gave the writer (`stage_id(n)` for the n-th in pre-order).
+    stage_id: u64,
+    /// The shuffle directory the stage publishes into.
+    shuffle_dir: String,
+    /// Map tasks: one per partition of the writer's input.
+    maps: u64,
+    /// Buckets each map splits its rows into.
+    buckets: u64,
+    /// Ids of the stages this one reads, ascending; it runs once they are published.
+    deps: Vec<u64>,
+    /// How rows are split into buckets, for display (`hash([k@0], 4)`, `single`).
+    partitioning: String,
+}
+
+impl From<DfxStageInfo> for StageInfo {
+    fn from(info: DfxStageInfo) -> Self {
+        Self {
+            stage_id: info.stage_id,
+            shuffle_dir: info.shuffle_dir.into_string(),
+            maps: info.maps,
+            buckets: info.buckets,
+            deps: info.deps.into_vec(),
+            partitioning: info.partitioning.into_string(),
+        }
+    }
+}
+
+#[pymethods]
+impl StageInfo {
+    fn __repr__(&self) -> String {
+        format!(
+            "StageInfo(stage_id={}, shuffle_dir={:?}, maps={}, buckets={}, deps={:?}, \
+             partitioning={:?})",
+            self.stage_id, self.shuffle_dir, self.maps, self.buckets, self.deps, self.partitioning
+        )
+    }
+}
+
+/// The [`StageInfo`] of the stage at the root of `plan` (bytes of an encoded
+/// stage, as the driver writes them).
 ///
 /// # Errors
 ///
 /// `ValueError` with the plugin's reason: not a plan, a root that is not a
 /// stage, a truncated or unknown payload.
 #[pyfunction]
-pub fn stage_payload(py: Python<'_>, plan: &[u8]) -> PyResult<(u64, String)> {
+pub fn encoded_stage_info(py: Python<'_>, plan: &[u8]) -> PyResult<StageInfo> {
     let info = plugin(py)?.encoded_stage_info(plan).map_err(|err| {
         PyValueError::new_err(format!(
             "dfx_engine: encoded stage ({} bytes): {err}",
             plan.len()
         ))
     })?;
-    Ok((info.stage_id, info.shuffle_dir.into_string()))
+    Ok(info.into())
 }
