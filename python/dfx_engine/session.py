@@ -19,6 +19,7 @@ from datafusion import SessionConfig, SessionContext, udaf, udf
 from dfx_engine import _internal
 
 __all__ = [
+    "SPLIT_MODES",
     "SessionSpec",
     "build_session",
     "effective_target_partitions",
@@ -27,6 +28,13 @@ __all__ = [
 
 WORK_STEALING = "datafusion.execution.enable_file_stream_work_stealing"
 """DataFusion 55's run-time rebalancing of files between sibling partitions."""
+
+SPLIT_MODES = ("exchange", "aggregate")
+"""Where the planner cuts a plan into stages (``dfx_engine.split``), default first.
+
+``exchange`` cuts at every exchange (hash repartition, merge, broadcast build);
+``aggregate`` is round 1's rule: each topmost partial aggregate is a stage.
+"""
 
 
 def expected_codec_ids() -> list[str]:
@@ -49,19 +57,30 @@ class SessionSpec:
             not distribute": the planner inserts no stage.
         target_partitions: Pinned rather than the core count, so the driver
             and a worker on another machine plan the same partitions.
+        split: Where the planner cuts stages, one of :data:`SPLIT_MODES`.
+            Only planning reads it (a worker decodes stages already cut), and
+            only with a shuffle directory.
     """
 
     tables: dict[str, str] = field(default_factory=dict)
     shuffle_dir: str = ""
     target_partitions: int = 2
+    split: str = SPLIT_MODES[0]
 
     def __post_init__(self) -> None:
-        """Refuse a partition count no session can plan with.
+        """Refuse a partition count no session can plan with, or an unknown split.
 
         Raises:
             ValueError: If ``target_partitions`` is not a whole number of at
-                least 1 (zero is a mistake to report, not to round up).
+                least 1 (zero is a mistake to report, not to round up), or
+                ``split`` is not one of :data:`SPLIT_MODES`.
         """
+        if self.split not in SPLIT_MODES:
+            message = (
+                f"session spec split must be one of {list(SPLIT_MODES)}, "
+                f"got {self.split!r}"
+            )
+            raise ValueError(message)
         partitions = self.target_partitions
         if isinstance(partitions, bool) or not isinstance(partitions, int):
             message = (
@@ -85,6 +104,7 @@ class SessionSpec:
             "tables": dict(self.tables),
             "shuffle_dir": self.shuffle_dir,
             "target_partitions": self.target_partitions,
+            "split": self.split,
             "codec_ids": expected_codec_ids(),
         }
 
@@ -103,6 +123,8 @@ class SessionSpec:
             tables = obj["tables"]
             shuffle_dir = obj["shuffle_dir"]
             target_partitions = obj.get("target_partitions", 2)
+            # Absent in specs written before split modes existed.
+            split = obj.get("split", SPLIT_MODES[0])
         except (KeyError, TypeError) as err:
             message = f"not a dfx session spec: {obj!r} (missing {err})"
             raise ValueError(message) from err
@@ -111,16 +133,21 @@ class SessionSpec:
         ):
             message = f"session spec tables must map names to paths, got {tables!r}"
             raise ValueError(message)
-        if not isinstance(shuffle_dir, str) or not isinstance(target_partitions, int):
+        if (
+            not isinstance(shuffle_dir, str)
+            or not isinstance(target_partitions, int)
+            or not isinstance(split, str)
+        ):
             message = (
                 f"session spec has shuffle_dir={shuffle_dir!r}, "
-                f"target_partitions={target_partitions!r}"
+                f"target_partitions={target_partitions!r}, split={split!r}"
             )
             raise ValueError(message)
         return cls(
             tables=dict(tables),
             shuffle_dir=shuffle_dir,
             target_partitions=target_partitions,
+            split=split,
         )
 
 
@@ -167,7 +194,8 @@ def build_session(
 
     1. The config extension goes on the :class:`~datafusion.SessionConfig`
        before the context exists, so the planner sees the shuffle directory
-       from the first query on.
+       (and the split mode, set only with a directory) from the first query
+       on.
     2. ``with_extensions`` is called once, installing the plugin's codec and
        then its planner on the session's final codec chain.
     3. The plugin's functions are registered: they travel in a plan by name,
@@ -183,6 +211,9 @@ def build_session(
         RuntimeError: If the session did not end up with the expected codecs.
         FileNotFoundError: If a table's directory does not exist.
     """
+    # The split mode means nothing without a shuffle directory; leaving it
+    # unset then keeps a local session's config the plugin's default.
+    split = spec.split if spec.shuffle_dir else None
     config = (
         SessionConfig()
         .with_target_partitions(effective_target_partitions(spec))
@@ -190,7 +221,9 @@ def build_session(
         # its sibling partitions (which no process polls) and the answer would
         # count those rows once per worker.
         .set(WORK_STEALING, "false")
-        .with_extension(_internal.DfxEngineConfig(shuffle_dir=spec.shuffle_dir))
+        .with_extension(
+            _internal.DfxEngineConfig(shuffle_dir=spec.shuffle_dir, split=split)
+        )
     )
     engine = _internal.DfxEngineExtension()
     ctx = SessionContext(config).with_extensions(engine)
