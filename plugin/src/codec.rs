@@ -1,68 +1,186 @@
-//! The physical extension codec for `ShuffleStageExec`.
+//! The physical extension codec for `ShuffleWriterExec` and
+//! `ShuffleReaderExec`.
 //!
-//! Claims only the stage node; every other node belongs to the host's chain,
-//! which also encodes the stage's child (the codec sees the node, never its
+//! Claims only dfx's two nodes; every other node belongs to the host's chain,
+//! which also encodes each node's child (the codec sees the node, never its
 //! subtree). The payload is framed so that bytes from elsewhere are refused
-//! with a reason instead of being misread:
+//! with a reason instead of being misread (integers little endian, strings
+//! and blobs prefixed by a u32 length):
 //!
 //! ```text
-//! offset  size  field
-//! 0       4     magic  b"DFXS"
-//! 4       2     payload version, little endian (PAYLOAD_VERSION)
-//! 6       8     stage id, little endian
-//! 14      4     shuffle dir length in bytes, little endian
-//! 18      n     shuffle dir, UTF-8
+//! magic b"DFXS" | payload version u16 (PAYLOAD_VERSION) | node kind u8
+//! writer (kind 1): stage id u64 | maps u64 | buckets u64 | deps: u32 count, u64 each
+//!                  | shuffle dir str | partitioning display str
+//!                  | partitioning blob (datafusion-proto `Partitioning`)
+//! reader (kind 2): read mode u8
 //! ```
+//!
+//! Everything a driver needs to schedule a stage sits in the writer's payload,
+//! so a host that cannot decode a plan (or must not yet) reads it from the
+//! encoded bytes alone ([`read_encoded_stage`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::physical_plan::ExecutionPlan;
-use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use datafusion::physical_expr::Partitioning;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use datafusion_proto::physical_plan::from_proto::parse_protobuf_partitioning;
+use datafusion_proto::physical_plan::to_proto::serialize_partitioning;
+use datafusion_proto::physical_plan::{
+    PhysicalExtensionCodec, PhysicalPlanDecodeContext, PhysicalProtoConverterExtension,
+};
+use datafusion_proto::protobuf;
 use datafusion_proto::protobuf::PhysicalPlanNode;
 use datafusion_proto::protobuf::physical_plan_node::PhysicalPlanType;
 use prost::Message;
 
 use crate::counters::{self, LiveObject};
-use crate::stage::ShuffleStageExec;
+use crate::exchange::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
 
-/// The codec's id, as hosts list it among their session's codecs.
-pub const CODEC_ID: &str = "dfx_engine.physical.v1";
+/// The codec's id, as hosts list it among their session's codecs: one id per
+/// payload version, so a plan encoded by another version is refused by id
+/// before a byte of it is read.
+pub const CODEC_ID: &str = "dfx_engine.physical.v2";
 
 /// First bytes of every dfx payload.
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"DFXS";
 
 /// Version of the payload layout this plugin writes and reads.
-pub const PAYLOAD_VERSION: u16 = 1;
+pub const PAYLOAD_VERSION: u16 = 2;
 
-const HEADER_LEN: usize = 4 + 2 + 8 + 4;
+const KIND_WRITER: u8 = 1;
+const KIND_READER: u8 = 2;
 
-/// What a stage node carries across a process boundary.
+/// What a writer carries across a process boundary: its stage's description
+/// and how it splits rows (as encoded protobuf, decoded against its input).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StagePayload {
+pub struct WriterPayload {
     /// The stage's id.
     pub stage_id: u64,
+    /// Map tasks (the input's partitions).
+    pub maps: u64,
+    /// Buckets per map.
+    pub buckets: u64,
+    /// Ids of the stages it reads.
+    pub deps: Vec<u64>,
     /// The stage's shuffle directory.
     pub shuffle_dir: String,
+    /// The partitioning, for display.
+    pub partitioning_display: String,
+    /// The partitioning as encoded datafusion-proto bytes.
+    pub partitioning: Vec<u8>,
 }
 
-impl StagePayload {
-    /// The framed bytes.
+/// A decoded dfx payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    /// A `ShuffleWriterExec`.
+    Writer(WriterPayload),
+    /// A `ShuffleReaderExec` in this mode.
+    Reader(ReadMode),
+}
+
+fn fail(what: impl std::fmt::Display) -> DataFusionError {
+    DataFusionError::Execution(format!("dfx codec: {what}"))
+}
+
+/// Reads a framed payload front to back; every short read is "truncated".
+struct Cursor<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        if self.buf.len() < n {
+            return Err(fail(format!(
+                "truncated payload: {what} needs {n} byte(s), {} left",
+                self.buf.len()
+            )));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    fn u8(&mut self, what: &str) -> Result<u8> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u16(&mut self, what: &str) -> Result<u16> {
+        Ok(u16::from_le_bytes(
+            self.take(2, what)?.try_into().expect("2 bytes"),
+        ))
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            self.take(4, what)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(
+            self.take(8, what)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn blob(&mut self, what: &str) -> Result<&'a [u8]> {
+        let len = self.u32(what)? as usize;
+        self.take(len, what)
+    }
+
+    fn string(&mut self, what: &str) -> Result<String> {
+        let bytes = self.blob(what)?;
+        std::str::from_utf8(bytes)
+            .map(str::to_string)
+            .map_err(|e| fail(format!("{what} is not UTF-8: {e}")))
+    }
+}
+
+fn put_blob(buf: &mut Vec<u8>, bytes: &[u8], what: &str) -> Result<()> {
+    let len = u32::try_from(bytes.len()).map_err(|_| {
+        fail(format!(
+            "{what} of {} bytes is too long to encode",
+            bytes.len()
+        ))
+    })?;
+    buf.extend_from_slice(&len.to_le_bytes());
+    buf.extend_from_slice(bytes);
+    Ok(())
+}
+
+impl Payload {
+    /// Append the framed bytes to `buf`.
     pub fn encode(&self, buf: &mut Vec<u8>) -> Result<()> {
-        let dir = self.shuffle_dir.as_bytes();
-        let dir_len = u32::try_from(dir.len()).map_err(|_| {
-            DataFusionError::Execution(format!(
-                "dfx codec: shuffle directory of {} bytes is too long to encode",
-                dir.len()
-            ))
-        })?;
         buf.extend_from_slice(&PAYLOAD_MAGIC);
         buf.extend_from_slice(&PAYLOAD_VERSION.to_le_bytes());
-        buf.extend_from_slice(&self.stage_id.to_le_bytes());
-        buf.extend_from_slice(&dir_len.to_le_bytes());
-        buf.extend_from_slice(dir);
+        match self {
+            Payload::Writer(w) => {
+                buf.push(KIND_WRITER);
+                buf.extend_from_slice(&w.stage_id.to_le_bytes());
+                buf.extend_from_slice(&w.maps.to_le_bytes());
+                buf.extend_from_slice(&w.buckets.to_le_bytes());
+                let deps =
+                    u32::try_from(w.deps.len()).map_err(|_| fail("too many deps to encode"))?;
+                buf.extend_from_slice(&deps.to_le_bytes());
+                for dep in &w.deps {
+                    buf.extend_from_slice(&dep.to_le_bytes());
+                }
+                put_blob(buf, w.shuffle_dir.as_bytes(), "shuffle directory")?;
+                put_blob(
+                    buf,
+                    w.partitioning_display.as_bytes(),
+                    "partitioning display",
+                )?;
+                put_blob(buf, &w.partitioning, "partitioning")?;
+            }
+            Payload::Reader(mode) => {
+                buf.push(KIND_READER);
+                buf.push(mode.code());
+            }
+        }
         Ok(())
     }
 
@@ -70,60 +188,69 @@ impl StagePayload {
     ///
     /// # Errors
     ///
-    /// Bytes that are not a dfx payload, a payload of another version, a
-    /// truncated payload or trailing bytes: each named in the message.
+    /// Bytes that are not a dfx payload, a payload of another version or
+    /// kind, a truncated payload or trailing bytes: each named in the message.
     pub fn decode(buf: &[u8]) -> Result<Self> {
-        let fail = |what: String| DataFusionError::Execution(format!("dfx codec: {what}"));
-        if buf.len() < HEADER_LEN {
-            if buf.len() >= 4 && buf[..4] != PAYLOAD_MAGIC {
-                return Err(fail(not_ours(buf)));
-            }
-            return Err(fail(format!(
-                "truncated stage payload: {} bytes, the header alone is {HEADER_LEN}",
-                buf.len()
-            )));
-        }
-        if buf[..4] != PAYLOAD_MAGIC {
+        if buf.len() >= 4 && buf[..4] != PAYLOAD_MAGIC {
             return Err(fail(not_ours(buf)));
         }
-        let version = u16::from_le_bytes([buf[4], buf[5]]);
+        let mut cursor = Cursor { buf };
+        cursor.take(4, "magic")?;
+        let version = cursor.u16("payload version")?;
         if version != PAYLOAD_VERSION {
             return Err(fail(format!(
-                "stage payload version {version} is not supported; this plugin reads version \
-                 {PAYLOAD_VERSION} (was the plan encoded by a newer dfx?)"
+                "payload version {version} is not supported; this plugin reads version \
+                 {PAYLOAD_VERSION} (was the plan encoded by another dfx?)"
             )));
         }
-        let stage_id = u64::from_le_bytes(buf[6..14].try_into().expect("8 bytes"));
-        let dir_len = u32::from_le_bytes(buf[14..18].try_into().expect("4 bytes")) as usize;
-        let body = &buf[HEADER_LEN..];
-        if body.len() != dir_len {
-            return Err(fail(format!(
-                "stage payload declares a {dir_len}-byte shuffle directory but carries {} bytes \
-                 ({})",
-                body.len(),
-                if body.len() < dir_len {
-                    "truncated"
-                } else {
-                    "trailing bytes"
+        let payload = match cursor.u8("node kind")? {
+            KIND_WRITER => {
+                let stage_id = cursor.u64("stage id")?;
+                let maps = cursor.u64("maps")?;
+                let buckets = cursor.u64("buckets")?;
+                let count = cursor.u32("deps")? as usize;
+                // Bounded by the bytes present, so a corrupt count cannot
+                // make us allocate.
+                if count > cursor.buf.len() / 8 {
+                    return Err(fail(format!(
+                        "truncated payload: {count} deps declared, {} bytes left",
+                        cursor.buf.len()
+                    )));
                 }
+                let deps = (0..count)
+                    .map(|_| cursor.u64("dep"))
+                    .collect::<Result<Vec<_>>>()?;
+                Payload::Writer(WriterPayload {
+                    stage_id,
+                    maps,
+                    buckets,
+                    deps,
+                    shuffle_dir: cursor.string("shuffle directory")?,
+                    partitioning_display: cursor.string("partitioning display")?,
+                    partitioning: cursor.blob("partitioning")?.to_vec(),
+                })
+            }
+            KIND_READER => {
+                let code = cursor.u8("read mode")?;
+                Payload::Reader(
+                    ReadMode::from_code(code)
+                        .ok_or_else(|| fail(format!("unknown read mode {code}")))?,
+                )
+            }
+            other => return Err(fail(format!("unknown node kind {other}"))),
+        };
+        if !cursor.buf.is_empty() {
+            return Err(fail(format!(
+                "{} trailing bytes after the payload",
+                cursor.buf.len()
             )));
         }
-        let shuffle_dir = std::str::from_utf8(body)
-            .map_err(|e| {
-                fail(format!(
-                    "stage payload's shuffle directory is not UTF-8: {e}"
-                ))
-            })?
-            .to_string();
-        Ok(Self {
-            stage_id,
-            shuffle_dir,
-        })
+        Ok(payload)
     }
 }
 
-/// The stage payload inside an encoded stage plan (the bytes a driver ships),
-/// read without decoding the plan: the root node must be the stage.
+/// The writer payload at the root of an encoded stage (the bytes a driver
+/// ships), read without decoding the plan.
 ///
 /// A host's codec chain may wrap the payload in a frame of its own naming the
 /// codec that wrote it; the payload is always the frame's tail, so it is
@@ -132,21 +259,25 @@ impl StagePayload {
 /// # Errors
 ///
 /// Bytes that are not a protobuf physical plan, a root that is not an
-/// extension node, or an extension node carrying no dfx payload.
-pub fn read_encoded_stage(plan_bytes: &[u8]) -> Result<StagePayload> {
-    let fail = |what: String| DataFusionError::Execution(format!("dfx codec: {what}"));
+/// extension node, or an extension node carrying no dfx writer payload.
+pub fn read_encoded_stage(plan_bytes: &[u8]) -> Result<WriterPayload> {
     let root = PhysicalPlanNode::decode(plan_bytes)
         .map_err(|e| fail(format!("not an encoded physical plan: {e}")))?;
     let Some(PhysicalPlanType::Extension(extension)) = root.physical_plan_type else {
         return Err(fail(
-            "the encoded plan's root is not an extension node, so not a dfx stage".to_string(),
+            "the encoded plan's root is not an extension node, so not a dfx stage",
         ));
     };
     let bytes = extension.node.as_slice();
     let mut last_error = None;
     for start in (0..bytes.len().saturating_sub(3)).filter(|&i| bytes[i..i + 4] == PAYLOAD_MAGIC) {
-        match StagePayload::decode(&bytes[start..]) {
-            Ok(payload) => return Ok(payload),
+        match Payload::decode(&bytes[start..]) {
+            Ok(Payload::Writer(writer)) => return Ok(writer),
+            Ok(Payload::Reader(_)) => {
+                return Err(fail(
+                    "the encoded plan's root is a ShuffleReaderExec, not a stage's writer",
+                ));
+            }
             Err(err) => last_error = Some(err),
         }
     }
@@ -155,10 +286,10 @@ pub fn read_encoded_stage(plan_bytes: &[u8]) -> Result<StagePayload> {
 
 fn not_ours(buf: &[u8]) -> String {
     let shown = &buf[..buf.len().min(4)];
-    format!("not a dfx stage payload: expected magic {PAYLOAD_MAGIC:02x?}, found {shown:02x?}")
+    format!("not a dfx payload: expected magic {PAYLOAD_MAGIC:02x?}, found {shown:02x?}")
 }
 
-/// Encodes and decodes `ShuffleStageExec`; refuses everything else.
+/// Encodes and decodes dfx's writer and reader; refuses everything else.
 #[derive(Debug)]
 pub struct DfxPhysicalCodec {
     _live: LiveObject,
@@ -172,53 +303,107 @@ impl Default for DfxPhysicalCodec {
     }
 }
 
+impl DfxPhysicalCodec {
+    fn decode_writer(
+        &self,
+        payload: WriterPayload,
+        input: &Arc<dyn ExecutionPlan>,
+        ctx: &TaskContext,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let stage = payload.stage_id;
+        let proto =
+            protobuf::Partitioning::decode(payload.partitioning.as_slice()).map_err(|e| {
+                fail(format!(
+                    "stage {stage}: partitioning is not valid protobuf: {e}"
+                ))
+            })?;
+        let decode_ctx = PhysicalPlanDecodeContext::new(ctx, self);
+        let partitioning = parse_protobuf_partitioning(
+            Some(&proto),
+            &decode_ctx,
+            &input.schema(),
+            proto_converter,
+        )?
+        .ok_or_else(|| fail(format!("stage {stage}: no partitioning in the payload")))?;
+        let maps = input.output_partitioning().partition_count() as u64;
+        if maps != payload.maps || partitioning.partition_count() as u64 != payload.buckets {
+            return Err(fail(format!(
+                "stage {stage}: the payload declares {} map(s) and {} bucket(s), the decoded \
+                 plan has {maps} and {}",
+                payload.maps,
+                payload.buckets,
+                partitioning.partition_count()
+            )));
+        }
+        counters::stage_decoded();
+        Ok(Arc::new(ShuffleWriterExec::try_new(
+            stage,
+            PathBuf::from(payload.shuffle_dir),
+            Arc::clone(input),
+            partitioning,
+            payload.deps,
+        )?))
+    }
+}
+
 impl PhysicalExtensionCodec for DfxPhysicalCodec {
     fn try_decode(
         &self,
         buf: &[u8],
         inputs: &[Arc<dyn ExecutionPlan>],
-        _ctx: &TaskContext,
-        _proto_converter: &dyn PhysicalProtoConverterExtension,
+        ctx: &TaskContext,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let payload = StagePayload::decode(buf)?;
+        let payload = Payload::decode(buf)?;
         let [input] = inputs else {
-            return Err(DataFusionError::Execution(format!(
-                "dfx codec: stage {} needs exactly one input, the plan gave {}",
-                payload.stage_id,
+            return Err(fail(format!(
+                "a dfx node needs exactly one input, the plan gave {}",
                 inputs.len()
             )));
         };
-        counters::stage_decoded();
-        Ok(Arc::new(ShuffleStageExec::new(
-            payload.stage_id,
-            PathBuf::from(payload.shuffle_dir),
-            Arc::clone(input),
-        )))
+        match payload {
+            Payload::Writer(writer) => self.decode_writer(writer, input, ctx, proto_converter),
+            Payload::Reader(mode) => Ok(Arc::new(ShuffleReaderExec::try_new(
+                mode,
+                Arc::clone(input),
+            )?)),
+        }
     }
 
     fn try_encode(
         &self,
         node: Arc<dyn ExecutionPlan>,
         buf: &mut Vec<u8>,
-        _proto_converter: &dyn PhysicalProtoConverterExtension,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
-        let Some(stage) = node.downcast_ref::<ShuffleStageExec>() else {
+        if let Some(reader) = node.downcast_ref::<ShuffleReaderExec>() {
+            return Payload::Reader(reader.mode()).encode(buf);
+        }
+        let Some(writer) = node.downcast_ref::<ShuffleWriterExec>() else {
             return Err(DataFusionError::NotImplemented(format!(
-                "dfx codec encodes only ShuffleStageExec, not {}",
+                "dfx codec encodes only ShuffleWriterExec and ShuffleReaderExec, not {}",
                 node.name()
             )));
         };
-        let shuffle_dir = stage.shuffle_dir().to_str().ok_or_else(|| {
-            DataFusionError::Execution(format!(
-                "dfx codec: stage {} has a shuffle directory that is not UTF-8: {}",
-                stage.stage_id(),
-                stage.shuffle_dir().display()
+        let shuffle_dir = writer.shuffle_dir().to_str().ok_or_else(|| {
+            fail(format!(
+                "stage {} has a shuffle directory that is not UTF-8: {}",
+                writer.stage_id(),
+                writer.shuffle_dir().display()
             ))
         })?;
-        StagePayload {
-            stage_id: stage.stage_id(),
+        let partitioning: Partitioning = writer.partitioning().clone();
+        let proto = serialize_partitioning(&partitioning, self, proto_converter)?;
+        Payload::Writer(WriterPayload {
+            stage_id: writer.stage_id(),
+            maps: writer.maps() as u64,
+            buckets: writer.buckets() as u64,
+            deps: writer.deps().to_vec(),
             shuffle_dir: shuffle_dir.to_string(),
-        }
+            partitioning_display: writer.partitioning_display(),
+            partitioning: proto.encode_to_vec(),
+        })
         .encode(buf)?;
         counters::stage_encoded();
         Ok(())
@@ -231,10 +416,15 @@ mod tests {
 
     fn sample() -> Vec<u8> {
         let mut buf = Vec::new();
-        StagePayload {
+        Payload::Writer(WriterPayload {
             stage_id: 7,
+            maps: 4,
+            buckets: 3,
+            deps: vec![8, 9],
             shuffle_dir: "/tmp/shuffle-ä".into(),
-        }
+            partitioning_display: "hash([k@0], 3)".into(),
+            partitioning: vec![1, 2, 3],
+        })
         .encode(&mut buf)
         .unwrap();
         buf
@@ -242,16 +432,28 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let payload = StagePayload::decode(&sample()).unwrap();
+        let Payload::Writer(payload) = Payload::decode(&sample()).unwrap() else {
+            panic!("a writer");
+        };
         assert_eq!(payload.stage_id, 7);
+        assert_eq!((payload.maps, payload.buckets), (4, 3));
+        assert_eq!(payload.deps, vec![8, 9]);
         assert_eq!(payload.shuffle_dir, "/tmp/shuffle-ä");
+        let mut buf = Vec::new();
+        Payload::Reader(ReadMode::Broadcast)
+            .encode(&mut buf)
+            .unwrap();
+        assert_eq!(
+            Payload::decode(&buf).unwrap(),
+            Payload::Reader(ReadMode::Broadcast)
+        );
     }
 
     #[test]
     fn every_truncation_is_an_error_naming_dfx() {
         let buf = sample();
         for len in 0..buf.len() {
-            let err = StagePayload::decode(&buf[..len]).unwrap_err().to_string();
+            let err = Payload::decode(&buf[..len]).unwrap_err().to_string();
             assert!(err.contains("dfx codec"), "len {len}: {err}");
             assert!(err.contains("truncated"), "len {len}: {err}");
         }
@@ -261,30 +463,27 @@ mod tests {
     fn trailing_bytes_are_an_error() {
         let mut buf = sample();
         buf.push(0);
-        let err = StagePayload::decode(&buf).unwrap_err().to_string();
+        let err = Payload::decode(&buf).unwrap_err().to_string();
         assert!(err.contains("trailing bytes"), "{err}");
     }
 
     #[test]
     fn unknown_version_is_named() {
         let mut buf = sample();
-        buf[4..6].copy_from_slice(&(PAYLOAD_VERSION + 1).to_le_bytes());
-        let err = StagePayload::decode(&buf).unwrap_err().to_string();
-        assert!(
-            err.contains(&format!("version {}", PAYLOAD_VERSION + 1)),
-            "{err}"
-        );
+        buf[4..6].copy_from_slice(&1u16.to_le_bytes());
+        let err = Payload::decode(&buf).unwrap_err().to_string();
+        assert!(err.contains("version 1"), "{err}");
         assert!(err.contains("dfx codec"), "{err}");
     }
 
     #[test]
     fn random_bytes_never_panic() {
         // A small deterministic generator: the property is "no panic, an
-        // error naming dfx", whatever the bytes.
+        // error naming dfx", whatever the bytes (with and without the magic).
         let mut state = 0x2545_f491_4f6c_dd1du64;
-        for round in 0..2000 {
-            let len = round % 64;
-            let bytes: Vec<u8> = (0..len)
+        for round in 0..4000 {
+            let len = round % 96;
+            let mut bytes: Vec<u8> = (0..len)
                 .map(|_| {
                     state ^= state << 13;
                     state ^= state >> 7;
@@ -292,7 +491,12 @@ mod tests {
                     state as u8
                 })
                 .collect();
-            if let Err(err) = StagePayload::decode(&bytes) {
+            if round % 2 == 0 && bytes.len() >= 7 {
+                bytes[..4].copy_from_slice(&PAYLOAD_MAGIC);
+                bytes[4..6].copy_from_slice(&PAYLOAD_VERSION.to_le_bytes());
+                bytes[6] = 1 + (round % 3) as u8;
+            }
+            if let Err(err) = Payload::decode(&bytes) {
                 assert!(err.to_string().contains("dfx codec"), "{err}");
             }
         }
@@ -300,9 +504,9 @@ mod tests {
 
     #[test]
     fn foreign_magic_is_not_ours() {
-        let err = StagePayload::decode(b"PAR1 and then some more bytes")
+        let err = Payload::decode(b"PAR1 and then some more bytes")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("not a dfx stage payload"), "{err}");
+        assert!(err.contains("not a dfx payload"), "{err}");
     }
 }

@@ -1,7 +1,11 @@
 //! The `dfx_engine` config extension.
 //!
-//! One key, `dfx_engine.shuffle_dir`: where stage output goes. Empty (the
-//! default) means "do not distribute": the planner inserts no stage.
+//! Two keys:
+//! - `dfx_engine.shuffle_dir`: where stage output goes. Empty (the default)
+//!   means "do not distribute": the planner inserts no stage.
+//! - `dfx_engine.split`: where the planner cuts the plan into stages,
+//!   `exchange` (the default: at every exchange) or `aggregate` (round 1's
+//!   rule: at each topmost partial aggregate).
 //!
 //! A host that loaded the plugin registers the options as an
 //! `FFI_ExtensionOptions`, so on the plugin's side of the boundary they arrive
@@ -21,11 +25,36 @@ pub const CONFIG_PREFIX: &str = "dfx_engine";
 /// The full key of the shuffle directory.
 pub const SHUFFLE_DIR_KEY: &str = "dfx_engine.shuffle_dir";
 
+/// The full key of the split rule.
+pub const SPLIT_KEY: &str = "dfx_engine.split";
+
+/// Where the planner cuts a plan into stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitMode {
+    /// At every exchange: hash repartitions, below merges, broadcast builds,
+    /// and around operators that need every partition of an input.
+    Exchange,
+    /// At each topmost partial aggregate (a plan with none is one stage).
+    Aggregate,
+}
+
+impl SplitMode {
+    /// The config value naming this mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SplitMode::Exchange => "exchange",
+            SplitMode::Aggregate => "aggregate",
+        }
+    }
+}
+
 extensions_options! {
     /// dfx's session options.
     pub struct DfxConfig {
         /// Directory that receives stage output; empty disables distribution.
         pub shuffle_dir: String, default = String::new()
+        /// Where the plan is cut into stages: `exchange` or `aggregate`.
+        pub split: String, default = "exchange".to_string()
     }
 }
 
@@ -63,12 +92,27 @@ impl DfxConfig {
             let value = entry.value.unwrap_or_default();
             config.set(inner, &value).map_err(|err| {
                 DataFusionError::Configuration(format!(
-                    "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` (dfx declares only \
-                     `{SHUFFLE_DIR_KEY}`): {err}"
+                    "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` (dfx declares \
+                     `{SHUFFLE_DIR_KEY}` and `{SPLIT_KEY}`): {err}"
                 ))
             })?;
         }
         Ok(config)
+    }
+
+    /// The split rule.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `exchange` or `aggregate`, named in the message.
+    pub fn split_mode(&self) -> Result<SplitMode> {
+        match self.split.trim() {
+            "" | "exchange" => Ok(SplitMode::Exchange),
+            "aggregate" => Ok(SplitMode::Aggregate),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{SPLIT_KEY}` is {other:?}; expected \"exchange\" or \"aggregate\""
+            ))),
+        }
     }
 
     /// The shuffle directory, or `None` when distribution is off.

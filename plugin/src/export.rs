@@ -21,14 +21,12 @@ use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use datafusion_ffi::query_planner::FFI_QueryPlanner;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
-use dfx_abi::{
-    DFX_ABI_VERSION, DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, DfxStagePayload, FfiResult,
-};
+use dfx_abi::{DFX_ABI_VERSION, DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 
 use crate::codec::{CODEC_ID, DfxPhysicalCodec};
 use crate::config::{CONFIG_PREFIX, DfxConfig};
+use crate::exchange::{READER_NODE_NAME, ShuffleWriterExec, WRITER_NODE_NAME};
 use crate::planner::DfxQueryPlanner;
-use crate::stage::{STAGE_NODE_NAME, ShuffleStageExec};
 use crate::{counters, functions, paths};
 
 /// The plugin's root module, as `abi_stable` exports it.
@@ -39,7 +37,7 @@ pub fn root_module() -> DfxPluginRef {
         datafusion_ffi_major: datafusion_ffi::version(),
         plugin_name: RStr::from_str(env!("CARGO_PKG_NAME")),
         plugin_version: RStr::from_str(env!("CARGO_PKG_VERSION")),
-        stage_node_name: RStr::from_str(STAGE_NODE_NAME),
+        stage_node_name: RStr::from_str(WRITER_NODE_NAME),
         codec_id: RStr::from_str(CODEC_ID),
         config_prefix: RStr::from_str(CONFIG_PREFIX),
         new_query_planner,
@@ -54,6 +52,8 @@ pub fn root_module() -> DfxPluginRef {
         panic_probe,
         stage_info,
         encoded_stage_info,
+        bucket_path,
+        reader_node_name: RStr::from_str(READER_NODE_NAME),
     }
     .leak_into_prefix()
 }
@@ -125,8 +125,18 @@ extern "C" fn stage_id(index: u64) -> u64 {
     paths::stage_id(index)
 }
 
-extern "C" fn partition_path(dir: RStr<'_>, stage: u64, partition: u64) -> RString {
-    let path = paths::partition_path(Path::new(dir.as_str()), stage, partition as usize);
+extern "C" fn partition_path(dir: RStr<'_>, stage: u64, map: u64) -> RString {
+    let path = paths::marker_path(Path::new(dir.as_str()), stage, map as usize);
+    RString::from(path.to_string_lossy().into_owned())
+}
+
+extern "C" fn bucket_path(dir: RStr<'_>, stage: u64, map: u64, bucket: u64) -> RString {
+    let path = paths::bucket_path(
+        Path::new(dir.as_str()),
+        stage,
+        map as usize,
+        bucket as usize,
+    );
     RString::from(path.to_string_lossy().into_owned())
 }
 
@@ -152,26 +162,33 @@ extern "C" fn panic_probe() -> FfiResult<u64> {
 extern "C" fn stage_info(plan: FFI_ExecutionPlan) -> FfiResult<DfxStageInfo> {
     guarded("stage info", || {
         let plan = Arc::<dyn ExecutionPlan>::try_from(&plan)?;
-        let Some(stage) = plan.downcast_ref::<ShuffleStageExec>() else {
+        let Some(writer) = plan.downcast_ref::<ShuffleWriterExec>() else {
             return Err(DataFusionError::Execution(format!(
-                "{} is not a stage node of this plugin",
+                "{} is not a stage writer of this plugin",
                 plan.name()
             )));
         };
         Ok(DfxStageInfo {
-            stage_id: stage.stage_id(),
-            shuffle_dir: RString::from(stage.shuffle_dir().to_string_lossy().into_owned()),
-            partition_count: stage.partition_count() as u64,
+            stage_id: writer.stage_id(),
+            shuffle_dir: RString::from(writer.shuffle_dir().to_string_lossy().into_owned()),
+            maps: writer.maps() as u64,
+            buckets: writer.buckets() as u64,
+            deps: writer.deps().iter().copied().collect(),
+            partitioning: RString::from(writer.partitioning_display()),
         })
     })
 }
 
-extern "C" fn encoded_stage_info(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStagePayload> {
+extern "C" fn encoded_stage_info(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStageInfo> {
     guarded("encoded stage info", || {
         let payload = crate::codec::read_encoded_stage(plan_bytes.as_slice())?;
-        Ok(DfxStagePayload {
+        Ok(DfxStageInfo {
             stage_id: payload.stage_id,
             shuffle_dir: RString::from(payload.shuffle_dir),
+            maps: payload.maps,
+            buckets: payload.buckets,
+            deps: payload.deps.into_iter().collect(),
+            partitioning: RString::from(payload.partitioning_display),
         })
     })
 }

@@ -3,22 +3,28 @@
 //! `abi_stable` root module (see `dfx-abi`).
 //!
 //! Glossary:
-//! - **stage**: a subtree whose partitions run in worker processes; its root
-//!   is a [`ShuffleStageExec`].
-//! - **task**: one (stage, partition) pair, run by one worker.
-//! - **shuffle directory**: where tasks publish their partition files
-//!   (`stage-<id>-part-<p>.arrow`) and the driver reads them back.
+//! - **stage**: a subtree that runs in worker processes; its root is a
+//!   [`ShuffleWriterExec`], and it reads other stages through
+//!   [`ShuffleReaderExec`]s whose child is the upstream writer.
+//! - **map task** (task): one (stage, map) pair, run by one worker: it runs
+//!   one partition of the stage's input and publishes it split into buckets.
+//! - **bucket**: the rows of one map destined for one consumer partition.
+//! - **exchange**: a writer/reader pair (hash, pass-through or broadcast).
+//! - **shuffle directory**: where map tasks publish bucket files and commit
+//!   markers (see [`paths`]) and readers find them.
 
 pub mod codec;
 pub mod config;
 pub mod counters;
+pub mod exchange;
 pub mod export;
 pub mod functions;
 pub mod paths;
 pub mod planner;
-pub mod stage;
+pub mod split;
 
 pub use codec::{CODEC_ID, DfxPhysicalCodec};
-pub use config::{DfxConfig, SHUFFLE_DIR_KEY};
-pub use planner::{DfxQueryPlanner, insert_stages};
-pub use stage::{STAGE_NODE_NAME, ShuffleStageExec};
+pub use config::{DfxConfig, SHUFFLE_DIR_KEY, SPLIT_KEY, SplitMode};
+pub use exchange::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
+pub use planner::{DfxQueryPlanner, isolate_partitions};
+pub use split::insert_stages;

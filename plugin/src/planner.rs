@@ -1,32 +1,24 @@
-//! The query planner: plan physically, then split the plan into stages.
+//! The query planner: plan physically under isolation settings, then cut the
+//! plan into stages ([`crate::split`]).
 //!
-//! Split rule: every *topmost* `AggregateExec` in `Partial` mode becomes the
-//! child of a `ShuffleStageExec`; a plan without one is wrapped whole, so a
-//! distributed query always has at least one stage. Stages are numbered in
-//! pre-order from `FIRST_STAGE_ID`, afresh on every call: the driver plans
-//! the same query twice (once to ship the stages, once to read them back) and
-//! both plans must name the same files.
-//!
-//! No shuffle directory configured means no stage: the query runs in process.
+//! No shuffle directory configured means no stage: the query runs in
+//! process, planned exactly as DataFusion would.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
-use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::{SessionStateBuilder, TaskContext};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
 use crate::config::DfxConfig;
 use crate::counters::{self, LiveObject};
-use crate::paths::stage_id;
-use crate::stage::ShuffleStageExec;
+use crate::split::insert_stages;
 
 /// dfx's query planner.
 ///
@@ -55,10 +47,12 @@ impl QueryPlanner for DfxQueryPlanner {
         session: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         counters::planner_called();
-        let shuffle_dir = DfxConfig::from_config(session.config_options())?.shuffle_dir();
+        let dfx = DfxConfig::from_config(session.config_options())?;
+        let split = dfx.split_mode()?;
+        let shuffle_dir = dfx.shuffle_dir();
         let mut config = session.config().clone();
         if shuffle_dir.is_some() {
-            plan_for_isolated_partitions(config.options_mut());
+            isolate_partitions(config.options_mut());
         }
         let state = SessionStateBuilder::new()
             .with_config(config)
@@ -67,7 +61,7 @@ impl QueryPlanner for DfxQueryPlanner {
             .build();
         // Optimized again under the settings above: the host optimized the
         // plan under its own, which may leave uncorrelated scalar subqueries
-        // for a `ScalarSubqueryExec` (see `plan_for_isolated_partitions`).
+        // for a `ScalarSubqueryExec` (see `isolate_partitions`).
         let logical_plan = match shuffle_dir {
             Some(_) => &state.optimize(logical_plan)?,
             None => logical_plan,
@@ -78,7 +72,7 @@ impl QueryPlanner for DfxQueryPlanner {
         match shuffle_dir {
             None => Ok(plan),
             Some(dir) => {
-                let (plan, stages) = insert_stages(plan, &dir)?;
+                let (plan, stages) = insert_stages(plan, &dir, split)?;
                 counters::stages_inserted(stages);
                 Ok(plan)
             }
@@ -86,79 +80,60 @@ impl QueryPlanner for DfxQueryPlanner {
     }
 }
 
-/// Planner settings under which every partition of a stage can run alone in
-/// its own process, with nothing shared with its siblings. Each one names the
-/// failure it prevents:
+/// The isolation settings: the one definition of what changes when a plan's
+/// partitions run apart, each task in its own process seeing one partition
+/// of its stage's input. Each names the failure it prevents:
 ///
 /// - join dynamic filters (and the umbrella switch, which would turn them back
 ///   on): a partitioned hash join's filter waits until every partition of the
 ///   join has built its side, so a task running one partition waits forever;
-/// - no collected (single-partition) build side: such a join emits the build
-///   rows it owes to semi, anti and outer joins only after every probe
-///   partition finished, which no single task sees, so those rows were lost;
+/// - no collected (single-partition) build side chosen by size: the exchange
+///   broadcasts CollectLeft builds only for join types that emit nothing
+///   after the last probe partition; partitioned joins need no such care;
 /// - uncorrelated scalar subqueries planned as joins, not as a
 ///   `ScalarSubqueryExec` above the plan: expressions below it read its value
-///   by reference, so a stage cut below it cannot be decoded by a worker.
-fn plan_for_isolated_partitions(options: &mut ConfigOptions) {
+///   by reference, so a stage cut below it could not be decoded by a worker;
+/// - no round-robin repartition: it reads every input partition to fill each
+///   output partition, an exchange that buys nothing across processes;
+/// - no file-stream work stealing: a scan that rebalances files between
+///   sibling partitions at run time would let the one partition a task runs
+///   read every file, and each task would publish the whole input.
+pub fn isolate_partitions(options: &mut ConfigOptions) {
     let optimizer = &mut options.optimizer;
     optimizer.enable_dynamic_filter_pushdown = false;
     optimizer.enable_join_dynamic_filter_pushdown = false;
     optimizer.hash_join_single_partition_threshold = 0;
     optimizer.hash_join_single_partition_threshold_rows = 0;
     optimizer.enable_physical_uncorrelated_scalar_subquery = false;
+    optimizer.enable_round_robin_repartition = false;
+    options.execution.enable_file_stream_work_stealing = false;
 }
 
-/// Wrap every topmost partial aggregate of `plan` in a stage (or the whole
-/// plan when it has none); returns the new plan and the number of stages.
-pub fn insert_stages(
-    plan: Arc<dyn ExecutionPlan>,
-    shuffle_dir: &Path,
-) -> Result<(Arc<dyn ExecutionPlan>, u64)> {
-    let mut next_index = 0;
-    let plan = wrap_topmost_partials(plan, shuffle_dir, &mut next_index)?;
-    if next_index > 0 {
-        return Ok((plan, next_index));
+/// `context` under the isolation settings that matter at execution time.
+///
+/// A map task's context comes from the host's session, not the planner's, so
+/// the writer applies them to its input itself: running one partition alone
+/// is the writer's contract whatever the host configured.
+pub(crate) fn isolated_task_context(context: &Arc<TaskContext>) -> Arc<TaskContext> {
+    // Only work stealing acts at execution time; the rest shaped the plan.
+    if !context
+        .session_config()
+        .options()
+        .execution
+        .enable_file_stream_work_stealing
+    {
+        return Arc::clone(context);
     }
-    let whole = ShuffleStageExec::new(stage_id(0), PathBuf::from(shuffle_dir), plan);
-    Ok((Arc::new(whole), 1))
-}
-
-fn is_partial_aggregate(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    plan.downcast_ref::<AggregateExec>()
-        .is_some_and(|agg| *agg.mode() == AggregateMode::Partial)
-}
-
-/// Pre-order walk: a partial aggregate is wrapped and not descended into, so
-/// stages never nest and the n-th stage met is the n-th in pre-order.
-fn wrap_topmost_partials(
-    plan: Arc<dyn ExecutionPlan>,
-    shuffle_dir: &Path,
-    next_index: &mut u64,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    if is_partial_aggregate(&plan) {
-        let id = stage_id(*next_index);
-        *next_index += 1;
-        return Ok(Arc::new(ShuffleStageExec::new(
-            id,
-            PathBuf::from(shuffle_dir),
-            plan,
-        )));
-    }
-    let children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();
-    if children.is_empty() {
-        return Ok(plan);
-    }
-    let before = *next_index;
-    let new_children = children
-        .into_iter()
-        .map(|child| wrap_topmost_partials(child, shuffle_dir, next_index))
-        .collect::<Result<Vec<_>>>()?;
-    if *next_index == before {
-        return Ok(plan);
-    }
-    #[expect(
-        deprecated,
-        reason = "replace_children's modes are not needed: stages keep their child's properties"
-    )]
-    plan.with_new_children(new_children)
+    let mut config = context.session_config().clone();
+    isolate_partitions(config.options_mut());
+    Arc::new(TaskContext::new(
+        context.task_id(),
+        context.session_id(),
+        config,
+        context.scalar_functions().clone(),
+        context.higher_order_functions().clone(),
+        context.aggregate_functions().clone(),
+        context.window_functions().clone(),
+        context.runtime_env(),
+    ))
 }

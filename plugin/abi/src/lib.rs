@@ -42,7 +42,7 @@ use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
 
 pub use compat::{DFX_ABI_VERSION, LoadCheck, LoadError, host_datafusion_ffi_major};
-pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, DfxStagePayload, FfiResult};
+pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 
 /// The file name a plugin build produces on this platform (`libdfx_plugin.so`
 /// on Linux).
@@ -176,12 +176,12 @@ impl Plugin {
         self.module.datafusion_ffi_major()
     }
 
-    /// The stage node's name (`ShuffleStageExec`).
+    /// The stage root's name (`ShuffleWriterExec`): hosts find stages by it.
     pub fn stage_node_name(&self) -> &'static str {
         self.module.stage_node_name().as_str()
     }
 
-    /// The id of the plugin's physical codec (`dfx_engine.physical.v1`).
+    /// The id of the plugin's physical codec (`dfx_engine.physical.v2`).
     pub fn codec_id(&self) -> &'static str {
         self.module.codec_id().as_str()
     }
@@ -196,14 +196,43 @@ impl Plugin {
         (self.module.stage_id())(index as u64)
     }
 
-    /// The file holding `partition` of stage `stage_id` under `dir`.
-    pub fn partition_path(&self, dir: &Path, stage_id: u64, partition: usize) -> PathBuf {
+    /// The commit marker of map task `map` of stage `stage_id` under `dir`.
+    pub fn marker_path(&self, dir: &Path, stage_id: u64, map: usize) -> PathBuf {
         let dir = dir.to_string_lossy();
-        let path = (self.module.partition_path())(RStr::from_str(&dir), stage_id, partition as u64);
+        let path = (self.module.partition_path())(RStr::from_str(&dir), stage_id, map as u64);
         PathBuf::from(path.into_string())
     }
 
-    /// Glob, relative to a shuffle directory, matching any stage output file.
+    /// The file of bucket `bucket` of map `map` of stage `stage_id` under
+    /// `dir` (absent when the bucket is empty).
+    ///
+    /// # Errors
+    ///
+    /// When the plugin predates the exchange's file layout.
+    pub fn bucket_path(
+        &self,
+        dir: &Path,
+        stage_id: u64,
+        map: usize,
+        bucket: usize,
+    ) -> Result<PathBuf> {
+        let Some(bucket_path) = self.module.bucket_path() else {
+            return Err(DataFusionError::Execution(format!(
+                "dfx plugin {} has no bucket_path (built before the exchange)",
+                self.path.display()
+            )));
+        };
+        let dir = dir.to_string_lossy();
+        let path = bucket_path(RStr::from_str(&dir), stage_id, map as u64, bucket as u64);
+        Ok(PathBuf::from(path.into_string()))
+    }
+
+    /// The consumer node's name (`ShuffleReaderExec`), when the plugin has one.
+    pub fn reader_node_name(&self) -> Option<&'static str> {
+        self.module.reader_node_name().map(|name| name.as_str())
+    }
+
+    /// Glob, relative to a shuffle directory, matching any stage output entry.
     pub fn partition_glob(&self) -> &'static str {
         (self.module.partition_glob())().as_str()
     }
@@ -287,8 +316,9 @@ impl Plugin {
         }
     }
 
-    /// What a stage node made by this plugin carries (id, shuffle directory,
-    /// partition count); an error for any other node.
+    /// What a stage root (`ShuffleWriterExec`) made by this plugin carries:
+    /// id, shuffle directory, maps, buckets, the stages it reads; an error
+    /// for any other node.
     pub fn stage_info(&self, plan: &Arc<dyn ExecutionPlan>) -> Result<DfxStageInfo> {
         let Some(stage_info) = self.module.stage_info() else {
             return Err(DataFusionError::Execution(format!(
@@ -300,9 +330,9 @@ impl Plugin {
         self.result("stage info", stage_info(ffi_plan))
     }
 
-    /// The stage id and shuffle directory inside an encoded stage (the bytes
-    /// a driver ships), read without decoding the plan.
-    pub fn encoded_stage_info(&self, plan_bytes: &[u8]) -> Result<DfxStagePayload> {
+    /// The same description, read from an encoded stage (the bytes a driver
+    /// ships) without decoding the plan.
+    pub fn encoded_stage_info(&self, plan_bytes: &[u8]) -> Result<DfxStageInfo> {
         let Some(read) = self.module.encoded_stage_info() else {
             return Err(DataFusionError::Execution(format!(
                 "dfx plugin {} cannot read encoded stages (built before encoded_stage_info)",

@@ -37,13 +37,13 @@ pub type FfiResult<T> = RResult<T, RString>;
 pub struct DfxCounters {
     /// Calls of the plugin's query planner.
     pub planner_calls: u64,
-    /// `ShuffleStageExec` nodes inserted by the planner, summed over calls.
+    /// Stages (`ShuffleWriterExec` nodes) inserted by the planner, summed over calls.
     pub stages_inserted: u64,
     /// Stage nodes encoded by the plugin's codec.
     pub stages_encoded: u64,
     /// Stage nodes decoded by the plugin's codec.
     pub stages_decoded: u64,
-    /// Plugin-side objects alive right now (stage nodes and their streams,
+    /// Plugin-side objects alive right now (writer and reader nodes, their streams,
     /// planners, codecs). Returns to zero when a host has released everything.
     pub live_objects: u64,
 }
@@ -66,8 +66,9 @@ pub struct DfxPlugin {
     pub plugin_name: RStr<'static>,
     /// The plugin's package version.
     pub plugin_version: RStr<'static>,
-    /// Name of the stage node (`ShuffleStageExec`); hosts find stages by
-    /// containment of this name in a node's display.
+    /// Name of the stage root node (`ShuffleWriterExec`); hosts find stages
+    /// by containment of this name in a node's display, in pre-order,
+    /// descending into stages (they nest).
     pub stage_node_name: RStr<'static>,
     /// Id of the plugin's physical extension codec (`dfx_engine.physical.v1`).
     pub codec_id: RStr<'static>,
@@ -103,10 +104,12 @@ pub struct DfxPlugin {
     /// Id of the `index`-th stage in pre-order (`FIRST_STAGE_ID + index`).
     pub stage_id: extern "C" fn(index: u64) -> u64,
 
-    /// Path of the file holding `partition` of `stage` under `dir`.
-    pub partition_path: extern "C" fn(dir: RStr<'_>, stage: u64, partition: u64) -> RString,
+    /// Path of the commit marker of map task `map` of `stage` under `dir`
+    /// (`stage-<S>/map-<M>.json`): the map's output is published once it exists.
+    pub partition_path: extern "C" fn(dir: RStr<'_>, stage: u64, map: u64) -> RString,
 
-    /// Glob (relative to a shuffle directory) matching any stage output file.
+    /// Glob (relative to a shuffle directory) matching any stage output entry
+    /// (`stage-*`).
     pub partition_glob: extern "C" fn() -> RStr<'static>,
 
     /// A snapshot of the plugin's counters.
@@ -118,40 +121,51 @@ pub struct DfxPlugin {
     /// Lets a host prove that a panic does not unwind across the boundary.
     pub panic_probe: extern "C" fn() -> FfiResult<u64>,
 
-    /// What a stage node made by this plugin carries: its id, shuffle
-    /// directory and partition count. Errors for any other node. Lets a worker
+    /// What a stage root (`ShuffleWriterExec`) made by this plugin carries:
+    /// its id, shuffle directory, maps, buckets and the stages it reads.
+    /// Errors for any other node. Lets a driver schedule stages and a worker
     /// check a decoded stage against its envelope, which the FFI wrapper's
-    /// display cannot tell it.
+    /// display cannot tell them.
     #[sabi(unsafe_opaque_field)]
     pub stage_info: extern "C" fn(plan: FFI_ExecutionPlan) -> FfiResult<DfxStageInfo>,
 
-    /// The stage id and shuffle directory inside an *encoded* stage (the
-    /// bytes a driver ships), read without decoding the plan. Lets a worker
-    /// refuse a stage aimed at another directory before building anything
-    /// from it, in hosts that cannot hand a decoded node back across FFI.
-    pub encoded_stage_info: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStagePayload>,
+    /// The same description as [`DfxPlugin::stage_info`], read from an
+    /// *encoded* stage (the bytes a driver ships) without decoding the plan.
+    /// Lets hosts that cannot hand a foreign node back across FFI (Python)
+    /// schedule stages, and lets a worker refuse a stage aimed at another
+    /// directory before building anything from it.
+    pub encoded_stage_info: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStageInfo>,
+
+    /// Path of the file holding bucket `bucket` of map `map` of `stage` under
+    /// `dir` (`stage-<S>/map-<M>/bucket-<B>.arrow`; absent for an empty bucket).
+    pub bucket_path: extern "C" fn(dir: RStr<'_>, stage: u64, map: u64, bucket: u64) -> RString,
+
+    /// Name of the consumer node (`ShuffleReaderExec`), for hosts that mark
+    /// reads in a plan's display.
+    pub reader_node_name: RStr<'static>,
 }
 
-/// What [`DfxPlugin::encoded_stage_info`] reads from an encoded stage.
-#[repr(C)]
-#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
-pub struct DfxStagePayload {
-    /// The stage id the planner gave the node.
-    pub stage_id: u64,
-    /// The shuffle directory the node reads and writes.
-    pub shuffle_dir: RString,
-}
-
-/// What [`DfxPlugin::stage_info`] reports about a stage node.
+/// What [`DfxPlugin::stage_info`] and [`DfxPlugin::encoded_stage_info`]
+/// report about a stage: everything a driver needs to schedule it.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
 pub struct DfxStageInfo {
-    /// The stage id the planner gave the node.
+    /// The stage id the planner gave the writer (`FIRST_STAGE_ID + n` for the
+    /// n-th writer in pre-order).
     pub stage_id: u64,
-    /// The shuffle directory the node reads and writes.
+    /// The shuffle directory the stage publishes into.
     pub shuffle_dir: RString,
-    /// Partitions of the stage (one file each).
-    pub partition_count: u64,
+    /// Map tasks: the partitions of the writer's input, one task each.
+    pub maps: u64,
+    /// Buckets each map splits its rows into (1 for pass-through and
+    /// broadcast exchanges).
+    pub buckets: u64,
+    /// Ids of the stages this one reads (the writers met first below it on
+    /// each path), ascending. A stage runs once all of them are published.
+    pub deps: RVec<u64>,
+    /// How rows are split into buckets, for display (`hash([k@0], 4)`,
+    /// `single`).
+    pub partitioning: RString,
 }
 
 impl RootModule for DfxPluginRef {

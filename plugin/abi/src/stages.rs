@@ -1,12 +1,13 @@
 //! How a host finds the stages in a plan: the one rule every host shares.
 //!
-//! A host cannot downcast a foreign node, and across FFI a stage displays as
-//! its wrapper (`FFI_ExecutionPlan: ShuffleStageExec, number_of_children=1`),
+//! A host cannot downcast a foreign node, and across FFI a stage root displays
+//! as its wrapper (`FFI_ExecutionPlan: ShuffleWriterExec, number_of_children=1`),
 //! so stages are found by *containment* of the plugin's node name
 //! ([`crate::Plugin::stage_node_name`]) in a node's one-line display, in
-//! pre-order, never descending into a stage (the planner never nests them).
-//! Pre-order is also the order the planner numbers them in, so the n-th stage
-//! found has the id [`crate::Plugin::stage_id`]`(n)`.
+//! pre-order, descending into stages: a stage reads other stages through
+//! readers whose only child is the upstream writer, so stages nest. Pre-order
+//! is also the order the planner numbers them in, so the n-th writer found has
+//! the id [`crate::Plugin::stage_id`]`(n)`.
 
 use std::sync::Arc;
 
@@ -22,7 +23,7 @@ pub fn node_display(plan: &dyn ExecutionPlan) -> String {
 }
 
 /// Every node of `plan` whose display contains `stage_node_name`, in
-/// pre-order, without descending into one.
+/// pre-order, descending into each.
 pub fn find_stages(
     plan: &Arc<dyn ExecutionPlan>,
     stage_node_name: &str,
@@ -39,7 +40,6 @@ fn collect(
 ) {
     if node_display(plan.as_ref()).contains(stage_node_name) {
         found.push(Arc::clone(plan));
-        return;
     }
     for child in plan.children() {
         collect(child, stage_node_name, found);

@@ -1,0 +1,106 @@
+//! A map task's commit marker: `stage-<S>/map-<M>.json`, written last.
+//!
+//! Its presence means every non-empty bucket of the map was published; its
+//! content says how many rows and bytes each bucket holds, so a reader can
+//! tell a missing file from an empty bucket and a truncated file from a
+//! complete one.
+
+use std::path::Path;
+
+use datafusion::common::{DataFusionError, Result};
+use serde::{Deserialize, Serialize};
+
+use super::files::publish_bytes;
+
+/// Rows and bytes of one bucket of one map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BucketEntry {
+    /// The bucket.
+    pub bucket: u64,
+    /// Rows written into it (0: no file).
+    pub rows: u64,
+    /// Bytes of its file (0: no file).
+    pub bytes: u64,
+}
+
+/// What a map task published.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapMarker {
+    /// The stage.
+    pub stage_id: u64,
+    /// The map task.
+    pub map: u64,
+    /// Which attempt of the map published this output (a retry overwrites).
+    pub attempt: u64,
+    /// One entry per bucket, in bucket order.
+    pub buckets: Vec<BucketEntry>,
+}
+
+impl MapMarker {
+    /// Publish the marker at `path` (temp file, then rename).
+    pub fn publish(&self, path: &Path) -> Result<()> {
+        let bytes = serde_json::to_vec(self).map_err(|e| {
+            DataFusionError::Execution(format!(
+                "dfx stage {} map {}: cannot encode the marker: {e}",
+                self.stage_id, self.map
+            ))
+        })?;
+        publish_bytes(path, &bytes).map_err(|e| {
+            DataFusionError::Execution(format!(
+                "dfx stage {} map {}: cannot publish the marker {}: {e}",
+                self.stage_id,
+                self.map,
+                path.display()
+            ))
+        })
+    }
+
+    /// Read and check the marker of map `map` of stage `stage_id` at `path`,
+    /// which must describe `buckets` buckets.
+    ///
+    /// # Errors
+    ///
+    /// A missing marker (the map's output was never published or was lost),
+    /// an unreadable one, or one describing another map or bucket count; each
+    /// names the stage, the map and the file.
+    pub fn read(path: &Path, stage_id: u64, map: usize, buckets: usize) -> Result<Self> {
+        let fail = |what: String| {
+            DataFusionError::Execution(format!(
+                "dfx stage {stage_id} map {map}: {what} ({})",
+                path.display()
+            ))
+        };
+        let bytes = std::fs::read(path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                fail(
+                    "lost output: the map's commit marker is missing, so its output was never \
+                     published or has been removed"
+                        .to_string(),
+                )
+            } else {
+                fail(format!("cannot read the commit marker: {e}"))
+            }
+        })?;
+        let marker: MapMarker = serde_json::from_slice(&bytes)
+            .map_err(|e| fail(format!("the commit marker is not valid: {e}")))?;
+        if marker.stage_id != stage_id || marker.map != map as u64 {
+            return Err(fail(format!(
+                "the commit marker belongs to stage {} map {}",
+                marker.stage_id, marker.map
+            )));
+        }
+        if marker.buckets.len() != buckets
+            || marker
+                .buckets
+                .iter()
+                .enumerate()
+                .any(|(i, entry)| entry.bucket != i as u64)
+        {
+            return Err(fail(format!(
+                "the commit marker lists {} bucket(s), the reader expects {buckets}",
+                marker.buckets.len()
+            )));
+        }
+        Ok(marker)
+    }
+}

@@ -1,0 +1,17 @@
+//! The exchange: the two nodes that carry rows between stages.
+//!
+//! - [`ShuffleWriterExec`] is the root of every stage: a map task executes
+//!   one of its input partitions and publishes the rows split into buckets.
+//! - [`ShuffleReaderExec`] is how the consumer reads them: by bucket (hash),
+//!   by map (pass-through) or all at once (broadcast).
+//!
+//! Files are named in [`crate::paths`]; each map's commit marker is
+//! [`marker::MapMarker`].
+
+pub mod files;
+pub mod marker;
+pub mod reader;
+pub mod writer;
+
+pub use reader::{READER_NODE_NAME, ReadMode, ShuffleReaderExec};
+pub use writer::{SUMMARY_SCHEMA, ShuffleWriterExec, WRITER_NODE_NAME};

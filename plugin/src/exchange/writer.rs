@@ -1,0 +1,440 @@
+//! `ShuffleWriterExec`: the root of every stage.
+//!
+//! ```text
+//!   execute(map m)
+//!        │
+//!   input.execute(m) ──► each batch: split into buckets with DataFusion's own
+//!                        partitioner, coalesce per bucket, append to that
+//!                        bucket's temp file
+//!   end of input: publish each non-empty bucket (rename), then the marker
+//!   error or drop: every temp file removed, nothing published
+//!        │
+//!   one summary batch: (bucket, rows, bytes) per bucket
+//! ```
+//!
+//! Hash buckets use `BatchPartitioner`, the partitioner of `RepartitionExec`,
+//! so bucket `b` of every map together hold exactly what partition `b` of
+//! the repartition it replaces would: a join or aggregate above the exchange
+//! sees the partitions it was planned for. Memory stays flat: each bucket
+//! holds at most one batch being coalesced.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock};
+
+use datafusion::arrow::array::{ArrayRef, UInt64Array};
+use datafusion::arrow::compute::BatchCoalescer;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics;
+use datafusion::physical_plan::repartition::BatchPartitioner;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    ReplaceChildrenOptions,
+};
+use futures::StreamExt;
+
+use super::files::BucketFile;
+use super::marker::{BucketEntry, MapMarker};
+use crate::counters::LiveObject;
+use crate::paths::{bucket_path, map_dir, marker_path};
+use crate::planner::isolated_task_context;
+
+/// Name of the writer node, as hosts search for it.
+pub const WRITER_NODE_NAME: &str = "ShuffleWriterExec";
+
+/// Schema of the summary a map task returns: one row per bucket.
+pub static SUMMARY_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("bucket", DataType::UInt64, false),
+        Field::new("rows", DataType::UInt64, false),
+        Field::new("bytes", DataType::UInt64, false),
+    ]))
+});
+
+/// The root of a stage: runs one input partition per map task and publishes
+/// its rows split into buckets.
+#[derive(Debug)]
+pub struct ShuffleWriterExec {
+    stage_id: u64,
+    shuffle_dir: PathBuf,
+    input: Arc<dyn ExecutionPlan>,
+    partitioning: Partitioning,
+    deps: Vec<u64>,
+    properties: Arc<PlanProperties>,
+    _live: LiveObject,
+}
+
+impl ShuffleWriterExec {
+    /// A writer of stage `stage_id` over `input`, splitting each map's rows
+    /// by `partitioning` (hash or round-robin, or one bucket for
+    /// `UnknownPartitioning(1)`), publishing into `shuffle_dir`. `deps` are
+    /// the ids of the stages `input` reads.
+    ///
+    /// # Errors
+    ///
+    /// A partitioning with no bucket, or one the writer cannot split by.
+    pub fn try_new(
+        stage_id: u64,
+        shuffle_dir: PathBuf,
+        input: Arc<dyn ExecutionPlan>,
+        partitioning: Partitioning,
+        deps: Vec<u64>,
+    ) -> Result<Self> {
+        let buckets = partitioning.partition_count();
+        let supported = matches!(
+            partitioning,
+            Partitioning::Hash(_, _) | Partitioning::RoundRobinBatch(_)
+        ) || matches!(partitioning, Partitioning::UnknownPartitioning(1));
+        if buckets == 0 || !supported {
+            return Err(DataFusionError::Internal(format!(
+                "dfx stage {stage_id}: a writer cannot split rows by {partitioning}"
+            )));
+        }
+        let maps = input.output_partitioning().partition_count();
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&SUMMARY_SCHEMA)),
+            Partitioning::UnknownPartitioning(maps),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            stage_id,
+            shuffle_dir,
+            input,
+            partitioning,
+            deps,
+            properties,
+            _live: LiveObject::new(),
+        })
+    }
+
+    /// The id the planner gave this stage.
+    pub fn stage_id(&self) -> u64 {
+        self.stage_id
+    }
+
+    /// The directory this stage publishes into.
+    pub fn shuffle_dir(&self) -> &Path {
+        &self.shuffle_dir
+    }
+
+    /// The stage's operators, below the writer.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+
+    /// How each map's rows are split into buckets.
+    pub fn partitioning(&self) -> &Partitioning {
+        &self.partitioning
+    }
+
+    /// Ids of the stages this one reads.
+    pub fn deps(&self) -> &[u64] {
+        &self.deps
+    }
+
+    /// Map tasks: the input's partitions.
+    pub fn maps(&self) -> usize {
+        self.input.output_partitioning().partition_count()
+    }
+
+    /// Buckets per map.
+    pub fn buckets(&self) -> usize {
+        self.partitioning.partition_count()
+    }
+
+    /// The schema of the rows the stage publishes.
+    pub fn data_schema(&self) -> SchemaRef {
+        self.input.schema()
+    }
+
+    /// The partitioning for display: `hash([k@0], 4)`, `round_robin(4)` or
+    /// `single`.
+    pub fn partitioning_display(&self) -> String {
+        match &self.partitioning {
+            Partitioning::Hash(exprs, n) => {
+                let exprs: Vec<String> = exprs.iter().map(|e| e.to_string()).collect();
+                format!("hash([{}], {n})", exprs.join(", "))
+            }
+            Partitioning::RoundRobinBatch(n) => format!("round_robin({n})"),
+            _ => "single".to_string(),
+        }
+    }
+
+    /// This writer with another id and deps (the planner renumbers stages
+    /// in pre-order once every cut is made).
+    pub fn renumbered(&self, stage_id: u64, deps: Vec<u64>) -> Result<Self> {
+        Self::try_new(
+            stage_id,
+            self.shuffle_dir.clone(),
+            Arc::clone(&self.input),
+            self.partitioning.clone(),
+            deps,
+        )
+    }
+
+    fn error(&self, map: usize, message: impl fmt::Display) -> DataFusionError {
+        DataFusionError::Execution(format!("dfx stage {} map {map}: {message}", self.stage_id))
+    }
+
+    fn partitioner(&self, map: usize) -> Result<BatchPartitioner> {
+        let timer = metrics::Time::new();
+        match &self.partitioning {
+            Partitioning::Hash(exprs, n) => {
+                BatchPartitioner::new_hash_partitioner(exprs.clone(), *n, timer)
+            }
+            Partitioning::RoundRobinBatch(n) => Ok(BatchPartitioner::new_round_robin_partitioner(
+                *n,
+                timer,
+                map,
+                self.maps().max(1),
+            )),
+            // One bucket: every row goes to bucket 0 without hashing.
+            _ => Ok(BatchPartitioner::new_round_robin_partitioner(
+                1, timer, 0, 1,
+            )),
+        }
+    }
+}
+
+impl DisplayAs for ShuffleWriterExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "{WRITER_NODE_NAME}: stage={}, maps={}, buckets={}, partitioning={}",
+            self.stage_id,
+            self.maps(),
+            self.buckets(),
+            self.partitioning_display()
+        )?;
+        if matches!(t, DisplayFormatType::Verbose) {
+            write!(f, ", shuffle_dir={}", self.shuffle_dir.display())?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for ShuffleWriterExec {
+    fn name(&self) -> &str {
+        WRITER_NODE_NAME
+    }
+
+    /// One partition per map task; each returns its summary.
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        if let Partitioning::Hash(exprs, _) = &self.partitioning {
+            for expr in exprs {
+                if f(expr)? == TreeNodeRecursion::Stop {
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return Err(DataFusionError::Internal(format!(
+                "dfx stage {}: a writer takes one child, got {}",
+                self.stage_id,
+                children.len()
+            )));
+        }
+        Ok(Arc::new(Self::try_new(
+            self.stage_id,
+            self.shuffle_dir.clone(),
+            children.swap_remove(0),
+            self.partitioning.clone(),
+            self.deps.clone(),
+        )?))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(
+                datafusion::physical_plan::execution_plan::ChildrenPropertiesMode::Recompute,
+            ),
+        )
+    }
+
+    fn execute(&self, map: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let maps = self.maps();
+        if map >= maps {
+            return Err(self.error(map, format!("out of range: the stage has {maps} map(s)")));
+        }
+        let dir = map_dir(&self.shuffle_dir, self.stage_id, map);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| self.error(map, format!("cannot create {}: {e}", dir.display())))?;
+        let input = self.input.execute(map, isolated_task_context(&context))?;
+        let batch_size = context.session_config().batch_size();
+        let job = MapJob {
+            stage_id: self.stage_id,
+            map,
+            shuffle_dir: self.shuffle_dir.clone(),
+            schema: self.data_schema(),
+            partitioner: self.partitioner(map)?,
+            buckets: (0..self.buckets()).map(|_| None).collect(),
+            batch_size,
+            _live: LiveObject::new(),
+        };
+        let summary = futures::stream::once(job.run(input));
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&SUMMARY_SCHEMA),
+            summary,
+        )))
+    }
+}
+
+/// One bucket while its map runs: rows coalesce here before each write.
+struct OpenBucket {
+    coalescer: BatchCoalescer,
+    file: BucketFile,
+}
+
+/// The work of one map task. Dropping it before `run` ends (an error, or the
+/// caller dropping the stream) drops every open bucket file, which removes
+/// its temp file: nothing is published.
+struct MapJob {
+    stage_id: u64,
+    map: usize,
+    shuffle_dir: PathBuf,
+    schema: SchemaRef,
+    partitioner: BatchPartitioner,
+    buckets: Vec<Option<OpenBucket>>,
+    batch_size: usize,
+    _live: LiveObject,
+}
+
+impl MapJob {
+    fn error(&self, message: impl fmt::Display) -> DataFusionError {
+        DataFusionError::Execution(format!(
+            "dfx stage {} map {}: {message}",
+            self.stage_id, self.map
+        ))
+    }
+
+    async fn run(mut self, mut input: SendableRecordBatchStream) -> Result<RecordBatch> {
+        while let Some(batch) = input.next().await {
+            let batch = batch?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let mut pieces = Vec::new();
+            self.partitioner.partition(batch, |bucket, piece| {
+                pieces.push((bucket, piece));
+                Ok(())
+            })?;
+            for (bucket, piece) in pieces {
+                self.append(bucket, piece)?;
+            }
+        }
+        self.publish()
+    }
+
+    fn append(&mut self, bucket: usize, piece: RecordBatch) -> Result<()> {
+        if piece.num_rows() == 0 {
+            return Ok(());
+        }
+        if self.buckets[bucket].is_none() {
+            let path = bucket_path(&self.shuffle_dir, self.stage_id, self.map, bucket);
+            let file = BucketFile::create(&path, &self.schema)
+                .map_err(|e| self.error(format!("bucket {bucket}: {e}")))?;
+            self.buckets[bucket] = Some(OpenBucket {
+                coalescer: BatchCoalescer::new(Arc::clone(&self.schema), self.batch_size),
+                file,
+            });
+        }
+        let (stage_id, map) = (self.stage_id, self.map);
+        let open = self.buckets[bucket].as_mut().expect("opened above");
+        let fail = |e: String| {
+            DataFusionError::Execution(format!(
+                "dfx stage {stage_id} map {map} bucket {bucket}: {e}"
+            ))
+        };
+        open.coalescer
+            .push_batch(piece)
+            .map_err(|e| fail(format!("cannot coalesce: {e}")))?;
+        while let Some(full) = open.coalescer.next_completed_batch() {
+            open.file.write(&full).map_err(fail)?;
+        }
+        Ok(())
+    }
+
+    /// Flush every bucket, publish the non-empty ones, then the marker.
+    fn publish(mut self) -> Result<RecordBatch> {
+        let mut entries = Vec::with_capacity(self.buckets.len());
+        let buckets = std::mem::take(&mut self.buckets);
+        for (bucket, open) in buckets.into_iter().enumerate() {
+            let Some(mut open) = open else {
+                entries.push(BucketEntry {
+                    bucket: bucket as u64,
+                    rows: 0,
+                    bytes: 0,
+                });
+                continue;
+            };
+            let fail = |e: String| self.error(format!("bucket {bucket}: {e}"));
+            open.coalescer
+                .finish_buffered_batch()
+                .map_err(|e| fail(format!("cannot coalesce: {e}")))?;
+            while let Some(rest) = open.coalescer.next_completed_batch() {
+                open.file.write(&rest).map_err(fail)?;
+            }
+            let rows = open.file.rows();
+            let path = bucket_path(&self.shuffle_dir, self.stage_id, self.map, bucket);
+            let bytes = open.file.publish(&path).map_err(fail)?;
+            entries.push(BucketEntry {
+                bucket: bucket as u64,
+                rows,
+                bytes,
+            });
+        }
+        let marker = MapMarker {
+            stage_id: self.stage_id,
+            map: self.map as u64,
+            attempt: 0,
+            buckets: entries,
+        };
+        marker.publish(&marker_path(&self.shuffle_dir, self.stage_id, self.map))?;
+        summary_batch(&marker.buckets)
+    }
+}
+
+fn summary_batch(entries: &[BucketEntry]) -> Result<RecordBatch> {
+    let column = |f: fn(&BucketEntry) -> u64| -> ArrayRef {
+        Arc::new(UInt64Array::from_iter_values(entries.iter().map(f)))
+    };
+    Ok(RecordBatch::try_new(
+        Arc::clone(&SUMMARY_SCHEMA),
+        vec![
+            column(|e| e.bucket),
+            column(|e| e.rows),
+            column(|e| e.bytes),
+        ],
+    )?)
+}

@@ -1,0 +1,391 @@
+//! The split rule: where a physical plan is cut into stages.
+//!
+//! The invariant behind every cut: **an operator whose answer depends on
+//! every partition of an input runs in a task that sees every partition of
+//! that input.** A task runs one partition of its stage's input, so each
+//! operator below a writer must be one that can run a partition alone, and
+//! every operator that cannot gets its input through an exchange.
+//!
+//! `exchange` mode (bottom-up, so nested cuts compose):
+//!
+//! | node | cut |
+//! | --- | --- |
+//! | hash or round-robin `RepartitionExec` | hash exchange: writer splits by the same partitioning, reader replaces the repartition (plus a per-partition sort if it preserved order) |
+//! | `CoalescePartitionsExec`, `SortPreservingMergeExec` over >1 partitions | pass-through exchange below; the merge runs in the consumer |
+//! | CollectLeft `HashJoinExec` (inner, right, right semi/anti/mark), `NestedLoopJoinExec`, `CrossJoinExec` | broadcast: the build side is its own stage, every probe task reads all of it |
+//! | the same joins of a type that emits unmatched build rows (left, full, left semi/anti/mark, null-aware anti) | the probe side is gathered too: the join runs in one task that sees every probe partition (its output partitioning is restored by a hash exchange when it had one) |
+//! | `RecursiveQueryExec` | never cut inside: its work table lives in one process |
+//! | the root | its own pass-through stage when it has more than one partition or reads a table, so the driver only merges |
+//!
+//! `aggregate` mode is round 1's rule: every topmost partial aggregate is a
+//! stage, read back pass-through; a plan with none is one stage.
+//!
+//! Stages are numbered in pre-order once every cut is made (see
+//! [`renumber`]), so the n-th writer in pre-order has id `FIRST_STAGE_ID + n`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::common::{JoinType, Result};
+use datafusion::physical_expr::Partitioning;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
+use datafusion::physical_plan::joins::{
+    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode,
+};
+use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+
+use crate::config::SplitMode;
+use crate::exchange::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
+use crate::paths::stage_id;
+
+/// Cut `plan` into stages under `mode`, publishing into `shuffle_dir`;
+/// returns the new plan and its number of stages (at least one).
+///
+/// # Errors
+///
+/// When a node refuses its new children.
+pub fn insert_stages(
+    plan: Arc<dyn ExecutionPlan>,
+    shuffle_dir: &Path,
+    mode: SplitMode,
+) -> Result<(Arc<dyn ExecutionPlan>, u64)> {
+    let cutter = Cutter {
+        shuffle_dir: shuffle_dir.to_path_buf(),
+    };
+    let plan = match mode {
+        SplitMode::Exchange => {
+            let plan = cutter.cut(plan)?;
+            if cutter.head_needs_a_stage(&plan) {
+                cutter.pass_through(plan)?
+            } else {
+                plan
+            }
+        }
+        SplitMode::Aggregate => {
+            let mut found = false;
+            let plan = cutter.wrap_topmost_partials(plan, &mut found)?;
+            if found {
+                plan
+            } else {
+                cutter.pass_through(plan)?
+            }
+        }
+    };
+    let mut next = 0;
+    let plan = renumber(plan, &mut next)?;
+    Ok((plan, next))
+}
+
+struct Cutter {
+    shuffle_dir: PathBuf,
+}
+
+impl Cutter {
+    /// A writer of a stage not numbered yet (see [`renumber`]).
+    fn writer(
+        &self,
+        input: Arc<dyn ExecutionPlan>,
+        partitioning: Partitioning,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(ShuffleWriterExec::try_new(
+            0,
+            self.shuffle_dir.clone(),
+            input,
+            partitioning,
+            Vec::new(),
+        )?))
+    }
+
+    fn read(
+        &self,
+        mode: ReadMode,
+        writer: Arc<dyn ExecutionPlan>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(ShuffleReaderExec::try_new(mode, writer)?))
+    }
+
+    /// `input` as its own stage, read back partition for partition.
+    fn pass_through(&self, input: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        let writer = self.writer(input, Partitioning::UnknownPartitioning(1))?;
+        self.read(ReadMode::PassThrough, writer)
+    }
+
+    /// `input` as its own stage, read whole by every consumer task.
+    fn broadcast(&self, input: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        // A coalesce over a pass-through read is what the rule below a merge
+        // made of a multi-partition build side: read its stage whole instead.
+        if let Some(coalesce) = input.downcast_ref::<CoalescePartitionsExec>()
+            && coalesce.fetch().is_none()
+            && let Some(reader) = coalesce.input().downcast_ref::<ShuffleReaderExec>()
+            && reader.mode() == ReadMode::PassThrough
+        {
+            return self.read(ReadMode::Broadcast, Arc::clone(reader.writer()));
+        }
+        if input.is::<ShuffleReaderExec>() {
+            return Ok(input);
+        }
+        let writer = self.writer(input, Partitioning::UnknownPartitioning(1))?;
+        self.read(ReadMode::Broadcast, writer)
+    }
+
+    /// Bottom-up: cut the children first, then this node.
+    fn cut(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        // Its work table is shared with the recursive term in one process,
+        // and the recursive term runs again on every iteration.
+        if plan.is::<RecursiveQueryExec>() {
+            return Ok(plan);
+        }
+        let children = plan
+            .children()
+            .into_iter()
+            .map(|child| self.cut(Arc::clone(child)))
+            .collect::<Result<Vec<_>>>()?;
+        let plan = replace_children_if_necessary(plan, children)?;
+        self.cut_node(plan)
+    }
+
+    fn cut_node(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        if let Some(repartition) = plan.downcast_ref::<RepartitionExec>() {
+            return self.cut_repartition(repartition, &plan);
+        }
+        if let Some(coalesce) = plan.downcast_ref::<CoalescePartitionsExec>() {
+            return self.below_merge(&plan, coalesce.input());
+        }
+        if let Some(merge) = plan.downcast_ref::<SortPreservingMergeExec>() {
+            return self.below_merge(&plan, merge.input());
+        }
+        if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+            let collected = *join.partition_mode() == PartitionMode::CollectLeft;
+            if join.null_aware || (collected && emits_unmatched_build_rows(join.join_type())) {
+                return self.gather_join(&plan, collected);
+            }
+            if collected {
+                return self.broadcast_build(&plan);
+            }
+            return Ok(plan);
+        }
+        if let Some(join) = plan.downcast_ref::<NestedLoopJoinExec>() {
+            if emits_unmatched_build_rows(join.join_type()) {
+                return self.gather_join(&plan, true);
+            }
+            return self.broadcast_build(&plan);
+        }
+        if plan.is::<CrossJoinExec>() {
+            return self.broadcast_build(&plan);
+        }
+        Ok(plan)
+    }
+
+    fn cut_repartition(
+        &self,
+        repartition: &RepartitionExec,
+        plan: &Arc<dyn ExecutionPlan>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let partitioning = repartition.partitioning().clone();
+        if !matches!(
+            partitioning,
+            Partitioning::Hash(_, _) | Partitioning::RoundRobinBatch(_)
+        ) {
+            return Ok(Arc::clone(plan));
+        }
+        let writer = self.writer(Arc::clone(repartition.input()), partitioning)?;
+        let reader = self.read(ReadMode::Hash, writer)?;
+        // A reader concatenates each bucket map after map; an order-keeping
+        // repartition promised each partition sorted, so sort it again.
+        match (repartition.preserve_order(), plan.output_ordering()) {
+            (true, Some(ordering)) => Ok(Arc::new(
+                SortExec::new(ordering.clone(), reader).with_preserve_partitioning(true),
+            )),
+            _ => Ok(reader),
+        }
+    }
+
+    /// A merge of several partitions: each becomes a map of a stage of its
+    /// own, and the merge reads them pass-through.
+    fn below_merge(
+        &self,
+        plan: &Arc<dyn ExecutionPlan>,
+        input: &Arc<dyn ExecutionPlan>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if input.output_partitioning().partition_count() <= 1 {
+            return Ok(Arc::clone(plan));
+        }
+        let reader = self.pass_through(Arc::clone(input))?;
+        replace_children_if_necessary(Arc::clone(plan), vec![reader])
+    }
+
+    /// A join whose build side (the left) is collected whole by each task:
+    /// build it once, in a stage of its own, and let every task read it all.
+    fn broadcast_build(&self, plan: &Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        let children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();
+        let [left, right] = children.as_slice() else {
+            return Ok(Arc::clone(plan));
+        };
+        if left.output_partitioning().partition_count() != 1 {
+            return Ok(Arc::clone(plan));
+        }
+        let left = self.broadcast(Arc::clone(left))?;
+        replace_children_if_necessary(Arc::clone(plan), vec![left, Arc::clone(right)])
+    }
+
+    /// A join that emits rows only once every probe partition has run: gather
+    /// its inputs so one task runs it whole. When it promised a hash
+    /// partitioning to the operators above, a hash exchange restores it.
+    fn gather_join(
+        &self,
+        plan: &Arc<dyn ExecutionPlan>,
+        collected: bool,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let children: Vec<Arc<dyn ExecutionPlan>> = plan.children().into_iter().cloned().collect();
+        let [left, right] = children.as_slice() else {
+            return Ok(Arc::clone(plan));
+        };
+        let left = if collected {
+            self.broadcast_input(left)?
+        } else {
+            self.gather(left)?
+        };
+        let right = self.gather(right)?;
+        let gathered = replace_children_if_necessary(Arc::clone(plan), vec![left, right])?;
+        match plan.output_partitioning() {
+            Partitioning::Hash(exprs, n) if *n > 1 => {
+                let writer = self.writer(gathered, Partitioning::Hash(exprs.clone(), *n))?;
+                let reader = self.read(ReadMode::Hash, writer)?;
+                match plan.output_ordering() {
+                    Some(ordering) => Ok(Arc::new(
+                        SortExec::new(ordering.clone(), reader).with_preserve_partitioning(true),
+                    )),
+                    None => Ok(reader),
+                }
+            }
+            _ => Ok(gathered),
+        }
+    }
+
+    /// A collected build side, kept single-partition, as a broadcast read.
+    fn broadcast_input(&self, left: &Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        if left.output_partitioning().partition_count() == 1 {
+            self.broadcast(Arc::clone(left))
+        } else {
+            self.gather(left)
+        }
+    }
+
+    /// Every partition of `input` as one: through a pass-through stage and a
+    /// merge, order-keeping when `input` is sorted.
+    fn gather(&self, input: &Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        if input.output_partitioning().partition_count() <= 1 {
+            return Ok(Arc::clone(input));
+        }
+        let merged: Arc<dyn ExecutionPlan> = match input.output_ordering() {
+            Some(ordering) => Arc::new(SortPreservingMergeExec::new(
+                ordering.clone(),
+                Arc::clone(input),
+            )),
+            None => Arc::new(CoalescePartitionsExec::new(Arc::clone(input))),
+        };
+        self.cut_node(merged)
+    }
+
+    /// The head (what the driver runs) should only merge what stages
+    /// publish: it gets a stage of its own when it has several partitions,
+    /// reads a table, or when nothing was cut at all.
+    fn head_needs_a_stage(&self, plan: &Arc<dyn ExecutionPlan>) -> bool {
+        if plan.is::<ShuffleReaderExec>() {
+            return false;
+        }
+        plan.output_partitioning().partition_count() > 1 || head_has_leaf(plan)
+    }
+
+    /// Round 1's rule: wrap each topmost partial aggregate, not descending
+    /// into it, so stages never nest.
+    fn wrap_topmost_partials(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        found: &mut bool,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if plan
+            .downcast_ref::<AggregateExec>()
+            .is_some_and(|agg| *agg.mode() == AggregateMode::Partial)
+        {
+            *found = true;
+            return self.pass_through(plan);
+        }
+        let children = plan
+            .children()
+            .into_iter()
+            .map(|child| self.wrap_topmost_partials(Arc::clone(child), found))
+            .collect::<Result<Vec<_>>>()?;
+        replace_children_if_necessary(plan, children)
+    }
+}
+
+/// Join types that emit build-side rows after the last probe partition
+/// (unmatched, semi or anti build rows, or the mark column of build rows).
+fn emits_unmatched_build_rows(join_type: &JoinType) -> bool {
+    matches!(
+        join_type,
+        JoinType::Left
+            | JoinType::Full
+            | JoinType::LeftSemi
+            | JoinType::LeftAnti
+            | JoinType::LeftMark
+    )
+}
+
+/// A node without children reachable from `plan` without crossing a reader.
+fn head_has_leaf(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    if plan.is::<ShuffleReaderExec>() {
+        return false;
+    }
+    let children = plan.children();
+    children.is_empty() || children.into_iter().any(head_has_leaf)
+}
+
+/// Number the writers in pre-order and record each one's deps: the writers
+/// met first below it on each path.
+fn renumber(plan: Arc<dyn ExecutionPlan>, next: &mut u64) -> Result<Arc<dyn ExecutionPlan>> {
+    if let Some(writer) = plan.downcast_ref::<ShuffleWriterExec>() {
+        let id = stage_id(*next);
+        *next += 1;
+        let input = renumber(Arc::clone(writer.input()), next)?;
+        let mut deps = Vec::new();
+        first_writers(&input, &mut deps);
+        deps.sort_unstable();
+        let renumbered = ShuffleWriterExec::try_new(
+            id,
+            writer.shuffle_dir().to_path_buf(),
+            input,
+            writer.partitioning().clone(),
+            deps,
+        )?;
+        return Ok(Arc::new(renumbered));
+    }
+    if let Some(reader) = plan.downcast_ref::<ShuffleReaderExec>() {
+        let writer = renumber(Arc::clone(reader.writer()), next)?;
+        return Ok(Arc::new(ShuffleReaderExec::try_new(reader.mode(), writer)?));
+    }
+    let children = plan
+        .children()
+        .into_iter()
+        .map(|child| renumber(Arc::clone(child), next))
+        .collect::<Result<Vec<_>>>()?;
+    replace_children_if_necessary(plan, children)
+}
+
+/// Ids of the writers met first below `plan` on each path.
+pub(crate) fn first_writers(plan: &Arc<dyn ExecutionPlan>, ids: &mut Vec<u64>) {
+    if let Some(writer) = plan.downcast_ref::<ShuffleWriterExec>() {
+        ids.push(writer.stage_id());
+        return;
+    }
+    for child in plan.children() {
+        first_writers(child, ids);
+    }
+}
