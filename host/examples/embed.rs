@@ -38,6 +38,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let host = Host::new(plugin)?;
     let result = host.run_distributed(sql, &spec).await?;
     println!("{}", pretty_format_batches(&result.batches)?);
-    eprintln!("{} tasks: {:?}", result.tasks.len(), result.task_rows);
+    eprintln!(
+        "{} stages, {} tasks: {:?}",
+        result.stages.len(),
+        result.tasks.len(),
+        result.task_rows
+    );
     Ok(())
 }

@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use dfx_abi::Plugin;
 pub use dfx_abi::stages::{find_stages, node_display};
 use serde::Serialize;
@@ -149,7 +149,13 @@ pub fn waves(stages: &[StageInfo]) -> Result<Vec<Vec<u64>>> {
 }
 
 /// The plan, indented, with each writer marked with its stage id, maps,
-/// buckets and deps. Readers show as the plugin displays them.
+/// buckets and deps, and each reader with the stage it reads and the
+/// partitions it reads it into.
+///
+/// ```text
+/// FFI_ExecutionPlan: ShuffleReaderExec, number_of_children=1    <-- reads stage 1 as 4 partition(s)
+///   FFI_ExecutionPlan: ShuffleWriterExec, number_of_children=1    <== stage 1 (maps 4, buckets 1, single, deps [2])
+/// ```
 ///
 /// # Errors
 ///
@@ -157,19 +163,53 @@ pub fn waves(stages: &[StageInfo]) -> Result<Vec<Vec<u64>>> {
 pub fn render_with_stages(plugin: &Plugin, plan: &Arc<dyn ExecutionPlan>) -> Result<String> {
     let stages = stages(plugin, plan)?;
     let mut out = String::new();
-    render(plan, &stages, 0, &mut out);
+    render(plugin, plan, &stages, 0, &mut out);
     Ok(out)
 }
 
-fn render(plan: &Arc<dyn ExecutionPlan>, stages: &[Stage], depth: usize, out: &mut String) {
+fn render(
+    plugin: &Plugin,
+    plan: &Arc<dyn ExecutionPlan>,
+    stages: &[Stage],
+    depth: usize,
+    out: &mut String,
+) {
     let line = node_display(plan.as_ref());
     let _ = write!(out, "{:indent$}{line}", "", indent = depth * 2);
-    if let Some(stage) = stages.iter().find(|s| Arc::ptr_eq(&s.plan, plan)) {
+    if let Some(stage) = find(stages, plan) {
         let _ = write!(out, "    <== {}", describe(&stage.info));
+    } else if let Some(stage) = read_by(plugin, plan, stages) {
+        let _ = write!(
+            out,
+            "    <-- reads stage {} as {} partition(s)",
+            stage.stage_id(),
+            plan.output_partitioning().partition_count()
+        );
     }
     out.push('\n');
     for child in plan.children() {
-        render(child, stages, depth + 1, out);
+        render(plugin, child, stages, depth + 1, out);
+    }
+}
+
+fn find<'a>(stages: &'a [Stage], plan: &Arc<dyn ExecutionPlan>) -> Option<&'a Stage> {
+    stages.iter().find(|s| Arc::ptr_eq(&s.plan, plan))
+}
+
+/// The stage `plan` reads, when `plan` is one of the plugin's readers (its
+/// only child is the writer of the stage it reads).
+pub fn read_by<'a>(
+    plugin: &Plugin,
+    plan: &Arc<dyn ExecutionPlan>,
+    stages: &'a [Stage],
+) -> Option<&'a Stage> {
+    let reader = plugin.reader_node_name()?;
+    if !node_display(plan.as_ref()).contains(reader) {
+        return None;
+    }
+    match plan.children().as_slice() {
+        [writer] => find(stages, writer),
+        _ => None,
     }
 }
 

@@ -23,19 +23,35 @@ fn text(bytes: &[u8]) -> String {
 fn dfx_run_prints_the_answer_and_a_summary_and_removes_its_temp_directory() {
     let fixture = Fixture::new();
     let table = format!("lineitem={}", fixture.table_dir().display());
+    let answer = "l_returnflag,n,qty,price\nA,3,11.0,1100.0\nN,3,15.0,1500.0\nR,2,10.0,1000.0\n";
+    let out = dfx(&[
+        "run",
+        "--table",
+        &table,
+        "--format",
+        "csv",
+        "--split",
+        "aggregate",
+        BY_FLAG,
+    ]);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(text(&out.stdout), answer);
+    assert!(
+        stderr.contains("stages: 1; waves: 1; tasks: 4; split: aggregate;"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("stage 1 (maps 4, buckets 1, "), "{stderr}");
+    assert!(stderr.contains("1/0=2 1/1=2 1/2=2 1/3=2"), "{stderr}");
+    assert!(stderr.contains("wall time"), "{stderr}");
+
+    // The default cuts at every exchange: the same answer, more stages.
     let out = dfx(&["run", "--table", &table, "--format", "csv", BY_FLAG]);
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert_eq!(
-        text(&out.stdout),
-        "l_returnflag,n,qty,price\nA,3,11.0,1100.0\nN,3,15.0,1500.0\nR,2,10.0,1000.0\n"
-    );
-    assert!(
-        stderr.contains("stages: 1 (stage 1); tasks: 4;"),
-        "{stderr}"
-    );
-    assert!(stderr.contains("1/0=2 1/1=2 1/2=2 1/3=2"), "{stderr}");
-    assert!(stderr.contains("wall time"), "{stderr}");
+    assert_eq!(text(&out.stdout), answer);
+    assert!(stderr.contains("split: exchange;"), "{stderr}");
+    assert!(stderr.contains("stage 2 (maps 4, "), "{stderr}");
     let dir = stderr
         .lines()
         .find_map(|l| {
@@ -73,7 +89,7 @@ fn dfx_run_formats_and_local_mode() {
     assert_eq!(json[2]["net"], 1062.5);
     assert_eq!(json[1]["wavg"], 6.2);
     // A directory the user names is kept, with its output.
-    assert!(shuffle.join("stage-1-part-0.arrow").is_file());
+    assert!(shuffle.join("stage-1").join("map-0.json").is_file());
 
     let out = dfx(&["run", "--local", "--table", &table, BY_FLAG]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -90,22 +106,43 @@ fn dfx_run_formats_and_local_mode() {
 }
 
 #[test]
-fn dfx_explain_marks_each_stage_with_its_id_and_partitions() {
+fn dfx_explain_marks_each_stage_with_its_id_maps_buckets_and_deps() {
     let fixture = Fixture::new();
     let table = format!("lineitem={}", fixture.table_dir().display());
-    let out = dfx(&["explain", "--table", &table, UNION]);
+    let out = dfx(&["explain", "--split", "aggregate", "--table", &table, UNION]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        stdout.contains("ShuffleStageExec, number_of_children=1    <== stage 1 (4 partitions)"),
+        stdout.contains(
+            "ShuffleWriterExec, number_of_children=1    <== stage 1 (maps 4, buckets 1, "
+        ),
         "{stdout}"
     );
-    assert!(stdout.contains("<== stage 2 (4 partitions)"), "{stdout}");
-    assert!(stdout.contains("AggregateExec: mode=Partial"), "{stdout}");
+    assert!(
+        stdout.contains("<== stage 2 (maps 4, buckets 1, "),
+        "{stdout}"
+    );
+    assert!(stdout.contains(", deps [])"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "ShuffleReaderExec, number_of_children=1    <-- reads stage 1 as 4 partition(s)"
+        ),
+        "{stdout}"
+    );
+    assert!(stdout.contains("AggregateExec"), "{stdout}");
+
+    // Exchange mode: the partial aggregates' stages are read by later ones.
+    let out = dfx(&["explain", "--table", &table, BY_FLAG]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(stdout.contains("<== stage 1 ("), "{stdout}");
+    assert!(stdout.contains(", deps [2])"), "{stdout}");
+    assert!(stdout.contains("hash("), "{stdout}");
 
     let out = dfx(&["explain", "--local", "--table", &table, UNION]);
     assert!(out.status.success());
-    assert!(!text(&out.stdout).contains("ShuffleStageExec"));
+    assert!(!text(&out.stdout).contains("ShuffleWriterExec"));
+    assert!(!text(&out.stdout).contains("<== stage"));
 }
 
 #[test]
@@ -136,8 +173,7 @@ fn dfx_fails_with_a_clear_message_and_a_non_zero_status() {
     );
 
     let shuffle = fixture.shuffle_dir("used");
-    std::fs::create_dir_all(&shuffle).unwrap();
-    std::fs::write(shuffle.join("stage-1-part-0.arrow"), b"old").unwrap();
+    std::fs::create_dir_all(shuffle.join("stage-1")).unwrap();
     let out = dfx(&[
         "run",
         "--table",
@@ -201,6 +237,7 @@ fn every_subcommand_has_help() {
         &["run", "--help"],
         &["explain", "--help"],
         &["worker", "--help"],
+        &["tpch", "--help"],
     ] {
         let out = dfx(args);
         assert!(out.status.success(), "dfx {args:?}");
@@ -240,7 +277,7 @@ fn the_embedding_example_runs_a_distributed_query() {
         "{stdout}"
     );
     assert!(
-        text(&out.stderr).starts_with("4 tasks"),
+        text(&out.stderr).contains(" stages, ") && text(&out.stderr).contains(" tasks"),
         "{}",
         text(&out.stderr)
     );
@@ -252,7 +289,8 @@ fn the_plugin_is_found_beside_the_executable_and_a_refused_file_is_named() {
     let table = format!("lineitem={}", fixture.table_dir().display());
     // No --plugin, no DFX_PLUGIN: target/<profile>/dfx finds its neighbour.
     let out = Command::new(dfx_bin())
-        .args(["run", "--max-workers", "1", "--table", &table, BY_FLAG])
+        .args(["run", "--max-workers", "1", "--split", "aggregate"])
+        .args(["--table", &table, BY_FLAG])
         .env_remove("DFX_PLUGIN")
         .output()
         .unwrap();
@@ -295,10 +333,13 @@ fn an_interrupted_driver_leaves_no_worker_running() {
     let fixture = Fixture::new();
     let table = format!("lineitem={}", fixture.table_dir().display());
     let shuffle = fixture.shuffle_dir("interrupted");
-    // Workers that never finish, each naming its envelope on its command line.
+    // Workers that never finish, each naming its envelope on its command
+    // line; the first wave is the four maps of the stage over the table.
     let mut driver = Command::new(dfx_bin())
         .args([
             "run",
+            "--max-workers",
+            "4",
             "--table",
             &table,
             "--shuffle-dir",

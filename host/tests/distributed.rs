@@ -1,43 +1,123 @@
 //! Distributed runs over real worker processes and the real plugin file,
-//! checked against the hand-worked answers of `common` and against local runs.
+//! checked against the hand-worked answers of `common`, against local runs,
+//! and against the files the stages publish.
 
 mod common;
 
+use std::collections::BTreeSet;
+
 use common::*;
-use datafusion::arrow::ipc::reader::StreamReader;
+use dfx_host::session::Split;
 
 #[tokio::test]
-async fn distributed_equals_local_equals_the_hand_checked_answer() {
+async fn distributed_equals_local_equals_the_hand_checked_answer_in_both_split_modes() {
     let fixture = Fixture::new();
     let host = host();
-    let result = host
-        .run_distributed(BY_FLAG, &fixture.distributed_spec("shuffle"))
-        .await
-        .unwrap();
-    assert_eq!(rows(&result.batches), by_flag_expected());
     let local = host.run_local(BY_FLAG, &fixture.spec()).await.unwrap();
     assert_eq!(rows(&local), by_flag_expected());
+    for split in SPLITS {
+        let spec = fixture.distributed_spec("shuffle").with_split(split);
+        let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
+        assert_eq!(rows(&result.batches), by_flag_expected(), "{split}");
+        std::fs::remove_dir_all(spec.shuffle_dir.unwrap()).unwrap();
 
-    // One stage, one task per file, each exactly once, in order.
-    assert_eq!(result.tasks, vec![(1, 0), (1, 1), (1, 2), (1, 3)]);
-    assert_eq!(result.stage_ids(), vec![1]);
-    // Every file holds two flags: two partial groups per task, eight in all.
-    let per_task: Vec<usize> = result.task_rows.values().copied().collect();
-    assert_eq!(per_task, vec![2, 2, 2, 2]);
-    assert_eq!(result.task_rows.len(), result.tasks.len());
-    assert_eq!(result.task_rows.values().sum::<usize>(), 8);
+        // Every task of every stage ran exactly once and reported.
+        let expected_tasks: BTreeSet<(u64, usize)> = result
+            .stages
+            .iter()
+            .flat_map(|s| (0..s.maps).map(move |m| (s.stage_id, m)))
+            .collect();
+        let tasks: BTreeSet<(u64, usize)> = result.tasks.iter().copied().collect();
+        assert_eq!(tasks.len(), result.tasks.len(), "{split}: a task ran twice");
+        assert_eq!(tasks, expected_tasks, "{split}");
+        assert_eq!(result.task_rows.len(), result.tasks.len(), "{split}");
+
+        // The stage over the table: one map per file, two partial groups per
+        // file (every file holds two flags), eight in all.
+        let scan = result
+            .stages
+            .iter()
+            .find(|s| s.deps.is_empty())
+            .expect("a stage reading no other stage");
+        assert_eq!(scan.maps, 4, "{split}: {:?}", result.stages);
+        let scan_rows: usize = (0..scan.maps)
+            .map(|m| result.task_rows[&(scan.stage_id, m)])
+            .sum();
+        assert_eq!(scan_rows, 8, "{split}: {:?}", result.task_rows);
+        match split {
+            Split::Aggregate => {
+                assert_eq!(result.stage_ids(), vec![1], "{:?}", result.stages);
+                assert_eq!(result.tasks, vec![(1, 0), (1, 1), (1, 2), (1, 3)]);
+                assert_eq!(result.waves, vec![vec![1]]);
+                let per_task: Vec<usize> = result.task_rows.values().copied().collect();
+                assert_eq!(per_task, vec![2, 2, 2, 2]);
+            }
+            Split::Exchange => {
+                // Partial aggregates, a hash exchange, final aggregates below
+                // the merge: at least two stages, the one reading the table
+                // in the first wave, the merge's input after it.
+                assert!(result.stages.len() >= 2, "{:?}", result.stages);
+                assert!(result.waves.len() >= 2, "{:?}", result.waves);
+                assert_eq!(result.waves[0], vec![scan.stage_id], "{:?}", result.waves);
+                assert_eq!(result.stage_ids()[0], 1);
+                assert!(
+                    !result.stage(1).unwrap().deps.is_empty(),
+                    "the root's stage reads the others: {:?}",
+                    result.stages
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_stage_runs_only_after_every_stage_it_reads() {
+    let fixture = Fixture::new();
+    let result = host()
+        .run_distributed(UNION, &fixture.distributed_spec("shuffle"))
+        .await
+        .unwrap();
+    assert_eq!(rows(&result.batches), union_expected());
+    let wave_of = |stage: u64| {
+        result
+            .waves
+            .iter()
+            .position(|w| w.contains(&stage))
+            .unwrap()
+    };
+    for stage in &result.stages {
+        for dep in &stage.deps {
+            assert!(
+                wave_of(*dep) < wave_of(stage.stage_id),
+                "stage {} ran in wave {} but reads stage {dep} of wave {}",
+                stage.stage_id,
+                wave_of(stage.stage_id),
+                wave_of(*dep)
+            );
+        }
+    }
+    // Tasks were dispatched wave by wave.
+    let waves_in_dispatch_order: Vec<usize> = result
+        .tasks
+        .iter()
+        .map(|(stage, _)| wave_of(*stage))
+        .collect();
+    let mut sorted = waves_in_dispatch_order.clone();
+    sorted.sort();
+    assert_eq!(waves_in_dispatch_order, sorted);
 }
 
 #[tokio::test]
 async fn plugin_functions_resolve_on_every_worker_and_the_aggregate_state_survives() {
     let fixture = Fixture::new();
     let host = host();
-    let result = host
-        .run_distributed(FUNCTIONS, &fixture.distributed_spec("shuffle"))
-        .await
-        .unwrap();
-    assert_eq!(rows(&result.batches), functions_expected());
-    assert_eq!(result.tasks.len(), 4);
+    for split in SPLITS {
+        let spec = fixture
+            .distributed_spec(&format!("shuffle-{split}"))
+            .with_split(split);
+        let result = host.run_distributed(FUNCTIONS, &spec).await.unwrap();
+        assert_eq!(rows(&result.batches), functions_expected(), "{split}");
+    }
     let local = host.run_local(FUNCTIONS, &fixture.spec()).await.unwrap();
     assert_eq!(rows(&local), functions_expected());
 }
@@ -46,7 +126,9 @@ async fn plugin_functions_resolve_on_every_worker_and_the_aggregate_state_surviv
 async fn a_union_of_two_aggregates_ships_two_stages_with_their_own_files() {
     let fixture = Fixture::new();
     let host = host();
-    let spec = fixture.distributed_spec("shuffle");
+    let spec = fixture
+        .distributed_spec("shuffle")
+        .with_split(Split::Aggregate);
     let result = host.run_distributed(UNION, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), union_expected());
     assert_eq!(
@@ -56,58 +138,95 @@ async fn a_union_of_two_aggregates_ships_two_stages_with_their_own_files() {
 
     let expected_tasks: Vec<(u64, usize)> = [1, 2]
         .into_iter()
-        .flat_map(|stage| (0..4).map(move |p| (stage, p)))
+        .flat_map(|stage| (0..4).map(move |m| (stage, m)))
         .collect();
     assert_eq!(result.tasks, expected_tasks);
     assert_eq!(result.stage_ids(), vec![1, 2]);
+    assert_eq!(result.waves, vec![vec![1, 2]]);
 
-    // Each stage's files carry that stage's partial state: the first branch
-    // groups by flag, the second by key parity.
+    // Each map's marker accounts for the rows its worker reported, and a
+    // bucket has a file exactly when it holds rows.
     let plugin = plugin();
     let dir = spec.shuffle_dir.as_deref().unwrap();
-    for (stage, partition) in &result.tasks {
-        let path = plugin.partition_path(dir, *stage, *partition);
-        let reader = StreamReader::try_new(std::fs::File::open(&path).unwrap(), None).unwrap();
-        let first_field = reader.schema().field(0).name().clone();
-        let rows: usize = reader.map(|b| b.unwrap().num_rows()).sum();
+    for (stage, map) in &result.tasks {
+        let marker_path = plugin.marker_path(dir, *stage, *map);
+        let marker = read_marker(&marker_path);
+        assert_eq!(marker["stage_id"], *stage, "{}", marker_path.display());
+        assert_eq!(marker["map"], *map, "{}", marker_path.display());
+        let mut rows = 0;
+        for bucket in marker["buckets"].as_array().unwrap() {
+            let n = bucket["rows"].as_u64().unwrap();
+            let index = bucket["bucket"].as_u64().unwrap() as usize;
+            let file = plugin.bucket_path(dir, *stage, *map, index).unwrap();
+            assert_eq!(file.is_file(), n > 0, "{}", file.display());
+            rows += n as usize;
+        }
         assert_eq!(
             rows,
-            result.task_rows[&(*stage, *partition)],
+            result.task_rows[&(*stage, *map)],
             "{}",
-            path.display()
-        );
-        assert_eq!(
-            first_field.contains("l_returnflag"),
-            *stage == 1,
-            "stage {stage} file {} has first field {first_field}",
-            path.display()
+            marker_path.display()
         );
     }
 }
 
 #[tokio::test]
-async fn one_published_file_per_task_and_no_temp_file_left() {
+async fn every_map_publishes_its_buckets_and_marker_and_nothing_else() {
     let fixture = Fixture::new();
-    let spec = fixture.distributed_spec("shuffle");
-    let result = host().run_distributed(BY_FLAG, &spec).await.unwrap();
-    let dir = spec.shuffle_dir.as_deref().unwrap();
-    assert_eq!(
-        file_names(dir),
-        vec![
-            "stage-1-part-0.arrow",
-            "stage-1-part-1.arrow",
-            "stage-1-part-2.arrow",
-            "stage-1-part-3.arrow",
-            "tasks"
-        ]
-    );
-    for name in file_names(&dir.join("tasks")) {
-        assert!(
-            !name.contains(".tmp"),
-            "temp file {name} left behind in tasks/"
+    let plugin = plugin();
+    for split in SPLITS {
+        let spec = fixture
+            .distributed_spec(&format!("shuffle-{split}"))
+            .with_split(split);
+        let result = host().run_distributed(BY_FLAG, &spec).await.unwrap();
+        let dir = spec.shuffle_dir.as_deref().unwrap();
+        let mut expected: Vec<String> = vec!["tasks".to_string()];
+        expected.extend(
+            result
+                .stages
+                .iter()
+                .map(|s| format!("stage-{}", s.stage_id)),
         );
+        expected.sort();
+        assert_eq!(file_names(dir), expected, "{split}");
+
+        // Below the stage directories: a marker per map, a file per
+        // non-empty bucket, no temp file left behind.
+        let mut wanted = Vec::new();
+        for stage in &result.stages {
+            for map in 0..stage.maps {
+                let marker = plugin.marker_path(dir, stage.stage_id, map);
+                wanted.push(marker.clone());
+                let entries = read_marker(&marker)["buckets"].as_array().unwrap().clone();
+                assert_eq!(entries.len(), stage.buckets, "{}", marker.display());
+                for entry in entries {
+                    if entry["rows"].as_u64().unwrap() > 0 {
+                        let bucket = entry["bucket"].as_u64().unwrap() as usize;
+                        wanted.push(
+                            plugin
+                                .bucket_path(dir, stage.stage_id, map, bucket)
+                                .unwrap(),
+                        );
+                    }
+                }
+            }
+        }
+        let mut wanted: Vec<String> = wanted
+            .iter()
+            .map(|p| p.strip_prefix(dir).unwrap().to_string_lossy().into_owned())
+            .collect();
+        for name in files_below(&dir.join("tasks")) {
+            wanted.push(format!("tasks/{name}"));
+        }
+        wanted.sort();
+        assert_eq!(files_below(dir), wanted, "{split}");
+        for name in files_below(&dir.join("tasks")) {
+            assert!(
+                name.starts_with("task-") || name.ends_with(".plan"),
+                "{split}: unexpected {name} in tasks/"
+            );
+        }
     }
-    assert_eq!(result.tasks.len(), 4);
 }
 
 #[tokio::test]
@@ -115,7 +234,8 @@ async fn no_shuffle_directory_means_no_stage_and_the_right_answer() {
     let fixture = Fixture::new();
     let host = host();
     let plan = host.explain(BY_FLAG, &fixture.spec()).await.unwrap();
-    assert!(!plan.contains("ShuffleStageExec"), "{plan}");
+    assert!(!plan.contains("ShuffleWriterExec"), "{plan}");
+    assert!(!plan.contains("ShuffleReaderExec"), "{plan}");
     assert!(!plan.contains("<== stage"), "{plan}");
     assert_eq!(
         rows(&host.run_local(BY_FLAG, &fixture.spec()).await.unwrap()),
@@ -133,25 +253,27 @@ async fn no_shuffle_directory_means_no_stage_and_the_right_answer() {
 }
 
 #[tokio::test]
-async fn a_plan_without_aggregate_is_one_whole_stage() {
+async fn a_plan_without_aggregate_is_one_whole_stage_in_aggregate_mode() {
     let fixture = Fixture::new();
     let sql = "SELECT l_orderkey, l_quantity FROM lineitem WHERE l_tax > 0 ORDER BY l_orderkey";
-    let result = host()
-        .run_distributed(sql, &fixture.distributed_spec("shuffle"))
-        .await
-        .unwrap();
     // Taxed rows (hand-checked): keys 2, 4, 5, 6.
-    assert_eq!(
-        rows(&result.batches),
-        vec![
-            vec![i(2), f(2.0)],
-            vec![i(4), f(4.0)],
-            vec![i(5), f(5.0)],
-            vec![i(6), f(6.0)]
-        ]
-    );
-    assert_eq!(result.stage_ids(), vec![1]);
-    assert_eq!(result.task_rows.values().sum::<usize>(), 4);
+    let expected = vec![
+        vec![i(2), f(2.0)],
+        vec![i(4), f(4.0)],
+        vec![i(5), f(5.0)],
+        vec![i(6), f(6.0)],
+    ];
+    for split in SPLITS {
+        let spec = fixture
+            .distributed_spec(&format!("shuffle-{split}"))
+            .with_split(split);
+        let result = host().run_distributed(sql, &spec).await.unwrap();
+        assert_eq!(rows(&result.batches), expected, "{split}");
+        if split == Split::Aggregate {
+            assert_eq!(result.stage_ids(), vec![1]);
+            assert_eq!(result.task_rows.values().sum::<usize>(), 4);
+        }
+    }
 }
 
 #[tokio::test]
@@ -163,6 +285,7 @@ async fn a_capped_fan_out_still_runs_every_task() {
         .await
         .unwrap();
     assert_eq!(rows(&result.batches), union_expected());
-    assert_eq!(result.tasks.len(), 8);
-    assert_eq!(result.task_rows.len(), 8);
+    let maps: usize = result.stages.iter().map(|s| s.maps).sum();
+    assert_eq!(result.tasks.len(), maps);
+    assert_eq!(result.task_rows.len(), maps);
 }

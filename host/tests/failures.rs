@@ -11,23 +11,99 @@ use datafusion_proto::physical_plan::DefaultPhysicalExtensionCodec;
 use dfx_host::HostError;
 use dfx_host::dispatch::{FanOutOptions, Task, WorkerCommand, fan_out};
 use dfx_host::envelope::{Envelope, envelope_path, plan_path};
-use dfx_host::session::build_session;
-use dfx_host::stages::stages;
+use dfx_host::session::{SessionSpec, Split, build_session};
+use dfx_host::stages::{Stage, StageInfo, stages};
+
+/// Rows in order, no aggregate: in both split modes the stage the driver
+/// reads (stage 1) has a map 0 holding rows, in one bucket.
+const SORTED: &str = "SELECT l_orderkey, l_quantity FROM lineitem ORDER BY l_orderkey";
+
+/// The stage of `sql`'s plan that reads no other stage and so runs in the
+/// first wave (the one over the table), with the plan's other stages.
+async fn first_wave_stage(spec: &SessionSpec, sql: &str) -> (StageInfo, Vec<StageInfo>) {
+    let (_, found) = planned(spec, sql).await;
+    let infos: Vec<StageInfo> = found.into_iter().map(|s| s.info).collect();
+    let first = infos
+        .iter()
+        .find(|s| s.deps.is_empty())
+        .expect("a stage reading no other stage")
+        .clone();
+    (first, infos)
+}
+
+/// A stage of `spec`'s plan of `sql` that reads no other stage, encoded into
+/// `<task_dir>/stage-S.plan`; returns the stage and the plan file.
+async fn encoded_leaf_stage(
+    spec: &SessionSpec,
+    sql: &str,
+    task_dir: &std::path::Path,
+) -> (Stage, std::path::PathBuf, Vec<String>) {
+    let plugin = plugin();
+    let session = build_session(&plugin, spec).await.unwrap();
+    let plan = session.physical_plan(sql).await.unwrap();
+    let stage = stages(&plugin, &plan)
+        .unwrap()
+        .into_iter()
+        .find(|s| s.info.deps.is_empty())
+        .unwrap();
+    std::fs::create_dir_all(task_dir).unwrap();
+    let plan_file = plan_path(task_dir, stage.stage_id());
+    std::fs::write(&plan_file, session.encode(Arc::clone(&stage.plan)).unwrap()).unwrap();
+    (stage, plan_file, session.codec_ids())
+}
 
 #[tokio::test]
-async fn the_driver_reads_the_workers_output_a_corrupt_file_fails_naming_it() {
+async fn a_deleted_bucket_file_fails_the_final_read_naming_stage_map_bucket_and_file() {
     let fixture = Fixture::new();
-    // Task 1/2 runs for real, then its published file is overwritten.
+    // Stage 1 map 0 runs for real, then its bucket files are deleted: its
+    // marker says they hold rows, so the reader must fail, not recompute.
     let host = host_with_script(
         r#""$DFX" worker "$1" || exit $?
-case "$1" in */task-1-2.json) printf 'not arrow' > "$(dirname "$(dirname "$1")")/stage-1-part-2.arrow" ;; esac"#,
+case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/map-0/bucket-*.arrow ;; esac"#,
     );
+    for split in SPLITS {
+        let spec = fixture
+            .distributed_spec(&format!("shuffle-{split}"))
+            .with_split(split);
+        let err = host.run_distributed(SORTED, &spec).await.unwrap_err();
+        assert!(
+            matches!(err, HostError::DataFusion { .. }),
+            "{split}: not the final read: {err}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("cannot read the stage output"),
+            "{message}"
+        );
+        let missing = plugin()
+            .bucket_path(spec.shuffle_dir.as_deref().unwrap(), 1, 0, 0)
+            .unwrap();
+        assert!(!missing.exists());
+        assert!(
+            message.contains(missing.to_str().unwrap()),
+            "{split}: {message}"
+        );
+        let lower = message.to_lowercase();
+        for part in ["stage 1", "map 0", "bucket 0"] {
+            assert!(lower.contains(part), "{split}: no {part:?} in {message}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_corrupt_bucket_file_fails_the_final_read_naming_it() {
+    let fixture = Fixture::new();
+    let host = host_with_script(
+        r#""$DFX" worker "$1" || exit $?
+case "$1" in */task-1-0.json) printf 'not arrow' > "$(dirname "$(dirname "$1")")/stage-1/map-0/bucket-0.arrow" ;; esac"#,
+    );
+    let spec = fixture.distributed_spec("shuffle");
     let err = host
-        .run_distributed(BY_FLAG, &fixture.distributed_spec("shuffle"))
+        .run_distributed(SORTED, &spec)
         .await
         .unwrap_err()
         .to_string();
-    assert!(err.contains("stage-1-part-2.arrow"), "{err}");
+    assert!(err.contains("stage-1/map-0/bucket-0.arrow"), "{err}");
 }
 
 #[tokio::test]
@@ -52,7 +128,7 @@ async fn a_worker_whose_codec_ids_differ_refuses_before_decoding() {
         .to_string();
     assert!(err.contains("codec ids differ"), "{err}");
     assert!(err.contains("someone_else.physical.v9"), "{err}");
-    assert!(err.contains("dfx_engine.physical.v1"), "{err}");
+    assert!(err.contains("dfx_engine.physical.v2"), "{err}");
     assert!(!err.contains("decode"), "{err}");
 
     // Same through the binary.
@@ -78,7 +154,7 @@ async fn a_stage_encoded_without_the_sessions_codecs_fails_to_encode() {
         .await
         .unwrap();
     let plan = session.physical_plan(BY_FLAG).await.unwrap();
-    let stage = stages(&plugin, &plan).remove(0).plan;
+    let stage = stages(&plugin, &plan).unwrap().remove(0).plan;
     let err = physical_plan_to_bytes_with_extension_codec(
         Arc::clone(&stage),
         &DefaultPhysicalExtensionCodec {},
@@ -88,59 +164,86 @@ async fn a_stage_encoded_without_the_sessions_codecs_fails_to_encode() {
         err.to_string().contains("not provided") || err.to_string().contains("not implemented"),
         "{err}"
     );
-    // With the session's codecs it encodes, and decodes to a stage again.
+    // With the session's codecs it encodes (nested stages and all), and
+    // decodes to a writer again.
     let bytes = session.encode(stage).unwrap();
     let decoded = session.decode(&bytes).unwrap();
-    assert!(dfx_host::stages::node_display(decoded.as_ref()).contains("ShuffleStageExec"));
+    assert!(dfx_host::stages::node_display(decoded.as_ref()).contains("ShuffleWriterExec"));
 }
 
 #[tokio::test]
-async fn an_out_of_range_partition_names_stage_and_partition_with_its_stderr() {
+async fn an_out_of_range_map_names_stage_and_map_with_its_stderr_and_stops_the_query() {
     let fixture = Fixture::new();
-    // Task 1/3's envelope is rewritten to ask for a partition the stage lacks.
-    let host = host_with_script(
-        r#"case "$1" in */task-1-3.json) sed -i 's/"partition": 3/"partition": 99/' "$1" ;; esac
-exec "$DFX" worker "$1""#,
-    );
     let spec = fixture.distributed_spec("shuffle");
+    let (first, all) = first_wave_stage(&spec, BY_FLAG).await;
+    assert_eq!(first.maps, 4, "{all:?}");
+    let s = first.stage_id;
+    // Map 3 of the first wave's stage is rewritten to ask for a map the stage lacks.
+    let host = host_with_script(&format!(
+        r#"case "$1" in */task-{s}-3.json) sed -i 's/"partition": 3/"partition": 99/' "$1" ;; esac
+exec "$DFX" worker "$1""#
+    ));
     let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
-    let HostError::Workers { total, failures } = &err else {
+    let HostError::Workers {
+        wave,
+        stages,
+        total,
+        failures,
+    } = &err
+    else {
         panic!("expected worker failures, got {err}");
     };
-    assert_eq!(*total, 4);
+    assert_eq!(*wave, Some(1));
+    assert!(stages.contains(&s), "{err}");
     assert_eq!(failures.len(), 1, "{err}");
-    assert_eq!((failures[0].stage_id, failures[0].partition), (1, 3));
+    assert_eq!((failures[0].stage_id, failures[0].map), (s, 3));
     assert!(failures[0].reason.contains("exited with status 1"), "{err}");
-    assert!(
-        failures[0].stderr.contains("partition 99 out of range"),
-        "{err}"
+    assert!(failures[0].stderr.contains("map 99 out of range"), "{err}");
+    assert_eq!(
+        *total,
+        all.iter()
+            .filter(|st| st.deps.is_empty())
+            .map(|st| st.maps)
+            .sum::<usize>()
     );
     let message = err.to_string();
-    assert!(message.contains("stage 1 partition 3"), "{message}");
-    assert!(message.contains("4 partition(s)"), "{message}");
-    assert!(live_processes_mentioning(spec.shuffle_dir.unwrap().to_str().unwrap()).is_empty());
+    assert!(message.contains(&format!("stage {s} map 3")), "{message}");
+    assert!(message.contains("4 map(s)"), "{message}");
+    assert!(message.contains("in wave 1"), "{message}");
+    // Nothing after the failed wave ran: no stage reading another published.
+    let dir = spec.shuffle_dir.clone().unwrap();
+    for stage in all.iter().filter(|st| !st.deps.is_empty()) {
+        assert!(
+            !dir.join(format!("stage-{}", stage.stage_id)).exists(),
+            "stage {} ran after a failed wave",
+            stage.stage_id
+        );
+    }
+    assert!(live_processes_mentioning(dir.to_str().unwrap()).is_empty());
 }
 
 #[tokio::test]
-async fn a_killed_worker_names_stage_and_partition_and_no_child_survives() {
+async fn a_killed_worker_names_stage_and_map_and_no_child_survives() {
     let fixture = Fixture::new();
-    let host = host_with_script(
-        r#"case "$1" in */task-1-1.json) echo "worker 1/1 about to be killed" >&2; kill -KILL $$ ;; esac
-exec "$DFX" worker "$1""#,
-    );
     let spec = fixture.distributed_spec("shuffle");
+    let (first, _) = first_wave_stage(&spec, BY_FLAG).await;
+    let s = first.stage_id;
+    let host = host_with_script(&format!(
+        r#"case "$1" in */task-{s}-1.json) echo "worker {s}/1 about to be killed" >&2; kill -KILL $$ ;; esac
+exec "$DFX" worker "$1""#
+    ));
     let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
     let message = err.to_string();
     assert!(
-        message.contains("stage 1 partition 1 was killed by signal 9"),
+        message.contains(&format!("stage {s} map 1 was killed by signal 9")),
         "{message}"
     );
     assert!(
-        message.contains("worker 1/1 about to be killed"),
+        message.contains(&format!("worker {s}/1 about to be killed")),
         "{message}"
     );
     assert!(
-        message.contains("1 of 4 worker task(s) failed"),
+        message.contains("1 of 4 worker task(s) failed in wave 1"),
         "{message}"
     );
     let marker = spec.shuffle_dir.unwrap();
@@ -148,26 +251,55 @@ exec "$DFX" worker "$1""#,
 }
 
 #[tokio::test]
-async fn every_failure_is_reported_together() {
+async fn every_failure_of_a_wave_is_reported_together() {
     let fixture = Fixture::new();
-    let host = host_with_script(
-        r#"case "$1" in */task-1-0.json|*/task-1-2.json) echo "refusing $1" >&2; exit 3 ;; esac
-exec "$DFX" worker "$1""#,
-    );
-    let err = host
-        .run_distributed(BY_FLAG, &fixture.distributed_spec("shuffle"))
-        .await
-        .unwrap_err();
+    let spec = fixture.distributed_spec("shuffle");
+    let (first, _) = first_wave_stage(&spec, BY_FLAG).await;
+    let s = first.stage_id;
+    let host = host_with_script(&format!(
+        r#"case "$1" in */task-{s}-0.json|*/task-{s}-2.json) echo "refusing $1" >&2; exit 3 ;; esac
+exec "$DFX" worker "$1""#
+    ));
+    let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
     let HostError::Workers { failures, .. } = &err else {
         panic!("expected worker failures, got {err}");
     };
-    let tasks: Vec<(u64, usize)> = failures.iter().map(|f| (f.stage_id, f.partition)).collect();
-    assert_eq!(tasks, vec![(1, 0), (1, 2)]);
+    let tasks: Vec<(u64, usize)> = failures.iter().map(|f| (f.stage_id, f.map)).collect();
+    assert_eq!(tasks, vec![(s, 0), (s, 2)]);
     assert!(
         failures.iter().all(|f| f.reason == "exited with status 3"),
         "{err}"
     );
-    assert!(failures[1].stderr.contains("task-1-2.json"), "{err}");
+    assert!(
+        failures[1].stderr.contains(&format!("task-{s}-2.json")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_failure_in_a_later_wave_names_that_wave_after_the_earlier_ones_published() {
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("shuffle");
+    let (first, all) = first_wave_stage(&spec, BY_FLAG).await;
+    // The stage the driver reads (stage 1) reads the table's stage: wave 2.
+    assert!(all[0].deps.contains(&first.stage_id), "{all:?}");
+    let host = host_with_script(
+        r#"case "$1" in */task-1-2.json) echo "stage 1 fails" >&2; exit 4 ;; esac
+exec "$DFX" worker "$1""#,
+    );
+    let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
+    let HostError::Workers { wave, failures, .. } = &err else {
+        panic!("expected worker failures, got {err}");
+    };
+    assert_eq!(*wave, Some(2), "{err}");
+    assert_eq!((failures[0].stage_id, failures[0].map), (1, 2), "{err}");
+    assert!(err.to_string().contains("in wave 2 (stages [1])"), "{err}");
+    // The first wave's maps all committed before the second started.
+    let plugin = plugin();
+    let dir = spec.shuffle_dir.as_deref().unwrap();
+    for map in 0..first.maps {
+        assert!(plugin.marker_path(dir, first.stage_id, map).is_file());
+    }
 }
 
 #[tokio::test]
@@ -176,12 +308,12 @@ async fn dropping_the_fan_out_kills_every_worker() {
     let dir = fixture.shuffle_dir("scratch");
     std::fs::create_dir_all(&dir).unwrap();
     let tasks: Vec<Task> = (0..3)
-        .map(|partition| {
-            let envelope = envelope_path(&dir, 1, partition);
+        .map(|map| {
+            let envelope = envelope_path(&dir, 1, map);
             std::fs::write(&envelope, b"{}").unwrap();
             Task {
                 stage_id: 1,
-                partition,
+                map,
                 envelope,
             }
         })
@@ -192,7 +324,10 @@ async fn dropping_the_fan_out_kills_every_worker() {
         .arg(r#"exec tail -f /dev/null "$1""#)
         .arg("sh");
     let marker = dir.to_str().unwrap().to_string();
-    let options = FanOutOptions::default();
+    let options = FanOutOptions {
+        max_workers: Some(3),
+        progress: false,
+    };
     let fan = fan_out(&command, &tasks, &options);
     let all_started = async {
         let marker = marker.clone();
@@ -215,26 +350,60 @@ async fn dropping_the_fan_out_kills_every_worker() {
 }
 
 #[tokio::test]
+async fn the_default_bound_keeps_workers_to_the_cores() {
+    let fixture = Fixture::new();
+    let dir = fixture.shuffle_dir("bounded");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cores = dfx_host::dispatch::default_max_workers();
+    let tasks: Vec<Task> = (0..cores + 2)
+        .map(|map| Task {
+            stage_id: 1,
+            map,
+            envelope: envelope_path(&dir, 1, map),
+        })
+        .collect();
+    // Each worker notes its start, waits, and notes its end: at no time are
+    // more than `cores` of them between the two.
+    let log = dir.join("log");
+    let command = WorkerCommand::new("/bin/sh")
+        .arg("-c")
+        .arg(format!(
+            r#"echo start >> {log}; sleep 0.3; echo end >> {log}; exit 1"#,
+            log = log.display()
+        ))
+        .arg("sh");
+    let err = fan_out(&command, &tasks, &FanOutOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, HostError::Workers { .. }), "{err}");
+    let mut running = 0usize;
+    let mut peak = 0;
+    for line in std::fs::read_to_string(&log).unwrap().lines() {
+        match line {
+            "start" => running += 1,
+            _ => running -= 1,
+        }
+        peak = peak.max(running);
+    }
+    assert!(peak <= cores, "{peak} workers at once on {cores} core(s)");
+}
+
+#[tokio::test]
 async fn a_decoded_stage_whose_shuffle_directory_differs_from_the_spec_is_refused() {
     let fixture = Fixture::new();
     let plugin = plugin();
     // A stage planned to publish into `elsewhere`...
     let elsewhere = fixture.distributed_spec("elsewhere");
-    let session = build_session(&plugin, &elsewhere).await.unwrap();
-    let plan = session.physical_plan(BY_FLAG).await.unwrap();
-    let stage = stages(&plugin, &plan).remove(0);
     let task_dir = fixture.shuffle_dir("scratch");
-    std::fs::create_dir_all(&task_dir).unwrap();
-    let plan_file = plan_path(&task_dir, stage.stage_id);
-    std::fs::write(&plan_file, session.encode(stage.plan).unwrap()).unwrap();
+    let (stage, plan_file, codec_ids) = encoded_leaf_stage(&elsewhere, BY_FLAG, &task_dir).await;
 
     // ...shipped in an envelope whose spec names `shuffle` (codec ids right).
     let mut spec = fixture.distributed_spec("shuffle");
-    spec.codec_ids = session.codec_ids();
+    spec.codec_ids = codec_ids.clone();
     let envelope = Envelope {
         spec,
         plan: plan_file,
-        stage_id: 1,
+        stage_id: stage.stage_id(),
         partition: 0,
     };
     let err = dfx_host::run_task(&plugin, &envelope)
@@ -242,7 +411,10 @@ async fn a_decoded_stage_whose_shuffle_directory_differs_from_the_spec_is_refuse
         .unwrap_err()
         .to_string();
     assert!(err.contains("shuffle directory differs"), "{err}");
-    assert!(err.contains("stage 1 partition 0"), "{err}");
+    assert!(
+        err.contains(&format!("stage {} map 0", stage.stage_id())),
+        "{err}"
+    );
     assert!(
         !fixture.shuffle_dir("elsewhere").exists(),
         "the refused stage wrote output"
@@ -252,15 +424,41 @@ async fn a_decoded_stage_whose_shuffle_directory_differs_from_the_spec_is_refuse
         "the refused stage wrote output"
     );
 
-    // The same envelope with the stage's own directory runs.
+    // An envelope naming another stage than the plan holds is refused too.
+    let mut wrong_id = envelope.clone();
+    wrong_id.spec = elsewhere.clone();
+    wrong_id.spec.codec_ids = codec_ids.clone();
+    wrong_id.stage_id = stage.stage_id() + 10;
+    let err = dfx_host::run_task(&plugin, &wrong_id)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!(
+            "holds stage {}, not the envelope's stage {}",
+            stage.stage_id(),
+            stage.stage_id() + 10
+        )),
+        "{err}"
+    );
+
+    // The same envelope with the stage's own directory runs: two partial
+    // groups in file 0, published with the map's marker.
     let mut good = envelope.clone();
     good.spec = elsewhere.clone();
-    good.spec.codec_ids = session.codec_ids();
+    good.spec.codec_ids = codec_ids;
     let report = dfx_host::run_task(&plugin, &good).await.unwrap();
-    assert_eq!((report.stage_id, report.partition, report.rows), (1, 0, 2));
+    assert_eq!(
+        (report.stage_id, report.partition, report.rows),
+        (stage.stage_id(), 0, 2)
+    );
     assert!(
         plugin
-            .partition_path(elsewhere.shuffle_dir.as_deref().unwrap(), 1, 0)
+            .marker_path(
+                elsewhere.shuffle_dir.as_deref().unwrap(),
+                stage.stage_id(),
+                0
+            )
             .is_file()
     );
 }
@@ -268,44 +466,47 @@ async fn a_decoded_stage_whose_shuffle_directory_differs_from_the_spec_is_refuse
 #[tokio::test]
 async fn a_worker_reports_on_its_last_stdout_line() {
     let fixture = Fixture::new();
-    let plugin = plugin();
-    let spec = fixture.distributed_spec("shuffle");
-    let session = build_session(&plugin, &spec).await.unwrap();
-    let plan = session.physical_plan(BY_FLAG).await.unwrap();
-    let stage = stages(&plugin, &plan).remove(0);
-    let task_dir = spec.shuffle_dir.as_deref().unwrap().join("tasks");
-    std::fs::create_dir_all(&task_dir).unwrap();
-    let plan_file = plan_path(&task_dir, 1);
-    std::fs::write(&plan_file, session.encode(stage.plan).unwrap()).unwrap();
-    let mut shipped = spec.clone();
-    shipped.codec_ids = session.codec_ids();
-    let path = envelope_path(&task_dir, 1, 2);
-    Envelope {
-        spec: shipped,
-        plan: plan_file,
-        stage_id: 1,
-        partition: 2,
-    }
-    .write(&path)
-    .unwrap();
-    let out = std::process::Command::new(dfx_bin())
-        .arg("worker")
-        .arg(&path)
-        .env("DFX_PLUGIN", plugin_path())
-        .output()
+    for split in SPLITS {
+        let spec = fixture
+            .distributed_spec(&format!("shuffle-{split}"))
+            .with_split(split);
+        let task_dir = spec.shuffle_dir.as_deref().unwrap().join("tasks");
+        let (stage, plan_file, codec_ids) = encoded_leaf_stage(&spec, BY_FLAG, &task_dir).await;
+        let mut shipped = spec.clone();
+        shipped.codec_ids = codec_ids;
+        let path = envelope_path(&task_dir, stage.stage_id(), 2);
+        Envelope {
+            spec: shipped,
+            plan: plan_file,
+            stage_id: stage.stage_id(),
+            partition: 2,
+        }
+        .write(&path)
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
-    let report: serde_json::Value = serde_json::from_str(last).unwrap();
-    assert_eq!(
-        report,
-        serde_json::json!({"stage_id": 1, "partition": 2, "rows": 2})
-    );
+        let out = std::process::Command::new(dfx_bin())
+            .arg("worker")
+            .arg(&path)
+            .env("DFX_PLUGIN", plugin_path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{split}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let last = stdout.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
+        let report: serde_json::Value = serde_json::from_str(last).unwrap();
+        // File 2 holds two flags: two partial groups, whichever buckets they land in.
+        assert_eq!(
+            report,
+            serde_json::json!({"stage_id": stage.stage_id(), "partition": 2, "rows": 2}),
+            "{split}"
+        );
+        if split == Split::Aggregate {
+            assert_eq!(stage.stage_id(), 1);
+        }
+    }
 }
 
 #[tokio::test]

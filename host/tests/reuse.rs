@@ -12,14 +12,10 @@ async fn a_reused_shuffle_directory_is_refused_before_anything_is_built_or_run()
     let fixture = Fixture::new();
     let spec = fixture.distributed_spec("shuffle");
     let dir = spec.shuffle_dir.clone().unwrap();
-    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(dir.join("stage-1")).unwrap();
     // Output left by an earlier query (its content does not matter: it is
     // never opened), next to a file of the caller's that is not stage output.
-    std::fs::write(
-        dir.join("stage-1-part-0.arrow"),
-        b"an earlier query's partition",
-    )
-    .unwrap();
+    std::fs::write(dir.join("stage-1").join("map-0.json"), b"{}").unwrap();
     std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
 
     let host = host();
@@ -32,21 +28,31 @@ async fn a_reused_shuffle_directory_is_refused_before_anything_is_built_or_run()
     let after = host.plugin().counters();
 
     assert!(err.contains("already holds stage output"), "{err}");
-    assert!(err.contains("stage-1-part-0.arrow"), "{err}");
+    assert!(err.contains("[\"stage-1\"]"), "{err}");
     assert!(err.contains("previous query's results"), "{err}");
     assert!(err.contains("one shuffle directory per query"), "{err}");
     // Nothing planned (no session asked the planner), nothing dispatched.
     assert_eq!(after.planner_calls, before.planner_calls);
     assert_eq!(after.stages_encoded, before.stages_encoded);
-    assert_eq!(file_names(&dir), vec!["notes.txt", "stage-1-part-0.arrow"]);
+    assert_eq!(file_names(&dir), vec!["notes.txt", "stage-1"]);
 
     // Only stage output counts: the caller's own files are not a reason to refuse.
     let other = fixture.shuffle_dir("mine");
     std::fs::create_dir_all(&other).unwrap();
     std::fs::write(other.join("notes.txt"), b"mine").unwrap();
-    let result = host
-        .run_distributed(BY_FLAG, &fixture.spec().with_shuffle_dir(&other))
-        .await
-        .unwrap();
+    let spec = fixture.spec().with_shuffle_dir(&other);
+    let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), by_flag_expected());
+
+    // A second run in the directory the first one used is refused too, with
+    // every stage directory the first one left named.
+    let err = host
+        .run_distributed(BY_FLAG, &spec)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("already holds stage output"), "{err}");
+    for stage in result.stage_ids() {
+        assert!(err.contains(&format!("\"stage-{stage}\"")), "{err}");
+    }
 }

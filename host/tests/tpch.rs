@@ -1,6 +1,7 @@
 //! `dfx tpch` and `dfx bench overhead` on the real plugin file and the real
 //! `dfx` binary, at a tiny scale (0.01, two partitions) so a debug build
-//! stays quick.
+//! stays quick: all 22 queries, distributed in both split modes, agree with
+//! the single-process answers.
 //!
 //! Row counts at scale 0.01 are the TPC-H cardinalities times 0.01 (nation
 //! and region are fixed); lineitem's count is not a formula, so it is checked
@@ -15,10 +16,11 @@ use std::time::{Duration, SystemTime};
 
 use datafusion::parquet::file::reader::{FileReader, SerializedFileReader};
 use dfx_host::SessionSpec;
+use dfx_host::session::Split;
 use dfx_host::tpch::datagen::{
     COMPLETE_MARKER, Provenance, TABLES, dataset_dir, ensure_dataset, part_path,
 };
-use dfx_host::tpch::report::Outcome;
+use dfx_host::tpch::report::{Outcome, QueryReport};
 use dfx_host::tpch::runner::run_query;
 use tpchgen::generators::{LineItemGenerator, OrderGenerator};
 
@@ -143,22 +145,59 @@ fn invalid_scale_or_partitions_are_refused() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn q1_and_q6_agree_distributed_and_local() {
+/// Every TPC-H query, distributed under `split` and in one process; the
+/// answers must agree. Every disagreement or failure is collected, so one
+/// run names them all.
+async fn all_queries_agree(split: Split) -> Vec<QueryReport> {
     let data = tempfile::tempdir().unwrap();
     let (dataset, _) = ensure_dataset(data.path(), SCALE, PARTITIONS, false).unwrap();
-    let spec = SessionSpec::new(dataset.tables()).with_target_partitions(PARTITIONS);
+    let spec = SessionSpec::new(dataset.tables())
+        .with_target_partitions(PARTITIONS)
+        .with_split(split);
     let host = common::host();
-    for (query, rows) in [(1, 4), (6, 1)] {
+    let mut reports = Vec::new();
+    let mut problems = Vec::new();
+    for query in 1..=22 {
         let report = run_query(&host, &spec, query, 1, Duration::from_secs(300))
             .await
             .unwrap();
-        assert_eq!(report.outcome, Outcome::Agree, "q{query}: {report:?}");
-        assert_eq!(report.rows, Some(rows), "q{query}");
-        // One aggregate each: one stage, one task per partition.
-        assert_eq!(report.stages, Some(1), "q{query}");
-        assert_eq!(report.tasks, Some(PARTITIONS), "q{query}");
-        assert!(report.ratio.is_some(), "q{query}");
+        if report.outcome != Outcome::Agree {
+            problems.push(format!("q{query}: {}", report.outcome.label()));
+        } else {
+            let (stages, tasks) = (report.stages.unwrap(), report.tasks.unwrap());
+            assert!(stages >= 1 && tasks >= stages, "q{query}: {report:?}");
+            assert!(report.ratio.is_some(), "q{query}");
+        }
+        reports.push(report);
+    }
+    assert!(
+        problems.is_empty(),
+        "split {split}: {} of 22 queries:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+    reports
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_distributed_and_local_split_at_every_exchange() {
+    let reports = all_queries_agree(Split::Exchange).await;
+    // Q1 aggregates one table: partial aggregates, a hash exchange, the final
+    // aggregates below the merge: more than round 1's one stage.
+    assert!(reports[0].stages.unwrap() >= 2, "{:?}", reports[0]);
+    // TPC-H's answer sizes at any scale (Q1 four groups, Q6 one sum).
+    assert_eq!(reports[0].rows, Some(4));
+    assert_eq!(reports[5].rows, Some(1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_distributed_and_local_split_at_aggregates() {
+    let reports = all_queries_agree(Split::Aggregate).await;
+    // Round 1's rule: one aggregate, one stage, one task per partition.
+    for query in [1, 6] {
+        let report = &reports[query - 1];
+        assert_eq!(report.stages, Some(1), "q{query}: {report:?}");
+        assert_eq!(report.tasks, Some(PARTITIONS), "q{query}: {report:?}");
     }
 }
 
@@ -189,6 +228,7 @@ fn the_cli_prints_the_table_writes_json_and_exits_zero() {
         output.status.success(),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
+    assert!(stdout.contains("split exchange"), "{stdout}");
     assert!(stdout.contains("| q6 | 1 |"), "{stdout}");
     assert!(stdout.contains("| q14 | 1 |"), "{stdout}");
     assert!(stdout.contains("geometric mean"), "{stdout}");

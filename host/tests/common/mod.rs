@@ -29,7 +29,7 @@
 //!   (1600+3600)/1000 = 5200/1000 = 5.2
 //!
 //! Every file holds two different flags, so a partial aggregate by flag
-//! emits 2 rows per task: 4 tasks, 8 rows in all. By order key parity
+//! emits 2 rows per file: 8 partial rows in all. By order key parity
 //! (`l_orderkey % 2`), every file again holds one even and one odd key:
 //! even keys 2,4,6,8 have prices 200+400+600+800 = 2000, odd keys 1,3,5,7
 //! have 100+300+500+700 = 1600.
@@ -44,9 +44,11 @@ use datafusion::arrow::array::{Array, Float64Array, Int64Array, RecordBatch, Str
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::physical_plan::ExecutionPlan;
 use dfx_host::Host;
 use dfx_host::dispatch::WorkerCommand;
-use dfx_host::session::SessionSpec;
+use dfx_host::session::{SessionSpec, Split, build_session};
+use dfx_host::stages::{Stage, stages};
 
 /// Group by flag: count, sum of quantity, sum of price.
 pub const BY_FLAG: &str = "SELECT l_returnflag, count(*) AS n, sum(l_quantity) AS qty, \
@@ -265,6 +267,71 @@ impl Fixture {
     pub fn distributed_spec(&self, name: &str) -> SessionSpec {
         self.spec().with_shuffle_dir(self.shuffle_dir(name))
     }
+}
+
+/// The plan `spec`'s session makes of `sql` (planned once, as the driver
+/// does) and its stages in pre-order.
+pub async fn planned(spec: &SessionSpec, sql: &str) -> (Arc<dyn ExecutionPlan>, Vec<Stage>) {
+    let plugin = plugin();
+    let session = build_session(&plugin, spec).await.unwrap();
+    let plan = session.physical_plan(sql).await.unwrap();
+    let stages = stages(&plugin, &plan).unwrap();
+    (plan, stages)
+}
+
+/// Every row of `batches` as one display string, sorted: for comparing
+/// answers whose row order is not part of the query.
+pub fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
+    let mut out = Vec::new();
+    for batch in batches {
+        let formatters: Vec<ArrayFormatter> = batch
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &FormatOptions::default()).unwrap())
+            .collect();
+        for row in 0..batch.num_rows() {
+            let cells: Vec<String> = formatters
+                .iter()
+                .map(|f| f.value(row).to_string())
+                .collect();
+            out.push(cells.join(" | "));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Both split modes, exchange (the default) first.
+pub const SPLITS: [Split; 2] = Split::ALL;
+
+/// The marker of a map task, parsed.
+pub fn read_marker(path: &Path) -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("marker {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("marker {}: {e}", path.display()))
+}
+
+/// Every file below `dir`, relative to it, sorted.
+pub fn files_below(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                out.push(
+                    path.strip_prefix(root)
+                        .unwrap()
+                        .to_string_lossy()
+                        .into_owned(),
+                );
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
 }
 
 /// File names directly in `dir`, sorted.

@@ -1,0 +1,524 @@
+//! The exchange, end to end: every join type, windows, set operations,
+//! sorts with limits and subqueries, distributed in both split modes over
+//! real workers, must answer exactly what one process answers; and the plan
+//! shapes that make them right (hash exchanges, single-task stages for joins
+//! that need all of their input, broadcast build sides) are checked on the
+//! plans themselves.
+//!
+//! # The fixture
+//!
+//! Two tables of four Parquet files each, written here, with NULLs in the
+//! join keys (so `NOT IN` and outer joins have something to get wrong) and
+//! repeated keys (so joins multiply rows):
+//!
+//! - `a(k int, v int)`: 48 rows, `v = i`, `k = (i·37 mod 101) mod 50`, NULL
+//!   when `i mod 9 = 4`;
+//! - `b(k int, w int)`: 40 rows, `w = 10·j`, `k = (j·11 mod 61) mod 45`, NULL
+//!   when `j mod 7 = 3`.
+//!
+//! `a.k > b.k + 40` matches some pairs (a.k in 41..49 against b.k below
+//! a.k − 40) and leaves most rows of both sides unmatched.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use common::*;
+use datafusion::arrow::array::{Array, Int32Array, RecordBatch};
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::parquet::arrow::ArrowWriter;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use dfx_host::session::{SessionSpec, Split};
+use dfx_host::stages::{Stage, node_display};
+
+/// Files per table.
+const FILES: usize = 4;
+
+/// A query, and whether its row order is part of its answer.
+struct Query {
+    name: &'static str,
+    sql: &'static str,
+    ordered: bool,
+}
+
+const fn q(name: &'static str, sql: &'static str) -> Query {
+    Query {
+        name,
+        sql,
+        ordered: false,
+    }
+}
+
+const fn ordered(name: &'static str, sql: &'static str) -> Query {
+    Query {
+        name,
+        sql,
+        ordered: true,
+    }
+}
+
+/// Every join type, each with an equi condition and a non-equi one.
+const JOINS: &[Query] = &[
+    q("inner equi", "SELECT a.v, b.w FROM a JOIN b ON a.k = b.k"),
+    q(
+        "inner non-equi",
+        "SELECT a.v, b.w FROM a JOIN b ON a.k > b.k + 40",
+    ),
+    q(
+        "inner equi with a filter",
+        "SELECT a.v, b.w FROM a JOIN b ON a.k = b.k AND a.v * 10 < b.w",
+    ),
+    q(
+        "left equi",
+        "SELECT a.v, b.w FROM a LEFT JOIN b ON a.k = b.k",
+    ),
+    q(
+        "left non-equi",
+        "SELECT a.v, b.w FROM a LEFT JOIN b ON a.k > b.k + 40",
+    ),
+    q(
+        "right equi",
+        "SELECT a.v, b.w FROM a RIGHT JOIN b ON a.k = b.k",
+    ),
+    q(
+        "right non-equi",
+        "SELECT a.v, b.w FROM a RIGHT JOIN b ON a.k > b.k + 40",
+    ),
+    q(
+        "full equi",
+        "SELECT a.v, b.w FROM a FULL JOIN b ON a.k = b.k",
+    ),
+    q(
+        "full non-equi",
+        "SELECT a.v, b.w FROM a FULL JOIN b ON a.k > b.k + 40",
+    ),
+    q(
+        "full non-equi count",
+        "select count(*) from a full join b on a.k > b.k + 40",
+    ),
+    q(
+        "left semi equi (EXISTS)",
+        "SELECT a.v FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k)",
+    ),
+    q(
+        "left semi non-equi (EXISTS)",
+        "SELECT a.v FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k + 40 < a.k)",
+    ),
+    q(
+        "left anti equi (NOT EXISTS)",
+        "SELECT a.v FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k = a.k)",
+    ),
+    q(
+        "left anti non-equi (NOT EXISTS)",
+        "SELECT a.v FROM a WHERE NOT EXISTS (SELECT 1 FROM b WHERE b.k + 40 < a.k)",
+    ),
+    q(
+        "semi from the small side equi (IN)",
+        "SELECT b.w FROM b WHERE b.k IN (SELECT a.k FROM a)",
+    ),
+    q(
+        "semi from the small side non-equi (EXISTS)",
+        "SELECT b.w FROM b WHERE EXISTS (SELECT 1 FROM a WHERE a.k > b.k + 40)",
+    ),
+    q(
+        "semi equi with a correlated filter (IN)",
+        "SELECT a.v FROM a WHERE a.k IN (SELECT b.k FROM b WHERE b.w > a.v * 5)",
+    ),
+    q(
+        "anti from the small side equi (NOT EXISTS)",
+        "SELECT b.w FROM b WHERE NOT EXISTS (SELECT 1 FROM a WHERE a.k = b.k)",
+    ),
+    q(
+        "anti from the small side non-equi (NOT EXISTS)",
+        "SELECT b.w FROM b WHERE NOT EXISTS (SELECT 1 FROM a WHERE a.k > b.k + 40)",
+    ),
+    q(
+        "mark equi (EXISTS ... OR)",
+        "SELECT a.v FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k = a.k) OR a.v > 40",
+    ),
+    q(
+        "mark non-equi (EXISTS ... OR)",
+        "SELECT a.v FROM a WHERE EXISTS (SELECT 1 FROM b WHERE b.k + 40 < a.k) OR a.v > 40",
+    ),
+    q(
+        "null-aware anti over NULLs (NOT IN)",
+        "SELECT a.v FROM a WHERE a.k NOT IN (SELECT k FROM b)",
+    ),
+    q(
+        "null-aware anti without NULLs (NOT IN)",
+        "SELECT a.v FROM a WHERE a.k NOT IN (SELECT k FROM b WHERE k IS NOT NULL)",
+    ),
+    q(
+        "null-aware anti count",
+        "select count(*) from a where a.k not in (select k from b where k is not null)",
+    ),
+    q(
+        "null-aware anti from the small side (NOT IN)",
+        "SELECT b.w FROM b WHERE b.k NOT IN (SELECT k FROM a WHERE k IS NOT NULL AND v > 10)",
+    ),
+    q(
+        "aggregate over an equi join",
+        "SELECT a.k, count(*) AS n, sum(b.w) AS s FROM a JOIN b ON a.k = b.k GROUP BY a.k",
+    ),
+    q(
+        "cross join",
+        "SELECT a.v, b.w FROM a CROSS JOIN b WHERE a.v < 6",
+    ),
+    q(
+        "cross join aggregate",
+        "SELECT count(*) AS n, sum(a.v * b.w) AS s FROM a CROSS JOIN b",
+    ),
+];
+
+/// Windows, set operations, sorts with limits, scalar subqueries.
+const OTHERS: &[Query] = &[
+    q(
+        "window with PARTITION BY",
+        "SELECT k, v, row_number() OVER (PARTITION BY k ORDER BY v) AS rn, \
+         sum(v) OVER (PARTITION BY k) AS s FROM a",
+    ),
+    q(
+        "window without PARTITION BY",
+        "SELECT v, sum(v) OVER (ORDER BY v ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) AS s3, \
+         rank() OVER (ORDER BY k) AS r FROM a",
+    ),
+    q("UNION", "SELECT k FROM a UNION SELECT k FROM b"),
+    q("UNION ALL", "SELECT k FROM a UNION ALL SELECT k FROM b"),
+    q("INTERSECT", "SELECT k FROM a INTERSECT SELECT k FROM b"),
+    q("EXCEPT", "SELECT k FROM a EXCEPT SELECT k FROM b"),
+    ordered(
+        "ORDER BY + LIMIT",
+        "SELECT v, k FROM a ORDER BY v DESC LIMIT 7",
+    ),
+    ordered(
+        "aggregate, ORDER BY + LIMIT",
+        "SELECT k, count(*) AS n FROM a GROUP BY k ORDER BY k NULLS FIRST LIMIT 5",
+    ),
+    ordered(
+        "ORDER BY over a join + LIMIT",
+        "SELECT a.v, b.w FROM a JOIN b ON a.k = b.k ORDER BY a.v, b.w LIMIT 9",
+    ),
+    q(
+        "uncorrelated scalar subqueries",
+        "SELECT v, (SELECT max(w) FROM b) AS m FROM a WHERE v * 10 > (SELECT avg(w) FROM b)",
+    ),
+    q(
+        "correlated scalar subquery",
+        "SELECT a.v, (SELECT count(*) FROM b WHERE b.k = a.k) AS n FROM a",
+    ),
+    q(
+        "scalar subquery in a join filter",
+        "SELECT a.v FROM a JOIN b ON a.k = b.k WHERE b.w > (SELECT avg(w) FROM b)",
+    ),
+];
+
+/// The two tables, in a temporary directory.
+struct Tables {
+    root: tempfile::TempDir,
+}
+
+impl Tables {
+    fn new() -> Self {
+        let root = tempfile::Builder::new()
+            .prefix("dfx-exchange-test-")
+            .tempdir()
+            .unwrap();
+        let a: Vec<(Option<i32>, i32)> = (0..48)
+            .map(|i| ((i % 9 != 4).then_some((i * 37 % 101) % 50), i))
+            .collect();
+        let b: Vec<(Option<i32>, i32)> = (0..40)
+            .map(|j| ((j % 7 != 3).then_some((j * 11 % 61) % 45), 10 * j))
+            .collect();
+        write_table(&root.path().join("a"), "v", &a);
+        write_table(&root.path().join("b"), "w", &b);
+        Self { root }
+    }
+
+    fn spec(&self) -> SessionSpec {
+        SessionSpec::new([
+            ("a".to_string(), self.root.path().join("a")),
+            ("b".to_string(), self.root.path().join("b")),
+        ])
+    }
+
+    /// A fresh shuffle directory name for one distributed run.
+    fn shuffle_dir(&self, split: Split, index: usize) -> PathBuf {
+        self.root.path().join(format!("shuffle-{split}-{index}"))
+    }
+}
+
+/// `rows` as table `dir` with columns `k` (nullable) and `value`, in
+/// [`FILES`] Parquet files.
+fn write_table(dir: &Path, value: &str, rows: &[(Option<i32>, i32)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int32, true),
+        Field::new(value, DataType::Int32, false),
+    ]));
+    for (file, chunk) in rows.chunks(rows.len().div_ceil(FILES)).enumerate() {
+        let columns: Vec<Arc<dyn Array>> = vec![
+            Arc::new(Int32Array::from_iter(chunk.iter().map(|r| r.0))),
+            Arc::new(Int32Array::from_iter_values(chunk.iter().map(|r| r.1))),
+        ];
+        let batch = RecordBatch::try_new(Arc::clone(&schema), columns).unwrap();
+        let out = std::fs::File::create(dir.join(format!("part-{file}.parquet"))).unwrap();
+        let mut writer = ArrowWriter::try_new(out, Arc::clone(&schema), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+    assert_eq!(dfx_host::session::parquet_files(dir).unwrap().len(), FILES);
+}
+
+/// The rows of an answer for comparison: in order when the query orders
+/// them (every sort key here is unique), sorted otherwise.
+fn answer(batches: &[RecordBatch], ordered: bool) -> Vec<String> {
+    if !ordered {
+        return sorted_rows(batches);
+    }
+    let mut out = Vec::new();
+    for batch in batches {
+        for row in 0..batch.num_rows() {
+            out.extend(sorted_rows(&[batch.slice(row, 1)]));
+        }
+    }
+    out
+}
+
+/// Run every query of `queries` in one process and distributed in both
+/// split modes; every disagreement or failure, named, in one list.
+async fn disagreements(queries: &[Query]) -> Vec<String> {
+    let tables = Tables::new();
+    let host = host();
+    let mut problems = Vec::new();
+    for (index, query) in queries.iter().enumerate() {
+        let local = match host.run_local(query.sql, &tables.spec()).await {
+            Ok(batches) => answer(&batches, query.ordered),
+            Err(err) => {
+                problems.push(format!("{}: local run failed: {err}", query.name));
+                continue;
+            }
+        };
+        for split in SPLITS {
+            let spec = tables
+                .spec()
+                .with_split(split)
+                .with_shuffle_dir(tables.shuffle_dir(split, index));
+            match host.run_distributed(query.sql, &spec).await {
+                Ok(result) => {
+                    let distributed = answer(&result.batches, query.ordered);
+                    if distributed != local {
+                        problems.push(format!(
+                            "{} [{split}]: {} row(s) distributed, {} local\n  sql: {}\n  \
+                             distributed: {:?}\n  local: {:?}",
+                            query.name,
+                            distributed.len(),
+                            local.len(),
+                            query.sql,
+                            first(&distributed),
+                            first(&local)
+                        ));
+                    }
+                }
+                Err(err) => problems.push(format!(
+                    "{} [{split}]: failed: {}\n  sql: {}",
+                    query.name,
+                    first_line(&err.to_string()),
+                    query.sql
+                )),
+            }
+        }
+    }
+    problems
+}
+
+fn first(rows: &[String]) -> &[String] {
+    &rows[..rows.len().min(8)]
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().take(6).collect::<Vec<_>>().join(" / ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_join_type_answers_as_in_one_process_in_both_split_modes() {
+    let problems = disagreements(JOINS).await;
+    assert!(
+        problems.is_empty(),
+        "{} problem(s):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_set_operations_limits_and_subqueries_answer_as_in_one_process() {
+    let problems = disagreements(OTHERS).await;
+    assert!(
+        problems.is_empty(),
+        "{} problem(s):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+type Node = Arc<dyn ExecutionPlan>;
+
+/// Each node of a plan with the nodes above it (nearest last).
+fn walk<'a>(
+    plan: &'a Node,
+    above: &mut Vec<&'a Node>,
+    visit: &mut dyn FnMut(&'a Node, &[&'a Node]),
+) {
+    visit(plan, above);
+    above.push(plan);
+    for child in plan.children() {
+        walk(child, above, visit);
+    }
+    above.pop();
+}
+
+fn stage_of<'a>(stages: &'a [Stage], plan: &Arc<dyn ExecutionPlan>) -> Option<&'a Stage> {
+    stages.iter().find(|s| Arc::ptr_eq(&s.plan, plan))
+}
+
+/// Every reader of the plan: its partitions and the stage it reads.
+fn readers<'a>(plan: &'a Arc<dyn ExecutionPlan>, stages: &'a [Stage]) -> Vec<(usize, &'a Stage)> {
+    let mut found = Vec::new();
+    walk(plan, &mut Vec::new(), &mut |node, _| {
+        if node_display(node.as_ref()).contains("ShuffleReaderExec") {
+            let writer = node.children()[0];
+            let stage = stage_of(stages, writer).expect("a reader's child is a writer");
+            found.push((node.output_partitioning().partition_count(), stage));
+        }
+    });
+    found
+}
+
+/// The plan of `sql` in exchange mode over the fixture.
+async fn exchange_plan(tables: &Tables, sql: &str) -> (Arc<dyn ExecutionPlan>, Vec<Stage>) {
+    let spec = tables
+        .spec()
+        .with_split(Split::Exchange)
+        .with_shuffle_dir(tables.root.path().join("planned"));
+    planned(&spec, sql).await
+}
+
+fn render(plan: &Arc<dyn ExecutionPlan>) -> String {
+    let mut out = String::new();
+    walk(plan, &mut Vec::new(), &mut |node, above| {
+        out.push_str(&format!(
+            "{:indent$}{} [{} partition(s)]\n",
+            "",
+            node_display(node.as_ref()),
+            node.output_partitioning().partition_count(),
+            indent = above.len() * 2
+        ));
+    });
+    out
+}
+
+#[tokio::test]
+async fn a_hash_join_reads_both_sides_through_hash_exchanges() {
+    let tables = Tables::new();
+    let (plan, stages) = exchange_plan(&tables, "SELECT a.v, b.w FROM a JOIN b ON a.k = b.k").await;
+    let shown = render(&plan);
+    assert!(stages.len() >= 3, "{stages:?}\n{shown}");
+    let hash_reads: Vec<_> = readers(&plan, &stages)
+        .into_iter()
+        .filter(|(partitions, stage)| {
+            stage.info.partitioning.starts_with("hash(")
+                && stage.info.buckets > 1
+                && *partitions == stage.info.buckets
+        })
+        .collect();
+    // One per side of the join, each reading bucket b of every map as partition b.
+    assert!(hash_reads.len() >= 2, "{stages:?}\n{shown}");
+    for (_, stage) in &hash_reads {
+        assert_eq!(stage.info.maps, FILES, "{stages:?}\n{shown}");
+    }
+}
+
+#[tokio::test]
+async fn a_not_in_join_runs_in_a_single_map_stage() {
+    let tables = Tables::new();
+    let (plan, stages) = exchange_plan(
+        &tables,
+        "select count(*) from a where a.k not in (select k from b where k is not null)",
+    )
+    .await;
+    let shown = render(&plan);
+    let mut joins = 0;
+    walk(&plan, &mut Vec::new(), &mut |node, above| {
+        if !node_display(node.as_ref()).contains("HashJoinExec") {
+            return;
+        }
+        joins += 1;
+        // The nearest writer above the join: the stage the join runs in.
+        let stage = above
+            .iter()
+            .rev()
+            .find_map(|n| stage_of(&stages, n))
+            .expect("the join runs in a stage, not in the driver");
+        assert_eq!(
+            stage.info.maps, 1,
+            "a null-aware anti join split over {} maps loses rows\n{shown}",
+            stage.info.maps
+        );
+    });
+    assert_eq!(joins, 1, "{shown}");
+}
+
+#[tokio::test]
+async fn a_cross_join_broadcasts_its_build_side() {
+    let tables = Tables::new();
+    let (plan, stages) = exchange_plan(
+        &tables,
+        "SELECT count(*) AS n, sum(a.v * b.w) AS s FROM a CROSS JOIN b",
+    )
+    .await;
+    let shown = render(&plan);
+    let mut broadcasts = 0;
+    walk(&plan, &mut Vec::new(), &mut |node, _| {
+        if !node_display(node.as_ref()).contains("CrossJoinExec") {
+            return;
+        }
+        let build = node.children()[0];
+        let probe = node.children()[1];
+        assert!(
+            node_display(build.as_ref()).contains("ShuffleReaderExec"),
+            "{shown}"
+        );
+        let stage = stage_of(&stages, build.children()[0]).unwrap();
+        // Every map of the build stage read as one partition by each probe task.
+        assert!(stage.info.maps > 1, "{shown}");
+        assert_eq!(build.output_partitioning().partition_count(), 1, "{shown}");
+        assert!(probe.output_partitioning().partition_count() > 1, "{shown}");
+        broadcasts += 1;
+    });
+    assert_eq!(broadcasts, 1, "{shown}");
+}
+
+#[tokio::test]
+async fn the_driver_runs_only_what_sits_above_the_stages() {
+    let tables = Tables::new();
+    for sql in [
+        "SELECT a.v, b.w FROM a JOIN b ON a.k = b.k",
+        "SELECT k, count(*) FROM a GROUP BY k",
+        "SELECT v FROM a ORDER BY v",
+    ] {
+        let (plan, stages) = exchange_plan(&tables, sql).await;
+        let shown = render(&plan);
+        // No table is scanned by the head: every path from the root meets a
+        // reader before it meets a leaf.
+        fn head_reads_a_table(node: &Arc<dyn ExecutionPlan>) -> bool {
+            if node_display(node.as_ref()).contains("ShuffleReaderExec") {
+                return false;
+            }
+            let children = node.children();
+            children.is_empty() || children.into_iter().any(head_reads_a_table)
+        }
+        assert!(!head_reads_a_table(&plan), "{sql}\n{shown}");
+        assert_eq!(stages[0].stage_id(), 1, "{sql}");
+    }
+}
