@@ -25,16 +25,19 @@ and the quantity-weighted average price = sum(price * qty) / sum(qty):
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+import json
+import math
+import pathlib
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from dfx_engine import _internal
 from dfx_engine.session import SessionSpec
 
 if TYPE_CHECKING:
-    import pathlib
     from collections.abc import Callable
 
 ROWS = [
@@ -104,12 +107,18 @@ def make_spec(
     """
     counter = itertools.count()
 
-    def make(*, shuffle: bool = True, target_partitions: int = FILES) -> SessionSpec:
+    def make(
+        *,
+        shuffle: bool = True,
+        target_partitions: int = FILES,
+        split: str = "exchange",
+    ) -> SessionSpec:
         shuffle_dir = tmp_path / f"shuffle-{next(counter)}" if shuffle else None
         return SessionSpec(
             tables={"lineitem": str(lineitem)},
             shuffle_dir=str(shuffle_dir) if shuffle_dir else "",
             target_partitions=target_partitions,
+            split=split,
         )
 
     return make
@@ -140,3 +149,58 @@ def assert_same(left: list[dict[str, object]], right: list[dict[str, object]]) -
                 assert a[key] == pytest.approx(b[key], rel=1e-6), key
             else:
                 assert a[key] == b[key], key
+
+
+def sorted_rows(batches: list[pa.RecordBatch]) -> list[tuple[Any, ...]]:
+    """The rows of ``batches`` as tuples, in a canonical order.
+
+    For queries whose order is not defined: NULLs first, floats sorted on a
+    rounded value so that two answers equal to 1e-6 sort alike.
+    """
+
+    def key(row: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(
+            (
+                value is not None,
+                round(value, 6) if isinstance(value, float) else value,
+            )
+            for value in row
+        )
+
+    table = pa.Table.from_batches(batches) if batches else None
+    rows = [tuple(row.values()) for row in table.to_pylist()] if table else []
+    return sorted(rows, key=key)
+
+
+def assert_same_rows(
+    left: list[tuple[Any, ...]], right: list[tuple[Any, ...]], label: str = ""
+) -> None:
+    """Same rows in the same order, floats to 1e-6 relative."""
+    assert len(left) == len(right), f"{label}: {len(left)} rows, not {len(right)}"
+    for index, (a, b) in enumerate(zip(left, right, strict=True)):
+        assert len(a) == len(b), f"{label} row {index}: {a} vs {b}"
+        for x, y in zip(a, b, strict=True):
+            if isinstance(x, float) and isinstance(y, float):
+                assert math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-9), (
+                    f"{label} row {index}: {a} vs {b}"
+                )
+            else:
+                assert x == y, f"{label} row {index}: {a} vs {b}"
+
+
+def read_marker(shuffle_dir: str, stage: int, map_index: int) -> dict[str, Any]:
+    """The commit marker a map published (the plugin names its path)."""
+    path = pathlib.Path(_internal.marker_path(shuffle_dir, stage, map_index))
+    marker: dict[str, Any] = json.loads(path.read_text())
+    return marker
+
+
+def published_files(shuffle_dir: str) -> set[pathlib.Path]:
+    """Every file under the stage output entries of ``shuffle_dir``."""
+    root = pathlib.Path(shuffle_dir)
+    return {
+        path
+        for entry in root.glob(_internal.partition_glob())
+        for path in ([entry] if entry.is_file() else entry.rglob("*"))
+        if path.is_file()
+    }

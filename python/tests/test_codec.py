@@ -23,8 +23,8 @@ def test_session_carries_the_plugin_codec(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
     ctx, engine = build_session(make_spec())
-    assert ctx.physical_extension_codec_ids() == ["dfx_engine.physical.v1"]
-    assert expected_codec_ids() == ["dfx_engine.physical.v1"]
+    assert ctx.physical_extension_codec_ids() == ["dfx_engine.physical.v2"]
+    assert expected_codec_ids() == ["dfx_engine.physical.v2"]
     assert engine.physical_codec_id() == _internal.physical_codec_id()
 
 
@@ -38,14 +38,16 @@ def test_stage_without_the_session_cannot_be_encoded(
         stage.to_bytes()
     encoded = _internal.counters()["stages_encoded"]
     data = stage.to_bytes(ctx)
-    assert _internal.counters()["stages_encoded"] == encoded + 1
+    # The stage and every stage nested below it (behind its readers).
+    assert _internal.counters()["stages_encoded"] == encoded + len(find_stages(stage))
     assert data
 
 
 def test_counters_show_planning_and_encoding(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
-    ctx, engine = build_session(make_spec())
+    # Round 1's split: one stage, and no reader for the codec to count.
+    ctx, engine = build_session(make_spec(split="aggregate"))
     start = (
         engine.plan_calls(),
         engine.stages_inserted(),
@@ -69,6 +71,17 @@ def test_counters_show_planning_and_encoding(
     assert engine.decode_calls() == start[3] + 1
 
 
+def test_exchange_planning_counts_every_writer(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    ctx, engine = build_session(make_spec())
+    start = (engine.plan_calls(), engine.stages_inserted())
+    stages = find_stages(ctx.sql(REVENUE_SQL).execution_plan())
+    assert len(stages) >= 2
+    assert engine.plan_calls() == start[0] + 1
+    assert engine.stages_inserted() == start[1] + len(stages)
+
+
 def test_stage_round_trips_through_the_session(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
@@ -80,18 +93,44 @@ def test_stage_round_trips_through_the_session(
     data = stage.to_bytes(ctx)
     decoded_before = engine.decode_calls()
     decoded = ExecutionPlan.from_bytes(ctx, data)
-    assert engine.decode_calls() == decoded_before + 1
+    assert engine.decode_calls() > decoded_before
     assert _internal.stage_node_name() in decoded.display()
     assert decoded.partition_count == stage.partition_count
-    assert _internal.stage_payload(data) == (1, distributed.shuffle_dir)
+    info = _internal.encoded_stage_info(data)
+    assert (info.stage_id, info.shuffle_dir) == (1, distributed.shuffle_dir)
+    assert info.maps == stage.partition_count
+    assert info.buckets >= 1
+    assert info.deps == sorted(info.deps)
+    assert info.partitioning
+    # The description is read from the bytes, so the decoded stage's
+    # re-encoding describes the same stage.
+    assert _internal.encoded_stage_info(decoded.to_bytes(ctx)) == info
     # The round trip changes nothing about the answer.
     local_ctx, _ = build_session(spec)
     assert_revenue(as_rows(local_ctx.sql(REVENUE_SQL).collect()))
 
 
-def test_stage_payload_refuses_other_bytes() -> None:
+def test_encoded_stage_info_refuses_other_bytes() -> None:
     with pytest.raises(ValueError, match="encoded stage"):
-        _internal.stage_payload(b"\x00\x01garbage")
+        _internal.encoded_stage_info(b"\x00\x01garbage")
+
+
+def test_every_writer_describes_itself_in_pre_order(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    sql = "SELECT l_returnflag, count(*) FROM lineitem GROUP BY 1 ORDER BY 1"
+    spec = make_spec()
+    ctx, _engine = build_session(spec)
+    writers = find_stages(ctx.sql(sql).execution_plan())
+    infos = [_internal.encoded_stage_info(w.to_bytes(ctx)) for w in writers]
+    assert [i.stage_id for i in infos] == [
+        _internal.stage_id(n) for n in range(len(infos))
+    ]
+    ids = {i.stage_id for i in infos}
+    for i in infos:
+        # A stage reads only stages below it, which pre-order numbers later.
+        assert all(dep in ids and dep > i.stage_id for dep in i.deps)
+    assert infos[-1].deps == []
 
 
 def test_plugin_objects_are_released_with_the_session(

@@ -13,15 +13,16 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 from typing import TYPE_CHECKING
 
 import pytest
-from conftest import FILES, SQL_ONLY, as_rows, assert_same
+from conftest import SQL_ONLY, as_rows, assert_same
 
 from dfx_engine import _internal
-from dfx_engine.driver import run_distributed, run_local
+from dfx_engine.driver import execute_plan, run_distributed, run_local, waves_of
 from dfx_engine.session import SessionSpec, build_session
 
 if TYPE_CHECKING:
@@ -46,20 +47,31 @@ HAND_ANSWER = [
 ]
 
 
-def test_python_driver_rust_workers(make_spec: Callable[..., SessionSpec]) -> None:
-    spec = make_spec()
+@pytest.mark.parametrize("split", ["exchange", "aggregate"])
+def test_python_driver_rust_workers(
+    make_spec: Callable[..., SessionSpec], split: str
+) -> None:
+    spec = make_spec(split=split)
     result = run_distributed(SQL_ONLY, spec, worker_command=[str(DFX), "worker"])
-    assert result.tasks == [(1, p) for p in range(FILES)]
+    assert sorted(result.tasks) == sorted(
+        (info.stage_id, m) for info in result.stages for m in range(info.maps)
+    )
     assert as_rows(result.batches) == HAND_ANSWER
-    # Each file holds two flags, so each partial aggregate has two rows.
-    assert result.task_rows == dict.fromkeys(result.tasks, 2)
+    # Each file holds two flags, so each leaf stage's partial aggregate
+    # publishes two rows per map.
+    for info in result.stages:
+        if not info.deps:
+            assert all(
+                result.task_rows[(info.stage_id, m)] == 2 for m in range(info.maps)
+            )
     assert_same(as_rows(result.batches), as_rows(run_local(SQL_ONLY, spec)))
 
 
+@pytest.mark.parametrize("split", ["exchange", "aggregate"])
 def test_rust_driver_python_workers(
-    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, split: str
 ) -> None:
-    spec = make_spec()
+    spec = make_spec(split=split)
     shuffle_dir = pathlib.Path(spec.shuffle_dir)
     done = subprocess.run(
         [
@@ -73,6 +85,8 @@ def test_rust_driver_python_workers(
             str(spec.target_partitions),
             "--shuffle-dir",
             str(shuffle_dir),
+            "--split",
+            split,
             "--format",
             "json",
             SQL_ONLY,
@@ -87,24 +101,39 @@ def test_rust_driver_python_workers(
     assert rust_answer == HAND_ANSWER
 
     # Drop what the Rust workers published and run the Rust driver's tasks
-    # with Python workers: each decodes a stage the Rust host encoded.
+    # with Python workers, wave by wave: each decodes a stage the Rust host
+    # encoded, and reads what the Python workers of earlier waves wrote.
     for published in shuffle_dir.glob(_internal.partition_glob()):
-        published.unlink()
+        shutil.rmtree(published)
+    plans = sorted((shuffle_dir / "tasks").glob("stage-*.plan"))
+    infos = [_internal.encoded_stage_info(plan.read_bytes()) for plan in plans]
+    assert infos
     envelopes = sorted((shuffle_dir / "tasks").glob("task-*.json"))
-    assert len(envelopes) == FILES
+    assert len(envelopes) == sum(info.maps for info in infos)
+    by_stage: dict[int, list[pathlib.Path]] = {}
     for envelope in envelopes:
-        worker = subprocess.run(
-            [sys.executable, "-m", "dfx_engine.worker", str(envelope)],
-            capture_output=True,
-            text=True,
-            check=False,
+        by_stage.setdefault(json.loads(envelope.read_text())["stage_id"], []).append(
+            envelope
         )
-        assert worker.returncode == 0, worker.stderr
-        report = json.loads(worker.stdout.strip().splitlines()[-1])
-        assert report["rows"] == 2
-    assert len(list(shuffle_dir.glob(_internal.partition_glob()))) == FILES
+    for wave in waves_of(infos):
+        for stage_id in wave:
+            for envelope in by_stage[stage_id]:
+                worker = subprocess.run(
+                    [sys.executable, "-m", "dfx_engine.worker", str(envelope)],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                assert worker.returncode == 0, worker.stderr
+                report = json.loads(worker.stdout.strip().splitlines()[-1])
+                assert report["stage_id"] == stage_id
+    for info in infos:
+        for map_index in range(info.maps):
+            marker = _internal.marker_path(str(shuffle_dir), info.stage_id, map_index)
+            assert pathlib.Path(marker).is_file()
 
-    # The Python session's final merge reads the files the Python workers
-    # wrote for the Rust-encoded stages.
+    # A Python session plans the same stages; its root reads the files the
+    # Python workers wrote for the Rust-encoded stages.
     ctx, _engine = build_session(spec)
-    assert as_rows(ctx.sql(SQL_ONLY).collect()) == rust_answer
+    plan = ctx.sql(SQL_ONLY).execution_plan()
+    assert as_rows(execute_plan(ctx, plan)) == rust_answer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -14,28 +15,82 @@ from conftest import (
     as_rows,
     assert_revenue,
     assert_same,
+    published_files,
+    read_marker,
 )
 
 from dfx_engine import _internal
 from dfx_engine.driver import (
     dataframe_for,
+    execute_plan,
     find_stage,
     find_stages,
     require_empty_shuffle,
     run_distributed,
     run_local,
+    waves_of,
 )
 from dfx_engine.session import build_session
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from dfx_engine.driver import DistributedResult
     from dfx_engine.session import SessionSpec
 
 
-def stage_files(shuffle_dir: str) -> list[str]:
-    """Names of the published stage files in ``shuffle_dir``."""
-    return sorted(p.name for p in pathlib.Path(shuffle_dir).glob("stage-*"))
+def stage_entries(shuffle_dir: str) -> list[str]:
+    """Names of the stage output entries in ``shuffle_dir``."""
+    return sorted(
+        p.name for p in pathlib.Path(shuffle_dir).glob(_internal.partition_glob())
+    )
+
+
+def expected_files(spec: SessionSpec, result: DistributedResult) -> set[pathlib.Path]:
+    """Every file the run should have published, by the markers' own account.
+
+    One marker per map, one file per non-empty bucket.
+    """
+    files: set[pathlib.Path] = set()
+    for stage, map_index in result.tasks:
+        files.add(
+            pathlib.Path(_internal.marker_path(spec.shuffle_dir, stage, map_index))
+        )
+        for bucket in read_marker(spec.shuffle_dir, stage, map_index)["buckets"]:
+            if bucket["rows"] > 0:
+                path = _internal.bucket_path(
+                    spec.shuffle_dir, stage, map_index, bucket["bucket"]
+                )
+                files.add(pathlib.Path(path))
+    return files
+
+
+def assert_layout(spec: SessionSpec, result: DistributedResult) -> None:
+    """One task per map of every stage, each published as its marker says."""
+    assert sorted(result.tasks) == sorted(
+        (info.stage_id, m) for info in result.stages for m in range(info.maps)
+    )
+    assert len(set(result.tasks)) == len(result.tasks)
+    assert [info.stage_id for info in result.stages] == [
+        _internal.stage_id(n) for n in range(len(result.stages))
+    ]
+    # Nothing else lies under the stage entries: no temp file was left.
+    assert published_files(spec.shuffle_dir) == expected_files(spec, result)
+    for (stage, map_index), rows in result.task_rows.items():
+        marker = read_marker(spec.shuffle_dir, stage, map_index)
+        assert (marker["stage_id"], marker["map"]) == (stage, map_index)
+        assert sum(b["rows"] for b in marker["buckets"]) == rows
+        read = 0
+        for bucket in marker["buckets"]:
+            path = pathlib.Path(
+                _internal.bucket_path(
+                    spec.shuffle_dir, stage, map_index, bucket["bucket"]
+                )
+            )
+            if path.is_file():
+                # pyarrow reads the plugin's LZ4 Arrow IPC stream as it is.
+                read += pa.ipc.open_stream(path).read_all().num_rows
+        assert read == rows
 
 
 def test_distributed_equals_local_equals_hand_answer(
@@ -45,22 +100,59 @@ def test_distributed_equals_local_equals_hand_answer(
     result = run_distributed(REVENUE_SQL, spec)
     assert_revenue(as_rows(result.batches))
     assert_revenue(as_rows(run_local(REVENUE_SQL, spec)))
-    assert result.tasks == [(1, p) for p in range(FILES)]
+    assert_layout(spec, result)
+    # An aggregate with ORDER BY cuts at least at its hash repartition.
+    assert len(result.stages) >= 2
+    assert any(info.deps for info in result.stages)
+
+
+def test_waves_run_every_stage_after_the_stages_it_reads(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    spec = make_spec()
+    result = run_distributed(REVENUE_SQL, spec)
+    position = {s: n for n, wave in enumerate(result.waves) for s in wave}
+    assert sorted(position) == [info.stage_id for info in result.stages]
+    for info in result.stages:
+        assert all(position[dep] < position[info.stage_id] for dep in info.deps)
+    # Tasks were dispatched wave by wave.
+    dispatched = [position[stage] for stage, _map in result.tasks]
+    assert dispatched == sorted(dispatched)
+
+
+def test_the_query_is_planned_once(make_spec: Callable[..., SessionSpec]) -> None:
+    spec = make_spec()
+    before = _internal.counters()["planner_calls"]
+    run_distributed(REVENUE_SQL, spec)
+    # The workers plan nothing (they decode), and the driver executes the
+    # root of the plan it shipped the stages of.
+    assert _internal.counters()["planner_calls"] == before + 1
+
+
+def test_aggregate_split_keeps_round_one_stages(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    spec = make_spec(split="aggregate")
+    result = run_distributed(REVENUE_SQL, spec)
+    assert_revenue(as_rows(result.batches))
+    assert [info.stage_id for info in result.stages] == [1]
+    assert result.stages[0].deps == []
+    assert result.tasks == [(1, m) for m in range(FILES)]
     # Each task's partial aggregate: one row per flag present in its file.
-    assert result.task_rows == {(1, 0): 2, (1, 1): 2, (1, 2): 2, (1, 3): 2}
-    for (stage, partition), rows in result.task_rows.items():
-        path = _internal.partition_path(spec.shuffle_dir, stage, partition)
-        assert pa.ipc.open_stream(path).read_all().num_rows == rows
+    assert result.task_rows == dict.fromkeys(result.tasks, 2)
+    assert_layout(spec, result)
 
 
-def test_default_partitions_still_give_one_task_per_file(
+def test_default_partitions_still_give_one_map_per_file(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
     # target_partitions=2 over four files: the floor is the file count, as in
     # the Rust host, so one spec plans alike in both.
     spec = make_spec(target_partitions=2)
     result = run_distributed(SQL_ONLY, spec)
-    assert result.tasks == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    leaves = [info for info in result.stages if not info.deps]
+    assert leaves
+    assert all(info.maps == FILES for info in leaves)
     assert_same(as_rows(result.batches), as_rows(run_local(SQL_ONLY, spec)))
     assert as_rows(result.batches) == [
         {"flag": "A", "n": 3, "qty": 90},
@@ -69,10 +161,11 @@ def test_default_partitions_still_give_one_task_per_file(
     ]
 
 
+@pytest.mark.parametrize("split", ["exchange", "aggregate"])
 def test_union_of_two_aggregates_ships_both_stages(
-    make_spec: Callable[..., SessionSpec],
+    make_spec: Callable[..., SessionSpec], split: str
 ) -> None:
-    spec = make_spec()
+    spec = make_spec(split=split)
     sql = """
         SELECT 'q' AS k, sum(l_quantity) AS v FROM lineitem
         UNION ALL
@@ -81,41 +174,50 @@ def test_union_of_two_aggregates_ships_both_stages(
         ORDER BY k
     """
     _ctx, df = dataframe_for(sql, spec)
-    assert len(find_stages(df.execution_plan())) == 2
+    planned = len(find_stages(df.execution_plan()))
+    assert planned >= 2
 
     result = run_distributed(sql, spec)
     assert as_rows(result.batches) == [{"k": "n", "v": 3150}, {"k": "q", "v": 360}]
-    assert sorted(result.tasks) == [(s, p) for s in (1, 2) for p in range(FILES)]
-    assert len(set(result.tasks)) == 8
-    assert stage_files(spec.shuffle_dir) == sorted(
-        f"stage-{s}-part-{p}.arrow" for s in (1, 2) for p in range(FILES)
-    )
+    assert len(result.stages) == planned
+    assert_layout(spec, result)
+    if split == "aggregate":
+        assert sorted(result.tasks) == [(s, m) for s in (1, 2) for m in range(FILES)]
+        assert stage_entries(spec.shuffle_dir) == ["stage-1", "stage-2"]
 
 
-def test_one_file_per_task_and_no_temp_left(
+def test_the_root_reads_the_published_files(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
     spec = make_spec()
     result = run_distributed(REVENUE_SQL, spec)
-    expected = sorted(
-        pathlib.Path(_internal.partition_path(spec.shuffle_dir, s, p)).name
-        for s, p in result.tasks
+    # A second session plans the same stages; its root finds every file
+    # published and computes nothing below the readers.
+    ctx, _engine = build_session(spec)
+    plan = ctx.sql(REVENUE_SQL).execution_plan()
+    assert as_rows(execute_plan(ctx, plan)) == as_rows(result.batches)
+    # The root reads stage 1 (the first writer in pre-order).
+    victims = sorted(
+        path
+        for path in published_files(spec.shuffle_dir)
+        if path.suffix == ".arrow" and path.parent.parent.name == "stage-1"
     )
-    assert stage_files(spec.shuffle_dir) == expected
-    leftovers = [p.name for p in pathlib.Path(spec.shuffle_dir).rglob("*.tmp")]
-    assert leftovers == []
+    assert victims
+    victims[0].write_bytes(b"not an arrow stream")
+    with pytest.raises(RuntimeError, match=str(victims[0])):
+        execute_plan(ctx, ctx.sql(REVENUE_SQL).execution_plan())
 
 
-def test_driver_reads_the_published_files(
+def test_a_reader_never_computes_a_missing_stage(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
     spec = make_spec()
-    run_distributed(REVENUE_SQL, spec)
-    victim = pathlib.Path(_internal.partition_path(spec.shuffle_dir, 1, 2))
-    victim.write_bytes(b"not an arrow stream")
     ctx, _engine = build_session(spec)
-    with pytest.raises(Exception, match=str(victim)):
-        ctx.sql(REVENUE_SQL).collect()
+    plan = ctx.sql(REVENUE_SQL).execution_plan()
+    # No worker ran: the root must fail naming the stage, not recompute it.
+    with pytest.raises(RuntimeError, match=r"stage[ =-]?1"):
+        execute_plan(ctx, plan)
+    assert stage_entries(spec.shuffle_dir) == []
 
 
 def test_no_shuffle_dir_means_no_stage(make_spec: Callable[..., SessionSpec]) -> None:
@@ -133,14 +235,14 @@ def test_reused_shuffle_dir_is_refused_before_anything_runs(
     spec = make_spec()
     run_distributed(SQL_ONLY, spec)
     before = _internal.counters()
-    files = stage_files(spec.shuffle_dir)
+    files = published_files(spec.shuffle_dir)
     with pytest.raises(RuntimeError, match="already holds stage output") as info:
         run_distributed(SQL_ONLY, spec)
     assert "previous query" in str(info.value)
     # Nothing was planned, encoded or written.
     assert _internal.counters()["planner_calls"] == before["planner_calls"]
     assert _internal.counters()["stages_encoded"] == before["stages_encoded"]
-    assert stage_files(spec.shuffle_dir) == files
+    assert published_files(spec.shuffle_dir) == files
 
 
 def test_require_empty_shuffle_ignores_other_files(tmp_path: pathlib.Path) -> None:
@@ -148,6 +250,25 @@ def test_require_empty_shuffle_ignores_other_files(tmp_path: pathlib.Path) -> No
     (tmp_path / "notes.txt").write_text("mine")
     require_empty_shuffle(tmp_path)
     require_empty_shuffle(tmp_path / "does-not-exist")
-    pathlib.Path(_internal.partition_path(str(tmp_path), 1, 0)).write_bytes(b"")
-    with pytest.raises(RuntimeError, match=r"stage-1-part-0\.arrow"):
+    marker = pathlib.Path(_internal.marker_path(str(tmp_path), 1, 0))
+    marker.parent.mkdir(parents=True)
+    with pytest.raises(RuntimeError, match=r"'stage-1'"):
         require_empty_shuffle(tmp_path)
+
+
+def info(stage_id: int, *deps: int) -> SimpleNamespace:
+    """A stand-in for a StageInfo: only id and deps matter to the waves."""
+    return SimpleNamespace(stage_id=stage_id, deps=list(deps))
+
+
+def test_waves_group_independent_stages_and_respect_deps() -> None:
+    # 1 reads 2 and 3 (a join's sides); 3 reads 4.
+    stages = [info(1, 2, 3), info(2), info(3, 4), info(4)]
+    assert waves_of(stages) == [[2, 4], [3], [1]]  # type: ignore[arg-type]
+
+
+def test_waves_refuse_unknown_and_circular_deps() -> None:
+    with pytest.raises(RuntimeError, match=r"stage 1 reads stages \[9\]"):
+        waves_of([info(1, 9)])  # type: ignore[list-item]
+    with pytest.raises(RuntimeError, match=r"stages \[1, 2\] depend on each other"):
+        waves_of([info(1, 2), info(2, 1)])  # type: ignore[list-item]

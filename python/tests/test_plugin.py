@@ -66,13 +66,16 @@ def test_versions_and_contract_constants() -> None:
     assert _internal.plugin_name() == "dfx-plugin"
     assert _internal.plugin_version()
     assert _internal.datafusion_ffi_major() == _internal.host_datafusion_ffi_major()
-    assert _internal.stage_node_name() == "ShuffleStageExec"
+    assert _internal.abi_version() == 2
+    assert _internal.stage_node_name() == "ShuffleWriterExec"
+    assert _internal.reader_node_name() == "ShuffleReaderExec"
     assert _internal.config_prefix() == "dfx_engine"
-    assert _internal.physical_codec_id() == "dfx_engine.physical.v1"
+    assert _internal.physical_codec_id() == "dfx_engine.physical.v2"
     assert [_internal.stage_id(n) for n in range(3)] == [1, 2, 3]
     assert _internal.stage_id() == 1
-    assert _internal.partition_path("/d", 2, 5) == "/d/stage-2-part-5.arrow"
-    assert _internal.partition_glob() == "stage-*-part-*.arrow"
+    assert _internal.marker_path("/d", 2, 5) == "/d/stage-2/map-5.json"
+    assert _internal.bucket_path("/d", 2, 5, 3) == "/d/stage-2/map-5/bucket-3.arrow"
+    assert _internal.partition_glob() == "stage-*"
 
 
 @pytest.mark.parametrize("name", ["dfx_net_revenue"])

@@ -11,7 +11,7 @@ from datafusion import SessionConfig, SessionContext
 from datafusion.extensions import SessionComponentsExportable, SessionPlannerExportable
 
 from dfx_engine import DfxEngineConfig, DfxEngineExtension, _internal
-from dfx_engine.driver import find_stage
+from dfx_engine.driver import find_stage, find_stages
 from dfx_engine.session import (
     SessionSpec,
     build_session,
@@ -31,7 +31,8 @@ def test_spec_round_trips_and_carries_codec_ids() -> None:
         "tables": {"t": "/data/t"},
         "shuffle_dir": "/s",
         "target_partitions": 3,
-        "codec_ids": ["dfx_engine.physical.v1"],
+        "split": "exchange",
+        "codec_ids": ["dfx_engine.physical.v2"],
     }
     assert SessionSpec.from_json(data) == spec
     assert SessionSpec.from_json(json.dumps(data)) == spec
@@ -39,6 +40,33 @@ def test_spec_round_trips_and_carries_codec_ids() -> None:
     assert SessionSpec().target_partitions == 2
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.shuffle_dir = "/elsewhere"  # type: ignore[misc]
+
+
+def test_split_defaults_to_exchange_and_round_trips() -> None:
+    # A spec written before split modes existed (or by a host that omits
+    # the default) reads as exchange.
+    assert SessionSpec.from_json({"tables": {}, "shuffle_dir": "/s"}).split == (
+        "exchange"
+    )
+    spec = SessionSpec(shuffle_dir="/s", split="aggregate")
+    assert spec.to_json()["split"] == "aggregate"
+    assert SessionSpec.from_json(spec.to_json()) == spec
+    with pytest.raises(ValueError, match="split"):
+        SessionSpec(split="everywhere")
+
+
+def test_the_split_mode_reaches_the_planner(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    sql = "SELECT l_returnflag, sum(l_quantity) FROM lineitem GROUP BY 1 ORDER BY 1"
+    counts = {}
+    for split in ("exchange", "aggregate"):
+        ctx, _engine = build_session(make_spec(split=split))
+        counts[split] = len(find_stages(ctx.sql(sql).execution_plan()))
+    assert counts["aggregate"] == 1
+    assert counts["exchange"] >= 2
+    assert DfxEngineConfig(shuffle_dir="/s", split="aggregate").split == "aggregate"
+    assert DfxEngineConfig(shuffle_dir="/s").split is None
 
 
 @pytest.mark.parametrize(
@@ -49,6 +77,8 @@ def test_spec_round_trips_and_carries_codec_ids() -> None:
         {"tables": {}, "shuffle_dir": 7},
         {"tables": {}, "shuffle_dir": "/s", "target_partitions": 0},
         {"tables": {}, "shuffle_dir": "/s", "target_partitions": "4"},
+        {"tables": {}, "shuffle_dir": "/s", "split": 2},
+        {"tables": {}, "shuffle_dir": "/s", "split": "nowhere"},
         "[1, 2]",
     ],
 )

@@ -48,7 +48,7 @@ def test_inline_udf_ships_by_value_and_runs_on_workers(
     spec = make_spec()
     result = run_distributed(SQL, spec, extra_udfs=[inline])
     assert as_rows(result.batches) == EXPECTED
-    assert len(result.tasks) == 4
+    assert len(result.tasks) >= 4
     assert_same(as_rows(run_local(SQL, spec, extra_udfs=[inline])), EXPECTED)
 
 
@@ -58,6 +58,6 @@ def test_module_level_udf_fails_on_the_worker_naming_the_module(
     spec = make_spec()
     with pytest.raises(RuntimeError, match="test_udfs") as info:
         run_distributed(SQL, spec, extra_udfs=[MODULE_LEVEL_DOUBLE])
-    assert "stage 1 partition 0" in str(info.value)
+    assert "map 0" in str(info.value)
     # The same function is fine in the process that defines it.
     assert as_rows(run_local(SQL, spec, extra_udfs=[MODULE_LEVEL_DOUBLE])) == EXPECTED

@@ -13,36 +13,48 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import REVENUE_SQL, SQL_ONLY
+from conftest import REVENUE_SQL, SQL_ONLY, published_files, read_marker
 
-from dfx_engine import _internal
-from dfx_engine.driver import _run_workers, find_stages, run_distributed
+from dfx_engine.driver import _run_workers, plan_stages, run_distributed, waves_of
 from dfx_engine.session import build_session
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from dfx_engine import _internal
     from dfx_engine.session import SessionSpec
 
 
-def encode_stage(spec: SessionSpec, sql: str, directory: pathlib.Path) -> pathlib.Path:
-    """Plan ``sql`` on ``spec``'s session and write its first stage's bytes."""
+def encode_stage(
+    spec: SessionSpec, sql: str, directory: pathlib.Path
+) -> tuple[pathlib.Path, _internal.StageInfo]:
+    """Plan ``sql`` and write its first stage that reads no other stage.
+
+    Such a stage a worker can run alone. Returns its path and info.
+    """
     ctx, _engine = build_session(spec)
-    stages = find_stages(ctx.sql(sql).execution_plan())
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "stage-1.plan"
-    path.write_bytes(stages[0].to_bytes(ctx))
-    return path
+    for stage in plan_stages(ctx, ctx.sql(sql).execution_plan()):
+        if not stage.info.deps:
+            directory.mkdir(parents=True, exist_ok=True)
+            path = directory / f"stage-{stage.stage_id}.plan"
+            path.write_bytes(stage.plan_bytes)
+            return path, stage.info
+    message = f"no leaf stage in the plan of {sql!r}"
+    raise AssertionError(message)
 
 
 def write_envelope(
-    path: pathlib.Path, spec_json: dict[str, Any], plan: pathlib.Path, partition: int
+    path: pathlib.Path,
+    spec_json: dict[str, Any],
+    plan: pathlib.Path,
+    partition: int,
+    stage_id: int = 1,
 ) -> pathlib.Path:
     """A task envelope as the driver writes one."""
     envelope = {
         "spec": spec_json,
         "plan": str(plan),
-        "stage_id": 1,
+        "stage_id": stage_id,
         "partition": partition,
     }
     path.write_text(json.dumps(envelope))
@@ -74,18 +86,26 @@ def workers_mentioning(text: str) -> list[int]:
     return pids
 
 
-def test_worker_runs_one_task_and_reports_last(
+def test_worker_runs_one_map_and_reports_last(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
 ) -> None:
     spec = make_spec()
-    plan = encode_stage(spec, REVENUE_SQL, tmp_path / "scratch")
-    envelope = write_envelope(tmp_path / "task.json", spec.to_json(), plan, 3)
+    plan, info = encode_stage(spec, REVENUE_SQL, tmp_path / "scratch")
+    envelope = write_envelope(
+        tmp_path / "task.json", spec.to_json(), plan, 3, info.stage_id
+    )
     done = run_worker(envelope)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report == {"stage_id": 1, "partition": 3, "rows": 2}
-    published = pathlib.Path(_internal.partition_path(spec.shuffle_dir, 1, 3))
-    assert published.is_file()
+    # The leaf stage is the partial aggregate of one file: two flags.
+    assert report == {"stage_id": info.stage_id, "partition": 3, "rows": 2}
+    marker = read_marker(spec.shuffle_dir, info.stage_id, 3)
+    assert sum(bucket["rows"] for bucket in marker["buckets"]) == 2
+    # Only this map published.
+    assert {p.parent.name for p in published_files(spec.shuffle_dir)} <= {
+        f"stage-{info.stage_id}",
+        "map-3",
+    }
 
 
 def test_worker_refuses_an_envelope_that_is_not_a_json_object(
@@ -113,8 +133,8 @@ def test_worker_refuses_other_codec_ids_before_decoding(
     done = run_worker(envelope)
     assert done.returncode == 1
     assert "someone_else.physical.v9" in done.stderr
-    assert "dfx_engine.physical.v1" in done.stderr
-    assert "stage 1 partition 0" in done.stderr
+    assert "dfx_engine.physical.v2" in done.stderr
+    assert "stage 1 map 0" in done.stderr
     assert "missing.plan" not in done.stderr.replace(str(envelope), "")
 
 
@@ -123,54 +143,136 @@ def test_worker_refuses_a_stage_for_another_shuffle_dir(
 ) -> None:
     encoded_for = make_spec()
     spec = make_spec()
-    plan = encode_stage(encoded_for, REVENUE_SQL, tmp_path / "scratch")
-    envelope = write_envelope(tmp_path / "task.json", spec.to_json(), plan, 0)
+    plan, info = encode_stage(encoded_for, REVENUE_SQL, tmp_path / "scratch")
+    envelope = write_envelope(
+        tmp_path / "task.json", spec.to_json(), plan, 0, info.stage_id
+    )
     done = run_worker(envelope)
     assert done.returncode == 1
     assert encoded_for.shuffle_dir in done.stderr
     assert spec.shuffle_dir in done.stderr
     assert "refusing to write outside" in done.stderr
     for directory in (encoded_for.shuffle_dir, spec.shuffle_dir):
-        assert not list(pathlib.Path(directory).glob(_internal.partition_glob()))
+        assert published_files(directory) == set()
 
 
-def test_out_of_range_partition_is_named_with_stderr(
+def test_worker_refuses_a_stage_under_another_id(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
 ) -> None:
     spec = make_spec()
-    plan = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
-    good = write_envelope(tmp_path / "good.json", spec.to_json(), plan, 0)
-    bad = write_envelope(tmp_path / "bad.json", spec.to_json(), plan, 99)
-    with pytest.raises(RuntimeError) as info:
-        _run_workers({(1, 0): good, (1, 99): bad})
-    message = str(info.value)
+    plan, info = encode_stage(spec, REVENUE_SQL, tmp_path / "scratch")
+    other = info.stage_id + 7
+    envelope = write_envelope(tmp_path / "task.json", spec.to_json(), plan, 0, other)
+    done = run_worker(envelope)
+    assert done.returncode == 1
+    assert f"holds stage {info.stage_id}, not stage {other}" in done.stderr
+    assert published_files(spec.shuffle_dir) == set()
+
+
+def test_worker_refuses_a_plan_that_is_not_a_stage(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    spec = make_spec()
+    local_ctx, _engine = build_session(make_spec(shuffle=False))
+    plan = tmp_path / "not-a-stage.plan"
+    plan.write_bytes(local_ctx.sql(SQL_ONLY).execution_plan().to_bytes(local_ctx))
+    envelope = write_envelope(tmp_path / "task.json", spec.to_json(), plan, 0)
+    done = run_worker(envelope)
+    assert done.returncode == 1
+    assert "stage 1 map 0" in done.stderr
+    assert "encoded stage" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_out_of_range_map_is_named_with_stderr(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    spec = make_spec()
+    plan, info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
+    s = info.stage_id
+    good = write_envelope(tmp_path / "good.json", spec.to_json(), plan, 0, s)
+    bad = write_envelope(tmp_path / "bad.json", spec.to_json(), plan, 99, s)
+    with pytest.raises(RuntimeError) as raised:
+        _run_workers({(s, 0): good, (s, 99): bad})
+    message = str(raised.value)
     assert "1 of 2 dfx tasks failed" in message
-    assert "stage 1 partition 99" in message
-    assert "partition 99 does not exist" in message  # the worker's stderr
+    assert f"stage {s} map 99" in message
+    assert f"the stage has {info.maps} maps, so map 99 does not exist" in message
     assert workers_mentioning(str(tmp_path)) == []
 
 
 def test_a_worker_that_cannot_start_fails_its_task_by_name(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
 ) -> None:
-    spec = make_spec()
+    spec = make_spec(split="aggregate")
     missing = tmp_path / "no-such-worker"
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(RuntimeError) as raised:
         run_distributed(SQL_ONLY, spec, worker_command=[str(missing)])
-    message = str(info.value)
-    # Every task is reported, each naming its stage, its partition and the
+    message = str(raised.value)
+    # Every task is reported, each naming its stage, its map and the
     # program, rather than one bare FileNotFoundError for the first.
     assert "4 of 4 dfx tasks failed" in message
-    for partition in range(4):
-        assert f"stage 1 partition {partition}: could not start worker" in message
+    for map_index in range(4):
+        assert f"stage 1 map {map_index}: could not start worker" in message
     assert str(missing) in message
+
+
+def test_a_failed_wave_stops_the_query(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    spec = make_spec()
+    ctx, _engine = build_session(make_spec())
+    stages = plan_stages(ctx, ctx.sql(REVENUE_SQL).execution_plan())
+    first_wave = waves_of([stage.info for stage in stages])[0]
+    first_tasks = sum(s.info.maps for s in stages if s.stage_id in first_wave)
+    assert len(first_wave) < len(stages)
+    with pytest.raises(RuntimeError) as raised:
+        run_distributed(REVENUE_SQL, spec, worker_command=[str(tmp_path / "nope")])
+    message = str(raised.value)
+    assert f"{first_tasks} of {first_tasks} dfx tasks failed" in message
+    # Only the first wave was tried: no stage that reads it was dispatched.
+    later = [s.stage_id for s in stages if s.stage_id not in first_wave]
+    for stage_id in later:
+        assert f"stage {stage_id} map" not in message
+
+
+WORKER_COUNTING_PEERS = """
+import json, os, pathlib, sys, time
+envelope = json.loads(pathlib.Path(sys.argv[1]).read_text())
+running = pathlib.Path(sys.argv[1]).parent / "running"
+me = running / str(os.getpid())
+me.touch()
+peak = len(list(running.iterdir()))
+time.sleep(0.3)
+peak = max(peak, len(list(running.iterdir())))
+me.unlink()
+print(json.dumps({"stage_id": envelope["stage_id"], "partition": envelope["partition"],
+                  "rows": peak}))
+"""
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+def test_no_more_than_max_workers_run_at_once(
+    tmp_path: pathlib.Path, bound: int
+) -> None:
+    (tmp_path / "running").mkdir()
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER_COUNTING_PEERS)
+    envelopes = {}
+    for map_index in range(5):
+        path = tmp_path / f"task-1-{map_index}.json"
+        path.write_text(json.dumps({"stage_id": 1, "partition": map_index}))
+        envelopes[(1, map_index)] = path
+    rows = _run_workers(envelopes, [sys.executable, str(script)], max_workers=bound)
+    assert sorted(rows) == sorted(envelopes)
+    assert max(rows.values()) == bound
 
 
 def test_killed_worker_is_reported_and_none_survive(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
 ) -> None:
-    spec = make_spec()
-    plan = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
+    spec = make_spec(split="aggregate")
+    plan, _info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
     good = write_envelope(tmp_path / "good.json", spec.to_json(), plan, 1)
     # A worker opening a FIFO with no writer blocks until killed.
     stuck = tmp_path / "stuck.json"
@@ -186,13 +288,13 @@ def test_killed_worker_is_reported_and_none_survive(
 
     killer = threading.Thread(target=kill_the_stuck_worker, daemon=True)
     killer.start()
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(RuntimeError) as raised:
         _run_workers({(1, 0): stuck, (1, 1): good})
     killer.join(timeout=60)
-    message = str(info.value)
-    assert "stage 1 partition 0" in message
+    message = str(raised.value)
+    assert "stage 1 map 0" in message
     assert f"status -{signal.SIGKILL.value}" in message
-    assert "partition 1" not in message
+    assert "map 1" not in message
     assert workers_mentioning(str(tmp_path)) == []
 
 
