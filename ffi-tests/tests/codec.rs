@@ -12,11 +12,11 @@ use datafusion_proto::physical_plan::{
     DefaultPhysicalExtensionCodec, DefaultPhysicalProtoConverter,
 };
 use dfx_ffi_tests::fixtures::{
-    AGGREGATE_ANSWER, AGGREGATE_SQL, JOIN_SQL, UNION_ANSWER, UNION_SQL, distributed_lineitem,
+    AGGREGATE_ANSWER, AGGREGATE_SQL, JOIN_ANSWER, JOIN_SQL, SCAN_SQL, distributed_lineitem,
 };
 use dfx_ffi_tests::locate::plugin;
 use dfx_ffi_tests::plans::{
-    find_readers, plan_display, read_marker, run_in_child, run_to_table, stages, waves,
+    find_readers, find_stages, plan_display, read_marker, run_in_child, run_to_table, stages, waves,
 };
 use dfx_ffi_tests::session::TestSession;
 
@@ -31,12 +31,12 @@ async fn planned(root: &Path, sql: &str) -> (TestSession, Arc<dyn ExecutionPlan>
     (session, plan)
 }
 
-/// The descriptions of every writer in `plan`, in pre-order.
+/// The descriptions of every writer in `plan` (a whole plan or one stage's
+/// subtree), in pre-order.
 fn infos(plan: &Arc<dyn ExecutionPlan>) -> Vec<dfx_abi::DfxStageInfo> {
-    stages(plugin(), plan)
-        .unwrap()
-        .into_iter()
-        .map(|stage| stage.info)
+    find_stages(plan, plugin().stage_node_name())
+        .iter()
+        .map(|writer| plugin().stage_info(writer).unwrap())
         .collect()
 }
 
@@ -48,7 +48,14 @@ fn the_codec_id_is_listed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nested_stages_round_trip_through_the_host_chain() {
     let dir = tempfile::tempdir().unwrap();
-    let (session, plan) = planned(dir.path(), UNION_SQL).await;
+    for sql in [AGGREGATE_SQL, JOIN_SQL] {
+        round_trip(dir.path(), sql).await;
+    }
+}
+
+/// Every stage of `sql`, and its whole plan, through the host's chain.
+async fn round_trip(root: &Path, sql: &str) {
+    let (session, plan) = planned(root, sql).await;
     let all = stages(plugin(), &plan).unwrap();
     assert!(
         all.iter().any(|stage| !stage.info.deps.is_empty()),
@@ -74,7 +81,7 @@ async fn nested_stages_round_trip_through_the_host_chain() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stage_info_and_encoded_stage_info_agree() {
     let dir = tempfile::tempdir().unwrap();
-    for sql in [AGGREGATE_SQL, UNION_SQL, JOIN_SQL] {
+    for sql in [AGGREGATE_SQL, JOIN_SQL, SCAN_SQL] {
         let (session, plan) = planned(dir.path(), sql).await;
         for stage in stages(plugin(), &plan).unwrap() {
             let bytes = session.encode(Arc::clone(&stage.writer)).unwrap();
@@ -114,7 +121,7 @@ async fn stage_info_and_encoded_stage_info_agree() {
 async fn stages_decode_and_execute_in_another_process() {
     let dir = tempfile::tempdir().unwrap();
     let shuffle = dir.path().join("shuffle");
-    for (sql, answer) in [(AGGREGATE_SQL, AGGREGATE_ANSWER), (UNION_SQL, UNION_ANSWER)] {
+    for (sql, answer) in [(AGGREGATE_SQL, AGGREGATE_ANSWER), (JOIN_SQL, JOIN_ANSWER)] {
         let (session, plan) = planned(dir.path(), sql).await;
         let all = stages(plugin(), &plan).unwrap();
         // Wave by wave, as a driver: every stage a stage reads first.
@@ -238,9 +245,11 @@ async fn the_plugin_codec_decodes_its_own_payloads() {
     let decoded = probe.decode(reader, &probe.payload(reader)).unwrap();
     assert_eq!(decoded.name(), reader.name());
     assert_eq!(decoded.schema(), reader.schema());
+    // Compared as text: hash expressions that crossed FFI never compare
+    // equal (DataFusion's `UnKnownColumn` equals nothing, itself included).
     assert_eq!(
-        decoded.properties().output_partitioning(),
-        reader.properties().output_partitioning()
+        format!("{:?}", decoded.properties().output_partitioning()),
+        format!("{:?}", reader.properties().output_partitioning())
     );
 }
 

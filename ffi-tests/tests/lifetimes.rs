@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use dfx_abi::Plugin;
 use dfx_ffi_tests::fixtures::{
-    AGGREGATE_ANSWER, AGGREGATE_SQL, UNION_ANSWER, UNION_SQL, write_lineitem,
+    AGGREGATE_ANSWER, AGGREGATE_SQL, JOIN_ANSWER, JOIN_SQL, write_lineitem,
 };
 use dfx_ffi_tests::locate::load_copy;
 use dfx_ffi_tests::plans::{find_stages, run_stages, run_to_table};
@@ -74,8 +74,8 @@ fn dropping_sessions_plans_and_streams_releases_every_plugin_object() {
     runtime.block_on(exercise(
         &plugin,
         &dir.path().join("q2"),
-        UNION_SQL,
-        UNION_ANSWER,
+        JOIN_SQL,
+        JOIN_ANSWER,
     ));
     // Dropping the runtime waits for its tasks, so nothing is still in flight.
     drop(runtime);
@@ -139,8 +139,8 @@ fn two_copies_of_the_plugin_file_are_two_independent_libraries() {
     runtime.block_on(exercise(
         &second,
         &dir.path().join("q2"),
-        UNION_SQL,
-        UNION_ANSWER,
+        JOIN_SQL,
+        JOIN_ANSWER,
     ));
     assert_eq!(
         first.counters().planner_calls,

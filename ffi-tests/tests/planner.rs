@@ -144,6 +144,9 @@ async fn one_aggregate_is_a_hash_stage_read_by_a_pass_through_stage() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_union_all_of_aggregates_nests_two_stages_numbered_in_pre_order() {
+    // DataFusion plans this union as an `InterleaveExec` over two
+    // hash-partitioned aggregates, each reading its own hash stage: a host
+    // rebuilds that interleave over foreign readers when it decodes the plan.
     check_numbering(UNION_SQL, SPLIT_EXCHANGE, 3, UNION_ANSWER).await;
 }
 
@@ -176,7 +179,7 @@ async fn the_planner_counts_its_calls_on_the_plugin_side() {
     let dir = tempfile::tempdir().unwrap();
     let session = session(dir.path(), SPLIT_EXCHANGE).await;
     let before = plugin().counters();
-    let plan = session.plan(UNION_SQL).await.unwrap();
+    let plan = session.plan(JOIN_SQL).await.unwrap();
     let after = plugin().counters();
     let found = stages(plugin(), &plan).unwrap().len() as u64;
     // Other tests in this process plan at the same time: at least ours.

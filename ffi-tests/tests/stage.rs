@@ -13,7 +13,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion_ffi::execution_plan::ForeignExecutionPlan;
 use dfx_abi::DfxStageInfo;
 use dfx_ffi_tests::fixtures::{
-    AGGREGATE_ANSWER, AGGREGATE_SQL, JOIN_ANSWER, JOIN_SQL, UNION_SQL, distributed_lineitem,
+    AGGREGATE_ANSWER, AGGREGATE_SQL, JOIN_ANSWER, JOIN_SQL, SCAN_SQL, distributed_lineitem,
 };
 use dfx_ffi_tests::locate::plugin;
 use dfx_ffi_tests::plans::{
@@ -160,7 +160,7 @@ async fn the_foreign_writer_and_reader_report_their_schema_and_partitioning() {
     let session = TestSession::new(plugin(), &distributed_lineitem(dir.path()))
         .await
         .unwrap();
-    for sql in [AGGREGATE_SQL, UNION_SQL, JOIN_SQL] {
+    for sql in [AGGREGATE_SQL, JOIN_SQL, SCAN_SQL] {
         let plan = session.plan(sql).await.unwrap();
         let display = plan_display(&plan);
         for stage in stages(plugin(), &plan).unwrap() {
