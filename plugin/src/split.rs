@@ -18,7 +18,9 @@
 //! | the root | its own pass-through stage when it has more than one partition or reads a table, so the driver only merges |
 //!
 //! `aggregate` mode is round 1's rule: every topmost partial aggregate is a
-//! stage, read back pass-through; a plan with none is one stage.
+//! stage, read back pass-through; a plan with none is one stage. Joins that
+//! need every probe partition gather them inside their stage (no cut), so
+//! this mode gives right answers too, at round 1's cost.
 //!
 //! Stages are numbered in pre-order once every cut is made (see
 //! [`renumber`]), so the n-th writer in pre-order has id `FIRST_STAGE_ID + n`.
@@ -31,9 +33,11 @@ use datafusion::physical_expr::Partitioning;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{
     CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode,
 };
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
@@ -57,6 +61,7 @@ pub fn insert_stages(
 ) -> Result<(Arc<dyn ExecutionPlan>, u64)> {
     let cutter = Cutter {
         shuffle_dir: shuffle_dir.to_path_buf(),
+        mode,
     };
     let plan = match mode {
         SplitMode::Exchange => {
@@ -69,6 +74,7 @@ pub fn insert_stages(
         }
         SplitMode::Aggregate => {
             let mut found = false;
+            let plan = cutter.cut(plan)?;
             let plan = cutter.wrap_topmost_partials(plan, &mut found)?;
             if found {
                 plan
@@ -84,6 +90,7 @@ pub fn insert_stages(
 
 struct Cutter {
     shuffle_dir: PathBuf,
+    mode: SplitMode,
 }
 
 impl Cutter {
@@ -120,12 +127,31 @@ impl Cutter {
     fn broadcast(&self, input: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
         // A coalesce over a pass-through read is what the rule below a merge
         // made of a multi-partition build side: read its stage whole instead.
+        // Row-by-row operators above that coalesce (a projection, a filter)
+        // run on the whole build side in each consumer task just as well.
         if let Some(coalesce) = input.downcast_ref::<CoalescePartitionsExec>()
             && coalesce.fetch().is_none()
             && let Some(reader) = coalesce.input().downcast_ref::<ShuffleReaderExec>()
             && reader.mode() == ReadMode::PassThrough
         {
             return self.read(ReadMode::Broadcast, Arc::clone(reader.writer()));
+        }
+        if is_row_by_row(&input) {
+            let child = Arc::clone(input.children()[0]);
+            let read = self.broadcast(Arc::clone(&child))?;
+            if read.is::<ShuffleReaderExec>() && !child.is::<ShuffleReaderExec>() {
+                let reader = read.downcast_ref::<ShuffleReaderExec>().expect("checked");
+                // Only when the child became a read of an existing stage, not
+                // a new stage of its own (then the whole chain is the stage).
+                if !reader
+                    .writer()
+                    .children()
+                    .first()
+                    .is_some_and(|w| Arc::ptr_eq(w, &child))
+                {
+                    return replace_children_if_necessary(input, vec![read]);
+                }
+            }
         }
         if input.is::<ShuffleReaderExec>() {
             return Ok(input);
@@ -151,6 +177,9 @@ impl Cutter {
     }
 
     fn cut_node(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        if self.mode == SplitMode::Aggregate {
+            return self.gather_in_process(plan);
+        }
         if let Some(repartition) = plan.downcast_ref::<RepartitionExec>() {
             return self.cut_repartition(repartition, &plan);
         }
@@ -180,6 +209,25 @@ impl Cutter {
             return self.broadcast_build(&plan);
         }
         Ok(plan)
+    }
+
+    /// `aggregate` mode cuts only at partial aggregates, so a join that needs
+    /// every probe partition gathers them inside its stage instead: each task
+    /// computes the whole join (round 1's cost), but no row is lost.
+    fn gather_in_process(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        let gathers = if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
+            let collected = *join.partition_mode() == PartitionMode::CollectLeft;
+            join.null_aware || (collected && emits_unmatched_build_rows(join.join_type()))
+        } else if let Some(join) = plan.downcast_ref::<NestedLoopJoinExec>() {
+            emits_unmatched_build_rows(join.join_type())
+        } else {
+            false
+        };
+        if gathers {
+            self.gather_join(&plan, false)
+        } else {
+            Ok(plan)
+        }
     }
 
     fn cut_repartition(
@@ -246,7 +294,7 @@ impl Cutter {
         let [left, right] = children.as_slice() else {
             return Ok(Arc::clone(plan));
         };
-        let left = if collected {
+        let left = if collected && self.mode == SplitMode::Exchange {
             self.broadcast_input(left)?
         } else {
             self.gather(left)?
@@ -255,8 +303,16 @@ impl Cutter {
         let gathered = replace_children_if_necessary(Arc::clone(plan), vec![left, right])?;
         match plan.output_partitioning() {
             Partitioning::Hash(exprs, n) if *n > 1 => {
-                let writer = self.writer(gathered, Partitioning::Hash(exprs.clone(), *n))?;
-                let reader = self.read(ReadMode::Hash, writer)?;
+                let partitioning = Partitioning::Hash(exprs.clone(), *n);
+                let reader: Arc<dyn ExecutionPlan> = match self.mode {
+                    SplitMode::Exchange => {
+                        let writer = self.writer(gathered, partitioning)?;
+                        self.read(ReadMode::Hash, writer)?
+                    }
+                    SplitMode::Aggregate => {
+                        Arc::new(RepartitionExec::try_new(gathered, partitioning)?)
+                    }
+                };
                 match plan.output_ordering() {
                     Some(ordering) => Ok(Arc::new(
                         SortExec::new(ordering.clone(), reader).with_preserve_partitioning(true),
@@ -264,6 +320,8 @@ impl Cutter {
                     None => Ok(reader),
                 }
             }
+            // A single-task stage of its own, so the driver does not run it.
+            _ if self.mode == SplitMode::Exchange => self.pass_through(gathered),
             _ => Ok(gathered),
         }
     }
@@ -290,7 +348,10 @@ impl Cutter {
             )),
             None => Arc::new(CoalescePartitionsExec::new(Arc::clone(input))),
         };
-        self.cut_node(merged)
+        match self.mode {
+            SplitMode::Exchange => self.cut_node(merged),
+            SplitMode::Aggregate => Ok(merged),
+        }
     }
 
     /// The head (what the driver runs) should only merge what stages
@@ -337,6 +398,12 @@ fn emits_unmatched_build_rows(join_type: &JoinType) -> bool {
             | JoinType::LeftAnti
             | JoinType::LeftMark
     )
+}
+
+/// A node that maps each input row (or batch) to output on its own, so it
+/// can run above any split or merge of its input.
+fn is_row_by_row(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.children().len() == 1 && (plan.is::<ProjectionExec>() || plan.is::<FilterExec>())
 }
 
 /// A node without children reachable from `plan` without crossing a reader.

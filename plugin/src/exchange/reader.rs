@@ -25,7 +25,7 @@ use std::task::{Context, Poll};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::ipc::reader::StreamReader;
-use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
@@ -397,9 +397,15 @@ impl BucketStream {
                     open.rows_read += batch.num_rows() as u64;
                     // Same fields as the stage's (checked at open): relabel
                     // with the stage's schema to keep its metadata.
-                    let relabelled =
-                        RecordBatch::try_new(Arc::clone(&self.schema), batch.columns().to_vec())
-                            .map_err(|e| piece_error(self.stage_id, &open.piece, format!("{e}")));
+                    // The row count travels explicitly: a batch may have no
+                    // column at all (`count(*)` above a join).
+                    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+                    let relabelled = RecordBatch::try_new_with_options(
+                        Arc::clone(&self.schema),
+                        batch.columns().to_vec(),
+                        &options,
+                    )
+                    .map_err(|e| piece_error(self.stage_id, &open.piece, format!("{e}")));
                     return Some(relabelled);
                 }
                 Some(Err(e)) => {

@@ -16,7 +16,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use dfx_plugin::functions::{aggregate_udfs, scalar_udfs};
-use dfx_plugin::{DfxConfig, DfxQueryPlanner, SHUFFLE_DIR_KEY, ShuffleStageExec};
+use dfx_plugin::{DfxConfig, DfxQueryPlanner, SHUFFLE_DIR_KEY, SPLIT_KEY, ShuffleWriterExec};
 
 /// `(k Int64, v Float64)`.
 pub fn kv_schema() -> SchemaRef {
@@ -94,9 +94,18 @@ pub fn generated_plan(
     Arc::new(StreamingTableExec::try_new(kv_schema(), streams, None, vec![], false, None).unwrap())
 }
 
-/// A stage over `input` publishing into `dir`.
-pub fn stage(id: u64, dir: &Path, input: Arc<dyn ExecutionPlan>) -> Arc<ShuffleStageExec> {
-    Arc::new(ShuffleStageExec::new(id, dir.to_path_buf(), input))
+/// A single-bucket writer of stage `id` over `input`, publishing into `dir`.
+pub fn writer(id: u64, dir: &Path, input: Arc<dyn ExecutionPlan>) -> Arc<ShuffleWriterExec> {
+    Arc::new(
+        ShuffleWriterExec::try_new(
+            id,
+            dir.to_path_buf(),
+            input,
+            datafusion::physical_expr::Partitioning::UnknownPartitioning(1),
+            vec![],
+        )
+        .unwrap(),
+    )
 }
 
 /// Every file in `dir`, sorted by name.
@@ -115,8 +124,14 @@ pub fn files_in(dir: &Path) -> Vec<String> {
 /// A session with dfx's planner, config and functions, and table `t(k, g, v)`
 /// in two partitions and table `u` with the same shape.
 pub fn session(shuffle_dir: Option<&Path>) -> Result<SessionContext> {
+    session_with(shuffle_dir, "exchange")
+}
+
+/// [`session`] under the split rule `split` (`exchange` or `aggregate`).
+pub fn session_with(shuffle_dir: Option<&Path>, split: &str) -> Result<SessionContext> {
     let mut config = SessionConfig::new().with_target_partitions(2);
     config.options_mut().extensions.insert(DfxConfig::default());
+    config.options_mut().set(SPLIT_KEY, split)?;
     if let Some(dir) = shuffle_dir {
         config
             .options_mut()
@@ -165,20 +180,69 @@ pub fn session(shuffle_dir: Option<&Path>) -> Result<SessionContext> {
     Ok(ctx)
 }
 
-/// Stage nodes of `plan` in pre-order, not descending into a stage.
+/// Writers of `plan` in pre-order, descending into each.
 pub fn stages(plan: &Arc<dyn ExecutionPlan>) -> Vec<Arc<dyn ExecutionPlan>> {
-    if plan.downcast_ref::<ShuffleStageExec>().is_some() {
-        return vec![Arc::clone(plan)];
+    let mut found = Vec::new();
+    if plan.downcast_ref::<ShuffleWriterExec>().is_some() {
+        found.push(Arc::clone(plan));
     }
-    plan.children().into_iter().flat_map(stages).collect()
+    for child in plan.children() {
+        found.extend(stages(child));
+    }
+    found
 }
 
 /// Ids of the stages of `plan`, in pre-order.
 pub fn stage_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<u64> {
     stages(plan)
         .iter()
-        .map(|s| s.downcast_ref::<ShuffleStageExec>().unwrap().stage_id())
+        .map(|s| s.downcast_ref::<ShuffleWriterExec>().unwrap().stage_id())
         .collect()
+}
+
+/// Run every map task of every stage of `plan` in this process, deepest
+/// stages first (reverse pre-order: a stage's deps always come after it in
+/// pre-order); returns the rows each stage published.
+///
+/// Each map runs on its own copy of the stage, decoded from the bytes a
+/// driver would ship, as in a worker: operators share state between the
+/// partitions of one instance (a join's collected build side and its count of
+/// probe partitions still running), which would hide what running apart
+/// breaks.
+pub async fn run_stages(
+    ctx: &SessionContext,
+    plan: &Arc<dyn ExecutionPlan>,
+) -> Result<Vec<(u64, u64)>> {
+    use datafusion::arrow::array::UInt64Array;
+    use datafusion::physical_plan::ExecutionPlanProperties;
+    use futures::StreamExt;
+    let mut published = Vec::new();
+    for stage in stages(plan).into_iter().rev() {
+        let writer = stage.downcast_ref::<ShuffleWriterExec>().unwrap();
+        let mut rows = 0;
+        let bytes = datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec(
+            Arc::clone(&stage),
+            &codec_chain(),
+        )?;
+        for map in 0..stage.output_partitioning().partition_count() {
+            let copy = datafusion_proto::bytes::physical_plan_from_bytes_with_extension_codec(
+                &bytes,
+                &ctx.task_ctx(),
+                &codec_chain(),
+            )?;
+            let mut stream = copy.execute(map, ctx.task_ctx())?;
+            while let Some(batch) = stream.next().await {
+                let batch = batch?;
+                let column = batch
+                    .column_by_name("rows")
+                    .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
+                    .expect("a summary batch with a rows column");
+                rows += column.iter().flatten().sum::<u64>();
+            }
+        }
+        published.push((writer.stage_id(), rows));
+    }
+    Ok(published)
 }
 
 /// A fresh temp dir path (created).
@@ -199,4 +263,15 @@ pub async fn planned(
     let ctx = session(Some(shuffle_dir))?;
     let plan = ctx.sql(sql).await?.create_physical_plan().await?;
     Ok((ctx, plan))
+}
+
+/// The default codec, then dfx's: what a host's chain does.
+pub fn codec_chain() -> datafusion_proto::physical_plan::ComposedPhysicalExtensionCodec {
+    use datafusion_proto::physical_plan::{
+        ComposedPhysicalExtensionCodec, DefaultPhysicalExtensionCodec, PhysicalExtensionCodec,
+    };
+    ComposedPhysicalExtensionCodec::new(vec![
+        Arc::new(DefaultPhysicalExtensionCodec {}) as Arc<dyn PhysicalExtensionCodec>,
+        Arc::new(dfx_plugin::DfxPhysicalCodec::default()),
+    ])
 }
