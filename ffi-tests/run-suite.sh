@@ -8,23 +8,24 @@
 # Every test loads the plugin from disk: target/<profile>/libdfx_plugin.so next
 # to the test executable, or the file named by DFX_PLUGIN (and the test-hooks
 # build from DFX_PLUGIN_TEST_HOOKS). The mixed runs use those variables to hand
-# each host the other profile's plugin.
+# each host the other profile's plugin. Every test file runs even when an
+# earlier one fails (--no-fail-fast), so one run reports every failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 target="$(cd "$(dirname "$target")" && pwd)/$(basename "$target")"
 
 ffi-tests/build-plugins.sh
-cargo test -p dfx-ffi-tests
+cargo test -p dfx-ffi-tests --no-fail-fast
 
 if [[ "${1:-}" == "--mixed" ]]; then
     ffi-tests/build-plugins.sh --release
     echo "=== mixed: debug host, release plugin"
     DFX_PLUGIN="$target/release/libdfx_plugin.so" \
     DFX_PLUGIN_TEST_HOOKS="$target/release/test-hooks/libdfx_plugin.so" \
-        cargo test -p dfx-ffi-tests
+        cargo test -p dfx-ffi-tests --no-fail-fast
     echo "=== mixed: release host, debug plugin"
     DFX_PLUGIN="$target/debug/libdfx_plugin.so" \
     DFX_PLUGIN_TEST_HOOKS="$target/debug/test-hooks/libdfx_plugin.so" \
-        cargo test --release -p dfx-ffi-tests
+        cargo test --release -p dfx-ffi-tests --no-fail-fast
 fi
