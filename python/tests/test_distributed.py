@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import sys
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -118,6 +119,51 @@ def test_waves_run_every_stage_after_the_stages_it_reads(
     # Tasks were dispatched wave by wave.
     dispatched = [position[stage] for stage, _map in result.tasks]
     assert dispatched == sorted(dispatched)
+
+
+LOGGING_WORKER = """
+import json, pathlib, subprocess, sys, time
+log, envelope = pathlib.Path(sys.argv[1]), sys.argv[2]
+task = json.loads(pathlib.Path(envelope).read_text())
+key = f"{task['stage_id']} {task['partition']}"
+with log.open("a") as out:
+    out.write(f"start {key} {time.monotonic()}\\n")
+done = subprocess.run([sys.executable, "-m", "dfx_engine.worker", envelope])
+with log.open("a") as out:
+    out.write(f"end {key} {time.monotonic()}\\n")
+sys.exit(done.returncode)
+"""
+
+
+def test_no_task_starts_before_every_map_it_reads_has_finished(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    # Enough workers at once that only the waves keep a reading stage from
+    # starting early (and then failing, or not, by the race's luck).
+    script = tmp_path / "logging_worker.py"
+    script.write_text(LOGGING_WORKER)
+    log = tmp_path / "tasks.log"
+    spec = make_spec()
+    result = run_distributed(
+        REVENUE_SQL,
+        spec,
+        worker_command=[sys.executable, str(script), str(log)],
+        max_workers=16,
+    )
+    assert_revenue(as_rows(result.batches))
+    started: dict[int, float] = {}
+    ended: dict[int, float] = {}
+    for line in log.read_text().splitlines():
+        event, stage, _map, when = line.split()
+        moment = float(when)
+        if event == "start":
+            started[int(stage)] = min(started.get(int(stage), moment), moment)
+        else:
+            ended[int(stage)] = max(ended.get(int(stage), moment), moment)
+    assert sorted(started) == [info.stage_id for info in result.stages]
+    for info in result.stages:
+        for dep in info.deps:
+            assert ended[dep] < started[info.stage_id], (info, started, ended)
 
 
 def test_the_query_is_planned_once(make_spec: Callable[..., SessionSpec]) -> None:
