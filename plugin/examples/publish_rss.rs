@@ -1,23 +1,26 @@
-//! Peak memory of a worker publishing one large stage partition.
+//! Peak memory of one map task publishing a large input into hash buckets.
 //!
 //! `cargo run --release -p dfx-plugin --example publish_rss -- 100 1000`
-//! streams a 100 MB and a 1000 MB partition (each in a fresh child process,
-//! so each peak is its own) through `ShuffleStageExec` and prints the peak
-//! resident set size beside the size written. Flat memory means the node
-//! streams; a buffering node would grow with the partition.
+//! streams a 100 MB and a 1000 MB input (each in a fresh child process, so
+//! each peak is its own) through one map of a `ShuffleWriterExec` splitting
+//! by hash into 8 buckets, and prints the peak resident set size beside the
+//! bytes written. Flat memory means the writer streams; a buffering writer
+//! would grow with the input.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use datafusion::arrow::array::{Float64Array, Int64Array};
+use datafusion::arrow::array::{Float64Array, Int64Array, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::Partitioning;
+use datafusion::physical_expr::expressions::col;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::prelude::SessionContext;
-use dfx_plugin::ShuffleStageExec;
+use dfx_plugin::ShuffleWriterExec;
 use futures::StreamExt;
 
 const ROWS_PER_BATCH: usize = 65_536;
@@ -71,6 +74,7 @@ async fn publish(megabytes: usize) -> datafusion::common::Result<()> {
         schema: Arc::clone(&schema),
         batches,
     });
+    let key = col("k", &schema)?;
     let input = Arc::new(StreamingTableExec::try_new(
         schema,
         vec![source],
@@ -80,17 +84,30 @@ async fn publish(megabytes: usize) -> datafusion::common::Result<()> {
         None,
     )?);
     let dir = tempfile::tempdir()?;
-    let stage = ShuffleStageExec::new(1, dir.path().to_path_buf(), input);
+    let stage = ShuffleWriterExec::try_new(
+        1,
+        dir.path().to_path_buf(),
+        input,
+        Partitioning::Hash(vec![key], 8),
+        vec![],
+    )?;
     let start = Instant::now();
     let mut stream = stage.execute(0, SessionContext::new().task_ctx())?;
-    let mut rows = 0;
+    let (mut rows, mut bytes) = (0u64, 0u64);
     while let Some(batch) = stream.next().await {
-        rows += batch?.num_rows();
+        let batch = batch?;
+        let sum = |name: &str| {
+            batch
+                .column_by_name(name)
+                .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
+                .map_or(0, |c| c.iter().flatten().sum::<u64>())
+        };
+        rows += sum("rows");
+        bytes += sum("bytes");
     }
-    let file = stage.partition_path(0);
-    let written = std::fs::metadata(&file)?.len() as f64 / (1 << 20) as f64;
+    let written = bytes as f64 / (1 << 20) as f64;
     println!(
-        "{megabytes:>6} MB of batches  {rows:>11} rows  file {written:>8.1} MiB  peak RSS {:>7.1} MiB  {:>6.2} s",
+        "{megabytes:>6} MB of batches  {rows:>11} rows  8 buckets {written:>8.1} MiB (LZ4)  peak RSS {:>7.1} MiB  {:>6.2} s",
         peak_rss_mib(),
         start.elapsed().as_secs_f64()
     );

@@ -34,11 +34,11 @@ fn register_ab(ctx: &SessionContext) -> Result<()> {
                         if (n + seed) % 9 == 0 {
                             None
                         } else {
-                            Some(((n * 7 + seed * 3) % 60) as i32)
+                            Some((n * 7 + seed * 3) % 60)
                         }
                     })
                     .collect();
-                let values: Vec<i32> = (0..25).map(|i| (p * 25 + i) as i32).collect();
+                let values: Vec<i32> = (0..25).map(|i| p * 25 + i).collect();
                 vec![
                     RecordBatch::try_new(
                         Arc::clone(&schema),

@@ -1,5 +1,5 @@
-//! The split rule: where stages go, how they are numbered, and that running
-//! every stage partition then the whole plan gives the in-process answer.
+//! The split rule on plans: where each cut goes in both modes, how stages
+//! are numbered, and that a map task runs alone.
 
 mod common;
 
@@ -8,18 +8,13 @@ use std::sync::Arc;
 use common::*;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 use datafusion::common::Result;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, collect, displayable};
-use datafusion_proto::bytes::{
-    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
-};
-use datafusion_proto::physical_plan::{
-    ComposedPhysicalExtensionCodec, DefaultPhysicalExtensionCodec, PhysicalExtensionCodec,
-};
-use dfx_plugin::{DfxPhysicalCodec, ShuffleStageExec};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, displayable};
+use dfx_plugin::{ShuffleReaderExec, ShuffleWriterExec};
 use futures::StreamExt;
 
-async fn plan(sql: &str, shuffle: Option<&std::path::Path>) -> Result<Arc<dyn ExecutionPlan>> {
-    session(shuffle)?
+async fn plan_with(sql: &str, split: &str) -> Result<Arc<dyn ExecutionPlan>> {
+    let dir = temp_dir();
+    session_with(Some(dir.path()), split)?
         .sql(sql)
         .await?
         .create_physical_plan()
@@ -30,15 +25,85 @@ fn text(plan: &Arc<dyn ExecutionPlan>) -> String {
     displayable(plan.as_ref()).indent(false).to_string()
 }
 
+/// Each line of the plan, trimmed of its indent, for shape checks.
+fn shape(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
+    text(plan)
+        .lines()
+        .map(|l| l.trim().split(':').next().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn readers(plan: &Arc<dyn ExecutionPlan>) -> Vec<String> {
+    text(plan)
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("ShuffleReaderExec: "))
+        .map(str::to_string)
+        .collect()
+}
+
 #[tokio::test]
-async fn one_aggregate_is_one_stage_over_the_partial_aggregate() -> Result<()> {
-    let dir = temp_dir();
-    let plan = plan("SELECT g, sum(v) FROM t GROUP BY g", Some(dir.path())).await?;
-    assert_eq!(stage_ids(&plan), vec![1], "{}", text(&plan));
-    let stage = &stages(&plan)[0];
-    let child = stage.children()[0];
+async fn exchange_cuts_a_grouped_aggregate_at_its_repartition() -> Result<()> {
+    let plan = plan_with("SELECT g, sum(v) FROM t GROUP BY g", "exchange").await?;
+    // head: pass-through of the final aggregate's partitions; below it the
+    // hash exchange between partial and final aggregate.
+    assert_eq!(
+        shape(&plan)[..5],
+        [
+            "ShuffleReaderExec",
+            "ShuffleWriterExec",
+            "AggregateExec",
+            "ShuffleReaderExec",
+            "ShuffleWriterExec",
+        ],
+        "{}",
+        text(&plan)
+    );
+    assert_eq!(stage_ids(&plan), vec![1, 2]);
+    let writers = stages(&plan);
+    let top = writers[0].downcast_ref::<ShuffleWriterExec>().unwrap();
+    let bottom = writers[1].downcast_ref::<ShuffleWriterExec>().unwrap();
+    assert_eq!(top.deps(), &[2]);
+    assert!(bottom.deps().is_empty());
     assert!(
-        text(child).starts_with("AggregateExec: mode=Partial"),
+        bottom.partitioning_display().starts_with("hash("),
+        "{}",
+        text(&plan)
+    );
+    assert_eq!(bottom.buckets(), 2);
+    assert!(readers(&plan)[1].contains("mode=hash"), "{}", text(&plan));
+    Ok(())
+}
+
+#[tokio::test]
+async fn aggregate_mode_keeps_round_one_stages() -> Result<()> {
+    let plan = plan_with("SELECT g, sum(v) FROM t GROUP BY g", "aggregate").await?;
+    assert_eq!(stage_ids(&plan), vec![1], "{}", text(&plan));
+    let writer = stages(&plan)[0].clone();
+    assert!(
+        text(writer.children()[0]).starts_with("AggregateExec: mode=Partial"),
+        "{}",
+        text(&plan)
+    );
+    let plan = plan_with("SELECT k, v FROM t WHERE v > 1", "aggregate").await?;
+    assert!(plan.is::<ShuffleReaderExec>(), "{}", text(&plan));
+    assert_eq!(stage_ids(&plan), vec![1]);
+    let plan = plan_with(
+        "SELECT g, sum(v) FROM t GROUP BY g UNION ALL SELECT g, count(*) FROM u GROUP BY g",
+        "aggregate",
+    )
+    .await?;
+    assert_eq!(stage_ids(&plan), vec![1, 2], "{}", text(&plan));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_merge_reads_its_input_pass_through_and_runs_in_the_head() -> Result<()> {
+    let plan = plan_with("SELECT k, v FROM t ORDER BY v LIMIT 3", "exchange").await?;
+    let lines = shape(&plan);
+    assert_eq!(lines[0], "SortPreservingMergeExec", "{}", text(&plan));
+    assert_eq!(lines[1], "ShuffleReaderExec", "{}", text(&plan));
+    assert!(
+        readers(&plan)[0].contains("mode=pass-through"),
         "{}",
         text(&plan)
     );
@@ -46,168 +111,101 @@ async fn one_aggregate_is_one_stage_over_the_partial_aggregate() -> Result<()> {
 }
 
 #[tokio::test]
-async fn no_aggregate_wraps_the_whole_plan() -> Result<()> {
-    let dir = temp_dir();
-    let plan = plan("SELECT k, v FROM t WHERE v > 1", Some(dir.path())).await?;
-    assert!(
-        plan.downcast_ref::<ShuffleStageExec>().is_some(),
-        "{}",
-        text(&plan)
-    );
+async fn a_plan_without_exchange_is_one_pass_through_stage() -> Result<()> {
+    let plan = plan_with("SELECT k, v FROM t WHERE v > 1", "exchange").await?;
+    assert!(plan.is::<ShuffleReaderExec>(), "{}", text(&plan));
     assert_eq!(stage_ids(&plan), vec![1]);
     Ok(())
 }
 
 #[tokio::test]
-async fn union_of_two_aggregates_is_stages_one_and_two() -> Result<()> {
-    let dir = temp_dir();
-    let sql = "SELECT g, sum(v) FROM t GROUP BY g UNION ALL SELECT g, count(*) FROM u GROUP BY g";
-    let plan = plan(sql, Some(dir.path())).await?;
-    assert_eq!(stage_ids(&plan), vec![1, 2], "{}", text(&plan));
-    Ok(())
-}
-
-#[tokio::test]
-async fn join_of_two_aggregates_is_two_stages() -> Result<()> {
-    let dir = temp_dir();
-    let sql = "SELECT a.g, a.s, b.c FROM (SELECT g, sum(v) AS s FROM t GROUP BY g) a \
-               JOIN (SELECT g, count(*) AS c FROM u GROUP BY g) b ON a.g = b.g";
-    let plan = plan(sql, Some(dir.path())).await?;
-    assert_eq!(stage_ids(&plan), vec![1, 2], "{}", text(&plan));
-    Ok(())
-}
-
-#[tokio::test]
-async fn no_shuffle_dir_no_stage() -> Result<()> {
-    let plan = plan("SELECT g, sum(v) FROM t GROUP BY g", None).await?;
-    assert!(stage_ids(&plan).is_empty(), "{}", text(&plan));
-    Ok(())
-}
-
-#[tokio::test]
-async fn numbering_starts_afresh_on_every_call() -> Result<()> {
+async fn a_collected_inner_join_broadcasts_its_build_side() -> Result<()> {
     let dir = temp_dir();
     let ctx = session(Some(dir.path()))?;
-    let sql = "SELECT g, sum(v) FROM t GROUP BY g UNION ALL SELECT g, sum(v) FROM u GROUP BY g";
-    for _ in 0..3 {
-        let plan = ctx.sql(sql).await?.create_physical_plan().await?;
-        assert_eq!(stage_ids(&plan), vec![1, 2]);
-    }
-    Ok(())
-}
-
-/// Run every stage partition as a worker would (its own plan, encoded and
-/// decoded through the codec chain, one partition executed), then the whole
-/// plan as the driver does, and compare with the in-process answer.
-async fn distributed_equals_local(sql: &str) -> Result<()> {
-    distributed_equals_local_with(sql, &[]).await
-}
-
-/// [`distributed_equals_local`] with `settings` (SQL `SET` statements) run on
-/// every session: driver, workers and the local one.
-async fn distributed_equals_local_with(sql: &str, settings: &[&str]) -> Result<()> {
-    let configured = |shuffle: Option<&std::path::Path>| {
-        let shuffle = shuffle.map(|p| p.to_path_buf());
-        async move {
-            let ctx = session(shuffle.as_deref())?;
-            for setting in settings {
-                ctx.sql(setting).await?;
-            }
-            Ok::<_, datafusion::common::DataFusionError>(ctx)
-        }
-    };
-    let dir = temp_dir();
-    let ctx = configured(Some(dir.path())).await?;
+    // A non-equi inner join: the nested-loop join collects its left side.
+    let sql = "SELECT t.k, u.v FROM t JOIN u ON t.k > u.k";
     let plan = ctx.sql(sql).await?.create_physical_plan().await?;
-    let chain = ComposedPhysicalExtensionCodec::new(vec![
-        Arc::new(DefaultPhysicalExtensionCodec {}) as Arc<dyn PhysicalExtensionCodec>,
-        Arc::new(DfxPhysicalCodec::default()),
-    ]);
-    let mut tasks = 0;
-    for (index, stage) in stages(&plan).into_iter().enumerate() {
-        for p in 0..stage.output_partitioning().partition_count() {
-            // A fresh decode per task: nothing is shared between tasks but files.
-            let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&stage), &chain)?;
-            let worker_ctx = configured(Some(dir.path())).await?;
-            let decoded = physical_plan_from_bytes_with_extension_codec(
-                &bytes,
-                &worker_ctx.task_ctx(),
-                &chain,
-            )?;
-            assert_eq!(stage_ids(&decoded), vec![index as u64 + 1]);
-            let mut stream = decoded.execute(p, worker_ctx.task_ctx())?;
-            while let Some(batch) = stream.next().await {
-                batch?;
-            }
-            tasks += 1;
-        }
-    }
-    let published = files_in(dir.path());
-    assert_eq!(published.len(), tasks, "one file per task: {published:?}");
-    let replanned = ctx.sql(sql).await?.create_physical_plan().await?;
-    let distributed = collect(replanned, ctx.task_ctx()).await?;
-    let local = configured(None).await?.sql(sql).await?.collect().await?;
-    assert_eq!(
-        pretty_format_batches(&distributed)?.to_string(),
-        pretty_format_batches(&local)?.to_string(),
-        "{sql}"
+    assert!(
+        readers(&plan).iter().any(|r| r.contains("mode=broadcast")),
+        "{}",
+        text(&plan)
     );
     Ok(())
 }
 
 #[tokio::test]
-async fn stages_run_separately_give_the_local_answer() -> Result<()> {
-    distributed_equals_local("SELECT g, sum(v), count(*) FROM t GROUP BY g ORDER BY g").await?;
-    distributed_equals_local("SELECT k, v FROM t WHERE k > 1 ORDER BY k").await?;
-    distributed_equals_local(
-        "SELECT g, dfx_weighted_avg(v, k) AS w, sum(dfx_net_revenue(v, 0.1, 0.05)) AS r \
-         FROM t GROUP BY g ORDER BY g",
-    )
-    .await?;
-    distributed_equals_local(
-        "SELECT * FROM (SELECT g, sum(v) FROM t GROUP BY g UNION ALL \
-         SELECT g, count(*) FROM u GROUP BY g) ORDER BY 1, 2",
-    )
-    .await
+async fn joins_that_emit_unmatched_build_rows_run_in_one_task() -> Result<()> {
+    for sql in [
+        "SELECT count(*) FROM t WHERE v NOT IN (SELECT v FROM u WHERE k > 1)",
+        "SELECT count(*) FROM t FULL JOIN u ON t.k > u.k + 1",
+        "SELECT t.v, u.v FROM t LEFT JOIN u ON t.k > u.k",
+    ] {
+        let plan = plan_with(sql, "exchange").await?;
+        let join_stage = stages(&plan)
+            .into_iter()
+            .find(|w| {
+                let input = text(w.children()[0]);
+                input.contains("NestedLoopJoinExec") || input.contains("null_aware")
+            })
+            .unwrap_or_else(|| panic!("no stage holds the join of {sql}:\n{}", text(&plan)));
+        let writer = join_stage.downcast_ref::<ShuffleWriterExec>().unwrap();
+        // The join's own stage: one map, reading every probe partition.
+        let join_line = text(writer.input())
+            .lines()
+            .position(|l| l.contains("JoinExec"))
+            .unwrap();
+        assert!(
+            join_line <= 2,
+            "{sql}: the join is not the stage's root\n{}",
+            text(&plan)
+        );
+        assert_eq!(writer.maps(), 1, "{sql}:\n{}", text(&plan));
+    }
+    Ok(())
 }
 
-/// Joins whose build side owes rows at the end (anti, semi, outer), and an
-/// uncorrelated scalar subquery: each must survive being cut into tasks.
 #[tokio::test]
-async fn joins_and_subqueries_survive_the_split() -> Result<()> {
-    distributed_equals_local(
-        "SELECT g, count(*) AS n FROM t WHERE k NOT IN (SELECT k FROM u WHERE v > 2) \
-         GROUP BY g ORDER BY g",
-    )
-    .await?;
-    distributed_equals_local(
-        "SELECT t.g, count(u.k) AS n FROM t LEFT JOIN u ON t.k = u.k + 1 GROUP BY t.g ORDER BY t.g",
-    )
-    .await?;
-    distributed_equals_local(
-        "SELECT g, sum(v) AS s FROM t WHERE EXISTS (SELECT 1 FROM u WHERE u.k = t.k AND u.v > 1) \
-         GROUP BY g ORDER BY g",
-    )
-    .await?;
-    // Without reordering the preserved side of these joins is the collected
-    // build side, which owes its unmatched rows at the very end.
-    let no_reordering = ["SET datafusion.optimizer.join_reordering = false"];
-    distributed_equals_local_with(
-        "SELECT s.g, count(t.k) AS n FROM (SELECT * FROM u WHERE k < 3) s \
-         LEFT JOIN t ON s.k = t.k + 5 GROUP BY s.g ORDER BY s.g",
-        &no_reordering,
-    )
-    .await?;
-    distributed_equals_local_with(
-        "SELECT g, count(*) AS n FROM t WHERE k NOT IN (SELECT k FROM u WHERE v > 2) \
-         GROUP BY g ORDER BY g",
-        &no_reordering,
-    )
-    .await?;
-    distributed_equals_local(
-        "SELECT g, sum(v) AS s FROM t WHERE v > (SELECT avg(v) FROM u) GROUP BY g ORDER BY g",
-    )
-    .await
+async fn stages_are_numbered_in_pre_order_and_afresh_on_every_call() -> Result<()> {
+    let sql = "SELECT t.g, sum(t.v) FROM t JOIN u ON t.k = u.k GROUP BY t.g";
+    for _ in 0..2 {
+        let plan = plan_with(sql, "exchange").await?;
+        let ids = stage_ids(&plan);
+        let expected: Vec<u64> = (1..=ids.len() as u64).collect();
+        assert_eq!(ids, expected, "{}", text(&plan));
+        assert!(ids.len() >= 3, "{}", text(&plan));
+        // Every dep is a later stage in pre-order: writers below come after.
+        for writer in stages(&plan) {
+            let writer = writer.downcast_ref::<ShuffleWriterExec>().unwrap();
+            assert!(writer.deps().iter().all(|d| *d > writer.stage_id()));
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn no_shuffle_dir_no_stage() -> Result<()> {
+    let ctx = session(None)?;
+    let plan = ctx
+        .sql("SELECT g, sum(v) FROM t GROUP BY g")
+        .await?
+        .create_physical_plan()
+        .await?;
+    assert!(stages(&plan).is_empty(), "{}", text(&plan));
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unknown_split_mode_is_refused_by_name() -> Result<()> {
+    let dir = temp_dir();
+    let ctx = session_with(Some(dir.path()), "everywhere")?;
+    // Whichever step reads the config first (planning, at the latest) refuses.
+    let err = match ctx.sql("SELECT g FROM t").await {
+        Err(err) => err.to_string(),
+        Ok(df) => df.create_physical_plan().await.unwrap_err().to_string(),
+    };
+    assert!(err.contains("dfx_engine.split"), "{err}");
+    assert!(err.contains("everywhere"), "{err}");
+    Ok(())
 }
 
 #[tokio::test]
@@ -247,13 +245,19 @@ async fn a_task_reads_only_its_own_files() -> Result<()> {
         "{}",
         text(&plan)
     );
-    // Partition 1 alone, first, as a worker process would run it.
+    // Map 1 alone, first, as a worker process would run it.
     let mut rows = 0;
     let mut stream = stage.execute(1, ctx.task_ctx())?;
     while let Some(batch) = stream.next().await {
-        rows += batch?.num_rows();
+        let batch = batch?;
+        let column = batch.column_by_name("rows").unwrap();
+        let column = column
+            .as_any()
+            .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+            .unwrap();
+        rows += column.iter().flatten().sum::<u64>();
     }
-    assert_eq!(rows, 4, "partition 1 owns two files of two rows");
+    assert_eq!(rows, 4, "map 1 owns two files of two rows");
     Ok(())
 }
 
@@ -311,7 +315,12 @@ async fn a_task_with_a_partitioned_join_finishes_alone() -> Result<()> {
     let sql = "SELECT count(*) FROM l JOIN r ON l.k = r.k AND l.v = r.v";
     let plan = ctx.sql(sql).await?.create_physical_plan().await?;
     assert!(text(&plan).contains("mode=Partitioned"), "{}", text(&plan));
-    let stage = Arc::clone(&stages(&plan)[0]);
+    // The stage holding the join: the one that reads two others.
+    let stage = stages(&plan)
+        .into_iter()
+        .find(|w| w.downcast_ref::<ShuffleWriterExec>().unwrap().deps().len() == 2)
+        .expect("a stage reading both sides of the join");
+    run_stages_below(&ctx, &stage).await?;
     let run_one_partition = async {
         let mut stream = stage.execute(0, ctx.task_ctx())?;
         while let Some(batch) = stream.next().await {
@@ -322,5 +331,15 @@ async fn a_task_with_a_partitioned_join_finishes_alone() -> Result<()> {
     tokio::time::timeout(std::time::Duration::from_secs(60), run_one_partition)
         .await
         .expect("partition 0 of the join stage never finished")?;
+    Ok(())
+}
+
+/// Publish every stage below `stage` (not `stage` itself).
+async fn run_stages_below(
+    ctx: &datafusion::prelude::SessionContext,
+    stage: &Arc<dyn ExecutionPlan>,
+) -> Result<()> {
+    let input = Arc::clone(stage.children()[0]);
+    run_stages(ctx, &input).await?;
     Ok(())
 }

@@ -1,0 +1,260 @@
+//! The writer's and reader's file contract: what a map publishes, that a
+//! failed or dropped map publishes nothing, and that every damaged output is
+//! an error naming stage, map, bucket and file, never a recompute.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::*;
+use datafusion::arrow::array::UInt64Array;
+use datafusion::common::Result;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_expr::Partitioning;
+use datafusion::physical_expr::expressions::col;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use datafusion::physical_plan::{ExecutionPlan, collect};
+use datafusion::prelude::SessionContext;
+use dfx_plugin::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
+use futures::StreamExt;
+
+/// A hash writer of stage 3 over `maps` generated partitions, 4 buckets.
+fn hash_writer(dir: &Path, maps: usize, fail_at: Option<usize>) -> Arc<ShuffleWriterExec> {
+    let input = generated_plan(maps, 5, 100, fail_at);
+    let key = col("k", &kv_schema()).unwrap();
+    Arc::new(
+        ShuffleWriterExec::try_new(
+            3,
+            dir.to_path_buf(),
+            input,
+            Partitioning::Hash(vec![key], 4),
+            vec![],
+        )
+        .unwrap(),
+    )
+}
+
+async fn run_map(writer: &Arc<ShuffleWriterExec>, map: usize) -> Result<u64> {
+    let mut stream = writer.execute(map, SessionContext::new().task_ctx())?;
+    let mut rows = 0;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        let column = batch.column_by_name("rows").unwrap();
+        let column = column.as_any().downcast_ref::<UInt64Array>().unwrap();
+        rows += column.iter().flatten().sum::<u64>();
+    }
+    Ok(rows)
+}
+
+/// Every file under `dir`, relative, sorted.
+fn tree(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                out.push(path.strip_prefix(root).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+async fn read_all(writer: &Arc<ShuffleWriterExec>, mode: ReadMode) -> Result<usize> {
+    let reader = Arc::new(ShuffleReaderExec::try_new(
+        mode,
+        Arc::clone(writer) as Arc<dyn ExecutionPlan>,
+    )?);
+    let batches = collect(reader, SessionContext::new().task_ctx()).await?;
+    Ok(batches.iter().map(|b| b.num_rows()).sum())
+}
+
+#[tokio::test]
+async fn a_map_publishes_its_buckets_then_its_marker() -> Result<()> {
+    let dir = temp_dir();
+    let writer = hash_writer(dir.path(), 2, None);
+    assert_eq!(run_map(&writer, 0).await?, 500);
+    assert_eq!(run_map(&writer, 1).await?, 500);
+    let files = tree(dir.path());
+    assert!(
+        files.contains(&"stage-3/map-0.json".to_string()),
+        "{files:?}"
+    );
+    assert!(
+        files.contains(&"stage-3/map-1.json".to_string()),
+        "{files:?}"
+    );
+    assert!(
+        files
+            .iter()
+            .all(|f| f.ends_with(".json") || f.contains("/bucket-")),
+        "{files:?}"
+    );
+    assert!(!files.iter().any(|f| f.ends_with(".tmp")), "{files:?}");
+    // Hash: bucket b of both maps; every row lands in exactly one bucket.
+    assert_eq!(read_all(&writer, ReadMode::Hash).await?, 1000);
+    // The marker is JSON with rows per bucket summing to the map's rows.
+    let marker: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("stage-3/map-0.json"))?).unwrap();
+    let rows: u64 = marker["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["rows"].as_u64().unwrap())
+        .sum();
+    assert_eq!(rows, 500);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_failed_map_publishes_nothing() -> Result<()> {
+    let dir = temp_dir();
+    let writer = hash_writer(dir.path(), 1, Some(3));
+    let err = run_map(&writer, 0).await.unwrap_err().to_string();
+    assert!(err.contains("generated failure at batch 3"), "{err}");
+    assert_eq!(tree(dir.path()), Vec::<String>::new());
+    Ok(())
+}
+
+/// Yields `batches` batches, then never finishes.
+#[derive(Debug)]
+struct Stalling {
+    batches: usize,
+}
+
+impl PartitionStream for Stalling {
+    fn schema(&self) -> &datafusion::arrow::datatypes::SchemaRef {
+        static SCHEMA: std::sync::LazyLock<datafusion::arrow::datatypes::SchemaRef> =
+            std::sync::LazyLock::new(kv_schema);
+        &SCHEMA
+    }
+
+    fn execute(&self, _ctx: Arc<datafusion::execution::TaskContext>) -> SendableRecordBatchStream {
+        let ready =
+            (0..self.batches).map(|i| Ok(kv_batch(&[i as i64, 100 + i as i64], &[1.0, 2.0])));
+        let stream = futures::stream::iter(ready).chain(futures::stream::pending());
+        Box::pin(RecordBatchStreamAdapter::new(kv_schema(), stream))
+    }
+}
+
+#[tokio::test]
+async fn a_map_dropped_half_way_publishes_nothing() -> Result<()> {
+    let dir = temp_dir();
+    let input = Arc::new(StreamingTableExec::try_new(
+        kv_schema(),
+        vec![Arc::new(Stalling { batches: 4 }) as Arc<dyn PartitionStream>],
+        None,
+        vec![],
+        false,
+        None,
+    )?);
+    let key = col("k", &kv_schema())?;
+    let writer = ShuffleWriterExec::try_new(
+        5,
+        dir.path().to_path_buf(),
+        input,
+        Partitioning::Hash(vec![key], 2),
+        vec![],
+    )?;
+    let mut stream = writer.execute(0, SessionContext::new().task_ctx())?;
+    let polled = tokio::time::timeout(std::time::Duration::from_millis(200), stream.next()).await;
+    assert!(polled.is_err(), "the stalled map cannot have finished");
+    // Four batches went into temp files by now; dropping must remove them.
+    assert!(
+        tree(dir.path()).iter().any(|f| f.ends_with(".tmp")),
+        "{:?}",
+        tree(dir.path())
+    );
+    drop(stream);
+    assert_eq!(tree(dir.path()), Vec::<String>::new());
+    Ok(())
+}
+
+/// Publish both maps, damage the output with `damage`, then read: the error
+/// must name stage, map, bucket (when one is involved) and the file, and
+/// nothing may be published anew.
+async fn damaged(damage: impl Fn(&Path), expect: &[&str]) -> Result<()> {
+    let dir = temp_dir();
+    let writer = hash_writer(dir.path(), 2, None);
+    run_map(&writer, 0).await?;
+    run_map(&writer, 1).await?;
+    damage(dir.path());
+    let before = tree(dir.path());
+    let err = read_all(&writer, ReadMode::Hash)
+        .await
+        .unwrap_err()
+        .to_string();
+    for needle in expect {
+        assert!(err.contains(needle), "{needle:?} not in {err}");
+    }
+    assert_eq!(tree(dir.path()), before, "reading must not recompute");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_missing_marker_is_lost_output_of_that_map() -> Result<()> {
+    damaged(
+        |dir| std::fs::remove_file(dir.join("stage-3/map-1.json")).unwrap(),
+        &["dfx stage 3 map 1", "lost output", "stage-3/map-1.json"],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_missing_bucket_file_is_named() -> Result<()> {
+    damaged(
+        |dir| std::fs::remove_file(dir.join("stage-3/map-0/bucket-2.arrow")).unwrap(),
+        &[
+            "dfx stage 3 map 0 bucket 2",
+            "missing",
+            "stage-3/map-0/bucket-2.arrow",
+        ],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_truncated_bucket_file_is_named() -> Result<()> {
+    damaged(
+        |dir| {
+            let path = dir.join("stage-3/map-1/bucket-0.arrow");
+            let bytes = std::fs::read(&path).unwrap();
+            std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+        },
+        &["dfx stage 3 map 1 bucket 0", "stage-3/map-1/bucket-0.arrow"],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_bucket_file_with_foreign_fields_is_named() -> Result<()> {
+    damaged(
+        |dir| {
+            // A valid Arrow IPC stream of another table.
+            let path = dir.join("stage-3/map-0/bucket-1.arrow");
+            let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
+                datafusion::arrow::datatypes::Field::new(
+                    "other",
+                    datafusion::arrow::datatypes::DataType::Utf8,
+                    true,
+                ),
+            ]));
+            let file = std::fs::File::create(&path).unwrap();
+            let mut w =
+                datafusion::arrow::ipc::writer::StreamWriter::try_new(file, &schema).unwrap();
+            w.finish().unwrap();
+        },
+        &[
+            "dfx stage 3 map 0 bucket 1",
+            "other: Utf8",
+            "stage-3/map-0/bucket-1.arrow",
+        ],
+    )
+    .await
+}
