@@ -213,6 +213,10 @@ const OTHERS: &[Query] = &[
     ),
     q("UNION", "SELECT k FROM a UNION SELECT k FROM b"),
     q("UNION ALL", "SELECT k FROM a UNION ALL SELECT k FROM b"),
+    q(
+        "UNION ALL of two aggregates",
+        "SELECT k, sum(v) AS s FROM a GROUP BY k UNION ALL SELECT k, sum(w) AS s FROM b GROUP BY k",
+    ),
     q("INTERSECT", "SELECT k FROM a INTERSECT SELECT k FROM b"),
     q("EXCEPT", "SELECT k FROM a EXCEPT SELECT k FROM b"),
     ordered(
