@@ -2,9 +2,10 @@
 //!
 //! A session carries several physical extension codecs: the plugin's (which
 //! claims `ShuffleWriterExec` and `ShuffleReaderExec`) and DataFusion's
-//! default (which claims nothing and writes nothing). A plan encoded by one host must decode in the other —
-//! a stage written by the Python driver runs in `dfx worker` and the other way
-//! round — so the chain frames payloads exactly as datafusion-python 55 does.
+//! default (which claims nothing and writes nothing). A plan encoded by one
+//! host must decode in the other — a stage written by the Python driver runs
+//! in `dfx worker` and the other way round — so the chain frames payloads
+//! exactly as datafusion-python 55 does.
 //!
 //! # Framing
 //!
