@@ -84,12 +84,13 @@ impl QueryPlanner for DfxQueryPlanner {
 /// partitions run apart, each task in its own process seeing one partition
 /// of its stage's input. Each names the failure it prevents:
 ///
+/// (Small build sides stay collected, as DataFusion chooses them: the split
+/// rule broadcasts them, or gathers the probe side for join types that emit
+/// build rows after the last probe partition.)
+///
 /// - join dynamic filters (and the umbrella switch, which would turn them back
 ///   on): a partitioned hash join's filter waits until every partition of the
 ///   join has built its side, so a task running one partition waits forever;
-/// - no collected (single-partition) build side chosen by size: the exchange
-///   broadcasts CollectLeft builds only for join types that emit nothing
-///   after the last probe partition; partitioned joins need no such care;
 /// - uncorrelated scalar subqueries planned as joins, not as a
 ///   `ScalarSubqueryExec` above the plan: expressions below it read its value
 ///   by reference, so a stage cut below it could not be decoded by a worker;
@@ -102,8 +103,6 @@ pub fn isolate_partitions(options: &mut ConfigOptions) {
     let optimizer = &mut options.optimizer;
     optimizer.enable_dynamic_filter_pushdown = false;
     optimizer.enable_join_dynamic_filter_pushdown = false;
-    optimizer.hash_join_single_partition_threshold = 0;
-    optimizer.hash_join_single_partition_threshold_rows = 0;
     optimizer.enable_physical_uncorrelated_scalar_subquery = false;
     optimizer.enable_round_robin_repartition = false;
     options.execution.enable_file_stream_work_stealing = false;

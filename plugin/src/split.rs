@@ -14,6 +14,7 @@
 //! | `CoalescePartitionsExec`, `SortPreservingMergeExec` over >1 partitions | pass-through exchange below; the merge runs in the consumer |
 //! | CollectLeft `HashJoinExec` (inner, right, right semi/anti/mark), `NestedLoopJoinExec`, `CrossJoinExec` | broadcast: the build side is its own stage, every probe task reads all of it |
 //! | the same joins of a type that emits unmatched build rows (left, full, left semi/anti/mark, null-aware anti) | the probe side is gathered too: the join runs in one task that sees every probe partition (its output partitioning is restored by a hash exchange when it had one) |
+//! | `InterleaveExec` | a hash exchange over a union of its inputs (a host rebuilding it would compare partitionings that crossed FFI, which never compare equal) |
 //! | `RecursiveQueryExec` | never cut inside: its work table lives in one process |
 //! | the root | its own pass-through stage when it has more than one partition or reads a table, so the driver only merges |
 //!
@@ -42,6 +43,7 @@ use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
+use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::config::SplitMode;
@@ -189,6 +191,9 @@ impl Cutter {
         if let Some(merge) = plan.downcast_ref::<SortPreservingMergeExec>() {
             return self.below_merge(&plan, merge.input());
         }
+        if plan.is::<InterleaveExec>() {
+            return self.cut_interleave(&plan);
+        }
         if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
             let collected = *join.partition_mode() == PartitionMode::CollectLeft;
             if join.null_aware || (collected && emits_unmatched_build_rows(join.join_type())) {
@@ -252,6 +257,22 @@ impl Cutter {
             )),
             _ => Ok(reader),
         }
+    }
+
+    /// An `InterleaveExec` (partition `i` = partition `i` of every input,
+    /// all hash-partitioned alike) becomes a hash exchange over a union of
+    /// its inputs: each row hashes back to the bucket its input partition
+    /// held, so bucket `i` is what interleaved partition `i` was.
+    ///
+    /// Why: a host decodes the plan it is handed, and an `InterleaveExec`
+    /// checks when it is built that its inputs' hash partitionings are equal;
+    /// above a reader that partitioning crossed the FFI boundary, whose
+    /// expressions compare by identity, so the host would refuse the plan.
+    fn cut_interleave(&self, plan: &Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        let partitioning = plan.output_partitioning().clone();
+        let union = UnionExec::try_new(plan.children().into_iter().cloned().collect())?;
+        let writer = self.writer(union, partitioning)?;
+        self.read(ReadMode::Hash, writer)
     }
 
     /// A merge of several partitions: each becomes a map of a stage of its

@@ -80,6 +80,8 @@ const QUERIES: &[&str] = &[
     "select k, v, sum(v) over (order by v rows between 2 preceding and current row) from a",
     "select k from a union select k from b",
     "select k from a union all select k from b",
+    "select k, sum(v) as s from a group by k union all select k, sum(w) as s from b group by k",
+    "select s, count(*) from (select k, sum(v) as s from a group by k union all select k, sum(w) from b group by k) group by s",
     "select k from a intersect select k from b",
     "select k from a except select k from b",
     "select v from a order by v desc limit 7",
@@ -109,10 +111,27 @@ async fn local(sql: &str) -> Result<Vec<String>> {
     Ok(sorted_rows(&ctx.sql(sql).await?.collect().await?))
 }
 
-async fn distributed(sql: &str, split: &str) -> Result<(Vec<String>, Arc<dyn ExecutionPlan>)> {
+/// Small build sides are collected (DataFusion's choice) or, with
+/// `partitioned_joins`, every hash join is partitioned.
+async fn distributed(
+    sql: &str,
+    split: &str,
+    partitioned_joins: bool,
+) -> Result<(Vec<String>, Arc<dyn ExecutionPlan>)> {
     let dir = temp_dir();
     let ctx = session_with(Some(dir.path()), split)?;
     register_ab(&ctx)?;
+    if partitioned_joins {
+        for key in [
+            "hash_join_single_partition_threshold",
+            "hash_join_single_partition_threshold_rows",
+        ] {
+            // Applied by `sql` itself; its (empty) frame is not run, since
+            // in a distributing session only a driver runs plans.
+            ctx.sql(&format!("SET datafusion.optimizer.{key} = 0"))
+                .await?;
+        }
+    }
     let plan = ctx.sql(sql).await?.create_physical_plan().await?;
     run_stages(&ctx, &plan).await?;
     let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
@@ -122,18 +141,25 @@ async fn distributed(sql: &str, split: &str) -> Result<(Vec<String>, Arc<dyn Exe
 #[tokio::test]
 async fn partitions_run_apart_give_the_local_answer_in_both_modes() -> Result<()> {
     let mut failures = Vec::new();
-    for split in ["exchange", "aggregate"] {
+    for (split, partitioned) in [
+        ("exchange", false),
+        ("exchange", true),
+        ("aggregate", false),
+        ("aggregate", true),
+    ] {
         for sql in QUERIES {
             let expected = local(sql).await?;
-            match distributed(sql, split).await {
+            match distributed(sql, split, partitioned).await {
                 Ok((found, plan)) if found != expected => failures.push(format!(
-                    "{split}: {sql}: {} rows instead of {}\n{}",
+                    "{split} (partitioned joins: {partitioned}): {sql}: {} rows instead of {}\n{}",
                     found.len(),
                     expected.len(),
                     displayable(plan.as_ref()).indent(false)
                 )),
                 Ok(_) => {}
-                Err(err) => failures.push(format!("{split}: {sql}: {err}")),
+                Err(err) => failures.push(format!(
+                    "{split} (partitioned joins: {partitioned}): {sql}: {err}"
+                )),
             }
         }
     }
