@@ -13,7 +13,9 @@
 //! | hash or round-robin `RepartitionExec` | hash exchange: writer splits by the same partitioning, reader replaces the repartition (plus a per-partition sort if it preserved order) |
 //! | `CoalescePartitionsExec`, `SortPreservingMergeExec` over >1 partitions | pass-through exchange below; the merge runs in the consumer |
 //! | CollectLeft `HashJoinExec` (inner, right, right semi/anti/mark), `NestedLoopJoinExec`, `CrossJoinExec` | broadcast: the build side is its own stage, every probe task reads all of it |
-//! | the same joins of a type that emits unmatched build rows (left, full, left semi/anti/mark, null-aware anti) | the probe side is gathered too: the join runs in one task that sees every probe partition (its output partitioning is restored by a hash exchange when it had one) |
+//! | the same hash joins of a type that emits unmatched build rows (left, full, left semi/anti/mark) | partitioned instead: both sides hash-exchanged on the join keys, each task owns one partition of each |
+//! | null-aware anti joins (`NOT IN`), nested-loop joins of those types | the probe side is gathered: the join runs in one task that sees every probe partition |
+//! | any of these whose output partitioning changed | a hash exchange restores the partitioning the operators above were planned for |
 //! | `InterleaveExec` | a hash exchange over a union of its inputs (a host rebuilding it would compare partitionings that crossed FFI, which never compare equal) |
 //! | `RecursiveQueryExec` | never cut inside: its work table lives in one process |
 //! | the root | its own pass-through stage when it has more than one partition or reads a table, so the driver only merges |
@@ -196,8 +198,11 @@ impl Cutter {
         }
         if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
             let collected = *join.partition_mode() == PartitionMode::CollectLeft;
-            if join.null_aware || (collected && emits_unmatched_build_rows(join.join_type())) {
+            if join.null_aware {
                 return self.gather_join(&plan, collected);
+            }
+            if collected && emits_unmatched_build_rows(join.join_type()) {
+                return self.partition_join(&plan, join);
             }
             if collected {
                 return self.broadcast_build(&plan);
@@ -301,6 +306,80 @@ impl Cutter {
         }
         let left = self.broadcast(Arc::clone(left))?;
         replace_children_if_necessary(Arc::clone(plan), vec![left, Arc::clone(right)])
+    }
+
+    /// A collected hash join of a type that emits build rows after the last
+    /// probe partition: partition both sides by the join keys instead, so
+    /// each task joins one hash partition of each side and owns its build
+    /// rows (DataFusion's partitioned mode, with hash exchanges).
+    fn partition_join(
+        &self,
+        plan: &Arc<dyn ExecutionPlan>,
+        join: &HashJoinExec,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let buckets = join.right().output_partitioning().partition_count().max(2);
+        // The build side was merged into one partition for collecting; the
+        // exchange splits what fed that merge.
+        let left = match join.left().downcast_ref::<CoalescePartitionsExec>() {
+            Some(coalesce) if coalesce.fetch().is_none() => {
+                match coalesce.input().downcast_ref::<ShuffleReaderExec>() {
+                    Some(reader) if reader.mode() == ReadMode::PassThrough => {
+                        Arc::clone(reader.writer().children()[0])
+                    }
+                    _ => Arc::clone(coalesce.input()),
+                }
+            }
+            _ => Arc::clone(join.left()),
+        };
+        let (left_keys, right_keys): (Vec<_>, Vec<_>) = join
+            .on()
+            .iter()
+            .map(|(l, r)| (Arc::clone(l), Arc::clone(r)))
+            .unzip();
+        let left = self.hash_exchange(left, Partitioning::Hash(left_keys, buckets))?;
+        let right = self.hash_exchange(
+            Arc::clone(join.right()),
+            Partitioning::Hash(right_keys, buckets),
+        )?;
+        let partitioned = join
+            .builder()
+            .with_partition_mode(PartitionMode::Partitioned)
+            .with_new_children(vec![left, right])?
+            .recompute_properties()
+            .build_exec()?;
+        self.restore(plan, partitioned)
+    }
+
+    fn hash_exchange(
+        &self,
+        input: Arc<dyn ExecutionPlan>,
+        partitioning: Partitioning,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let writer = self.writer(input, partitioning)?;
+        self.read(ReadMode::Hash, writer)
+    }
+
+    /// `replacement` with the hash partitioning (and per-partition order)
+    /// `original` promised to the operators above, through a hash exchange
+    /// when it differs.
+    fn restore(
+        &self,
+        original: &Arc<dyn ExecutionPlan>,
+        replacement: Arc<dyn ExecutionPlan>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let promised = original.output_partitioning();
+        if !matches!(promised, Partitioning::Hash(_, n) if *n > 1)
+            || replacement.output_partitioning() == promised
+        {
+            return Ok(replacement);
+        }
+        let reader = self.hash_exchange(replacement, promised.clone())?;
+        match original.output_ordering() {
+            Some(ordering) => Ok(Arc::new(
+                SortExec::new(ordering.clone(), reader).with_preserve_partitioning(true),
+            )),
+            None => Ok(reader),
+        }
     }
 
     /// A join that emits rows only once every probe partition has run: gather
