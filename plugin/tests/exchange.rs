@@ -96,6 +96,14 @@ const QUERIES: &[&str] = &[
     "select k, count(distinct v), sum(v) from a group by k",
     "select count(*), sum(v) from a",
     "select * from a where v > 80",
+    "select k, v % 3, sum(v) from a group by grouping sets ((k), (v % 3), ())",
+    "select count(*) from (select * from a limit 13)",
+    "select * from a where v > 1000",
+    "select k, count(*) from a where v > 1000 group by k",
+    "select * from (values (1, 'x'), (2, 'y')) t(i, s)",
+    "select distinct k from a",
+    "select k, array_agg(v order by v) from a group by k",
+    "select a.k, b.k from a join b on a.k = b.k and a.v < b.w order by a.k, b.k limit 10",
 ];
 
 fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
