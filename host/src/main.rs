@@ -62,7 +62,9 @@ struct QueryArgs {
     /// rule (each topmost partial aggregate).
     #[arg(long, value_enum, default_value_t = Split::Exchange)]
     split: Split,
-    /// The SQL query.
+    /// The SQL query. It may start with a `-- comment` (as the TPC-H query
+    /// files do): a value that begins with dashes is still the query.
+    #[arg(allow_hyphen_values = true)]
     sql: String,
 }
 

@@ -103,6 +103,17 @@ fn dfx_run_formats_and_local_mode() {
         "{}",
         text(&out.stderr)
     );
+
+    // SQL that starts with a comment, as `"$(cat q9.sql)"` passes it, is the
+    // query and not an unknown flag.
+    let commented = format!("-- by flag, commented\n{BY_FLAG}");
+    let out = dfx(&["run", "--local", "--table", &table, &commented]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("| A            | 3 | 11.0 | 1100.0 |"),
+        "{}",
+        text(&out.stdout)
+    );
 }
 
 #[test]
