@@ -1,7 +1,10 @@
 //! Do two query answers agree?
 //!
-//! Answers are compared as rows of [`Cell`]s: integers exactly, floating point
-//! and decimal values to a relative tolerance (a distributed sum adds its
+//! Two answers agree when their columns have the same names and types
+//! ([`compare_columns`]) and their rows agree ([`compare`]). Rows are
+//! compared as [`Cell`]s: integers and decimals exactly (a sum of decimals is
+//! exact in any order, so a tolerance would only hide a lost or doubled row),
+//! floating point to a relative tolerance (a distributed sum adds its
 //! partials in another order than a local one), everything else by its
 //! display text. Row order matters only where the query orders its output,
 //! and even then rows that tie on every sort key may come in any order.
@@ -11,14 +14,14 @@ use std::fmt;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{DataType, Float64Type};
+use datafusion::arrow::datatypes::{DataType, Decimal128Type, DecimalType, Float64Type};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
 use super::TpchError;
 
-/// Relative tolerance for floating point and decimal values.
+/// Relative tolerance for floating point values (never for decimals).
 pub const RELATIVE_TOLERANCE: f64 = 1e-6;
 
 /// Below this magnitude two values are equal regardless of their ratio: a
@@ -32,24 +35,24 @@ pub enum Cell {
     Null,
     /// Any integer type, compared exactly.
     Int(i128),
-    /// Floating point or decimal, compared with [`RELATIVE_TOLERANCE`].
+    /// A 128-bit decimal: its unscaled value and its scale, compared exactly.
+    Decimal(i128, i8),
+    /// Floating point, compared with [`RELATIVE_TOLERANCE`].
     Float(f64),
     /// Anything else, compared by its display text.
     Text(String),
 }
 
 impl Cell {
-    /// Equal within tolerance.
+    /// Equal: exactly, or within tolerance for floating point. Cells of
+    /// different kinds never agree ([`compare_columns`] has already refused
+    /// answers whose column types differ).
     pub fn agrees(&self, other: &Cell) -> bool {
         match (self, other) {
             (Cell::Null, Cell::Null) => true,
             (Cell::Int(a), Cell::Int(b)) => a == b,
+            (Cell::Decimal(a, s), Cell::Decimal(b, t)) => a == b && s == t,
             (Cell::Float(a), Cell::Float(b)) => floats_agree(*a, *b),
-            // One side may type a count as float and the other as integer
-            // only if the plans differ; still the same number.
-            (Cell::Int(a), Cell::Float(b)) | (Cell::Float(b), Cell::Int(a)) => {
-                floats_agree(*a as f64, *b)
-            }
             (Cell::Text(a), Cell::Text(b)) => a == b,
             _ => false,
         }
@@ -60,25 +63,19 @@ impl Cell {
         fn rank(c: &Cell) -> u8 {
             match c {
                 Cell::Null => 0,
-                Cell::Int(_) | Cell::Float(_) => 1,
-                Cell::Text(_) => 2,
+                Cell::Int(_) => 1,
+                Cell::Decimal(..) => 2,
+                Cell::Float(_) => 3,
+                Cell::Text(_) => 4,
             }
         }
         match (self, other) {
             (Cell::Int(a), Cell::Int(b)) => a.cmp(b),
+            // Same column, same scale: the unscaled values order exactly.
+            (Cell::Decimal(a, s), Cell::Decimal(b, t)) => s.cmp(t).then(a.cmp(b)),
+            (Cell::Float(a), Cell::Float(b)) => a.total_cmp(b),
             (Cell::Text(a), Cell::Text(b)) => a.cmp(b),
-            (a @ (Cell::Int(_) | Cell::Float(_)), b @ (Cell::Int(_) | Cell::Float(_))) => {
-                a.as_f64().total_cmp(&b.as_f64())
-            }
             (a, b) => rank(a).cmp(&rank(b)),
-        }
-    }
-
-    fn as_f64(&self) -> f64 {
-        match self {
-            Cell::Int(i) => *i as f64,
-            Cell::Float(f) => *f,
-            _ => f64::NAN,
         }
     }
 }
@@ -88,6 +85,12 @@ impl fmt::Display for Cell {
         match self {
             Cell::Null => f.write_str("NULL"),
             Cell::Int(i) => write!(f, "{i}"),
+            Cell::Decimal(value, scale) => f.write_str(&Decimal128Type::format_decimal(
+                *value,
+                // Only the scale matters for the text; the precision is the widest.
+                Decimal128Type::MAX_PRECISION,
+                *scale,
+            )),
             Cell::Float(x) => write!(f, "{x}"),
             Cell::Text(s) => write!(f, "{s:?}"),
         }
@@ -135,7 +138,7 @@ fn column_cells(array: &ArrayRef) -> Result<Vec<Cell>, TpchError> {
     let dt = array.data_type();
     let cells = if dt.is_integer() {
         let ints = cast(array, &DataType::Decimal128(38, 0)).map_err(answer)?;
-        let ints = ints.as_primitive::<datafusion::arrow::datatypes::Decimal128Type>();
+        let ints = ints.as_primitive::<Decimal128Type>();
         (0..ints.len())
             .map(|i| {
                 if ints.is_null(i) {
@@ -145,8 +148,18 @@ fn column_cells(array: &ArrayRef) -> Result<Vec<Cell>, TpchError> {
                 }
             })
             .collect()
-    } else if dt.is_floating() || matches!(dt, DataType::Decimal128(..) | DataType::Decimal256(..))
-    {
+    } else if let DataType::Decimal128(_, scale) = *dt {
+        let decimals = array.as_primitive::<Decimal128Type>();
+        (0..decimals.len())
+            .map(|i| {
+                if decimals.is_null(i) {
+                    Cell::Null
+                } else {
+                    Cell::Decimal(decimals.value(i), scale)
+                }
+            })
+            .collect()
+    } else if dt.is_floating() {
         let floats = cast(array, &DataType::Float64).map_err(answer)?;
         let floats = floats.as_primitive::<Float64Type>();
         (0..floats.len())
@@ -271,6 +284,40 @@ fn compare_positional(expected: &[Row], actual: &[Row], what: &str) -> Result<()
     Ok(())
 }
 
+/// Check that `actual` has the columns of `expected`: the same names, in the
+/// same order, of the same types (a decimal's precision and scale included).
+///
+/// An answer without batches has no schema to compare; its row count is
+/// still checked by [`compare`].
+///
+/// # Errors
+/// A [`Mismatch`] naming the first column that differs, or the column counts.
+pub fn compare_columns(expected: &[RecordBatch], actual: &[RecordBatch]) -> Result<(), Mismatch> {
+    let (Some(e), Some(a)) = (expected.first(), actual.first()) else {
+        return Ok(());
+    };
+    let (e, a) = (e.schema(), a.schema());
+    if e.fields().len() != a.fields().len() {
+        return Err(Mismatch(format!(
+            "expected {} columns, found {}",
+            e.fields().len(),
+            a.fields().len()
+        )));
+    }
+    for (i, (ef, af)) in e.fields().iter().zip(a.fields()).enumerate() {
+        if ef.name() != af.name() || ef.data_type() != af.data_type() {
+            return Err(Mismatch(format!(
+                "column {i}: expected {:?} of type {}, found {:?} of type {}",
+                ef.name(),
+                ef.data_type(),
+                af.name(),
+                af.data_type()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Check that `actual` (distributed) agrees with `expected` (single-process).
 ///
 /// # Errors
@@ -372,6 +419,62 @@ mod tests {
     }
 
     #[test]
+    fn decimals_agree_only_exactly() {
+        // One cent in a hundred million: inside a 1e-6 tolerance, and
+        // exactly what a lost row of a sum of prices looks like at scale 1.
+        let sum = Cell::Decimal(10_000_000_000, 2);
+        let one_cent_less = Cell::Decimal(9_999_999_999, 2);
+        assert!(sum.agrees(&sum.clone()));
+        assert!(!sum.agrees(&one_cent_less));
+        assert!(
+            floats_agree(1e8, 1e8 - 0.01),
+            "the float tolerance would hide it"
+        );
+        let err = compare(&[vec![sum]], &[vec![one_cent_less]], &RowOrder::Strict).unwrap_err();
+        assert!(
+            err.0.contains("100000000.00") && err.0.contains("99999999.99"),
+            "{err}"
+        );
+        // The same number at another scale is another type, not the same value.
+        assert!(!Cell::Decimal(100, 2).agrees(&Cell::Decimal(1000, 3)));
+        assert!(!Cell::Int(1).agrees(&Cell::Float(1.0)));
+    }
+
+    fn one_row(name: &str, data_type: DataType) -> RecordBatch {
+        let column: ArrayRef = match &data_type {
+            DataType::Int64 => Arc::new(Int64Array::from(vec![1])),
+            DataType::Float64 => Arc::new(Float64Array::from(vec![1.0])),
+            DataType::Decimal128(p, s) => Arc::new(
+                Decimal128Array::from(vec![100])
+                    .with_precision_and_scale(*p, *s)
+                    .unwrap(),
+            ),
+            other => panic!("no test column of type {other}"),
+        };
+        let schema = Arc::new(Schema::new(vec![Field::new(name, data_type, false)]));
+        RecordBatch::try_new(schema, vec![column]).unwrap()
+    }
+
+    #[test]
+    fn column_names_and_types_must_match() {
+        let expected = [one_row("revenue", DataType::Decimal128(38, 2))];
+        assert_eq!(compare_columns(&expected, &expected), Ok(()));
+        let renamed = [one_row("sum", DataType::Decimal128(38, 2))];
+        let err = compare_columns(&expected, &renamed).unwrap_err();
+        assert!(
+            err.0.contains("\"revenue\"") && err.0.contains("\"sum\""),
+            "{err}"
+        );
+        let rescaled = [one_row("revenue", DataType::Decimal128(38, 4))];
+        let err = compare_columns(&expected, &rescaled).unwrap_err();
+        assert!(err.0.contains("Decimal128(38, 4)"), "{err}");
+        let floated = [one_row("revenue", DataType::Float64)];
+        assert!(compare_columns(&expected, &floated).is_err());
+        // No batches: nothing to compare here; the row count decides.
+        assert_eq!(compare_columns(&expected, &[]), Ok(()));
+    }
+
+    #[test]
     fn batches_become_typed_cells() {
         let schema = Arc::new(Schema::new(vec![
             Field::new("i", DataType::Int64, true),
@@ -397,8 +500,10 @@ mod tests {
         assert_eq!(rows.len(), 2);
         assert!(matches!(rows[0][0], Cell::Int(7)));
         assert!(matches!(rows[1][0], Cell::Null));
-        assert!(matches!(rows[0][1], Cell::Float(x) if x == 123.45));
-        assert!(matches!(rows[1][1], Cell::Float(x) if x == -0.05));
+        assert!(matches!(rows[0][1], Cell::Decimal(12345, 2)));
+        assert!(matches!(rows[1][1], Cell::Decimal(-5, 2)));
+        assert_eq!(rows[1][1].to_string(), "-0.05");
+        assert!(matches!(rows[0][2], Cell::Float(x) if x == 0.5));
         assert!(matches!(&rows[1][3], Cell::Text(s) if s == "B"));
     }
 }

@@ -11,8 +11,8 @@
 //! - [`datagen`]: the eight tables as Parquet, one file per partition, cached.
 //! - [`queries`]: the 22 queries (`host/queries/q<N>.sql`, compiled in).
 //! - [`runner`]: times both modes and checks the answers agree.
-//! - [`compare`]: what "agree" means (floats to 1e-6 relative, order only
-//!   where the query orders).
+//! - [`compare`]: what "agree" means (same column names and types, decimals
+//!   exactly, floats to 1e-6 relative, order only where the query orders).
 //! - [`report`]: the results table and its JSON.
 
 pub mod compare;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use datafusion::arrow::record_batch::RecordBatch;
 
 use super::TpchError;
-use super::compare::{RowOrder, compare, row_order, rows_of};
+use super::compare::{RowOrder, compare, compare_columns, row_order, rows_of};
 use super::datagen::{Dataset, Provenance, ensure_dataset};
 use super::queries::query;
 use super::report::{Outcome, QueryReport, RunReport, first_line, median};
@@ -166,7 +166,9 @@ pub async fn run_query(
                 report.stages = Some(result.stages.len());
                 report.tasks = Some(result.tasks.len());
                 let actual = rows_of(&result.batches)?;
-                if let Err(mismatch) = compare(&expected_rows, &actual, &order) {
+                let agreement = compare_columns(&expected, &result.batches)
+                    .and_then(|()| compare(&expected_rows, &actual, &order));
+                if let Err(mismatch) = agreement {
                     report.outcome = Outcome::Mismatch(format!("run {}: {mismatch}", run + 1));
                 }
             }
