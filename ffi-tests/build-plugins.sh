@@ -7,7 +7,8 @@
 # - the same plugin built with its `test-hooks` feature (the panic probe
 #   panics), kept as target/<profile>/test-hooks/libdfx_plugin.so;
 # - the test-only plugins of ffi-tests/plugins/ (wrong ABI version, wrong
-#   DataFusion major, wrong root-module layout, not a plugin at all).
+#   DataFusion major, wrong root-module layout, not a plugin at all, round
+#   1's older root module, a newer root module with one more field).
 #
 # The test-hooks build is done FIRST and the shipped plugin rebuilt after it,
 # so target/<profile>/libdfx_plugin.so is always the plugin without hooks when
@@ -38,4 +39,6 @@ cargo build "${profile_flag[@]}" \
     -p dfx-test-plugin-wrong-abi \
     -p dfx-test-plugin-wrong-major \
     -p dfx-test-plugin-wrong-layout \
-    -p dfx-test-plugin-not-a-plugin
+    -p dfx-test-plugin-not-a-plugin \
+    -p dfx-test-plugin-older-root \
+    -p dfx-test-plugin-newer-root

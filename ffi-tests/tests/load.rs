@@ -163,3 +163,78 @@ fn refusing_twice_gives_the_same_answer() {
     assert_eq!(refused(&path).check, LoadCheck::DfxAbiVersion);
     assert_eq!(refused(&path).check, LoadCheck::DfxAbiVersion);
 }
+
+#[test]
+fn an_older_root_module_from_round_one_is_refused_without_calling_in() {
+    // Round 1's prefix: ABI version 1, no `bucket_path` and no
+    // `reader_node_name`, `partition_path` naming its last argument
+    // `partition`, `encoded_stage_info` returning round 1's
+    // `DfxStagePayload`. abi_stable's prefix-type check refuses a root module
+    // with fewer fields than the host's (19, not 21) and names each field whose
+    // type changed, all before the declared ABI version 1 is even read.
+    let path = test_library("dfx_test_older_root");
+    let err = refused(&path);
+    assert_names(
+        &err,
+        LoadCheck::RootModuleLayout,
+        "dfx root module layout",
+        "incompatible layout",
+    );
+    let message = err.to_string();
+    for culprit in [
+        "too many fields",
+        "encoded_stage_info",
+        "DfxStagePayload",
+        "partition_path",
+    ] {
+        assert!(message.contains(culprit), "no `{culprit}` in: {message}");
+    }
+    // Refused from the static layout description: neither the initializer
+    // nor any function (least of all a field the file lacks) ran.
+    assert_eq!(
+        test_library_calls(&path),
+        dfx_ffi_tests::locate::TestLibraryCalls {
+            root: 0,
+            constructors: 0
+        },
+        "the host called into the library"
+    );
+}
+
+#[test]
+fn a_newer_root_module_with_a_trailing_field_loads_and_works() {
+    let path = test_library("dfx_test_newer_root");
+    let plugin = dfx_abi::load(&path).unwrap_or_else(|err| panic!("refused: {err}"));
+    assert_eq!(plugin.abi_version(), DFX_ABI_VERSION);
+    assert_eq!(plugin.name(), "dfx-test-plugin-newer-root");
+    assert_eq!(plugin.stage_node_name(), "ShuffleWriterExec");
+    assert_eq!(plugin.reader_node_name(), Some("ShuffleReaderExec"));
+    assert_eq!(plugin.codec_id(), "dfx_engine.physical.v2");
+    assert_eq!(plugin.config_prefix(), "dfx_engine");
+    // A field the host does not know is not an error.
+    let calls = test_library_calls(&path);
+    assert_eq!(calls.root, 1, "the initializer ran once");
+    let before = calls.constructors;
+    assert_eq!(plugin.stage_id(2), 3);
+    assert_eq!(
+        plugin.marker_path(Path::new("/s"), 1, 2),
+        Path::new("/s/stage-1/map-2.json")
+    );
+    assert_eq!(
+        plugin.bucket_path(Path::new("/s"), 1, 2, 3).unwrap(),
+        Path::new("/s/stage-1/map-2/bucket-3.arrow")
+    );
+    assert_eq!(plugin.partition_glob(), "stage-*");
+    let counters = plugin.counters();
+    assert_eq!(
+        (counters.planner_calls, counters.live_objects),
+        (11, 15),
+        "{counters:?}"
+    );
+    let info = plugin.encoded_stage_info(b"/shuffle").unwrap();
+    assert_eq!(info.shuffle_dir.as_str(), "/shuffle");
+    assert_eq!(info.deps.as_slice(), &[4, 5]);
+    // Each of the six calls above ran the library's function, and nothing
+    // else was called (the appended function would count too).
+    assert_eq!(test_library_calls(&path).constructors, before + 6);
+}
