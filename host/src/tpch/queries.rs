@@ -123,7 +123,18 @@ pub fn parse_selection(selection: &str) -> Result<Vec<u8>, TpchError> {
     let mut numbers = Vec::new();
     for token in selection.split(',').map(str::trim) {
         let (low, high) = match token.split_once('-') {
-            Some((a, b)) => (parse_number(a, selection)?, parse_number(b, selection)?),
+            Some((a, b)) => {
+                // Name the whole range, not the empty or bad half of it.
+                let bound = |n: &str| {
+                    parse_number(n, selection).map_err(|_| {
+                        TpchError::Invalid(format!(
+                            "{token:?} in --queries {selection:?} is not a range of TPC-H \
+                             query numbers (such as 1-5, within 1 to 22)"
+                        ))
+                    })
+                };
+                (bound(a)?, bound(b)?)
+            }
             None => {
                 let n = parse_number(token, selection)?;
                 (n, n)
@@ -131,7 +142,7 @@ pub fn parse_selection(selection: &str) -> Result<Vec<u8>, TpchError> {
         };
         if low > high {
             return Err(TpchError::Invalid(format!(
-                "query range {token:?} in {selection:?} runs backwards"
+                "query range {token:?} in --queries {selection:?} runs backwards (write {high}-{low})"
             )));
         }
         for n in low..=high {
@@ -175,7 +186,9 @@ mod tests {
 
     #[test]
     fn bad_selections_are_refused_with_the_culprit() {
-        for bad in ["", "0", "23", "x", "5-2", "1,,2"] {
+        for bad in [
+            "", "0", "23", "x", "5-2", "1,,2", "1-", "-3", "1-23", "1-2-3",
+        ] {
             let err = parse_selection(bad).unwrap_err().to_string();
             assert!(err.contains("query"), "{bad:?} gave {err}");
         }
