@@ -15,12 +15,10 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 
 use futures::StreamExt;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::envelope::WorkerReport;
 use crate::error::{HostError, Result, TaskFailure};
@@ -109,7 +107,8 @@ pub struct Task {
 pub struct FanOutOptions {
     /// At most this many workers at once; `None` means [`default_max_workers`].
     pub max_workers: Option<usize>,
-    /// Draw a progress bar on stderr (only when stderr is a terminal).
+    /// Draw a progress bar on stderr (only when stderr is a terminal, and
+    /// only with the `cli-extras` feature).
     pub progress: bool,
 }
 
@@ -237,7 +236,12 @@ fn describe_exit(status: ExitStatus) -> String {
     }
 }
 
-fn progress_bar(total: usize, wanted: bool) -> ProgressBar {
+/// The fan-out's progress bar on stderr: indicatif's with the `cli-extras`
+/// feature, a no-op without it (library embedders need not build indicatif).
+#[cfg(feature = "cli-extras")]
+fn progress_bar(total: usize, wanted: bool) -> indicatif::ProgressBar {
+    use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+    use std::io::IsTerminal as _;
     if !wanted || !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
@@ -248,4 +252,21 @@ fn progress_bar(total: usize, wanted: bool) -> ProgressBar {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
+}
+
+/// Without `cli-extras` there is no bar to draw.
+#[cfg(not(feature = "cli-extras"))]
+fn progress_bar(_total: usize, _wanted: bool) -> NoProgress {
+    NoProgress
+}
+
+/// What the fan-out calls on its bar, doing nothing.
+#[cfg(not(feature = "cli-extras"))]
+#[derive(Clone)]
+struct NoProgress;
+
+#[cfg(not(feature = "cli-extras"))]
+impl NoProgress {
+    fn inc(&self, _delta: u64) {}
+    fn finish_and_clear(&self) {}
 }

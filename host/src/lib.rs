@@ -23,9 +23,13 @@
 //! ```
 //!
 //! [`Host`] is the entry point for embedding; `dfx` is a thin CLI over it.
+//! The default feature `cli-extras` adds [`tpch`] and [`bench`] (`dfx tpch`,
+//! `dfx bench`) and the workers' progress bar; an embedder that turns default
+//! features off builds neither the TPC-H generator nor indicatif.
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "cli-extras")]
 pub mod bench;
 pub mod codec_chain;
 pub mod dispatch;
@@ -35,6 +39,7 @@ pub mod error;
 pub mod loader;
 pub mod session;
 pub mod stages;
+#[cfg(feature = "cli-extras")]
 pub mod tpch;
 pub mod worker;
 

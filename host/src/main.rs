@@ -29,8 +29,10 @@ enum Command {
     /// Run one task from an envelope file (what the driver starts; not for humans).
     Worker(WorkerArgs),
     /// TPC-H distributed and single-process: answers checked, timings compared.
+    #[cfg(feature = "cli-extras")]
     Tpch(dfx_host::tpch::TpchArgs),
     /// Benchmarks (`dfx bench overhead`: what one task costs with no data).
+    #[cfg(feature = "cli-extras")]
     Bench(dfx_host::bench::BenchArgs),
 }
 
@@ -62,10 +64,54 @@ struct QueryArgs {
     /// rule (each topmost partial aggregate).
     #[arg(long, value_enum, default_value_t = Split::Exchange)]
     split: Split,
+    /// Read the SQL query from FILE (`-` for stdin) instead of the argument.
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "FILE",
+        conflicts_with = "sql"
+    )]
+    file: Option<PathBuf>,
     /// The SQL query. It may start with a `-- comment` (as the TPC-H query
     /// files do): a value that begins with dashes is still the query.
+    /// Without it and without -f, the query is read from stdin.
     #[arg(allow_hyphen_values = true)]
-    sql: String,
+    sql: Option<String>,
+}
+
+impl QueryArgs {
+    /// The query: the argument, the file of -f, or stdin when neither is
+    /// given (as datafusion-cli reads it).
+    fn sql(&self) -> Result<String> {
+        let sql = match (&self.sql, &self.file) {
+            (Some(sql), _) => sql.clone(),
+            (None, Some(file)) if file.as_os_str() != "-" => std::fs::read_to_string(file)
+                .map_err(|e| HostError::io("cannot read the SQL file", file, e))?,
+            (None, _) => {
+                use std::io::{IsTerminal as _, Read as _};
+                let mut stdin = std::io::stdin();
+                if stdin.is_terminal() {
+                    eprintln!("dfx: reading the query from stdin (end it with Ctrl-D)");
+                }
+                let mut sql = String::new();
+                stdin
+                    .read_to_string(&mut sql)
+                    .map_err(|e| HostError::io("cannot read the SQL from", "stdin", e))?;
+                sql
+            }
+        };
+        if sql.trim().is_empty() {
+            let from = match (&self.sql, &self.file) {
+                (Some(_), _) => "the SQL argument".to_string(),
+                (None, Some(file)) if file.as_os_str() != "-" => file.display().to_string(),
+                (None, _) => "stdin".to_string(),
+            };
+            return Err(HostError::Invalid(format!(
+                "no query: {from} is empty (give the SQL as an argument, with -f FILE, or on stdin)"
+            )));
+        }
+        Ok(sql)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -142,16 +188,19 @@ fn parse_at_least_one(value: &str) -> std::result::Result<usize, String> {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     // `tpch` and `bench` choose their own exit status (a mismatch is not an error).
+    #[cfg_attr(not(feature = "cli-extras"), allow(unused_mut))]
     let mut status = ExitCode::SUCCESS;
     let work = async {
         match cli.command {
             Command::Run(args) => run(args).await,
             Command::Explain(args) => explain(args).await,
             Command::Worker(args) => worker(args).await,
+            #[cfg(feature = "cli-extras")]
             Command::Tpch(args) => dfx_host::tpch::run_cli(args)
                 .await
                 .map(|code| status = code)
                 .map_err(HostError::from),
+            #[cfg(feature = "cli-extras")]
             Command::Bench(args) => dfx_host::bench::run_cli(args)
                 .await
                 .map(|code| status = code)
@@ -237,9 +286,10 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     .max_workers(args.max_workers)
     .progress(true);
+    let sql = args.query.sql()?;
     let spec = spec_of(&args.query)?;
     if args.query.local {
-        let batches = host.run_local(&args.query.sql, &spec).await?;
+        let batches = host.run_local(&sql, &spec).await?;
         print_batches(&batches, args.format)?;
         eprintln!(
             "local run: no stages, no tasks; {} row(s) in {:.2?}",
@@ -250,7 +300,7 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     let (dir, temp) = shuffle_dir(&args.query)?;
     let spec = spec.with_shuffle_dir(&dir);
-    let result = match host.run_distributed(&args.query.sql, &spec).await {
+    let result = match host.run_distributed(&sql, &spec).await {
         Ok(result) => result,
         Err(err) => {
             // Kept when workers were dispatched: the envelopes and whatever
@@ -304,6 +354,7 @@ async fn run(args: RunArgs) -> Result<()> {
 }
 
 async fn explain(args: ExplainArgs) -> Result<()> {
+    let sql = args.query.sql()?;
     let plugin = load_plugin(args.query.plugin.as_deref())?;
     let host = Host::new(plugin)?;
     let mut spec = spec_of(&args.query)?;
@@ -312,7 +363,7 @@ async fn explain(args: ExplainArgs) -> Result<()> {
     if !args.query.local {
         spec = spec.with_shuffle_dir(dir);
     }
-    print!("{}", host.explain(&args.query.sql, &spec).await?);
+    print!("{}", host.explain(&sql, &spec).await?);
     Ok(())
 }
 

@@ -2,8 +2,9 @@
 
 mod common;
 
+use std::io::Write as _;
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 use common::*;
 
@@ -13,6 +14,26 @@ fn dfx(args: &[&str]) -> Output {
         .env("DFX_PLUGIN", plugin_path())
         .output()
         .expect("dfx starts")
+}
+
+/// `dfx args`, with `stdin` written to its standard input.
+fn dfx_with_stdin(args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(dfx_bin())
+        .args(args)
+        .env("DFX_PLUGIN", plugin_path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("dfx starts");
+    // Dropped after the write: dfx reads to the end of its input.
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().expect("dfx ends")
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -114,6 +135,122 @@ fn dfx_run_formats_and_local_mode() {
         "{}",
         text(&out.stdout)
     );
+}
+
+#[test]
+fn dfx_run_and_explain_read_the_query_from_a_file_or_stdin() {
+    let fixture = Fixture::new();
+    let table = format!("lineitem={}", fixture.table_dir().display());
+    let row = "| A            | 3 | 11.0 | 1100.0 |";
+    let file = fixture.shuffle_dir("q.sql");
+    std::fs::write(&file, format!("-- by flag, from a file\n{BY_FLAG}\n")).unwrap();
+    let file = file.to_str().unwrap();
+
+    // -f FILE, distributed and local, and for explain.
+    let out = dfx(&["run", "--table", &table, "-f", file]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(row), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("split: exchange;"));
+    let out = dfx(&["run", "--local", "--table", &table, "--file", file]);
+    assert!(text(&out.stdout).contains(row), "{}", text(&out.stderr));
+    let out = dfx(&["explain", "--table", &table, "-f", file]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("<== stage 1 ("),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Neither SQL nor -f: stdin, as datafusion-cli reads it; `-f -` too.
+    let out = dfx_with_stdin(&["run", "--table", &table], BY_FLAG);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains(row), "{}", text(&out.stdout));
+    let out = dfx_with_stdin(&["run", "--local", "--table", &table, "-f", "-"], BY_FLAG);
+    assert!(text(&out.stdout).contains(row), "{}", text(&out.stderr));
+    let out = dfx_with_stdin(&["explain", "--local", "--table", &table], BY_FLAG);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("AggregateExec"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Mistakes are named: both a file and SQL, an empty stdin, a missing file.
+    let out = dfx(&["run", "--local", "--table", &table, "-f", file, BY_FLAG]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("cannot be used with"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = dfx_with_stdin(&["run", "--local", "--table", &table], "  \n");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no query: stdin is empty"),
+        "{}",
+        text(&out.stderr)
+    );
+    let missing = fixture.shuffle_dir("missing.sql");
+    let out = dfx(&["run", "--local", "-f", missing.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains(&format!("{}: No such file", missing.display())),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[cfg(feature = "cli-extras")]
+#[test]
+fn dfx_tpch_queries_take_lists_and_ranges_and_name_bad_ones() {
+    // Bad selections are refused before any data is generated.
+    for (bad, culprit) in [
+        ("1-", "\"1-\" in --queries \"1-\" is not a range"),
+        ("5-2", "runs backwards (write 2-5)"),
+        (
+            "0,3",
+            "\"0\" in --queries \"0,3\" is not a TPC-H query number",
+        ),
+        ("1-30", "is not a range of TPC-H query numbers"),
+        ("six", "\"six\""),
+    ] {
+        let data = tempfile::tempdir().unwrap();
+        let data_dir = data.path().to_str().unwrap();
+        let out = dfx(&["tpch", "--queries", bad, "--data-dir", data_dir]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{bad}: {stderr}");
+        assert!(stderr.contains(culprit), "{bad}: {stderr}");
+        assert_eq!(
+            std::fs::read_dir(data.path()).unwrap().count(),
+            0,
+            "{bad}: data generated for a refused selection"
+        );
+    }
+
+    // A range and a list, in the order given, without repeats.
+    let data = tempfile::tempdir().unwrap();
+    let out = dfx(&[
+        "tpch",
+        "--scale",
+        "0.01",
+        "--partitions",
+        "2",
+        "--runs",
+        "1",
+        "--queries",
+        "13-14,6,q14",
+        "--data-dir",
+        data.path().to_str().unwrap(),
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let queries: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("| q"))
+        .filter_map(|l| l.split(' ').next())
+        .filter(|n| n.parse::<u8>().is_ok())
+        .collect();
+    assert_eq!(queries, ["13", "14", "6"], "{stdout}");
 }
 
 #[test]
@@ -248,7 +385,10 @@ fn every_subcommand_has_help() {
         &["run", "--help"],
         &["explain", "--help"],
         &["worker", "--help"],
+        #[cfg(feature = "cli-extras")]
         &["tpch", "--help"],
+        #[cfg(feature = "cli-extras")]
+        &["bench", "--help"],
     ] {
         let out = dfx(args);
         assert!(out.status.success(), "dfx {args:?}");
