@@ -486,6 +486,8 @@ fn an_interrupted_driver_leaves_no_worker_running() {
     let shuffle = fixture.shuffle_dir("interrupted");
     // Workers that never finish, each naming its envelope on its command
     // line; the first wave is the four maps of the stage over the table.
+    // Their output is not the driver's pipe: tail exits by itself once the
+    // reader of a pipe it writes to has gone, which would pass for a kill.
     let mut driver = Command::new(dfx_bin())
         .args([
             "run",
@@ -499,7 +501,7 @@ fn an_interrupted_driver_leaves_no_worker_running() {
         .args(["--worker", "/bin/sh", "--worker-arg", "-c"])
         .args([
             "--worker-arg",
-            r#"exec tail -f /dev/null "$1""#,
+            r#"exec tail -f /dev/null "$1" >/dev/null"#,
             "--worker-arg",
             "sh",
         ])
