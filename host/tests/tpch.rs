@@ -239,10 +239,16 @@ fn the_cli_prints_the_table_writes_json_and_exits_zero() {
     assert_eq!(figures["queries"][0]["outcome"]["kind"], "agree");
 }
 
+/// Each step is timed (a clock left out reads zero), the sum is the sum of
+/// the steps, the table shows what the JSON holds, and no step a worker runs
+/// in-process takes longer than a whole real worker (a unit slip would).
 #[test]
 fn bench_overhead_measures_every_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("overhead.json");
     let output = std::process::Command::new(common::dfx_bin())
-        .args(["bench", "overhead", "--tasks", "2"])
+        .args(["bench", "overhead", "--tasks", "2", "--json"])
+        .arg(&json)
         .env("DFX_PLUGIN", common::plugin_path())
         .output()
         .unwrap();
@@ -252,27 +258,55 @@ fn bench_overhead_measures_every_step() {
         output.status.success(),
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
-    for step in [
-        "process start",
-        "plugin load + handshake",
-        "session build",
-        "decode",
-        "execute",
-        "report + exit",
-        "real `dfx worker`",
-    ] {
-        let line = stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("| {step}")))
-            .unwrap_or_else(|| panic!("no {step:?} row in\n{stdout}"));
-        let ms: f64 = line
-            .trim_end_matches('|')
-            .rsplit('|')
-            .next()
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap_or_else(|e| panic!("{line}: {e}"));
-        assert!(ms.is_finite() && ms >= 0.0, "{line}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(report["tasks"], 2, "{report}");
+    let steps: Vec<(String, f64)> = report["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s[0].as_str().unwrap().to_string(), s[1].as_f64().unwrap()))
+        .collect();
+    let names: Vec<&str> = steps.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "process start",
+            "plugin load + handshake",
+            "session build",
+            "decode",
+            "execute",
+            "report + exit",
+        ]
+    );
+    let real = report["real_worker_ms"].as_f64().unwrap();
+    assert!(real.is_finite() && real > 0.0, "{report}");
+    for (name, ms) in &steps {
+        assert!(
+            ms.is_finite() && *ms > 0.0,
+            "{name} was not timed: {report}"
+        );
+        // The table shows the JSON's figure.
+        assert!(
+            stdout.contains(&format!("| {name} | {ms:.2} |")),
+            "{name} {ms:.2} not in\n{stdout}"
+        );
     }
+    for (name, ms) in &steps[1..5] {
+        assert!(
+            *ms < real,
+            "{name} took {ms} ms, more than a whole real worker ({real} ms): {report}"
+        );
+    }
+    let sum: f64 = steps.iter().map(|(_, ms)| ms).sum();
+    let total = report["total_ms"].as_f64().unwrap();
+    assert!((total - sum).abs() < 1e-9, "{total} is not the sum {sum}");
+    assert!(
+        stdout.contains(&format!("| **sum of steps** | **{total:.2}** |")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("| real `dfx worker`, spawn to exit | {real:.2} |")),
+        "{stdout}"
+    );
 }
