@@ -140,7 +140,7 @@ def assert_revenue(rows: list[dict[str, object]]) -> None:
 
 
 def assert_same(left: list[dict[str, object]], right: list[dict[str, object]]) -> None:
-    """Same rows, floats to 1e-6 relative."""
+    """Same rows: floats to 1e-6 relative, all else (decimals too) exactly."""
     assert len(left) == len(right)
     for a, b in zip(left, right, strict=True):
         assert a.keys() == b.keys()
@@ -172,10 +172,33 @@ def sorted_rows(batches: list[pa.RecordBatch]) -> list[tuple[Any, ...]]:
     return sorted(rows, key=key)
 
 
+def assert_same_columns(
+    left: list[pa.RecordBatch], right: list[pa.RecordBatch], label: str = ""
+) -> None:
+    """Same column names and types, in order, decimal scales included.
+
+    An answer without batches has no schema; its rows decide.
+    """
+    if not left or not right:
+        return
+    names, types = (
+        (left[0].schema.names, right[0].schema.names),
+        (
+            left[0].schema.types,
+            right[0].schema.types,
+        ),
+    )
+    assert names[0] == names[1], f"{label}: columns {names[0]} vs {names[1]}"
+    assert types[0] == types[1], f"{label}: column types {types[0]} vs {types[1]}"
+
+
 def assert_same_rows(
     left: list[tuple[Any, ...]], right: list[tuple[Any, ...]], label: str = ""
 ) -> None:
-    """Same rows in the same order, floats to 1e-6 relative."""
+    """Same rows in the same order: floats to 1e-6 relative, all else exactly.
+
+    Decimals too: their sums are exact, so a tolerance would hide a lost row.
+    """
     assert len(left) == len(right), f"{label}: {len(left)} rows, not {len(right)}"
     for index, (a, b) in enumerate(zip(left, right, strict=True)):
         assert len(a) == len(b), f"{label} row {index}: {a} vs {b}"

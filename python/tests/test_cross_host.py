@@ -21,7 +21,7 @@ import sys
 from typing import TYPE_CHECKING
 
 import pytest
-from conftest import SQL_ONLY, as_rows, assert_same
+from conftest import SQL_ONLY, as_rows, assert_same, assert_same_columns
 
 from dfx_engine import _internal
 from dfx_engine.driver import execute_plan, run_distributed, run_local, waves_of
@@ -73,7 +73,9 @@ def test_python_driver_rust_workers(
             assert all(
                 result.task_rows[(info.stage_id, m)] == 2 for m in range(info.maps)
             )
-    assert_same(as_rows(result.batches), as_rows(run_local(SQL_ONLY, spec)))
+    local = run_local(SQL_ONLY, spec)
+    assert_same_columns(result.batches, local)
+    assert_same(as_rows(result.batches), as_rows(local))
 
 
 @pytest.mark.parametrize("split", ["exchange", "aggregate"])

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import assert_same_rows, sorted_rows
+from conftest import assert_same_columns, assert_same_rows, sorted_rows
 
 from dfx_engine.driver import run_distributed, run_local
 from dfx_engine.session import SessionSpec
@@ -177,6 +177,7 @@ def _compare(sql: str, spec: SessionSpec, *, ordered: bool) -> None:
         distributed_rows = sorted_rows(result.batches)
         local_rows = sorted_rows(local)
     assert local_rows, f"{sql}: the fixture gives this query no rows"
+    assert_same_columns(result.batches, local, f"{spec.split}: {sql}")
     assert_same_rows(distributed_rows, local_rows, f"{spec.split}: {sql}")
 
 

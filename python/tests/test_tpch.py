@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pytest
-from conftest import assert_same_rows
+from conftest import assert_same_columns, assert_same_rows
 
 from dfx_engine import _internal
 from dfx_engine.driver import run_distributed, run_local
@@ -122,4 +122,5 @@ def test_tpch_query_agrees_with_local(
     result = run_distributed(sql, spec)
     local = run_local(sql, spec)
     assert result.stages
+    assert_same_columns(result.batches, local, f"q{number}")
     assert_same_rows(_rows(result.batches), _rows(local), f"q{number}")
