@@ -359,15 +359,29 @@ impl Cutter {
         self.read(ReadMode::Hash, writer)
     }
 
-    /// `replacement` with the hash partitioning (and per-partition order)
-    /// `original` promised to the operators above, through a hash exchange
-    /// when it differs.
+    /// `replacement` with the partitioning `original` promised to the
+    /// operators above: merged into one partition when it promised one, and
+    /// through a hash exchange (keeping per-partition order) when it promised
+    /// another hash partitioning.
     fn restore(
         &self,
         original: &Arc<dyn ExecutionPlan>,
         replacement: Arc<dyn ExecutionPlan>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let promised = original.output_partitioning();
+        // One partition promised (to an operator that requires a single
+        // partition, such as a `Single` aggregate): merge back into one.
+        if promised.partition_count() == 1
+            && replacement.output_partitioning().partition_count() > 1
+        {
+            let merged: Arc<dyn ExecutionPlan> = match original.output_ordering() {
+                Some(ordering) => {
+                    Arc::new(SortPreservingMergeExec::new(ordering.clone(), replacement))
+                }
+                None => Arc::new(CoalescePartitionsExec::new(replacement)),
+            };
+            return self.cut_node(merged);
+        }
         if !matches!(promised, Partitioning::Hash(_, n) if *n > 1)
             || replacement.output_partitioning() == promised
         {

@@ -69,6 +69,7 @@ const QUERIES: &[&str] = &[
     "select x.v from (select * from a where v < 10) x where exists (select 1 from b where b.k = x.k)",
     "select x.v from (select * from a where v < 10) x where not exists (select 1 from b where b.k = x.k)",
     "select x.v, b.w from (select * from a where v < 10) x left join b on x.k = b.k and b.w > x.v",
+    "select x.v % 3, count(y.w) from (select * from a order by v limit 30) x left join (select * from b order by w limit 60) y on x.k = y.k group by x.v % 3",
     "select count(*) from a full join b on a.k > b.k + 40",
     "select a.v from a where exists (select 1 from b where b.k = a.k)",
     "select a.v from a where exists (select 1 from b where b.k > a.k + 50)",
@@ -130,10 +131,15 @@ async fn distributed(
     sql: &str,
     split: &str,
     partitioned_joins: bool,
+    target_partitions: usize,
 ) -> Result<(Vec<String>, Arc<dyn ExecutionPlan>)> {
     let dir = temp_dir();
     let ctx = session_with(Some(dir.path()), split)?;
     register_ab(&ctx)?;
+    ctx.sql(&format!(
+        "SET datafusion.execution.target_partitions = {target_partitions}"
+    ))
+    .await?;
     if partitioned_joins {
         for key in [
             "hash_join_single_partition_threshold",
@@ -162,7 +168,7 @@ async fn partitions_run_apart_give_the_local_answer_in_both_modes() -> Result<()
     ] {
         for sql in QUERIES {
             let expected = local(sql).await?;
-            match distributed(sql, split, partitioned).await {
+            match distributed(sql, split, partitioned, 2).await {
                 Ok((found, plan)) if found != expected => failures.push(format!(
                     "{split} (partitioned joins: {partitioned}): {sql}: {} rows instead of {}\n{}",
                     found.len(),
@@ -174,6 +180,33 @@ async fn partitions_run_apart_give_the_local_answer_in_both_modes() -> Result<()
                     "{split} (partitioned joins: {partitioned}): {sql}: {err}"
                 )),
             }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    Ok(())
+}
+
+/// With one target partition DataFusion plans single-partition operators
+/// (`Single` aggregates, collected joins of every type) that the split rule
+/// must leave with the one partition they were planned for.
+#[tokio::test]
+async fn one_target_partition_gives_the_local_answer() -> Result<()> {
+    let mut failures = Vec::new();
+    for sql in QUERIES {
+        let ctx = session(None)?;
+        register_ab(&ctx)?;
+        ctx.sql("SET datafusion.execution.target_partitions = 1")
+            .await?;
+        let expected = sorted_rows(&ctx.sql(sql).await?.collect().await?);
+        match distributed(sql, "exchange", false, 1).await {
+            Ok((found, plan)) if found != expected => failures.push(format!(
+                "{sql}: {} rows instead of {}\n{}",
+                found.len(),
+                expected.len(),
+                displayable(plan.as_ref()).indent(false)
+            )),
+            Ok(_) => {}
+            Err(err) => failures.push(format!("{sql}: {err}")),
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
