@@ -2,6 +2,9 @@
 # The ABI suite's test command: build every plugin file it loads, then run it.
 #
 #   ffi-tests/run-suite.sh            debug host, debug plugin
+#   ffi-tests/run-suite.sh --ci       also: debug host + `ci-release` plugin
+#                                     (optimized, no debug assertions; what
+#                                     CI runs, see README.md for why)
 #   ffi-tests/run-suite.sh --mixed    also: debug host + release plugin, and
 #                                     release host + debug plugin
 #
@@ -18,8 +21,21 @@ target="$(cd "$(dirname "$target")" && pwd)/$(basename "$target")"
 ffi-tests/build-plugins.sh
 cargo test -p dfx-ffi-tests --no-fail-fast
 
+if [[ "${1:-}" == "--ci" ]]; then
+    # Only the plugin files in the other profile: the debug test executables
+    # just built load them, so no test code is compiled again.
+    ffi-tests/build-plugins.sh --plugin-only ci-release
+    echo "=== mixed: debug host, ci-release plugin"
+    DFX_PLUGIN="$target/ci-release/libdfx_plugin.so" \
+    DFX_PLUGIN_TEST_HOOKS="$target/ci-release/test-hooks/libdfx_plugin.so" \
+        cargo test -p dfx-ffi-tests --no-fail-fast
+fi
+
 if [[ "${1:-}" == "--mixed" ]]; then
-    ffi-tests/build-plugins.sh --release
+    # Plain rustc for the release builds, even under scripts/test.sh's clippy
+    # wrapper (clippy-driver turns MIR optimizations off).
+    plain=(env -u RUSTC_WORKSPACE_WRAPPER -u CLIPPY_ARGS)
+    "${plain[@]}" ffi-tests/build-plugins.sh --release
     echo "=== mixed: debug host, release plugin"
     DFX_PLUGIN="$target/release/libdfx_plugin.so" \
     DFX_PLUGIN_TEST_HOOKS="$target/release/test-hooks/libdfx_plugin.so" \
@@ -27,5 +43,5 @@ if [[ "${1:-}" == "--mixed" ]]; then
     echo "=== mixed: release host, debug plugin"
     DFX_PLUGIN="$target/debug/libdfx_plugin.so" \
     DFX_PLUGIN_TEST_HOOKS="$target/debug/test-hooks/libdfx_plugin.so" \
-        cargo test --release -p dfx-ffi-tests --no-fail-fast
+        "${plain[@]}" cargo test --release -p dfx-ffi-tests --no-fail-fast
 fi
