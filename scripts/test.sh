@@ -24,6 +24,8 @@ if ! clippy_driver="$(rustup which clippy-driver 2>/dev/null || command -v clipp
     exit 1
 fi
 export RUSTC_WORKSPACE_WRAPPER="$clippy_driver"
+# `-D warnings`, spelled as cargo clippy hands it to clippy-driver (each
+# argument followed by the separator).
 export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 
 timings=()
