@@ -36,7 +36,10 @@ trap 'rm -rf "$scratch"' EXIT
 
 # user+sys seconds and max RSS (KiB) of one command, from GNU time.
 measure() {
-    /usr/bin/time -f "%U %S %M" -o "$scratch/time" "$@" >/dev/null
+    if ! /usr/bin/time -f "%U %S %M" -o "$scratch/time" "$@" >/dev/null 2>"$scratch/stderr"; then
+        cat "$scratch/stderr" >&2
+        exit 1
+    fi
     read -r user sys rss <"$scratch/time"
     cpu="$(echo "$user + $sys" | bc)"
 }
