@@ -129,39 +129,42 @@ impl Cutter {
 
     /// `input` as its own stage, read whole by every consumer task.
     fn broadcast(&self, input: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-        // A coalesce over a pass-through read is what the rule below a merge
-        // made of a multi-partition build side: read its stage whole instead.
-        // Row-by-row operators above that coalesce (a projection, a filter)
-        // run on the whole build side in each consumer task just as well.
+        if input.is::<ShuffleReaderExec>() {
+            return Ok(input);
+        }
+        if let Some(read) = self.read_whole(&input)? {
+            return Ok(read);
+        }
+        let writer = self.writer(input, Partitioning::UnknownPartitioning(1))?;
+        self.read(ReadMode::Broadcast, writer)
+    }
+
+    /// `input` as a broadcast read of a stage that already exists, when it is
+    /// a coalesce over a pass-through read (what the rule below a merge made
+    /// of a multi-partition build side), possibly under row-by-row operators
+    /// (a projection, a filter), which run on the whole build side in each
+    /// consumer task just as well.
+    fn read_whole(&self, input: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         if let Some(coalesce) = input.downcast_ref::<CoalescePartitionsExec>()
             && coalesce.fetch().is_none()
             && let Some(reader) = coalesce.input().downcast_ref::<ShuffleReaderExec>()
             && reader.mode() == ReadMode::PassThrough
         {
-            return self.read(ReadMode::Broadcast, Arc::clone(reader.writer()));
+            return Ok(Some(
+                self.read(ReadMode::Broadcast, Arc::clone(reader.writer()))?,
+            ));
         }
-        if is_row_by_row(&input) {
-            let child = Arc::clone(input.children()[0]);
-            let read = self.broadcast(Arc::clone(&child))?;
-            if read.is::<ShuffleReaderExec>() && !child.is::<ShuffleReaderExec>() {
-                let reader = read.downcast_ref::<ShuffleReaderExec>().expect("checked");
-                // Only when the child became a read of an existing stage, not
-                // a new stage of its own (then the whole chain is the stage).
-                if !reader
-                    .writer()
-                    .children()
-                    .first()
-                    .is_some_and(|w| Arc::ptr_eq(w, &child))
-                {
-                    return replace_children_if_necessary(input, vec![read]);
-                }
-            }
+        if !is_row_by_row(input) {
+            return Ok(None);
         }
-        if input.is::<ShuffleReaderExec>() {
-            return Ok(input);
+        let child = Arc::clone(input.children()[0]);
+        match self.read_whole(&child)? {
+            Some(read) => Ok(Some(replace_children_if_necessary(
+                Arc::clone(input),
+                vec![read],
+            )?)),
+            None => Ok(None),
         }
-        let writer = self.writer(input, Partitioning::UnknownPartitioning(1))?;
-        self.read(ReadMode::Broadcast, writer)
     }
 
     /// Bottom-up: cut the children first, then this node.
@@ -350,13 +353,20 @@ impl Cutter {
         self.restore(plan, partitioned)
     }
 
+    /// `input` split by `partitioning`: a hash exchange, or in `aggregate`
+    /// mode (which cuts only at partial aggregates) an in-process repartition.
     fn hash_exchange(
         &self,
         input: Arc<dyn ExecutionPlan>,
         partitioning: Partitioning,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let writer = self.writer(input, partitioning)?;
-        self.read(ReadMode::Hash, writer)
+        match self.mode {
+            SplitMode::Exchange => {
+                let writer = self.writer(input, partitioning)?;
+                self.read(ReadMode::Hash, writer)
+            }
+            SplitMode::Aggregate => Ok(Arc::new(RepartitionExec::try_new(input, partitioning)?)),
+        }
     }
 
     /// `replacement` with the partitioning `original` promised to the
@@ -415,29 +425,13 @@ impl Cutter {
         };
         let right = self.gather(right)?;
         let gathered = replace_children_if_necessary(Arc::clone(plan), vec![left, right])?;
-        match plan.output_partitioning() {
-            Partitioning::Hash(exprs, n) if *n > 1 => {
-                let partitioning = Partitioning::Hash(exprs.clone(), *n);
-                let reader: Arc<dyn ExecutionPlan> = match self.mode {
-                    SplitMode::Exchange => {
-                        let writer = self.writer(gathered, partitioning)?;
-                        self.read(ReadMode::Hash, writer)?
-                    }
-                    SplitMode::Aggregate => {
-                        Arc::new(RepartitionExec::try_new(gathered, partitioning)?)
-                    }
-                };
-                match plan.output_ordering() {
-                    Some(ordering) => Ok(Arc::new(
-                        SortExec::new(ordering.clone(), reader).with_preserve_partitioning(true),
-                    )),
-                    None => Ok(reader),
-                }
-            }
+        if self.mode == SplitMode::Exchange
+            && !matches!(plan.output_partitioning(), Partitioning::Hash(_, n) if *n > 1)
+        {
             // A single-task stage of its own, so the driver does not run it.
-            _ if self.mode == SplitMode::Exchange => self.pass_through(gathered),
-            _ => Ok(gathered),
+            return self.pass_through(gathered);
         }
+        self.restore(plan, gathered)
     }
 
     /// A collected build side, kept single-partition, as a broadcast read.
