@@ -1,11 +1,15 @@
 //! The `dfx_engine` config extension.
 //!
-//! Two keys:
+//! Three keys:
 //! - `dfx_engine.shuffle_dir`: where stage output goes. Empty (the default)
 //!   means "do not distribute": the planner inserts no stage.
 //! - `dfx_engine.split`: where the planner cuts the plan into stages,
 //!   `exchange` (the default: at every exchange) or `aggregate` (round 1's
 //!   rule: at each topmost partial aggregate).
+//! - `dfx_engine.shuffle_compression`: how bucket files are compressed,
+//!   `lz4` (the default: LZ4 frames, the codec Ballista measured as paying
+//!   for itself) or `none`. Read by the writer when its task runs, so a
+//!   worker's session decides; readers detect it per message.
 //!
 //! A host that loaded the plugin registers the options as an
 //! `FFI_ExtensionOptions`, so on the plugin's side of the boundary they arrive
@@ -27,6 +31,18 @@ pub const SHUFFLE_DIR_KEY: &str = "dfx_engine.shuffle_dir";
 
 /// The full key of the split rule.
 pub const SPLIT_KEY: &str = "dfx_engine.split";
+
+/// The full key of the shuffle files' compression.
+pub const SHUFFLE_COMPRESSION_KEY: &str = "dfx_engine.shuffle_compression";
+
+/// How a writer compresses its bucket files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShuffleCompression {
+    /// Arrow IPC with LZ4 frame compression per buffer.
+    Lz4,
+    /// Uncompressed Arrow IPC.
+    None,
+}
 
 /// Where the planner cuts a plan into stages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +71,8 @@ extensions_options! {
         pub shuffle_dir: String, default = String::new()
         /// Where the plan is cut into stages: `exchange` or `aggregate`.
         pub split: String, default = "exchange".to_string()
+        /// How bucket files are compressed: `lz4` or `none`.
+        pub shuffle_compression: String, default = "lz4".to_string()
     }
 }
 
@@ -93,7 +111,7 @@ impl DfxConfig {
             config.set(inner, &value).map_err(|err| {
                 DataFusionError::Configuration(format!(
                     "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` (dfx declares \
-                     `{SHUFFLE_DIR_KEY}` and `{SPLIT_KEY}`): {err}"
+                     `{SHUFFLE_DIR_KEY}`, `{SPLIT_KEY}` and `{SHUFFLE_COMPRESSION_KEY}`): {err}"
                 ))
             })?;
         }
@@ -111,6 +129,21 @@ impl DfxConfig {
             "aggregate" => Ok(SplitMode::Aggregate),
             other => Err(DataFusionError::Configuration(format!(
                 "dfx config: `{SPLIT_KEY}` is {other:?}; expected \"exchange\" or \"aggregate\""
+            ))),
+        }
+    }
+
+    /// How bucket files are compressed.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `lz4` or `none`, named in the message.
+    pub fn shuffle_compression(&self) -> Result<ShuffleCompression> {
+        match self.shuffle_compression.trim() {
+            "" | "lz4" => Ok(ShuffleCompression::Lz4),
+            "none" => Ok(ShuffleCompression::None),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{SHUFFLE_COMPRESSION_KEY}` is {other:?}; expected \"lz4\" or \"none\""
             ))),
         }
     }
@@ -179,6 +212,25 @@ mod tests {
         let err = DfxConfig::from_config(&options).unwrap_err().to_string();
         assert!(err.contains("dfx_engine.shufle_dir"), "{err}");
         assert!(err.contains(SHUFFLE_DIR_KEY), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn shuffle_compression_is_lz4_unless_turned_off() -> Result<()> {
+        let config = DfxConfig::from_config(&ConfigOptions::default())?;
+        assert_eq!(config.shuffle_compression()?, ShuffleCompression::Lz4);
+        let options = options_with_ffi(SHUFFLE_COMPRESSION_KEY, "none")?;
+        let config = DfxConfig::from_config(&options)?;
+        assert_eq!(config.shuffle_compression()?, ShuffleCompression::None);
+        let options = options_with_ffi(SHUFFLE_COMPRESSION_KEY, "zip")?;
+        let err = DfxConfig::from_config(&options)?
+            .shuffle_compression()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(SHUFFLE_COMPRESSION_KEY) && err.contains("zip"),
+            "{err}"
+        );
         Ok(())
     }
 

@@ -1,5 +1,5 @@
-//! Bucket files: LZ4-compressed Arrow IPC streams, written under a temp name
-//! and published by rename.
+//! Bucket files: Arrow IPC streams (LZ4-compressed unless the session turns
+//! it off), written under a temp name and published by rename.
 //!
 //! File I/O happens inline, on the thread polling the stream, rather than on
 //! a blocking pool: the plugin has its own copy of tokio and no runtime of its
@@ -17,6 +17,7 @@ use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use datafusion::arrow::record_batch::RecordBatch;
 
+use crate::config::ShuffleCompression;
 use crate::paths::temp_path;
 
 /// A temp file removed on drop unless it was published.
@@ -74,12 +75,20 @@ pub struct BucketFile {
 
 impl BucketFile {
     /// Start the bucket file that will be published as `final_path`.
-    pub fn create(final_path: &Path, schema: &SchemaRef) -> Result<Self, String> {
+    pub fn create(
+        final_path: &Path,
+        schema: &SchemaRef,
+        compression: ShuffleCompression,
+    ) -> Result<Self, String> {
         let temp = TempFile::new(temp_path(final_path));
         let file = File::create(temp.path())
             .map_err(|e| format!("cannot create {}: {e}", temp.path().display()))?;
+        let codec = match compression {
+            ShuffleCompression::Lz4 => Some(CompressionType::LZ4_FRAME),
+            ShuffleCompression::None => None,
+        };
         let options = IpcWriteOptions::default()
-            .try_with_compression(Some(CompressionType::LZ4_FRAME))
+            .try_with_compression(codec)
             .map_err(|e| format!("cannot enable LZ4 compression: {e}"))?;
         let writer = StreamWriter::try_new_with_options(BufWriter::new(file), schema, options)
             .map_err(|e| format!("cannot start {}: {e}", temp.path().display()))?;

@@ -42,6 +42,7 @@ use futures::StreamExt;
 
 use super::files::BucketFile;
 use super::marker::{BucketEntry, MapMarker};
+use crate::config::{DfxConfig, ShuffleCompression};
 use crate::counters::LiveObject;
 use crate::paths::{bucket_path, map_dir, marker_path};
 use crate::planner::isolated_task_context;
@@ -292,6 +293,10 @@ impl ExecutionPlan for ShuffleWriterExec {
             .map_err(|e| self.error(map, format!("cannot create {}: {e}", dir.display())))?;
         let input = self.input.execute(map, isolated_task_context(&context))?;
         let batch_size = context.session_config().batch_size();
+        // The worker's session decides (readers detect it per message).
+        let compression = DfxConfig::from_config(context.session_config().options())
+            .and_then(|config| config.shuffle_compression())
+            .map_err(|e| self.error(map, e.to_string()))?;
         let job = MapJob {
             stage_id: self.stage_id,
             map,
@@ -300,6 +305,7 @@ impl ExecutionPlan for ShuffleWriterExec {
             partitioner: self.partitioner(map)?,
             buckets: (0..self.buckets()).map(|_| None).collect(),
             batch_size,
+            compression,
             _live: LiveObject::new(),
         };
         let summary = futures::stream::once(job.run(input));
@@ -327,6 +333,7 @@ struct MapJob {
     partitioner: BatchPartitioner,
     buckets: Vec<Option<OpenBucket>>,
     batch_size: usize,
+    compression: ShuffleCompression,
     _live: LiveObject,
 }
 
@@ -362,7 +369,7 @@ impl MapJob {
         }
         if self.buckets[bucket].is_none() {
             let path = bucket_path(&self.shuffle_dir, self.stage_id, self.map, bucket);
-            let file = BucketFile::create(&path, &self.schema)
+            let file = BucketFile::create(&path, &self.schema, self.compression)
                 .map_err(|e| self.error(format!("bucket {bucket}: {e}")))?;
             self.buckets[bucket] = Some(OpenBucket {
                 coalescer: BatchCoalescer::new(Arc::clone(&self.schema), self.batch_size),
