@@ -8,7 +8,7 @@ plan, whose readers find the published files::
 
     plan = ctx.sql(sql).execution_plan()            planned ONCE
     writers in pre-order ──► stage_id(n), to_bytes(ctx), StageInfo of the bytes
-    wave 1: stages with no deps    ─► one worker per (stage, map)
+    wave 1: stages with no deps    ─► one task per (stage, map), on a worker
     wave 2: stages whose deps are done ...
     execute every partition of ``plan`` here (readers only read)
 
@@ -31,20 +31,29 @@ rules of docs/DESIGN):
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import fcntl
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any
 
 from dfx_engine import _internal
 from dfx_engine.session import SessionSpec, build_session
+from dfx_engine.worker import SERVE_FLAG
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from types import TracebackType
 
     import pyarrow as pa
     from datafusion import DataFrame, SessionContext
@@ -52,8 +61,11 @@ if TYPE_CHECKING:
     from datafusion.user_defined import AggregateUDF, ScalarUDF
 
 __all__ = [
+    "WORKER_MODES",
     "DistributedResult",
     "Stage",
+    "TaskReport",
+    "WorkerPool",
     "dataframe_for",
     "default_max_workers",
     "execute_plan",
@@ -69,6 +81,38 @@ __all__ = [
 
 Task = tuple[int, int]
 """``(stage_id, map)``: one unit of work, run by one worker process."""
+
+WORKER_MODES = ("pool", "process")
+"""How tasks reach workers, default first.
+
+``pool``: long-lived workers (``<worker command> --serve``), each running
+task after task, so the interpreter, DataFusion and the plugin load once per
+worker rather than once per task (see :class:`WorkerPool`). ``process``: one
+``<worker command> ENVELOPE`` process per task.
+"""
+
+STDERR_TAIL = 16_384
+"""Bytes of a worker's stderr attached to its task's failure, at most."""
+
+
+@dataclass(frozen=True)
+class TaskReport:
+    """What a worker reported for one task.
+
+    Attributes:
+        rows: Rows the map published, over all its buckets.
+        bytes: Bytes it published, or ``None`` if the worker did not say
+            (reports written before the field existed).
+        elapsed_ms: The task's time inside the worker, or ``None`` likewise.
+    """
+
+    rows: int
+    bytes: int | None = None
+    elapsed_ms: float | None = None
+
+
+class _TaskFailed(Exception):
+    """One task failed; the message names its stage and map."""
 
 
 class Stage:
@@ -107,20 +151,23 @@ class DistributedResult:
             published over all buckets), keyed as ``tasks``.
         stages: Every stage, in pre-order (the order of their ids).
         waves: The stage ids of each wave, in the order the waves ran.
+        reports: Each task's whole report (rows, bytes, time), keyed as
+            ``tasks``.
     """
 
     def __init__(
         self,
         batches: list[pa.RecordBatch],
         tasks: list[Task],
-        task_rows: dict[Task, int],
+        reports: dict[Task, TaskReport],
         stages: list[_internal.StageInfo],
         waves: list[list[int]],
     ) -> None:
-        """Bundle a run's batches with its stages, tasks and their row counts."""
+        """Bundle a run's batches with its stages, tasks and their reports."""
         self.batches = batches
         self.tasks = tasks
-        self.task_rows = task_rows
+        self.reports = reports
+        self.task_rows = {task: report.rows for task, report in reports.items()}
         self.stages = stages
         self.waves = waves
 
@@ -293,34 +340,68 @@ def python_worker() -> list[str]:
     return [sys.executable, "-m", "dfx_engine.worker"]
 
 
-def _rows_reported(task: Task, stdout: str) -> int:
-    """The row count on a worker's last non-empty line of stdout.
+def _report_of(task: Task, report: object, line: str) -> TaskReport:
+    """The :class:`TaskReport` in ``report``, a worker's parsed success line.
+
+    Raises:
+        _TaskFailed: If it is for another task or its fields have the wrong
+            types.
+    """
+    stage, map_index = task
+    unreadable = _TaskFailed(
+        f"stage {stage} map {map_index}: unreadable worker report {line!r}"
+    )
+    if not isinstance(report, dict):
+        raise unreadable
+    rows, size, elapsed = (report.get(k) for k in ("rows", "bytes", "elapsed_ms"))
+    if (
+        (report.get("stage_id"), report.get("partition")) != task
+        or not isinstance(rows, int)
+        or isinstance(rows, bool)
+        or not (size is None or (isinstance(size, int) and not isinstance(size, bool)))
+        or not (
+            elapsed is None
+            or (isinstance(elapsed, int | float) and not isinstance(elapsed, bool))
+        )
+    ):
+        raise unreadable
+    return TaskReport(rows, size, None if elapsed is None else float(elapsed))
+
+
+def _process_report(task: Task, stdout: str) -> TaskReport:
+    """The report on a one-shot worker's last non-empty line of stdout.
 
     The last line only: anything loaded into the worker may print, and
     parsing the whole stream would turn one stray line into a confusing
     JSON error.
 
     Raises:
-        RuntimeError: If there is no report, or it is not the expected JSON.
+        _TaskFailed: If there is no report, or it is not the expected JSON.
     """
     stage, map_index = task
     lines = [line for line in stdout.splitlines() if line.strip()]
     if not lines:
         message = f"stage {stage} map {map_index}: the worker printed no report"
-        raise RuntimeError(message)
+        raise _TaskFailed(message)
     try:
         report = json.loads(lines[-1])
-        rows = report["rows"]
-        if (report["stage_id"], report["partition"]) != task or not isinstance(
-            rows, int
-        ):
-            raise ValueError(lines[-1])
-    except (ValueError, KeyError, TypeError) as err:
+    except ValueError as err:
         message = (
             f"stage {stage} map {map_index}: unreadable worker report {lines[-1]!r}"
         )
-        raise RuntimeError(message) from err
-    return rows
+        raise _TaskFailed(message) from err
+    return _report_of(task, report, lines[-1])
+
+
+def _exit_status(returncode: int) -> str:
+    """``status 3``, or ``status -9 (killed by SIGKILL)`` for a signal."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"status {returncode} (killed by {name})"
+    return f"status {returncode}"
 
 
 def default_max_workers() -> int:
@@ -328,37 +409,451 @@ def default_max_workers() -> int:
     return os.cpu_count() or 1
 
 
+def _bound(max_workers: int | None) -> int:
+    bound = max_workers or default_max_workers()
+    if bound < 1:
+        message = f"max_workers must be at least 1, got {bound}"
+        raise ValueError(message)
+    return bound
+
+
+class _Stopped(Exception):
+    """The run a task belonged to is being abandoned; nothing to report."""
+
+
+class _PooledWorker:
+    """One long-lived worker process and the file its stderr goes to.
+
+    The stderr is a file, not a pipe: a worker writes (and flushes) its
+    stderr before its response, and data written to a file is there to read
+    as soon as the write returns, while a pipe's would race with the
+    response on the other pipe. The file is opened for appending and emptied
+    after each answered task, so it holds the current task's stderr only.
+    """
+
+    def __init__(self, command: list[str]) -> None:
+        """Start ``command``; raises ``OSError`` if it cannot start."""
+        self.stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in close()
+        fd = self.stderr.fileno()
+        # Appending: the driver empties the file under a writer that keeps
+        # its own offset, which would otherwise leave a hole of NULs.
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        try:
+            self.process = subprocess.Popen(  # noqa: S603 - the caller's worker command
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.stderr,
+                env=_worker_env(),
+            )
+        except OSError:
+            self.stderr.close()
+            raise
+
+    def stderr_tail(self) -> str:
+        """The end of what the worker wrote to stderr since its last answer."""
+        fd = self.stderr.fileno()
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, STDERR_TAIL, max(0, size - STDERR_TAIL))
+        text = tail.decode("utf-8", errors="replace").strip()
+        return f"[...]\n{text}" if size > STDERR_TAIL else text
+
+    def forget_stderr(self) -> None:
+        """Empty the stderr file: the next task starts with none."""
+        os.ftruncate(self.stderr.fileno(), 0)
+
+    def kill(self) -> None:
+        """Kill the process if it still runs (it is reaped by :meth:`close`)."""
+        if self.process.poll() is None:
+            self.process.kill()
+
+    def close(self) -> None:
+        """Kill, reap, and release the pipes and the stderr file."""
+        self.kill()
+        self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                # A pipe to a dead worker may fail to flush; it is gone.
+                with contextlib.suppress(OSError):
+                    stream.close()
+        self.stderr.close()
+
+
+_live_pools: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_pools() -> None:
+    """Close every pool still open at exit: its workers must not outlive us."""
+    for pool in list(_live_pools):
+        pool.close()
+
+
+class WorkerPool:
+    """Long-lived workers that run task after task, at most ``max_workers``.
+
+    A worker is ``<worker_command> --serve`` (default: :func:`python_worker`),
+    started when a task needs it and no started one is idle; it reads one
+    request line per task and answers with one line (the protocol is in
+    :mod:`dfx_engine.worker`). Its session stays built between tasks of the
+    same query. A worker that dies fails its task, with its exit status and
+    stderr, and is replaced by the next task that needs one.
+
+    Reuse a pool across queries by passing it to :func:`run_distributed`,
+    and close it (or use it as a context manager) when done::
+
+        with WorkerPool(max_workers=4) as pool:
+            for sql in queries:
+                run_distributed(sql, spec_for(sql), pool=pool)
+
+    Without one, :func:`run_distributed` makes a pool for the call and closes
+    it before returning. Closing kills the workers: between tasks they hold
+    nothing (a map's output is published before its answer). A pool left
+    open is closed at interpreter exit, and a worker whose driver vanished
+    sees the end of its input and exits.
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        worker_command: Sequence[str] | None = None,
+    ) -> None:
+        """A pool of at most ``max_workers`` (default: the cores); none started.
+
+        Raises:
+            ValueError: If ``max_workers`` is less than 1.
+        """
+        self.max_workers = _bound(max_workers)
+        self.command = [*(worker_command or python_worker()), SERVE_FLAG]
+        self._cond = threading.Condition()
+        self._workers: list[_PooledWorker] = []
+        self._idle: list[_PooledWorker] = []
+        self._starting = 0
+        self._closed = False
+        _live_pools.add(self)
+
+    def __enter__(self) -> WorkerPool:
+        """The pool itself."""
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the pool."""
+        self.close()
+
+    def pids(self) -> list[int]:
+        """The process ids of the workers started and not yet retired."""
+        with self._cond:
+            return [worker.process.pid for worker in self._workers]
+
+    def run(
+        self, task: Task, envelope: pathlib.Path, stop: threading.Event | None = None
+    ) -> TaskReport:
+        """Run ``task`` on an idle worker (started if none is); its report.
+
+        Blocks until a worker is free. ``stop`` is the run's abandon signal:
+        once set, no worker is handed out and one started meanwhile is
+        killed.
+
+        Raises:
+            _TaskFailed: Naming stage and map: the worker could not start,
+                reported an error, died or answered nonsense.
+            _Stopped: If ``stop`` was set.
+        """
+        worker = self._checkout(task, stop)
+        try:
+            report = self._ask(worker, task, envelope)
+        except _TaskFailed:
+            self._release(worker)
+            raise
+        except BaseException:
+            self._retire(worker)
+            raise
+        self._release(worker)
+        return report
+
+    def kill_all(self) -> None:
+        """Kill and reap every worker; the pool stays usable and starts anew.
+
+        For an abandoned run: a worker still running a task would keep
+        writing into a directory its caller believes settled. A busy worker
+        is reaped by the thread that runs its task, which then sees the end
+        of its output; an idle one here.
+        """
+        with self._cond:
+            idle = self._idle
+            for worker in self._workers:
+                worker.kill()
+            self._workers, self._idle = [], []
+            self._cond.notify_all()
+        for worker in idle:
+            worker.close()
+
+    def close(self) -> None:
+        """Kill and reap every worker; the pool then refuses work."""
+        with self._cond:
+            self._closed = True
+        self.kill_all()
+        _live_pools.discard(self)
+
+    def _checkout(self, task: Task, stop: threading.Event | None) -> _PooledWorker:
+        with self._cond:
+            while True:
+                if self._closed:
+                    message = "the worker pool is closed"
+                    raise RuntimeError(message)
+                if stop is not None and stop.is_set():
+                    raise _Stopped
+                if self._idle:
+                    return self._idle.pop()
+                if len(self._workers) + self._starting < self.max_workers:
+                    self._starting += 1
+                    break
+                self._cond.wait()
+        # Started outside the lock: starting takes a while, and other tasks
+        # may meanwhile take workers that come free.
+        try:
+            worker = _PooledWorker(self.command)
+        except OSError as err:
+            with self._cond:
+                self._starting -= 1
+                self._cond.notify()
+            stage, map_index = task
+            message = (
+                f"stage {stage} map {map_index}: could not start worker "
+                f"{self.command[0]!r}: {err}"
+            )
+            raise _TaskFailed(message) from err
+        with self._cond:
+            self._starting -= 1
+            self._workers.append(worker)
+            # kill_all may have swept the pool while this worker was
+            # starting: then nobody else would kill it.
+            abandoned = self._closed or (stop is not None and stop.is_set())
+        if abandoned:
+            self._retire(worker)
+            raise _Stopped
+        return worker
+
+    def _release(self, worker: _PooledWorker) -> None:
+        """Back to idle if alive and still the pool's (not swept by kill_all)."""
+        with self._cond:
+            keep = worker in self._workers and worker.process.poll() is None
+            if keep:
+                worker.forget_stderr()
+                self._idle.append(worker)
+                self._cond.notify()
+        if not keep:
+            self._retire(worker)
+
+    def _retire(self, worker: _PooledWorker) -> None:
+        """Kill, reap and forget ``worker``; a later task starts another."""
+        with self._cond:
+            if worker in self._workers:
+                self._workers.remove(worker)
+            self._cond.notify()
+        worker.close()
+
+    def _ask(
+        self, worker: _PooledWorker, task: Task, envelope: pathlib.Path
+    ) -> TaskReport:
+        """Send ``task`` to ``worker`` and read lines until its response.
+
+        Lines that are not a response object are skipped: the Python worker
+        keeps stray prints off its protocol stream, but a worker of another
+        host, or a native library, may not.
+        """
+        stage, map_index = task
+        process = worker.process
+        if process.stdin is None or process.stdout is None:
+            message = "a pooled worker was started without its pipes"
+            raise RuntimeError(message)
+        try:
+            request = json.dumps({"envelope": str(envelope)}) + "\n"
+            process.stdin.write(request.encode())
+            process.stdin.flush()
+        except OSError:
+            # The worker died before or while reading: its exit says why.
+            pass
+        while True:
+            line = process.stdout.readline()
+            if not line:
+                raise self._died(worker, task)
+            text = line.decode("utf-8", errors="replace").strip()
+            try:
+                response = json.loads(text)
+            except ValueError:
+                continue
+            if not (
+                isinstance(response, dict)
+                and "stage_id" in response
+                and "partition" in response
+                and ("rows" in response or "error" in response)
+            ):
+                continue
+            break
+        ids = (response["stage_id"], response["partition"])
+        if "error" in response and ids in (task, (None, None)):
+            message = f"stage {stage} map {map_index}: {response['error']}"
+            stderr = worker.stderr_tail()
+            raise _TaskFailed(f"{message}\n{stderr}" if stderr else message)
+        try:
+            return _report_of(task, response, text)
+        except _TaskFailed:
+            # Out of step with the protocol: its next answer cannot be trusted.
+            worker.kill()
+            raise
+
+    def _died(self, worker: _PooledWorker, task: Task) -> _TaskFailed:
+        """The failure of ``task`` whose worker closed its stdout (it died)."""
+        stage, map_index = task
+        process = worker.process
+        try:
+            # Its stdout closes as it exits; a worker that closed it and lives
+            # on is out of the protocol and is killed.
+            returncode = process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            returncode = process.wait()
+        message = (
+            f"stage {stage} map {map_index}: worker (pid {process.pid}) exited with "
+            f"{_exit_status(returncode)} while running the task"
+        )
+        stderr = worker.stderr_tail()
+        return _TaskFailed(f"{message}:\n{stderr}" if stderr else message)
+
+
 def _run_workers(
     envelopes: dict[Task, pathlib.Path],
     worker_command: Sequence[str] | None = None,
     *,
     max_workers: int | None = None,
-) -> dict[Task, int]:
-    """Run every task's worker, at most ``max_workers`` at once; rows per task.
+    worker_mode: str = WORKER_MODES[0],
+    pool: WorkerPool | None = None,
+) -> dict[Task, TaskReport]:
+    """Run every task on a worker, at most ``max_workers`` at once; the reports.
 
-    Every failure (a worker that cannot start, a non-zero exit with its
-    stderr, an unreadable report) is collected, and all are raised together
-    once every task has finished.
+    ``worker_mode`` is one of :data:`WORKER_MODES`. In ``pool`` mode the tasks
+    run on ``pool`` (``worker_command`` and ``max_workers`` are then the
+    pool's), or on a pool made for this call and closed after it.
+
+    Every failure (a worker that cannot start, a non-zero exit or a dead
+    pooled worker with its stderr, a reported error, an unreadable report)
+    is collected, and all are raised together once every task has finished.
 
     Each task is started and awaited from a helper thread, because Python
     raises ``KeyboardInterrupt`` only in the main thread: started from the
     main thread, a Ctrl-C landing after a child's exec but before ``Popen``
     returns would lose the child's handle, and that worker would outlive the
     driver. On any early exit (an interrupt, an unexpected error) the
-    ``finally`` stops further starts and kills every started worker: a worker
-    left behind would keep writing into a directory its caller believes is
-    settled.
+    ``finally`` stops further starts and kills every started worker (every
+    worker of the pool, too): a worker left behind would keep writing into a
+    directory its caller believes is settled.
 
     Raises:
         RuntimeError: Naming every failed task's stage and map.
+        ValueError: If ``worker_mode`` is unknown, or ``pool`` comes with a
+            worker command or bound of its own.
     """
-    command = list(worker_command or python_worker())
-    bound = max_workers or default_max_workers()
-    if bound < 1:
-        message = f"max_workers must be at least 1, got {bound}"
+    _check_mode(worker_mode, pool, worker_command, max_workers)
+    if worker_mode == WORKER_MODES[0]:
+        if pool is not None:
+            return _run_on_pool(envelopes, pool)
+        with WorkerPool(max_workers, worker_command) as own:
+            return _run_on_pool(envelopes, own)
+    return _run_processes(envelopes, worker_command, _bound(max_workers))
+
+
+def _check_mode(
+    worker_mode: str,
+    pool: WorkerPool | None,
+    worker_command: Sequence[str] | None,
+    max_workers: int | None,
+) -> None:
+    """Refuse an unknown mode, and a pool with settings it would ignore."""
+    if worker_mode not in WORKER_MODES:
+        message = (
+            f"worker_mode must be one of {list(WORKER_MODES)}, got {worker_mode!r}"
+        )
         raise ValueError(message)
+    if pool is None:
+        return
+    if worker_mode != WORKER_MODES[0]:
+        message = f"a worker pool was given with worker_mode={worker_mode!r}"
+        raise ValueError(message)
+    if worker_command is not None or max_workers is not None:
+        message = (
+            "a worker pool has its own worker_command and max_workers; "
+            "give them to WorkerPool, not beside it"
+        )
+        raise ValueError(message)
+
+
+def _collected(
+    envelopes: dict[Task, pathlib.Path], failures: dict[Task, str]
+) -> RuntimeError:
+    report = [failures[task] for task in envelopes if task in failures]
+    return RuntimeError(
+        f"{len(failures)} of {len(envelopes)} dfx tasks failed:\n" + "\n".join(report)
+    )
+
+
+def _run_on_pool(
+    envelopes: dict[Task, pathlib.Path], pool: WorkerPool
+) -> dict[Task, TaskReport]:
+    """:func:`_run_workers` on ``pool``'s long-lived workers."""
+    reports: dict[Task, TaskReport] = {}
+    failures: dict[Task, str] = {}
+    stop = threading.Event()
+
+    def run_one(task: Task, envelope: pathlib.Path) -> None:
+        try:
+            reports[task] = pool.run(task, envelope, stop)
+        except _Stopped:
+            return
+        except _TaskFailed as err:
+            if not stop.is_set():
+                failures[task] = str(err)
+
+    threads = ThreadPoolExecutor(
+        max_workers=min(pool.max_workers, max(len(envelopes), 1)),
+        thread_name_prefix="dfx-task",
+    )
+    finished = False
+    try:
+        futures = [threads.submit(run_one, t, p) for t, p in envelopes.items()]
+        wait(futures)
+        for future in futures:
+            # An unexpected error in a helper thread surfaces here.
+            future.result()
+        finished = True
+    finally:
+        if not finished:
+            stop.set()
+            pool.kill_all()
+        threads.shutdown(wait=True, cancel_futures=True)
+        if not finished:
+            # A worker started while the first sweep ran saw `stop` and was
+            # retired by its thread; this sweep is for certainty.
+            pool.kill_all()
+    if failures:
+        raise _collected(envelopes, failures)
+    return reports
+
+
+def _run_processes(
+    envelopes: dict[Task, pathlib.Path],
+    worker_command: Sequence[str] | None,
+    bound: int,
+) -> dict[Task, TaskReport]:
+    """:func:`_run_workers` with one ``<worker_command> ENVELOPE`` per task."""
+    command = list(worker_command or python_worker())
     running: dict[Task, subprocess.Popen[str]] = {}
-    rows: dict[Task, int] = {}
+    reports: dict[Task, TaskReport] = {}
     failures: dict[Task, str] = {}
     lock = threading.Lock()
     stop = threading.Event()
@@ -392,20 +887,20 @@ def _run_workers(
             return
         if worker.returncode != 0:
             failures[task] = (
-                f"stage {stage} map {map_index}: worker exited with status "
-                f"{worker.returncode}:\n{stderr.strip()}"
+                f"stage {stage} map {map_index}: worker exited with "
+                f"{_exit_status(worker.returncode)}:\n{stderr.strip()}"
             )
             return
         try:
-            rows[task] = _rows_reported(task, stdout)
-        except RuntimeError as err:
+            reports[task] = _process_report(task, stdout)
+        except _TaskFailed as err:
             failures[task] = str(err)
 
-    pool = ThreadPoolExecutor(
+    threads = ThreadPoolExecutor(
         max_workers=min(bound, max(len(envelopes), 1)), thread_name_prefix="dfx-task"
     )
     try:
-        futures = [pool.submit(run_one, t, p) for t, p in envelopes.items()]
+        futures = [threads.submit(run_one, t, p) for t, p in envelopes.items()]
         wait(futures)
         for future in futures:
             # An unexpected error in a helper thread surfaces here.
@@ -416,18 +911,14 @@ def _run_workers(
             for worker in running.values():
                 if worker.poll() is None:
                     worker.kill()
-        pool.shutdown(wait=True, cancel_futures=True)
+        threads.shutdown(wait=True, cancel_futures=True)
         for worker in running.values():
             if worker.poll() is None:
                 worker.kill()
             worker.wait()
     if failures:
-        report = [failures[task] for task in envelopes if task in failures]
-        raise RuntimeError(
-            f"{len(failures)} of {len(envelopes)} dfx tasks failed:\n"
-            + "\n".join(report)
-        )
-    return rows
+        raise _collected(envelopes, failures)
+    return reports
 
 
 def _write_tasks(
@@ -479,8 +970,10 @@ def run_distributed(
     *,
     worker_command: Sequence[str] | None = None,
     max_workers: int | None = None,
+    worker_mode: str = WORKER_MODES[0],
+    pool: WorkerPool | None = None,
 ) -> DistributedResult:
-    """Run ``sql`` with every map of every stage in its own worker process.
+    """Run ``sql`` with every map of every stage on a worker process.
 
     ``spec.shuffle_dir`` is required (without it no stage is planned) and
     must hold no stage output yet. ``extra_udfs`` are Python functions
@@ -488,13 +981,22 @@ def run_distributed(
     the plan, so they reach the workers by value, unlike the plugin's
     functions, which travel by name and are registered on every session.
 
-    ``worker_command`` starts a worker when the envelope path is appended
-    (default: :func:`python_worker`). Any dfx host's worker reads the same
-    envelope, e.g. ``["dfx", "worker"]`` for the Rust host. ``max_workers``
-    bounds the workers running at once (default: the machine's cores).
+    ``worker_command`` starts a worker when the envelope path (or, for a
+    long-lived one, ``--serve``) is appended (default: :func:`python_worker`).
+    Any dfx host's worker reads the same envelope, e.g. ``["dfx", "worker"]``
+    for the Rust host. ``max_workers`` bounds the workers running at once
+    (default: the machine's cores).
+
+    ``worker_mode`` is one of :data:`WORKER_MODES`: ``pool`` (the default)
+    runs the tasks on long-lived workers, those of ``pool`` if given (its own
+    command and bound then apply, and it stays open for the next query), or
+    else of a pool made for this call and closed before it returns;
+    ``process`` starts one worker process per task.
 
     Raises:
-        ValueError: If ``spec`` has no shuffle directory.
+        ValueError: If ``spec`` has no shuffle directory, ``worker_mode`` is
+            unknown, or ``pool`` comes with a ``worker_command`` or
+            ``max_workers`` (the pool has its own), or without pool mode.
         RuntimeError: If the directory holds stage output, the plan has no
             stage or stages the plugin describes inconsistently, any worker
             of a wave failed (every failure of that wave is reported, and no
@@ -503,6 +1005,7 @@ def run_distributed(
     if not spec.shuffle_dir:
         message = "run_distributed needs a spec with a shuffle_dir"
         raise ValueError(message)
+    _check_mode(worker_mode, pool, worker_command, max_workers)
     shuffle_dir = pathlib.Path(spec.shuffle_dir)
     # First, so a reused directory is refused before anything is built.
     require_empty_shuffle(shuffle_dir)
@@ -531,23 +1034,38 @@ def run_distributed(
     # Scratch goes under tasks/, never beside the stage output the plugin owns.
     envelopes = _write_tasks(stages, spec, shuffle_dir / "tasks")
     tasks: list[Task] = []
-    task_rows: dict[Task, int] = {}
-    for wave in waves:
-        wave_envelopes = {
-            task: path
-            for stage_id in wave
-            for task, path in envelopes[stage_id].items()
-        }
-        tasks.extend(wave_envelopes)
-        task_rows.update(
-            _run_workers(wave_envelopes, worker_command, max_workers=max_workers)
-        )
+    reports: dict[Task, TaskReport] = {}
+    # One pool for every wave: a worker that ran a map of one stage runs the
+    # next stage's maps with its session already built.
+    own_pool = None
+    if worker_mode == WORKER_MODES[0] and pool is None:
+        pool = own_pool = WorkerPool(max_workers, worker_command)
+    try:
+        for wave in waves:
+            wave_envelopes = {
+                task: path
+                for stage_id in wave
+                for task, path in envelopes[stage_id].items()
+            }
+            tasks.extend(wave_envelopes)
+            reports.update(
+                _run_workers(
+                    wave_envelopes,
+                    worker_command if pool is None else None,
+                    max_workers=max_workers if pool is None else None,
+                    worker_mode=worker_mode,
+                    pool=pool,
+                )
+            )
+    finally:
+        if own_pool is not None:
+            own_pool.close()
 
     # Every stage is published: the root's readers find their files, and
     # only what lies above the last exchanges runs here.
     batches = execute_plan(ctx, plan)
     return DistributedResult(
-        batches, tasks, task_rows, [stage.info for stage in stages], waves
+        batches, tasks, reports, [stage.info for stage in stages], waves
     )
 
 

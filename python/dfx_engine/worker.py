@@ -2,7 +2,8 @@
 
 Usage: ``python -m dfx_engine.worker ENVELOPE``, where ENVELOPE is the JSON
 file the driver wrote (``spec``, ``plan``, ``stage_id``, ``partition``; the
-partition is the map index).
+partition is the map index), or ``python -m dfx_engine.worker --serve``: a
+long-lived worker that runs one task per request (see :func:`serve`).
 
 The steps, in the order that keeps a bad task from doing harm:
 
@@ -17,19 +18,31 @@ The steps, in the order that keeps a bad task from doing harm:
 5. execute the map and drain it: the writer publishes
    ``stage-<S>/map-<M>/bucket-<B>.arrow`` and then the marker
    ``stage-<S>/map-<M>.json``, and yields one summary row per bucket;
-6. print ``{"stage_id", "partition", "rows"}`` as the last line of stdout,
-   ``rows`` being the summary's rows summed over the buckets.
+6. print ``{"stage_id", "partition", "rows", "bytes", "elapsed_ms"}`` as the
+   last line of stdout, ``rows`` and ``bytes`` being the summary's columns
+   summed over the buckets, ``elapsed_ms`` the task's time in this process.
 
 Every refusal exits with status 1 and one line on stderr naming the stage,
 the map and the envelope.
+
+The serve protocol, which the Rust host's ``dfx worker --serve`` speaks too:
+one request per line on stdin, ``{"envelope": "<path>"}``; for each, exactly
+one response line on stdout, either the report above or
+``{"stage_id": S, "partition": M, "error": "<message>"}`` (both ids ``null``
+when the envelope could not be read). A failed task does not end the
+worker; end of input does, with status 0.
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 import pathlib
 import sys
-from typing import TYPE_CHECKING, Any
+import time
+import traceback
+from typing import IO, TYPE_CHECKING, Any
 
 from datafusion.plan import ExecutionPlan
 
@@ -39,13 +52,61 @@ from dfx_engine.session import SessionSpec, build_session, codec_ids_of
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from datafusion import SessionContext
     from datafusion.record_batch import RecordBatch
 
-__all__ = ["TaskError", "main", "run_task"]
+__all__ = ["SessionCache", "TaskError", "main", "run_task", "serve"]
+
+SERVE_FLAG = "--serve"
+"""The argument that makes the worker long-lived (see :func:`serve`)."""
 
 
 class TaskError(Exception):
-    """A task the worker refuses or cannot run; the message names it."""
+    """A task the worker refuses or cannot run; the message names it.
+
+    Attributes:
+        stage_id: The envelope's stage id, or ``None`` if it was unreadable.
+        partition: The envelope's map index, or ``None`` likewise.
+    """
+
+    def __init__(
+        self, message: str, stage_id: object = None, partition: object = None
+    ) -> None:
+        """A refusal, with the task's ids when the envelope gave them."""
+        super().__init__(message)
+        self.stage_id = stage_id
+        self.partition = partition
+
+
+class SessionCache:
+    """The sessions of the last few specs, keyed by the spec's JSON text.
+
+    Building a session (plugin extension, functions, table listings) is most
+    of a small task's cost, and every task of one query carries the same
+    spec. Only the newest ``size`` are kept: a long-lived worker serves many
+    queries, each with its own shuffle directory and so its own spec, and an
+    unbounded cache would hold every one of them.
+    """
+
+    def __init__(self, size: int = 2) -> None:
+        """An empty cache holding at most ``size`` sessions."""
+        self.size = size
+        self._sessions: collections.OrderedDict[str, SessionContext] = (
+            collections.OrderedDict()
+        )
+
+    def get(self, spec_json: dict[str, Any], spec: SessionSpec) -> SessionContext:
+        """The session of ``spec`` (whose JSON is ``spec_json``), built if new."""
+        key = json.dumps(spec_json, sort_keys=True)
+        ctx = self._sessions.get(key)
+        if ctx is None:
+            ctx, _engine = build_session(spec)
+            self._sessions[key] = ctx
+            while len(self._sessions) > self.size:
+                self._sessions.popitem(last=False)
+        else:
+            self._sessions.move_to_end(key)
+        return ctx
 
 
 def _read_envelope(path: pathlib.Path) -> dict[str, Any]:
@@ -66,18 +127,26 @@ def _read_envelope(path: pathlib.Path) -> dict[str, Any]:
     return envelope
 
 
-def run_task(envelope_path: pathlib.Path) -> dict[str, int]:
+def run_task(
+    envelope_path: pathlib.Path, sessions: SessionCache | None = None
+) -> dict[str, Any]:
     """Run the task ``envelope_path`` describes; its report.
+
+    ``sessions`` lets a long-lived worker reuse the session of an earlier
+    task with the same spec; without it every call builds its own.
 
     Raises:
         TaskError: For every refusal and failure, naming stage and map.
     """
+    started = time.perf_counter()
     envelope = _read_envelope(envelope_path)
     stage_id, map_index = envelope["stage_id"], envelope["partition"]
 
     def fail(reason: str) -> TaskError:
         return TaskError(
-            f"stage {stage_id} map {map_index} ({envelope_path}): {reason}"
+            f"stage {stage_id} map {map_index} ({envelope_path}): {reason}",
+            stage_id,
+            map_index,
         )
 
     if not all(
@@ -89,7 +158,10 @@ def run_task(envelope_path: pathlib.Path) -> dict[str, int]:
         spec = SessionSpec.from_json(envelope["spec"])
     except ValueError as err:
         raise fail(str(err)) from err
-    ctx, _engine = build_session(spec)
+    if sessions is None:
+        ctx, _engine = build_session(spec)
+    else:
+        ctx = sessions.get(envelope["spec"], spec)
 
     shipped = codec_ids_of(envelope["spec"])
     carried = ctx.physical_extension_codec_ids()
@@ -138,39 +210,107 @@ def run_task(envelope_path: pathlib.Path) -> dict[str, int]:
         raise fail(reason)
 
     try:
-        rows = _published_rows(ctx.execute(stage, map_index))
+        rows, size = _published(ctx.execute(stage, map_index))
     except TaskError as err:
         raise fail(str(err)) from err
     except Exception as err:
         raise fail(f"execution failed: {err}") from err
-    return {"stage_id": stage_id, "partition": map_index, "rows": rows}
+    return {
+        "stage_id": stage_id,
+        "partition": map_index,
+        "rows": rows,
+        "bytes": size,
+        "elapsed_ms": (time.perf_counter() - started) * 1000.0,
+    }
 
 
-def _published_rows(summary: Iterable[RecordBatch]) -> int:
-    """Rows a map published: its summary's ``rows`` column, summed over buckets.
+def _published(summary: Iterable[RecordBatch]) -> tuple[int, int]:
+    """Rows and bytes a map published: its summary's columns, summed over buckets.
 
     Raises:
-        TaskError: If a summary batch has no ``rows`` column (the stage is not
-            a writer of this contract, and its output would be miscounted).
+        TaskError: If a summary batch lacks the ``rows`` or ``bytes`` column
+            (the stage is not a writer of this contract, and its output would
+            be miscounted).
     """
-    total = 0
+    rows = size = 0
     for batch in summary:
         table = batch.to_pyarrow()
-        if "rows" not in table.schema.names:
+        if not {"rows", "bytes"} <= set(table.schema.names):
             message = (
                 f"the stage's summary has columns {table.schema.names}, "
                 "not the writer's (bucket, rows, bytes)"
             )
             raise TaskError(message)
-        total += sum(value or 0 for value in table.column("rows").to_pylist())
-    return total
+        rows += sum(value or 0 for value in table.column("rows").to_pylist())
+        size += sum(value or 0 for value in table.column("bytes").to_pylist())
+    return rows, size
+
+
+def _answer(request: str, sessions: SessionCache) -> dict[str, Any]:
+    """The response to one request line of the serve protocol."""
+    try:
+        parsed = json.loads(request)
+        path = parsed["envelope"]
+        if not isinstance(path, str):
+            raise TypeError(path)
+    except (ValueError, KeyError, TypeError):
+        message = f'not a request (want {{"envelope": "<path>"}}): {request!r:.200}'
+        return {"stage_id": None, "partition": None, "error": message}
+    try:
+        return run_task(pathlib.Path(path), sessions)
+    except TaskError as err:
+        # In the response only: stderr is for what the response cannot say.
+        return {"stage_id": err.stage_id, "partition": err.partition, "error": str(err)}
+    except Exception as err:
+        # A bug, not a refusal: the traceback goes to stderr for the driver to
+        # attach, and the worker stays up for the next task.
+        traceback.print_exc()
+        message = f"{path}: unexpected {type(err).__name__}: {err}"
+        return {"stage_id": None, "partition": None, "error": message}
+
+
+def serve(requests: IO[str], responses: IO[str]) -> int:
+    """Answer every request line of ``requests`` on ``responses``; exit status.
+
+    Each answer is one line, flushed, and stderr is flushed before it: a
+    driver that attaches this task's stderr to an error reads it once the
+    response has arrived.
+    """
+    sessions = SessionCache()
+    for line in requests:
+        if not line.strip():
+            continue
+        response = _answer(line, sessions)
+        sys.stderr.flush()
+        responses.write(json.dumps(response) + "\n")
+        responses.flush()
+    return 0
+
+
+def _private_stdout() -> IO[str]:
+    """The real stdout, kept for responses; fd 1 and ``sys.stdout`` go to stderr.
+
+    A user's Python UDF that prints, or a library that writes to fd 1, would
+    otherwise put its line on the protocol stream, and the driver would take
+    it for (or glue it to) a response.
+    """
+    sys.stdout.flush()
+    responses = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return responses
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m dfx_engine.worker ENVELOPE``; exit status."""
+    """Entry point of ``python -m dfx_engine.worker ENVELOPE|--serve``; status."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m dfx_engine.worker ENVELOPE", file=sys.stderr)
+    if args == [SERVE_FLAG]:
+        return serve(sys.stdin, _private_stdout())
+    if len(args) != 1 or args[0].startswith("--"):
+        print(
+            f"usage: python -m dfx_engine.worker ENVELOPE | {SERVE_FLAG}",
+            file=sys.stderr,
+        )
         return 2
     try:
         report = run_task(pathlib.Path(args[0]))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import pathlib
 from typing import TYPE_CHECKING, Any
 
@@ -227,3 +228,38 @@ def published_files(shuffle_dir: str) -> set[pathlib.Path]:
         for path in ([entry] if entry.is_file() else entry.rglob("*"))
         if path.is_file()
     }
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited.
+
+    A zombie (exited, not yet reaped by a parent that is gone or slow) counts
+    as exited: it runs nothing and holds nothing open.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state follows the parenthesised command name, which may hold spaces.
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def serve_workers_of(parent: int) -> list[int]:
+    """Pids of live long-lived workers (``... --serve``) whose parent is ``parent``."""
+    pids = []
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"--serve" in cmdline and alive(int(entry.name)):
+            pids.append(int(entry.name))
+    return sorted(pids)

@@ -4,6 +4,10 @@ The two hosts are built against different DataFusion 55 minors (the wheel of
 datafusion-python, and the workspace's), and both load the same plugin file.
 A stage encoded by one must decode and run in the other, for a SQL-only query.
 
+The Python driver runs the Rust workers long-lived (``dfx worker --serve``)
+when the binary offers it, and one process per task otherwise; the pool test
+runs only when it does.
+
 Needs the workspace's ``target/debug/dfx`` (``cargo build -p dfx-host``;
 ``run-tests.sh`` builds it), or the binary ``DFX_HOST_BINARY`` names. Without
 it every test here fails, so a CI run cannot pass having tested nothing
@@ -21,10 +25,16 @@ import sys
 from typing import TYPE_CHECKING
 
 import pytest
-from conftest import SQL_ONLY, as_rows, assert_same, assert_same_columns
+from conftest import SQL_ONLY, alive, as_rows, assert_same, assert_same_columns
 
 from dfx_engine import _internal
-from dfx_engine.driver import execute_plan, run_distributed, run_local, waves_of
+from dfx_engine.driver import (
+    WorkerPool,
+    execute_plan,
+    run_distributed,
+    run_local,
+    waves_of,
+)
 from dfx_engine.session import SessionSpec, build_session
 
 if TYPE_CHECKING:
@@ -49,6 +59,21 @@ def _rust_host_binary() -> None:
     pytest.fail(f"{missing}; set DFX_SKIP_CROSS_HOST=1 to skip", pytrace=False)
 
 
+def rust_worker_serves() -> bool:
+    """Whether the Rust host's ``dfx worker`` has the long-lived mode."""
+    if not DFX.is_file():
+        return False
+    done = subprocess.run(
+        [str(DFX), "worker", "--help"], capture_output=True, text=True, check=False
+    )
+    return "--serve" in done.stdout
+
+
+RUST_SERVES = rust_worker_serves()
+RUST_MODE = "pool" if RUST_SERVES else "process"
+"""How the Python driver runs Rust workers: long-lived if they can be."""
+
+
 HAND_ANSWER = [
     {"flag": "A", "n": 3, "qty": 90},
     {"flag": "B", "n": 3, "qty": 130},
@@ -61,7 +86,9 @@ def test_python_driver_rust_workers(
     make_spec: Callable[..., SessionSpec], split: str
 ) -> None:
     spec = make_spec(split=split)
-    result = run_distributed(SQL_ONLY, spec, worker_command=[str(DFX), "worker"])
+    result = run_distributed(
+        SQL_ONLY, spec, worker_command=[str(DFX), "worker"], worker_mode=RUST_MODE
+    )
     assert sorted(result.tasks) == sorted(
         (info.stage_id, m) for info in result.stages for m in range(info.maps)
     )
@@ -76,6 +103,22 @@ def test_python_driver_rust_workers(
     local = run_local(SQL_ONLY, spec)
     assert_same_columns(result.batches, local)
     assert_same(as_rows(result.batches), as_rows(local))
+
+
+@pytest.mark.skipif(not RUST_SERVES, reason="dfx worker has no --serve yet")
+def test_python_driver_rust_worker_pool_across_queries(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    with WorkerPool(max_workers=2, worker_command=[str(DFX), "worker"]) as pool:
+        for split in ("exchange", "aggregate", "exchange"):
+            spec = make_spec(split=split)
+            result = run_distributed(SQL_ONLY, spec, pool=pool)
+            assert as_rows(result.batches) == HAND_ANSWER
+            assert sum(result.task_rows.values()) > 0
+        workers = pool.pids()
+        assert len(workers) == 2
+        assert all(alive(pid) for pid in workers)
+    assert [pid for pid in workers if alive(pid)] == []
 
 
 @pytest.mark.parametrize("split", ["exchange", "aggregate"])

@@ -150,6 +150,7 @@ def test_no_task_starts_before_every_map_it_reads_has_finished(
         spec,
         worker_command=[sys.executable, str(script), str(log)],
         max_workers=16,
+        worker_mode="process",
     )
     assert_revenue(as_rows(result.batches))
     started: dict[int, float] = {}

@@ -13,9 +13,23 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from conftest import REVENUE_SQL, SQL_ONLY, published_files, read_marker
+from conftest import (
+    REVENUE_SQL,
+    SQL_ONLY,
+    alive,
+    published_files,
+    read_marker,
+    serve_workers_of,
+)
 
-from dfx_engine.driver import _run_workers, plan_stages, run_distributed, waves_of
+from dfx_engine.driver import (
+    WORKER_MODES,
+    WorkerPool,
+    _run_workers,
+    plan_stages,
+    run_distributed,
+    waves_of,
+)
 from dfx_engine.session import build_session
 
 if TYPE_CHECKING:
@@ -97,9 +111,18 @@ def test_worker_runs_one_map_and_reports_last(
     done = run_worker(envelope)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    # The leaf stage is the partial aggregate of one file: two flags.
-    assert report == {"stage_id": info.stage_id, "partition": 3, "rows": 2}
+    elapsed = report.pop("elapsed_ms")
+    assert isinstance(elapsed, float)
+    assert elapsed > 0
     marker = read_marker(spec.shuffle_dir, info.stage_id, 3)
+    # The leaf stage is the partial aggregate of one file: two flags.
+    assert report == {
+        "stage_id": info.stage_id,
+        "partition": 3,
+        "rows": 2,
+        "bytes": sum(bucket["bytes"] for bucket in marker["buckets"]),
+    }
+    assert report["bytes"] > 0
     assert sum(bucket["rows"] for bucket in marker["buckets"]) == 2
     # Only this map published.
     assert {p.parent.name for p in published_files(spec.shuffle_dir)} <= {
@@ -184,8 +207,9 @@ def test_worker_refuses_a_plan_that_is_not_a_stage(
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("mode", WORKER_MODES)
 def test_out_of_range_map_is_named_with_stderr(
-    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, mode: str
 ) -> None:
     spec = make_spec()
     plan, info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
@@ -193,7 +217,7 @@ def test_out_of_range_map_is_named_with_stderr(
     good = write_envelope(tmp_path / "good.json", spec.to_json(), plan, 0, s)
     bad = write_envelope(tmp_path / "bad.json", spec.to_json(), plan, 99, s)
     with pytest.raises(RuntimeError) as raised:
-        _run_workers({(s, 0): good, (s, 99): bad})
+        _run_workers({(s, 0): good, (s, 99): bad}, worker_mode=mode)
     message = str(raised.value)
     assert "1 of 2 dfx tasks failed" in message
     assert f"stage {s} map 99" in message
@@ -201,13 +225,14 @@ def test_out_of_range_map_is_named_with_stderr(
     assert workers_mentioning(str(tmp_path)) == []
 
 
+@pytest.mark.parametrize("mode", WORKER_MODES)
 def test_a_worker_that_cannot_start_fails_its_task_by_name(
-    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, mode: str
 ) -> None:
     spec = make_spec(split="aggregate")
     missing = tmp_path / "no-such-worker"
     with pytest.raises(RuntimeError) as raised:
-        run_distributed(SQL_ONLY, spec, worker_command=[str(missing)])
+        run_distributed(SQL_ONLY, spec, worker_command=[str(missing)], worker_mode=mode)
     message = str(raised.value)
     # Every task is reported, each naming its stage, its map and the
     # program, rather than one bare FileNotFoundError for the first.
@@ -217,8 +242,9 @@ def test_a_worker_that_cannot_start_fails_its_task_by_name(
     assert str(missing) in message
 
 
+@pytest.mark.parametrize("mode", WORKER_MODES)
 def test_a_failed_wave_stops_the_query(
-    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, mode: str
 ) -> None:
     spec = make_spec()
     ctx, _engine = build_session(make_spec())
@@ -227,7 +253,9 @@ def test_a_failed_wave_stops_the_query(
     first_tasks = sum(s.info.maps for s in stages if s.stage_id in first_wave)
     assert len(first_wave) < len(stages)
     with pytest.raises(RuntimeError) as raised:
-        run_distributed(REVENUE_SQL, spec, worker_command=[str(tmp_path / "nope")])
+        run_distributed(
+            REVENUE_SQL, spec, worker_command=[str(tmp_path / "nope")], worker_mode=mode
+        )
     message = str(raised.value)
     assert f"{first_tasks} of {first_tasks} dfx tasks failed" in message
     # Only the first wave was tried: no stage that reads it was dispatched.
@@ -238,24 +266,36 @@ def test_a_failed_wave_stops_the_query(
 
 WORKER_COUNTING_PEERS = """
 import json, os, pathlib, sys, time
-envelope = json.loads(pathlib.Path(sys.argv[1]).read_text())
-running = pathlib.Path(sys.argv[1]).parent / "running"
-me = running / str(os.getpid())
-me.touch()
-peak = len(list(running.iterdir()))
-time.sleep(0.3)
-peak = max(peak, len(list(running.iterdir())))
-me.unlink()
-print(json.dumps({"stage_id": envelope["stage_id"], "partition": envelope["partition"],
-                  "rows": peak}))
+
+def run(path):
+    envelope = json.loads(pathlib.Path(path).read_text())
+    scratch = pathlib.Path(path).parent
+    (scratch / "seen" / str(os.getpid())).touch()
+    me = scratch / "running" / str(os.getpid())
+    me.touch()
+    peak = len(list((scratch / "running").iterdir()))
+    time.sleep(0.3)
+    peak = max(peak, len(list((scratch / "running").iterdir())))
+    me.unlink()
+    report = {"stage_id": envelope["stage_id"], "partition": envelope["partition"],
+              "rows": peak}
+    print(json.dumps(report), flush=True)
+
+if sys.argv[1] == "--serve":
+    for line in sys.stdin:
+        run(json.loads(line)["envelope"])
+else:
+    run(sys.argv[1])
 """
 
 
+@pytest.mark.parametrize("mode", WORKER_MODES)
 @pytest.mark.parametrize("bound", [1, 2])
 def test_no_more_than_max_workers_run_at_once(
-    tmp_path: pathlib.Path, bound: int
+    tmp_path: pathlib.Path, bound: int, mode: str
 ) -> None:
     (tmp_path / "running").mkdir()
+    (tmp_path / "seen").mkdir()
     script = tmp_path / "worker.py"
     script.write_text(WORKER_COUNTING_PEERS)
     envelopes = {}
@@ -263,9 +303,18 @@ def test_no_more_than_max_workers_run_at_once(
         path = tmp_path / f"task-1-{map_index}.json"
         path.write_text(json.dumps({"stage_id": 1, "partition": map_index}))
         envelopes[(1, map_index)] = path
-    rows = _run_workers(envelopes, [sys.executable, str(script)], max_workers=bound)
-    assert sorted(rows) == sorted(envelopes)
-    assert max(rows.values()) == bound
+    reports = _run_workers(
+        envelopes,
+        [sys.executable, str(script)],
+        max_workers=bound,
+        worker_mode=mode,
+    )
+    assert sorted(reports) == sorted(envelopes)
+    assert max(report.rows for report in reports.values()) == bound
+    # A pool runs every task on at most `bound` processes; without one, each
+    # task has its own.
+    processes = len(list((tmp_path / "seen").iterdir()))
+    assert processes == (len(envelopes) if mode == "process" else bound)
 
 
 def test_killed_worker_is_reported_and_none_survive(
@@ -289,13 +338,52 @@ def test_killed_worker_is_reported_and_none_survive(
     killer = threading.Thread(target=kill_the_stuck_worker, daemon=True)
     killer.start()
     with pytest.raises(RuntimeError) as raised:
-        _run_workers({(1, 0): stuck, (1, 1): good})
+        _run_workers({(1, 0): stuck, (1, 1): good}, worker_mode="process")
     killer.join(timeout=60)
     message = str(raised.value)
     assert "stage 1 map 0" in message
     assert f"status -{signal.SIGKILL.value}" in message
     assert "map 1" not in message
     assert workers_mentioning(str(tmp_path)) == []
+
+
+def test_killed_pooled_worker_fails_its_task_and_is_replaced(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    spec = make_spec(split="aggregate")
+    plan, _info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
+    good = write_envelope(tmp_path / "good.json", spec.to_json(), plan, 1)
+    stuck = tmp_path / "stuck.json"
+    os.mkfifo(stuck)
+    killed: list[int] = []
+
+    def kill_the_only_worker() -> None:
+        # One worker in the pool: the one blocked opening the FIFO.
+        while not killed:
+            for pid in serve_workers_of(os.getpid()):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.05)
+
+    with WorkerPool(max_workers=1) as pool:
+        killer = threading.Thread(target=kill_the_only_worker, daemon=True)
+        killer.start()
+        with pytest.raises(RuntimeError) as raised:
+            _run_workers({(1, 0): stuck}, pool=pool)
+        killer.join(timeout=60)
+        message = str(raised.value)
+        assert "stage 1 map 0" in message
+        assert f"pid {killed[0]}" in message
+        assert f"status -{signal.SIGKILL.value} (killed by SIGKILL)" in message
+        assert not alive(killed[0])
+        # The dead worker is gone from the pool; the next task gets another.
+        assert pool.pids() == []
+        reports = _run_workers({(1, 1): good}, pool=pool)
+        assert reports[(1, 1)].rows == 2
+        (replacement,) = pool.pids()
+        assert replacement != killed[0]
+        assert alive(replacement)
+    assert not alive(replacement)
 
 
 DRIVER_WAITING_ON = """
@@ -314,24 +402,37 @@ def start_child_slowly(self, *args, **kwargs):
     time.sleep(1)
 subprocess.Popen._execute_child = start_child_slowly
 
-_run_workers({(1, 0): pathlib.Path(sys.argv[1]), (1, 1): pathlib.Path(sys.argv[2])})
+_run_workers(
+    {(1, 0): pathlib.Path(sys.argv[1]), (1, 1): pathlib.Path(sys.argv[2])},
+    max_workers=2,
+    worker_mode=sys.argv[3],
+)
 """
 
 
-def test_interrupted_driver_leaves_no_worker_running(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("mode", WORKER_MODES)
+def test_interrupted_driver_leaves_no_worker_running(
+    tmp_path: pathlib.Path, mode: str
+) -> None:
     # Two workers that block on FIFOs nobody writes: the driver waits on them
     # until it is interrupted.
     stuck = [tmp_path / "stuck-0.json", tmp_path / "stuck-1.json"]
     for path in stuck:
         os.mkfifo(path)
     driver = subprocess.Popen(
-        [sys.executable, "-c", DRIVER_WAITING_ON, *map(str, stuck)],
+        [sys.executable, "-c", DRIVER_WAITING_ON, *map(str, stuck), mode],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+    def workers() -> list[int]:
+        if mode == "process":
+            return workers_mentioning(str(tmp_path))
+        return serve_workers_of(driver.pid)
+
     try:
-        while len(workers_mentioning(str(tmp_path))) < len(stuck):
+        while len(started := workers()) < len(stuck):
             assert driver.poll() is None, driver.communicate()
             time.sleep(0.05)
         driver.send_signal(signal.SIGINT)
@@ -341,4 +442,5 @@ def test_interrupted_driver_leaves_no_worker_running(tmp_path: pathlib.Path) -> 
             driver.kill()
             driver.wait()
     assert "KeyboardInterrupt" in stderr
+    assert [pid for pid in started if alive(pid)] == []
     assert workers_mentioning(str(tmp_path)) == []

@@ -1,0 +1,129 @@
+"""Per-task fixed cost of the Python workers: one process per task vs a pool.
+
+A tiny query over many tiny Parquet files, so that nearly all of a task's
+time is the worker's fixed cost (start an interpreter, import DataFusion,
+load the plugin, build the session) rather than work::
+
+    python python/bench/overhead.py [--maps 16] [--workers 2] [--repeat 3]
+
+Each mode runs the query ``--repeat`` times, every run in a fresh shuffle
+directory; the table shows the median run. ``ms/task`` is the run's wall
+time divided by its task count; ``in worker`` is the mean time workers
+report for a task (``elapsed_ms``: session, decoding, execution and
+publishing, without starting the process). Modes:
+
+- ``process``: ``python -m dfx_engine.worker ENVELOPE`` per task;
+- ``pool, per query``: ``run_distributed``'s own pool, started and closed by
+  each query;
+- ``pool, warm``: one :class:`~dfx_engine.driver.WorkerPool` for every run,
+  warmed by one query first.
+
+Run it with the interpreter the wheel is installed in (``python/.venv`` once
+``run-tests.sh`` has run). It sits outside the package's directory so that
+the source tree's ``dfx_engine``, which has no native module, does not
+shadow the installed one. Not a test: the figures depend on the machine.
+The query also runs in process once, for the floor no distribution beats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import tempfile
+import time
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dfx_engine.driver import WorkerPool, run_distributed, run_local
+from dfx_engine.session import SessionSpec
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from dfx_engine.driver import DistributedResult
+
+SQL = "SELECT count(*) AS n, sum(x) AS total FROM t"
+
+
+def write_table(directory: pathlib.Path, files: int) -> None:
+    """``files`` Parquet files of four rows each: one map task per file."""
+    directory.mkdir()
+    for index in range(files):
+        table = pa.table({"x": pa.array([index * 4 + i for i in range(4)], pa.int64())})
+        pq.write_table(table, directory / f"part-{index}.parquet")
+
+
+def timed(run: Callable[[], DistributedResult]) -> tuple[float, int, float]:
+    """Wall ms of ``run``, its task count, and the mean task time workers report."""
+    started = time.perf_counter()
+    result = run()
+    wall = (time.perf_counter() - started) * 1000.0
+    inside = [r.elapsed_ms for r in result.reports.values() if r.elapsed_ms]
+    return wall, len(result.tasks), statistics.fmean(inside) if inside else 0.0
+
+
+def main() -> None:
+    """Run every mode and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--maps", type=int, default=16, help="files = map tasks")
+    parser.add_argument("--workers", type=int, default=2, help="max_workers")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per mode")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="dfx-bench-") as scratch:
+        root = pathlib.Path(scratch)
+        write_table(root / "t", args.maps)
+        runs = iter(range(1_000_000))
+
+        def spec() -> SessionSpec:
+            # The aggregate split: one stage, one map per file, then the root.
+            return SessionSpec(
+                tables={"t": str(root / "t")},
+                shuffle_dir=str(root / f"shuffle-{next(runs)}"),
+                target_partitions=args.maps,
+                split="aggregate",
+            )
+
+        started = time.perf_counter()
+        run_local(SQL, spec())
+        local = (time.perf_counter() - started) * 1000.0
+
+        rows: list[tuple[str, float, int, float]] = []
+
+        def measure(name: str, run: Callable[[], DistributedResult]) -> None:
+            samples = sorted(
+                (timed(run) for _ in range(args.repeat)), key=lambda s: s[0]
+            )
+            wall, tasks, inside = samples[len(samples) // 2]
+            rows.append((name, wall, tasks, inside))
+
+        measure(
+            "process",
+            lambda: run_distributed(
+                SQL, spec(), max_workers=args.workers, worker_mode="process"
+            ),
+        )
+        measure(
+            "pool, per query",
+            lambda: run_distributed(SQL, spec(), max_workers=args.workers),
+        )
+        with WorkerPool(max_workers=args.workers) as pool:
+            run_distributed(SQL, spec(), pool=pool)
+            measure("pool, warm", lambda: run_distributed(SQL, spec(), pool=pool))
+
+    print(
+        f"{args.maps} map tasks, {args.workers} workers, median of {args.repeat} "
+        f"runs; the query in process: {local:.1f} ms"
+    )
+    print(f"{'mode':<16} {'ms/query':>9} {'tasks':>6} {'ms/task':>8} {'in worker':>10}")
+    for name, wall, tasks, inside in rows:
+        print(
+            f"{name:<16} {wall:>9.1f} {tasks:>6} {wall / tasks:>8.1f} {inside:>10.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
