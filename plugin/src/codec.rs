@@ -38,6 +38,7 @@ use prost::Message;
 
 use crate::counters::{self, LiveObject};
 use crate::exchange::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
+use crate::guard;
 
 /// The codec's id, as hosts list it among their session's codecs: one id per
 /// payload version, so a plan encoded by another version is refused by id
@@ -355,6 +356,31 @@ impl PhysicalExtensionCodec for DfxPhysicalCodec {
         ctx: &TaskContext,
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        guard::catch("the physical codec's try_decode", || {
+            self.decode(buf, inputs, ctx, proto_converter)
+        })
+    }
+
+    fn try_encode(
+        &self,
+        node: Arc<dyn ExecutionPlan>,
+        buf: &mut Vec<u8>,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<()> {
+        guard::catch("the physical codec's try_encode", || {
+            self.encode(node, buf, proto_converter)
+        })
+    }
+}
+
+impl DfxPhysicalCodec {
+    fn decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        ctx: &TaskContext,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
         let payload = Payload::decode(buf)?;
         let [input] = inputs else {
             return Err(fail(format!(
@@ -371,7 +397,7 @@ impl PhysicalExtensionCodec for DfxPhysicalCodec {
         }
     }
 
-    fn try_encode(
+    fn encode(
         &self,
         node: Arc<dyn ExecutionPlan>,
         buf: &mut Vec<u8>,

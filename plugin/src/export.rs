@@ -1,10 +1,10 @@
 //! The root module and its `extern "C"` constructors.
 //!
-//! Every constructor runs its body under `catch_unwind`: a panic must not
+//! Every constructor runs its body behind [`crate::guard`]: a panic must not
 //! unwind into a host compiled separately (it would abort the process, or
-//! worse), so it becomes an error message instead.
+//! worse), so it becomes an error message instead. The objects they return
+//! guard their own methods (see the table in [`crate::guard`]).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -26,6 +26,7 @@ use dfx_abi::{DFX_ABI_VERSION, DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInf
 use crate::codec::{CODEC_ID, DfxPhysicalCodec};
 use crate::config::{CONFIG_PREFIX, DfxConfig};
 use crate::exchange::{READER_NODE_NAME, ShuffleWriterExec, WRITER_NODE_NAME};
+use crate::guard::{self, GuardedQueryPlanner};
 use crate::planner::DfxQueryPlanner;
 use crate::{counters, functions, paths};
 
@@ -58,19 +59,15 @@ pub fn root_module() -> DfxPluginRef {
     .leak_into_prefix()
 }
 
-/// Run `body`, turning an error or a panic into an error message for the host.
+/// Run `body`, turning an error or a panic (see [`crate::guard`]) into an
+/// error message for the host.
 fn guarded<T>(what: &str, body: impl FnOnce() -> Result<T>) -> FfiResult<T> {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(value)) => ROk(value),
-        Ok(Err(err)) => RErr(RString::from(format!("dfx {what}: {err}"))),
-        Err(panic) => {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_string());
-            RErr(RString::from(format!("dfx {what} panicked: {message}")))
+    match guard::catch(what, body) {
+        Ok(value) => ROk(value),
+        Err(err) if err.to_string().contains(guard::PANIC_PREFIX) => {
+            RErr(RString::from(err.strip_backtrace()))
         }
+        Err(err) => RErr(RString::from(format!("dfx {what}: {err}"))),
     }
 }
 
@@ -80,7 +77,7 @@ extern "C" fn new_query_planner(
 ) -> FfiResult<FFI_QueryPlanner> {
     guarded("query planner", || {
         Ok(FFI_QueryPlanner::new_with_ffi_codecs(
-            Arc::new(DfxQueryPlanner::default()),
+            Arc::new(GuardedQueryPlanner::new(DfxQueryPlanner::default())),
             logical_codec,
             physical_codec,
         ))

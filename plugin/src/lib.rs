@@ -19,6 +19,7 @@ pub mod counters;
 pub mod exchange;
 pub mod export;
 pub mod functions;
+pub mod guard;
 pub mod paths;
 pub mod planner;
 pub mod split;

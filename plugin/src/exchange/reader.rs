@@ -40,6 +40,7 @@ use super::files::{describe_fields, open_bucket, same_fields};
 use super::marker::MapMarker;
 use super::writer::ShuffleWriterExec;
 use crate::counters::LiveObject;
+use crate::guard::{self, GuardedStream};
 use crate::paths::{bucket_path, marker_path};
 
 /// Name of the reader node.
@@ -281,6 +282,18 @@ impl ExecutionPlan for ShuffleReaderExec {
         partition: usize,
         _context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        let place = format!(
+            "{READER_NODE_NAME} stage {} partition {partition}",
+            self.stage_id
+        );
+        let stream = guard::catch(format_args!("{place} execute"), || self.open(partition))?;
+        Ok(GuardedStream::wrap(place, stream))
+    }
+}
+
+impl ShuffleReaderExec {
+    /// `execute`'s body: check the markers, queue the partition's files.
+    fn open(&self, partition: usize) -> Result<SendableRecordBatchStream> {
         let count = self.partitions();
         if partition >= count {
             return Err(self.error(

@@ -44,6 +44,7 @@ use super::files::BucketFile;
 use super::marker::{BucketEntry, MapMarker};
 use crate::config::{DfxConfig, ShuffleCompression};
 use crate::counters::LiveObject;
+use crate::guard::{self, GuardedStream};
 use crate::paths::{bucket_path, map_dir, marker_path};
 use crate::planner::isolated_task_context;
 
@@ -283,7 +284,18 @@ impl ExecutionPlan for ShuffleWriterExec {
         )
     }
 
+    /// Runs behind [`crate::guard`]: a panic here, or in any poll of the
+    /// summary stream (which drives the whole stage), becomes an error.
     fn execute(&self, map: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let place = format!("{WRITER_NODE_NAME} stage {} map {map}", self.stage_id);
+        let stream = guard::catch(format_args!("{place} execute"), || self.start(map, context))?;
+        Ok(GuardedStream::wrap(place, stream))
+    }
+}
+
+impl ShuffleWriterExec {
+    /// `execute`'s body: start the map task; its stream runs it.
+    fn start(&self, map: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let maps = self.maps();
         if map >= maps {
             return Err(self.error(map, format!("out of range: the stage has {maps} map(s)")));

@@ -10,6 +10,8 @@ use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
 };
 
+use crate::guard;
+
 /// The revenue of a line item after discount and tax, in Float64. Null when
 /// any argument is null.
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -40,27 +42,32 @@ impl ScalarUDFImpl for NetRevenue {
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        if args.args.len() != 3 {
-            return exec_err!(
-                "dfx_net_revenue takes (price, discount, tax), got {} arguments",
-                args.args.len()
-            );
-        }
-        let arrays = ColumnarValue::values_to_arrays(&args.args)?;
-        let price = as_float64_array(&arrays[0])?;
-        let discount = as_float64_array(&arrays[1])?;
-        let tax = as_float64_array(&arrays[2])?;
-        let result: Float64Array = (0..price.len())
-            .map(|i| {
-                if price.is_null(i) || discount.is_null(i) || tax.is_null(i) {
-                    None
-                } else {
-                    Some(price.value(i) * (1.0 - discount.value(i)) * (1.0 + tax.value(i)))
-                }
-            })
-            .collect();
-        Ok(ColumnarValue::Array(Arc::new(result)))
+        guard::catch("the scalar function dfx_net_revenue", || invoke(args))
     }
+}
+
+/// The function's body, behind the guard in `invoke_with_args`.
+fn invoke(args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+    if args.args.len() != 3 {
+        return exec_err!(
+            "dfx_net_revenue takes (price, discount, tax), got {} arguments",
+            args.args.len()
+        );
+    }
+    let arrays = ColumnarValue::values_to_arrays(&args.args)?;
+    let price = as_float64_array(&arrays[0])?;
+    let discount = as_float64_array(&arrays[1])?;
+    let tax = as_float64_array(&arrays[2])?;
+    let result: Float64Array = (0..price.len())
+        .map(|i| {
+            if price.is_null(i) || discount.is_null(i) || tax.is_null(i) {
+                None
+            } else {
+                Some(price.value(i) * (1.0 - discount.value(i)) * (1.0 + tax.value(i)))
+            }
+        })
+        .collect();
+    Ok(ColumnarValue::Array(Arc::new(result)))
 }
 
 #[cfg(test)]

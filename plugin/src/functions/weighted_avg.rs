@@ -14,6 +14,8 @@ use datafusion::logical_expr::function::{AccumulatorArgs, StateFieldsArgs};
 use datafusion::logical_expr::utils::format_state_name;
 use datafusion::logical_expr::{Accumulator, AggregateUDFImpl, Signature, Volatility};
 
+use crate::guard::GuardedAccumulator;
+
 /// Weighted mean of `value` by `weight`. Rows where either is null are
 /// skipped, as SQL's `avg` skips nulls; a zero total weight gives null.
 #[derive(Debug, PartialEq, Eq, Hash)]
@@ -43,7 +45,12 @@ impl AggregateUDFImpl for WeightedAvg {
     }
 
     fn accumulator(&self, _acc_args: AccumulatorArgs) -> Result<Box<dyn Accumulator>> {
-        Ok(Box::new(WeightedAvgAccumulator::default()))
+        // Every method of the accumulator runs behind the guard: the host
+        // calls them across FFI, where a panic would abort it.
+        Ok(GuardedAccumulator::wrap(
+            "the aggregate function dfx_weighted_avg",
+            Box::new(WeightedAvgAccumulator::default()),
+        ))
     }
 
     fn state_fields(&self, args: StateFieldsArgs) -> Result<Vec<FieldRef>> {
