@@ -55,6 +55,43 @@ pub fn plugin() -> &'static Plugin {
     })
 }
 
+/// The environment variable naming the `test-hooks` build of the plugin.
+pub const TEST_HOOKS_ENV: &str = "DFX_PLUGIN_TEST_HOOKS";
+
+/// The plugin built with its `test-hooks` feature (its panic probe panics, and
+/// it registers `dfx_test_panic`): `DFX_PLUGIN_TEST_HOOKS`, else
+/// `<profile dir>/test-hooks/libdfx_plugin.so`, which
+/// `ffi-tests/build-plugins.sh` builds.
+pub fn test_hooks_plugin_path() -> PathBuf {
+    match std::env::var_os(TEST_HOOKS_ENV) {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => profile_dir()
+            .join("test-hooks")
+            .join(dfx_abi::plugin_file_name()),
+    }
+}
+
+/// The `test-hooks` plugin, loaded once per process.
+///
+/// # Panics
+///
+/// When the file is missing or refused: a test of panics must fail loudly,
+/// never skip, when the build that makes them is absent.
+pub fn test_hooks_plugin() -> &'static Plugin {
+    static PLUGIN: OnceLock<Plugin> = OnceLock::new();
+    PLUGIN.get_or_init(|| {
+        let path = test_hooks_plugin_path();
+        assert!(
+            path.exists(),
+            "{} does not exist: build the plugin with `--features test-hooks` and copy it there \
+             (ffi-tests/build-plugins.sh does), or set {TEST_HOOKS_ENV}",
+            path.display()
+        );
+        dfx_abi::load(&path)
+            .unwrap_or_else(|err| panic!("the test-hooks plugin was refused: {err}"))
+    })
+}
+
 /// The test-only library whose crate builds `lib<name>.so` (for example
 /// `dfx_test_wrong_abi`), from the profile directory.
 ///

@@ -1,23 +1,10 @@
 //! Errors and panics inside the plugin reach the host as errors, message
 //! intact, and the host survives.
 
-use std::path::PathBuf;
-
 use dfx_ffi_tests::fixtures::{AGGREGATE_SQL, distributed_lineitem};
-use dfx_ffi_tests::locate::{plugin, profile_dir};
+use dfx_ffi_tests::locate::{plugin, test_hooks_plugin};
 use dfx_ffi_tests::plans::{run_stages, run_to_table};
 use dfx_ffi_tests::session::TestSession;
-
-/// The plugin built with its `test-hooks` feature: `DFX_PLUGIN_TEST_HOOKS`,
-/// else `<profile dir>/test-hooks/libdfx_plugin.so` (see the README).
-fn test_hooks_plugin_path() -> PathBuf {
-    match std::env::var_os("DFX_PLUGIN_TEST_HOOKS") {
-        Some(path) if !path.is_empty() => PathBuf::from(path),
-        _ => profile_dir()
-            .join("test-hooks")
-            .join(dfx_abi::plugin_file_name()),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_bucket_file_reaches_the_host_with_its_message_intact() {
@@ -79,14 +66,7 @@ fn the_shipped_plugin_has_no_panic_in_its_probe() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panic_inside_the_plugin_becomes_an_error_and_the_host_survives() {
-    let path = test_hooks_plugin_path();
-    assert!(
-        path.exists(),
-        "{} does not exist: build the plugin with `--features test-hooks` and copy it there \
-         (ffi-tests/build-plugins.sh does), or set DFX_PLUGIN_TEST_HOOKS",
-        path.display()
-    );
-    let hooks = dfx_abi::load(&path).unwrap_or_else(|err| panic!("{err}"));
+    let hooks = test_hooks_plugin();
     for _ in 0..2 {
         let error = hooks.panic_probe().unwrap_err().to_string();
         assert!(error.contains("panicked"), "{error}");
@@ -98,7 +78,7 @@ async fn a_panic_inside_the_plugin_becomes_an_error_and_the_host_survives() {
     // The process, and the plugin, still work.
     assert_eq!(hooks.stage_id(0), 1);
     let dir = tempfile::tempdir().unwrap();
-    let session = TestSession::new(&hooks, &distributed_lineitem(dir.path()))
+    let session = TestSession::new(hooks, &distributed_lineitem(dir.path()))
         .await
         .unwrap();
     let answer = session.run_sql(AGGREGATE_SQL).await.unwrap();
