@@ -218,7 +218,9 @@ pub async fn timed_task(plugin_path: Option<&Path>, envelope: &Path) -> Result<(
     steps.decode_us = micros(t);
 
     let t = Instant::now();
-    let rows = crate::worker::run_map(&session, &stage, &envelope).await?;
+    let rows = crate::worker::run_map(&session, &stage, &envelope)
+        .await?
+        .rows;
     steps.execute_us = micros(t);
 
     let report = TimedReport {

@@ -1,5 +1,9 @@
-//! Fan-out: one worker process per task of a wave, a bounded number in
-//! flight, every failure kept.
+//! Fan-out: every task of a wave on a worker, a bounded number in flight,
+//! every failure kept.
+//!
+//! Two ways to run a task ([`WorkerMode`]): on a long-lived serving worker
+//! of the host's [`WorkerPool`] (the default; see [`crate::pool`]), or in a
+//! worker process of its own, started for it and ended with it (below).
 //!
 //! ```text
 //!            ┌─► worker task-2-0.json ─► stage-2/map-0/bucket-*.arrow, stage-2/map-0.json
@@ -22,6 +26,34 @@ use futures::StreamExt;
 
 use crate::envelope::WorkerReport;
 use crate::error::{HostError, Result, TaskFailure};
+use crate::pool::WorkerPool;
+
+/// How a host runs its tasks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum WorkerMode {
+    /// Long-lived `<worker> --serve` processes, one per slot, each running
+    /// task after task with the plugin loaded once and sessions kept warm.
+    #[default]
+    Pool,
+    /// One `<worker> <envelope>` process per task.
+    Process,
+}
+
+impl WorkerMode {
+    /// The name on the command line (`pool`, `process`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerMode::Pool => "pool",
+            WorkerMode::Process => "process",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkerMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// The command a worker is started with; the envelope path is appended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +121,22 @@ impl WorkerCommand {
             .kill_on_drop(true);
         command
     }
+
+    /// `program args... --serve`, every stream piped: a pooled worker.
+    pub(crate) fn serve_command(&self) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(&self.program);
+        command
+            .args(&self.args)
+            .arg("--serve")
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // The guarantee that no worker outlives its owner: the pool when
+            // idle, the future running its task when busy.
+            .kill_on_drop(true);
+        command
+    }
 }
 
 /// One task to dispatch: one map of one stage.
@@ -115,39 +163,103 @@ pub struct FanOutOptions {
 /// Rows each task reported, keyed by `(stage_id, map)`.
 pub type TaskRows = BTreeMap<(u64, usize), usize>;
 
+/// What each task reported, keyed by `(stage_id, map)`.
+pub type TaskReports = BTreeMap<(u64, usize), TaskReport>;
+
+/// One completed task, as its worker reported it and the driver saw it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TaskReport {
+    /// Rows it published, over all of its buckets.
+    pub rows: usize,
+    /// Bytes it published, over all of its buckets (`None` from a worker
+    /// that does not report them).
+    pub bytes: Option<u64>,
+    /// The worker's own time for the task, in milliseconds (`None` from a
+    /// worker that does not report it).
+    pub elapsed_ms: Option<f64>,
+    /// The driver's time for the task, from dispatch (process start or
+    /// request) to its report, in milliseconds.
+    pub wall_ms: f64,
+    /// Process id of the worker that ran it.
+    pub worker: Option<u32>,
+}
+
+impl TaskReport {
+    pub(crate) fn from_worker(report: &WorkerReport, wall_ms: f64, worker: Option<u32>) -> Self {
+        Self {
+            rows: report.rows,
+            bytes: report.bytes,
+            elapsed_ms: report.elapsed_ms,
+            wall_ms,
+            worker,
+        }
+    }
+}
+
+/// What runs the tasks of a fan-out.
+#[derive(Debug, Clone, Copy)]
+pub enum Workers<'a> {
+    /// A process of its own per task.
+    Process(&'a WorkerCommand),
+    /// The pool's serving workers.
+    Pool(&'a WorkerPool),
+}
+
 /// Workers in flight when the caller sets no bound: the cores this process
 /// may use (1 if unknown). More would only make them contend for the cores.
 pub fn default_max_workers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-/// Run every task in its own worker process and collect their reports.
-///
-/// At most `options.max_workers` (default [`default_max_workers`]) are in
-/// flight at once.
-/// Every failure — a worker that cannot start, exits non-zero or by a
-/// signal, or prints no readable report for its own task — is collected and
-/// reported together once every worker has finished.
+/// Run every task in its own worker process and collect their rows: the
+/// process mode of [`run_tasks`].
 ///
 /// # Errors
 ///
-/// [`HostError::Workers`] naming each failed task with its stderr.
+/// What [`run_tasks`] reports.
 pub async fn fan_out(
     command: &WorkerCommand,
     tasks: &[Task],
     options: &FanOutOptions,
 ) -> Result<TaskRows> {
+    let reports = run_tasks(Workers::Process(command), tasks, options).await?;
+    Ok(reports
+        .into_iter()
+        .map(|(key, report)| (key, report.rows))
+        .collect())
+}
+
+/// Run every task on `workers` and collect their reports.
+///
+/// At most `options.max_workers` (default [`default_max_workers`]) are in
+/// flight at once (and a pool keeps no more idle workers than that).
+/// Every failure — a worker that cannot start, exits non-zero or by a
+/// signal, reports an error, or gives no readable report for its own task —
+/// is collected and reported together once every task has ended.
+///
+/// # Errors
+///
+/// [`HostError::Workers`] naming each failed task with its stderr, in
+/// dispatch order.
+pub async fn run_tasks(
+    workers: Workers<'_>,
+    tasks: &[Task],
+    options: &FanOutOptions,
+) -> Result<TaskReports> {
     let bar = progress_bar(tasks.len(), options.progress);
     let limit = options
         .max_workers
         .unwrap_or_else(default_max_workers)
         .max(1);
-    let outcomes: Vec<(usize, std::result::Result<usize, TaskFailure>)> =
+    let outcomes: Vec<(usize, std::result::Result<TaskReport, TaskFailure>)> =
         futures::stream::iter(tasks.iter().enumerate())
             .map(|(index, task)| {
                 let bar = bar.clone();
                 async move {
-                    let outcome = run_one(command, task).await;
+                    let outcome = match workers {
+                        Workers::Process(command) => run_one(command, task).await,
+                        Workers::Pool(pool) => pool.run(task, limit).await,
+                    };
                     bar.inc(1);
                     (index, outcome)
                 }
@@ -161,19 +273,19 @@ pub async fn fan_out(
     // Report failures in dispatch order, not completion order, so a message
     // reads the same from one run to the next.
     outcomes.sort_by_key(|(index, _)| *index);
-    let mut rows = TaskRows::new();
+    let mut reports = TaskReports::new();
     let mut failures = Vec::new();
     for (index, outcome) in outcomes {
         let task = &tasks[index];
         match outcome {
-            Ok(n) => {
-                rows.insert((task.stage_id, task.map), n);
+            Ok(report) => {
+                reports.insert((task.stage_id, task.map), report);
             }
             Err(failure) => failures.push(failure),
         }
     }
     if failures.is_empty() {
-        Ok(rows)
+        Ok(reports)
     } else {
         let mut stages: Vec<u64> = tasks.iter().map(|t| t.stage_id).collect();
         stages.sort_unstable();
@@ -187,7 +299,11 @@ pub async fn fan_out(
     }
 }
 
-async fn run_one(command: &WorkerCommand, task: &Task) -> std::result::Result<usize, TaskFailure> {
+async fn run_one(
+    command: &WorkerCommand,
+    task: &Task,
+) -> std::result::Result<TaskReport, TaskFailure> {
+    let started = std::time::Instant::now();
     let fail = |reason: String, stderr: String| TaskFailure {
         stage_id: task.stage_id,
         map: task.map,
@@ -200,6 +316,7 @@ async fn run_one(command: &WorkerCommand, task: &Task) -> std::result::Result<us
             String::new(),
         )
     })?;
+    let pid = child.id();
     let output = child
         .wait_with_output()
         .await
@@ -219,15 +336,28 @@ async fn run_one(command: &WorkerCommand, task: &Task) -> std::result::Result<us
             stderr,
         ));
     }
-    Ok(report.rows)
+    let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+    Ok(TaskReport::from_worker(&report, wall_ms, pid))
 }
 
-fn describe_exit(status: ExitStatus) -> String {
+/// How a worker ended: `was killed by signal 9 (SIGKILL)`, `exited with status 3`.
+pub(crate) fn describe_exit(status: ExitStatus) -> String {
     #[cfg(unix)]
     {
         use std::os::unix::process::ExitStatusExt;
         if let Some(signal) = status.signal() {
-            return format!("was killed by signal {signal}");
+            let name = match signal {
+                1 => " (SIGHUP)",
+                2 => " (SIGINT)",
+                6 => " (SIGABRT)",
+                7 => " (SIGBUS)",
+                9 => " (SIGKILL)",
+                11 => " (SIGSEGV)",
+                13 => " (SIGPIPE)",
+                15 => " (SIGTERM)",
+                _ => "",
+            };
+            return format!("was killed by signal {signal}{name}");
         }
     }
     match status.code() {

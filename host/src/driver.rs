@@ -21,14 +21,18 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect;
 use dfx_abi::Plugin;
 
-use crate::dispatch::{FanOutOptions, Task, TaskRows, WorkerCommand, fan_out};
+use crate::dispatch::{
+    FanOutOptions, Task, TaskReports, TaskRows, WorkerCommand, WorkerMode, Workers, run_tasks,
+};
 use crate::envelope::{Envelope, TASK_DIR, envelope_path, plan_path};
 use crate::error::{DataFusionContext, HostError, Result};
+use crate::pool::WorkerPool;
 use crate::session::{DfxSession, SessionSpec, build_session};
 use crate::stages::{Stage, StageInfo, render_with_stages, stages, waves};
 
@@ -48,6 +52,14 @@ pub struct DistributedResult {
     pub tasks: Vec<(u64, usize)>,
     /// Rows each task published, keyed as `tasks` is.
     pub task_rows: TaskRows,
+    /// What each task reported (rows, bytes, times, worker), keyed as
+    /// `tasks` is.
+    pub task_reports: TaskReports,
+    /// How the tasks ran.
+    pub worker_mode: WorkerMode,
+    /// The driver's time for the final read (the plan's root over the
+    /// published stages), in milliseconds.
+    pub final_read_ms: f64,
 }
 
 impl DistributedResult {
@@ -79,16 +91,22 @@ impl DistributedResult {
 /// println!("{} stages, {} tasks", result.stages.len(), result.tasks.len());
 /// # Ok(()) }
 /// ```
+///
+/// Clones share one worker pool: its workers serve every query run through
+/// any of them, and end when the last clone is dropped.
 #[derive(Debug, Clone)]
 pub struct Host {
     plugin: Plugin,
     worker: WorkerCommand,
     options: FanOutOptions,
+    mode: WorkerMode,
+    pool: Arc<WorkerPool>,
 }
 
 impl Host {
-    /// A host whose workers are this executable (`<exe> worker <envelope>`),
-    /// told to load the same plugin file as the driver.
+    /// A host whose workers are this executable (`<exe> worker --serve` in
+    /// the pool, `<exe> worker <envelope>` per task in process mode), told to
+    /// load the same plugin file as the driver.
     ///
     /// # Errors
     ///
@@ -98,15 +116,37 @@ impl Host {
         Ok(Self::with_worker(plugin, worker))
     }
 
-    /// A host whose workers are started with `worker`. The plugin's path is
-    /// passed to them in `DFX_PLUGIN`, so driver and workers load one file.
+    /// A host whose workers are started with `worker`: `worker --serve` in
+    /// the pool (the default), `worker <envelope>` per task in process mode.
+    /// The plugin's path is passed to them in `DFX_PLUGIN`, so driver and
+    /// workers load one file. No worker starts before a task needs one.
     pub fn with_worker(plugin: Plugin, worker: WorkerCommand) -> Self {
         let worker = worker.env(crate::loader::PLUGIN_ENV, plugin.path());
+        let pool = Arc::new(WorkerPool::new(worker.clone()));
         Self {
             plugin,
             worker,
             options: FanOutOptions::default(),
+            mode: WorkerMode::default(),
+            pool,
         }
+    }
+
+    /// Run tasks on the pool's serving workers (the default) or in a process
+    /// each.
+    pub fn worker_mode(mut self, mode: WorkerMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// How this host runs tasks.
+    pub fn mode(&self) -> WorkerMode {
+        self.mode
+    }
+
+    /// The pool of serving workers (empty until a pooled task runs).
+    pub fn pool(&self) -> &WorkerPool {
+        &self.pool
     }
 
     /// Cap the workers running at once (`None`: the cores this process may
@@ -127,9 +167,9 @@ impl Host {
         &self.plugin
     }
 
-    /// Run `sql`: each map of each stage in its own worker process, stage
-    /// after stage as their inputs are published, then the root of the same
-    /// plan here.
+    /// Run `sql`: each map of each stage on a worker (a pooled one, or a
+    /// process of its own), stage after stage as their inputs are published,
+    /// then the root of the same plan here.
     ///
     /// Needs `spec.shuffle_dir`, which must not already hold stage output.
     ///
@@ -173,18 +213,22 @@ impl Host {
 
         let tasks = self.write_tasks(&session, spec, &stages, &shuffle_dir)?;
         let mut dispatched = Vec::new();
-        let mut task_rows = TaskRows::new();
+        let mut task_reports = TaskReports::new();
+        let workers = match self.mode {
+            WorkerMode::Pool => Workers::Pool(&self.pool),
+            WorkerMode::Process => Workers::Process(&self.worker),
+        };
         for (index, wave) in waves.iter().enumerate() {
             let wave_tasks: Vec<Task> = tasks
                 .iter()
                 .filter(|t| wave.contains(&t.stage_id))
                 .cloned()
                 .collect();
-            // Rule 4: `fan_out` returns only once every worker of the wave has
+            // Rule 4: `run_tasks` returns only once every task of the wave has
             // ended; a failed wave stops the query, so no stage ever runs
             // over an input that was not published.
-            match fan_out(&self.worker, &wave_tasks, &self.options).await {
-                Ok(rows) => task_rows.extend(rows),
+            match run_tasks(workers, &wave_tasks, &self.options).await {
+                Ok(reports) => task_reports.extend(reports),
                 Err(HostError::Workers {
                     total, failures, ..
                 }) => {
@@ -203,6 +247,7 @@ impl Host {
         // The root of the same plan: every stage is published, so each reader
         // finds its files (a missing one is an error naming it, never a
         // recompute) and the driver runs only what sits above the stages.
+        let final_read = Instant::now();
         let batches = collect(Arc::clone(&plan), session.ctx().task_ctx())
             .await
             .context(|| {
@@ -211,12 +256,20 @@ impl Host {
                     shuffle_dir.display()
                 )
             })?;
+        let final_read_ms = final_read.elapsed().as_secs_f64() * 1e3;
+        let task_rows: TaskRows = task_reports
+            .iter()
+            .map(|(key, report)| (*key, report.rows))
+            .collect();
         Ok(DistributedResult {
             batches,
             stages: infos,
             waves,
             tasks: dispatched,
             task_rows,
+            task_reports,
+            worker_mode: self.mode,
+            final_read_ms,
         })
     }
 

@@ -1,12 +1,55 @@
-//! What travels between driver and worker: the task envelope and the report.
+//! What travels between driver and worker: the task envelope, the report,
+//! and the serve protocol. The one definition of the driver/worker contract;
+//! the Python host's driver and workers speak it too.
 //!
 //! ```text
-//! driver ── <shuffle_dir>/tasks/task-S-P.json ──► dfx worker     (Envelope)
-//! driver ◄── last non-empty stdout line ───────── dfx worker     (WorkerReport)
+//! driver ── <shuffle_dir>/tasks/task-S-M.json ───────► worker          (Envelope)
+//!
+//! process mode: one `dfx worker <envelope>` per task
+//! driver ◄── last non-empty stdout line ─────────────── dfx worker      (WorkerReport)
+//!
+//! pool mode: one long-lived `dfx worker --serve` per slot, many tasks each
+//! driver ── stdin:  {"envelope": "<path>"}\n ─────────► dfx worker --serve   (ServeRequest)
+//! driver ◄── stdout: one response line per request ──── dfx worker --serve   (ServeResponse)
 //! ```
 //!
-//! Both are JSON so the Python host's driver and workers can exchange them
-//! with this one.
+//! # Envelope
+//!
+//! A JSON file: `spec` (the session spec, an object or a string holding
+//! one), `plan` (path of the encoded stage), `stage_id`, `partition` (the
+//! map).
+//!
+//! # Report (process mode)
+//!
+//! The last non-empty line of the worker's stdout, exit status 0:
+//! `{"stage_id": S, "partition": M, "rows": R, "bytes": B, "elapsed_ms": T}`.
+//! `rows` and `bytes` are summed over the writer's summary (every bucket it
+//! published); `elapsed_ms` (a float) is the worker's own time for the task.
+//! `bytes` and `elapsed_ms` are newer: a report without them (an older
+//! worker) is read with both unknown. A failed task exits non-zero with its
+//! message on stderr. Any other stdout line is ignored.
+//!
+//! # Serve protocol (pool mode)
+//!
+//! `<worker command> --serve` loads the plugin once, then reads requests from
+//! stdin, one JSON object per line: `{"envelope": "<path>"}`. For each it runs
+//! the task exactly as process mode does (same checks, same order) and
+//! writes exactly one JSON line to stdout:
+//!
+//! - success: `{"stage_id": S, "partition": M, "rows": R, "bytes": B, "elapsed_ms": T}`,
+//!   the report above, `elapsed_ms` measured from reading the request to
+//!   writing the report;
+//! - a task that failed: `{"stage_id": S, "partition": M, "error": "<message>"}`,
+//!   with `stage_id` and `partition` `null` when the envelope could not be
+//!   read; the worker then serves the next request.
+//!
+//! End of stdin: the worker exits with status 0. A worker may keep the last
+//! one or two sessions it built (keyed by the spec) for the next tasks.
+//! Other lines a library prints to stdout may come before a response: the
+//! driver reads lines until one is a response object (a JSON object with a
+//! `rows` or an `error` key) and keeps the others as the task's output. A
+//! worker that exits or is killed while a request is outstanding fails that
+//! task; the driver replaces it with a fresh process for later tasks.
 
 use std::path::{Path, PathBuf};
 
@@ -92,8 +135,9 @@ pub fn plan_path(task_dir: &Path, stage_id: u64) -> PathBuf {
     task_dir.join(format!("stage-{stage_id}.plan"))
 }
 
-/// What a worker prints as its last line of stdout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// What a worker reports for a task it completed: the last line of stdout in
+/// process mode, the response line in serve mode.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct WorkerReport {
     /// The stage the worker ran.
     pub stage_id: u64,
@@ -101,12 +145,20 @@ pub struct WorkerReport {
     pub partition: usize,
     /// Rows it published, over all of its buckets.
     pub rows: usize,
+    /// Bytes it published, over all of its buckets (the writer's summary);
+    /// unknown from an older worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// The worker's own time for the task, in milliseconds; unknown from an
+    /// older worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elapsed_ms: Option<f64>,
 }
 
 impl WorkerReport {
     /// The report as one JSON line (no newline).
     pub fn to_line(&self) -> String {
-        // Cannot fail: three integers.
+        // Cannot fail: integers and a float (a non-finite one becomes null).
         serde_json::to_string(self).unwrap_or_default()
     }
 
@@ -130,6 +182,83 @@ impl WorkerReport {
     }
 }
 
+/// One request to a serving worker (`--serve`): run the task in `envelope`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServeRequest {
+    /// The envelope file of the task.
+    pub envelope: PathBuf,
+}
+
+impl ServeRequest {
+    /// The request as one JSON line, newline included.
+    pub fn to_line(&self) -> String {
+        // Cannot fail: one path (a non-UTF-8 one is an error we map to "").
+        let mut line = serde_json::to_string(self).unwrap_or_default();
+        line.push('\n');
+        line
+    }
+}
+
+/// A serving worker's answer to one request: the task's report, or why it
+/// failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ServeResponse {
+    /// The task completed.
+    Report(WorkerReport),
+    /// The task failed; the worker goes on serving.
+    Error(TaskError),
+}
+
+/// A task a serving worker could not complete, as it reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskError {
+    /// The envelope's stage; `None` when the envelope could not be read.
+    pub stage_id: Option<u64>,
+    /// The envelope's map; `None` when the envelope could not be read.
+    pub partition: Option<usize>,
+    /// What went wrong.
+    pub error: String,
+}
+
+impl ServeResponse {
+    /// The response as one JSON line (no newline).
+    pub fn to_line(&self) -> String {
+        // Cannot fail: numbers, nulls and strings.
+        match self {
+            ServeResponse::Report(report) => report.to_line(),
+            ServeResponse::Error(error) => serde_json::to_string(error).unwrap_or_default(),
+        }
+    }
+
+    /// Read one stdout line of a serving worker.
+    ///
+    /// `None` for a line that is not a response (not a JSON object with a
+    /// `rows` or an `error` key): a library's stray print, kept by the caller
+    /// as output. `Some(Err)` for a line that claims to be a response but
+    /// does not read as one.
+    pub fn parse_line(line: &str) -> Option<std::result::Result<Self, String>> {
+        let value: serde_json::Value = serde_json::from_str(line.trim()).ok()?;
+        let object = value.as_object()?;
+        let unreadable =
+            |err: serde_json::Error| format!("an unreadable response {line:?} ({err})");
+        if object.contains_key("error") {
+            Some(
+                serde_json::from_value(value)
+                    .map(ServeResponse::Error)
+                    .map_err(unreadable),
+            )
+        } else if object.contains_key("rows") {
+            Some(
+                serde_json::from_value(value)
+                    .map(ServeResponse::Report)
+                    .map_err(unreadable),
+            )
+        } else {
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,7 +271,9 @@ mod tests {
             WorkerReport {
                 stage_id: 2,
                 partition: 1,
-                rows: 7
+                rows: 7,
+                bytes: None,
+                elapsed_ms: None,
             }
         );
         assert!(
@@ -162,5 +293,48 @@ mod tests {
         let json = r#"{"spec": "{\"tables\": {}, \"shuffle_dir\": \"/s\"}", "plan": "/s/tasks/stage-1.plan", "stage_id": 1, "partition": 0}"#;
         let envelope: Envelope = serde_json::from_str(json).unwrap();
         assert_eq!(envelope.spec.shuffle_dir, Some(PathBuf::from("/s")));
+    }
+
+    #[test]
+    fn a_report_with_bytes_and_time_round_trips() {
+        let report = WorkerReport {
+            stage_id: 3,
+            partition: 0,
+            rows: 5,
+            bytes: Some(640),
+            elapsed_ms: Some(1.5),
+        };
+        assert_eq!(WorkerReport::parse(&report.to_line()).unwrap(), report);
+        assert_eq!(
+            ServeResponse::parse_line(&report.to_line()),
+            Some(Ok(ServeResponse::Report(report)))
+        );
+    }
+
+    #[test]
+    fn serve_responses_are_told_from_other_lines() {
+        assert_eq!(ServeResponse::parse_line("loading the plugin..."), None);
+        assert_eq!(ServeResponse::parse_line("{\"progress\": 3}"), None);
+        assert_eq!(ServeResponse::parse_line("[1, 2]"), None);
+        let error = ServeResponse::parse_line(
+            "{\"stage_id\": null, \"partition\": null, \"error\": \"cannot read envelope\"}",
+        );
+        assert_eq!(
+            error,
+            Some(Ok(ServeResponse::Error(TaskError {
+                stage_id: None,
+                partition: None,
+                error: "cannot read envelope".into()
+            })))
+        );
+        let bad = ServeResponse::parse_line("{\"rows\": \"many\"}").unwrap();
+        assert!(bad.unwrap_err().contains("unreadable response"));
+        let request = ServeRequest {
+            envelope: "/s/tasks/task-1-0.json".into(),
+        };
+        assert_eq!(
+            request.to_line(),
+            "{\"envelope\":\"/s/tasks/task-1-0.json\"}\n"
+        );
     }
 }

@@ -11,6 +11,9 @@
 //!   of the stage's input and publishes its **buckets** into the query's
 //!   **shuffle directory** (`stage-S/map-M/bucket-B.arrow`, then the marker
 //!   `stage-S/map-M.json`).
+//! - **pool**: long-lived serving workers (`dfx worker --serve`) that run
+//!   task after task with the plugin loaded once; the default. Process mode
+//!   starts one worker per task instead ([`dispatch::WorkerMode`]).
 //! - **wave**: every stage whose deps are all published; its tasks run
 //!   together, a bounded number at once.
 //! - **driver**: plans the query once, runs the waves, then executes the
@@ -37,6 +40,7 @@ pub mod driver;
 pub mod envelope;
 pub mod error;
 pub mod loader;
+pub mod pool;
 pub mod session;
 pub mod stages;
 #[cfg(feature = "cli-extras")]
@@ -44,8 +48,9 @@ pub mod tpch;
 pub mod worker;
 
 pub use dfx_abi::Plugin;
+pub use dispatch::{TaskReport, WorkerMode};
 pub use driver::{DistributedResult, Host, require_empty_shuffle};
-pub use envelope::{Envelope, WorkerReport};
+pub use envelope::{Envelope, ServeRequest, ServeResponse, WorkerReport};
 pub use error::{HostError, Result, TaskFailure};
 pub use loader::{load_plugin, locate_plugin};
 pub use session::{DfxSession, SessionSpec, build_session};

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use datafusion::arrow::record_batch::RecordBatch;
-use dfx_host::dispatch::WorkerCommand;
+use dfx_host::dispatch::{WorkerCommand, WorkerMode};
 use dfx_host::session::Split;
 use dfx_host::{Envelope, Host, HostError, Result, SessionSpec, load_plugin, run_task};
 
@@ -26,7 +26,8 @@ enum Command {
     Run(RunArgs),
     /// Show the physical plan with each stage marked with its id, maps, buckets and deps.
     Explain(ExplainArgs),
-    /// Run one task from an envelope file (what the driver starts; not for humans).
+    /// Run one task from an envelope file, or serve tasks from stdin with
+    /// --serve (what the driver starts; not for humans).
     Worker(WorkerArgs),
     /// TPC-H distributed and single-process: answers checked, timings compared.
     #[cfg(feature = "cli-extras")]
@@ -124,11 +125,17 @@ struct RunArgs {
     /// At most this many workers at once (default: the cores this process may use).
     #[arg(long, value_name = "N", value_parser = parse_at_least_one)]
     max_workers: Option<usize>,
-    /// Start workers with PROGRAM instead of `<this executable> worker`; the
-    /// envelope path is its last argument (e.g. another host's worker).
+    /// How tasks run: on long-lived serving workers reused from task to task
+    /// (`pool`), or in a new worker process each (`process`).
+    #[arg(long, value_enum, default_value_t = WorkerMode::Pool)]
+    worker_mode: WorkerMode,
+    /// Start workers with PROGRAM instead of `<this executable> worker`; its
+    /// last argument is `--serve` in pool mode, the envelope path in process
+    /// mode (e.g. another host's worker).
     #[arg(long, value_name = "PROGRAM")]
     worker: Option<PathBuf>,
-    /// An argument for --worker's PROGRAM, before the envelope path. Repeatable.
+    /// An argument for --worker's PROGRAM, before `--serve` or the envelope
+    /// path. Repeatable.
     #[arg(
         long = "worker-arg",
         value_name = "ARG",
@@ -149,8 +156,13 @@ struct WorkerArgs {
     /// The plugin file (default: $DFX_PLUGIN, else beside this executable).
     #[arg(long, value_name = "PATH")]
     plugin: Option<PathBuf>,
+    /// Serve tasks: read `{"envelope": "<path>"}` lines from stdin, answer
+    /// each with one JSON line on stdout, exit at end of input.
+    #[arg(long, conflicts_with = "envelope")]
+    serve: bool,
     /// The task envelope (JSON) written by the driver.
-    envelope: PathBuf,
+    #[arg(required_unless_present = "serve")]
+    envelope: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -285,6 +297,7 @@ async fn run(args: RunArgs) -> Result<()> {
         None => Host::new(plugin)?,
     }
     .max_workers(args.max_workers)
+    .worker_mode(args.worker_mode)
     .progress(true);
     let sql = args.query.sql()?;
     let spec = spec_of(&args.query)?;
@@ -368,9 +381,17 @@ async fn explain(args: ExplainArgs) -> Result<()> {
 }
 
 async fn worker(args: WorkerArgs) -> Result<()> {
+    let started = Instant::now();
     let plugin = load_plugin(args.plugin.as_deref())?;
-    let envelope = Envelope::read(&args.envelope)?;
-    let report = run_task(&plugin, &envelope).await?;
+    let Some(path) = args.envelope else {
+        // `--serve`: the plugin stays loaded for every task until stdin ends.
+        let requests = dfx_host::worker::stdin_lines();
+        return dfx_host::worker::serve(&plugin, requests, &mut std::io::stdout()).await;
+    };
+    let envelope = Envelope::read(&path)?;
+    let mut report = run_task(&plugin, &envelope).await?;
+    // A process's time for its task includes loading the plugin.
+    report.elapsed_ms = Some(started.elapsed().as_secs_f64() * 1e3);
     // The last line of stdout is the report; the driver reads nothing else.
     println!("{}", report.to_line());
     Ok(())

@@ -13,11 +13,18 @@
 //! 5. execute the map and drain it: the writer reads its upstream buckets,
 //!    runs the stage, publishes `stage-S/map-M/bucket-B.arrow` and the marker
 //!    `stage-S/map-M.json`, and yields one summary batch;
-//! 6. report `{"stage_id", "partition", "rows"}`, rows summed over the
-//!    summary's buckets.
+//! 6. report `{"stage_id", "partition", "rows", "bytes", "elapsed_ms"}`,
+//!    rows and bytes summed over the summary's buckets.
+//!
+//! [`serve`] runs the same steps for one task after another in one process
+//! (`dfx worker --serve`, the serve protocol in [`crate::envelope`]): the
+//! plugin is loaded once, and the last sessions built stay warm for the next
+//! tasks of the same query.
 
+use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use datafusion::arrow::array::{Array, UInt64Array};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -25,13 +32,30 @@ use datafusion::physical_plan::ExecutionPlan;
 use futures::StreamExt;
 
 use crate::Plugin;
-use crate::envelope::{Envelope, WorkerReport};
+use crate::envelope::{Envelope, ServeRequest, ServeResponse, TaskError, WorkerReport};
 use crate::error::{DataFusionContext, HostError, Result};
 use crate::session::{DfxSession, build_session};
 use crate::stages::node_display;
 
 /// Name of the column of a writer's summary batch holding each bucket's rows.
 pub const SUMMARY_ROWS_COLUMN: &str = "rows";
+
+/// Name of the column of a writer's summary batch holding each bucket's bytes.
+pub const SUMMARY_BYTES_COLUMN: &str = "bytes";
+
+/// Sessions a serving worker keeps built: the current query's, and the one
+/// before it (a driver running two queries at once alternates). More would
+/// only hold memory for queries that are over.
+pub const WARM_SESSIONS: usize = 2;
+
+/// What one map published, from the writer's summary.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Published {
+    /// Rows, over every bucket.
+    pub rows: usize,
+    /// Bytes, over every bucket; `None` when the summary has no bytes column.
+    pub bytes: Option<u64>,
+}
 
 /// Run the task `envelope` describes and return its report.
 ///
@@ -40,15 +64,155 @@ pub const SUMMARY_ROWS_COLUMN: &str = "rows";
 /// Each refusal names the stage, the map and what disagreed; a failure
 /// while executing carries DataFusion's or the plugin's message.
 pub async fn run_task(plugin: &Plugin, envelope: &Envelope) -> Result<WorkerReport> {
+    let started = Instant::now();
     let session = build_session(plugin, &envelope.spec).await?;
-    let bytes = read_plan(&session, envelope)?;
-    let stage = decode_stage(&session, envelope, &bytes)?;
-    let rows = run_map(&session, &stage, envelope).await?;
+    run_in_session(&session, envelope, started).await
+}
+
+/// Steps 2 to 6 in a session already built from the envelope's spec;
+/// `elapsed_ms` counts from `started`.
+async fn run_in_session(
+    session: &DfxSession,
+    envelope: &Envelope,
+    started: Instant,
+) -> Result<WorkerReport> {
+    let bytes = read_plan(session, envelope)?;
+    let stage = decode_stage(session, envelope, &bytes)?;
+    let published = run_map(session, &stage, envelope).await?;
     Ok(WorkerReport {
         stage_id: envelope.stage_id,
         partition: envelope.partition,
-        rows,
+        rows: published.rows,
+        bytes: published.bytes,
+        elapsed_ms: Some(started.elapsed().as_secs_f64() * 1e3),
     })
+}
+
+/// The sessions a serving worker keeps built, keyed by their spec's JSON,
+/// the most recently used last.
+#[derive(Default)]
+pub struct SessionCache {
+    warm: Vec<(String, DfxSession)>,
+}
+
+impl SessionCache {
+    /// The session for `spec`: the warm one built from the same spec, or a
+    /// new one (then the least recently used is let go past
+    /// [`WARM_SESSIONS`]).
+    ///
+    /// # Errors
+    ///
+    /// What [`build_session`] reports.
+    pub async fn session(
+        &mut self,
+        plugin: &Plugin,
+        spec: &crate::SessionSpec,
+    ) -> Result<&DfxSession> {
+        // The whole spec is the key: two queries differ at least in their
+        // shuffle directory, which travels in the session's config.
+        let key = serde_json::to_string(spec).unwrap_or_default();
+        let entry = match self.warm.iter().position(|(k, _)| *k == key) {
+            Some(at) => self.warm.remove(at),
+            None => (key, build_session(plugin, spec).await?),
+        };
+        self.warm.push(entry);
+        if self.warm.len() > WARM_SESSIONS {
+            self.warm.remove(0);
+        }
+        // Just pushed, so never empty.
+        Ok(&self.warm[self.warm.len() - 1].1)
+    }
+
+    /// Sessions kept built.
+    pub fn len(&self) -> usize {
+        self.warm.len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.warm.is_empty()
+    }
+}
+
+/// Answer one serve request line: run its task (steps 1 to 6, the session
+/// taken from `cache`) and return the response. Never fails: a task that
+/// cannot run is an error response, and the worker serves the next one.
+pub async fn serve_one(plugin: &Plugin, cache: &mut SessionCache, line: &str) -> ServeResponse {
+    let started = Instant::now();
+    let unknown = |error: String| {
+        ServeResponse::Error(TaskError {
+            stage_id: None,
+            partition: None,
+            error,
+        })
+    };
+    let request: ServeRequest = match serde_json::from_str(line.trim()) {
+        Ok(request) => request,
+        Err(err) => {
+            return unknown(format!(
+                "cannot read the request {:?}: {err}; expected {{\"envelope\": \"<path>\"}}",
+                line.trim()
+            ));
+        }
+    };
+    let envelope = match Envelope::read(&request.envelope) {
+        Ok(envelope) => envelope,
+        Err(err) => return unknown(err.to_string()),
+    };
+    let outcome = match cache.session(plugin, &envelope.spec).await {
+        Ok(session) => run_in_session(session, &envelope, started).await,
+        Err(err) => Err(err),
+    };
+    match outcome {
+        Ok(report) => ServeResponse::Report(report),
+        Err(err) => ServeResponse::Error(TaskError {
+            stage_id: Some(envelope.stage_id),
+            partition: Some(envelope.partition),
+            error: err.to_string(),
+        }),
+    }
+}
+
+/// Serve requests (`{"envelope": "<path>"}`, one per line) from `requests`
+/// until it ends, writing one response line to `out` for each: the serve
+/// protocol of [`crate::envelope`]. Blank lines are skipped.
+///
+/// # Errors
+///
+/// Only when `out` cannot be written (the driver is gone).
+pub async fn serve(
+    plugin: &Plugin,
+    mut requests: tokio::sync::mpsc::Receiver<String>,
+    out: &mut impl Write,
+) -> Result<()> {
+    let mut cache = SessionCache::default();
+    while let Some(line) = requests.recv().await {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let response = serve_one(plugin, &mut cache, &line).await;
+        // One whole line, flushed: the driver waits for it.
+        writeln!(out, "{}", response.to_line())
+            .and_then(|()| out.flush())
+            .map_err(|e| HostError::io("cannot write the response to", "stdout", e))?;
+    }
+    Ok(())
+}
+
+/// The lines of this process's stdin, read on their own thread so the
+/// runtime (and a Ctrl-C handler) is never blocked by a read. The channel
+/// ends at end of input or on a read error.
+pub fn stdin_lines() -> tokio::sync::mpsc::Receiver<String> {
+    let (sender, receiver) = tokio::sync::mpsc::channel(16);
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            if sender.blocking_send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
 }
 
 fn task_name(envelope: &Envelope) -> String {
@@ -146,7 +310,7 @@ fn check_stage(
 }
 
 /// Execute the envelope's map of `stage` and drain it (step 5); returns the
-/// rows the writer published, summed over its summary's buckets.
+/// rows and bytes the writer published, summed over its summary's buckets.
 ///
 /// # Errors
 ///
@@ -156,17 +320,35 @@ pub async fn run_map(
     session: &DfxSession,
     stage: &Arc<dyn ExecutionPlan>,
     envelope: &Envelope,
-) -> Result<usize> {
+) -> Result<Published> {
     let task = task_name(envelope);
     let mut stream = stage
         .execute(envelope.partition, session.ctx().task_ctx())
         .context(|| format!("{task}: cannot start"))?;
-    let mut rows = 0;
+    let mut published = Published {
+        rows: 0,
+        bytes: Some(0),
+    };
     while let Some(batch) = stream.next().await {
         let batch = batch.context(|| format!("{task}: failed"))?;
-        rows += summary_rows(&batch).map_err(|err| HostError::Invalid(format!("{task}: {err}")))?;
+        published.rows +=
+            summary_rows(&batch).map_err(|err| HostError::Invalid(format!("{task}: {err}")))?;
+        published.bytes = match (published.bytes, summary_bytes(&batch)) {
+            (Some(sum), Some(bytes)) => Some(sum + bytes),
+            _ => None,
+        };
     }
-    Ok(rows)
+    Ok(published)
+}
+
+/// The bytes a writer's summary batch accounts for: the sum of its `bytes`
+/// column, `None` if it has no UInt64 one.
+pub fn summary_bytes(batch: &RecordBatch) -> Option<u64> {
+    let column = batch
+        .column_by_name(SUMMARY_BYTES_COLUMN)?
+        .as_any()
+        .downcast_ref::<UInt64Array>()?;
+    Some(column.iter().map(Option::unwrap_or_default).sum())
 }
 
 /// The rows a writer's summary batch accounts for: the sum of its `rows`
@@ -218,10 +400,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(summary_rows(&batch), Ok(12));
+        assert_eq!(summary_bytes(&batch), Some(1200));
 
         let schema = Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false)]));
         let not_a_summary =
             RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![3]))]).unwrap();
+        assert_eq!(summary_bytes(&not_a_summary), None);
         let err = summary_rows(&not_a_summary).unwrap_err();
         assert!(err.contains("no UInt64 \"rows\" column"), "{err}");
     }

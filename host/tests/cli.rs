@@ -498,7 +498,14 @@ fn an_interrupted_driver_leaves_no_worker_running() {
             "--shuffle-dir",
             shuffle.to_str().unwrap(),
         ])
-        .args(["--worker", "/bin/sh", "--worker-arg", "-c"])
+        .args([
+            "--worker-mode",
+            "process",
+            "--worker",
+            "/bin/sh",
+            "--worker-arg",
+            "-c",
+        ])
         .args([
             "--worker-arg",
             r#"exec tail -f /dev/null "$1" >/dev/null"#,

@@ -537,11 +537,34 @@ async fn a_worker_reports_on_its_last_stdout_line() {
         let last = stdout.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
         let report: serde_json::Value = serde_json::from_str(last).unwrap();
         // File 2 holds two flags: two partial groups, whichever buckets they land in.
+        let expected_keys = ["bytes", "elapsed_ms", "partition", "rows", "stage_id"];
         assert_eq!(
-            report,
-            serde_json::json!({"stage_id": stage.stage_id(), "partition": 2, "rows": 2}),
-            "{split}"
+            report.as_object().unwrap().keys().collect::<Vec<_>>(),
+            expected_keys,
+            "{split}: {report}"
         );
+        assert_eq!(report["stage_id"], stage.stage_id(), "{split}");
+        assert_eq!(report["partition"], 2, "{split}");
+        assert_eq!(report["rows"], 2, "{split}");
+        // Two rows were published, so some bytes were: those of the files
+        // the marker lists, summed.
+        let marker = read_marker(
+            &spec
+                .shuffle_dir
+                .as_deref()
+                .unwrap()
+                .join(format!("stage-{}", stage.stage_id()))
+                .join("map-2.json"),
+        );
+        let marker_bytes: u64 = marker["buckets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["bytes"].as_u64().unwrap())
+            .sum();
+        assert!(marker_bytes > 0, "{split}: {marker}");
+        assert_eq!(report["bytes"], marker_bytes, "{split}: {marker}");
+        assert!(report["elapsed_ms"].as_f64().unwrap() >= 0.0, "{split}");
         if split == Split::Aggregate {
             assert_eq!(stage.stage_id(), 1);
         }

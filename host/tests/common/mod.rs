@@ -45,10 +45,10 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::physical_plan::ExecutionPlan;
-use dfx_host::Host;
 use dfx_host::dispatch::WorkerCommand;
 use dfx_host::session::{SessionSpec, Split, build_session};
 use dfx_host::stages::{Stage, stages};
+use dfx_host::{Host, WorkerMode};
 
 /// Group by flag: count, sum of quantity, sum of price.
 pub const BY_FLAG: &str = "SELECT l_returnflag, count(*) AS n, sum(l_quantity) AS qty, \
@@ -188,15 +188,16 @@ pub fn host() -> Host {
     Host::with_worker(plugin(), WorkerCommand::dfx(dfx_bin()))
 }
 
-/// A host whose workers are `/bin/sh -c SCRIPT sh ENVELOPE`, with `$DFX` the
-/// real `dfx` binary: for tests that interfere with a worker.
+/// A host whose workers are `/bin/sh -c SCRIPT sh ENVELOPE`, one process per
+/// task, with `$DFX` the real `dfx` binary: for tests that interfere with a
+/// worker.
 pub fn host_with_script(script: &str) -> Host {
     let command = WorkerCommand::new("/bin/sh")
         .arg("-c")
         .arg(script)
         .arg("sh")
         .env("DFX", dfx_bin());
-    Host::with_worker(plugin(), command)
+    Host::with_worker(plugin(), command).worker_mode(WorkerMode::Process)
 }
 
 /// The fixture: a temp directory holding `lineitem/part-{0..3}.parquet`.
