@@ -72,6 +72,11 @@ pub struct SessionSpec {
     /// (`dfx_engine.split`). Absent in a spec means [`Split::Exchange`].
     #[serde(default)]
     pub split: Split,
+    /// How workers compress bucket files (`dfx_engine.shuffle_compression`).
+    /// Absent in a spec means [`ShuffleCompression::Lz4`]; left out of the
+    /// JSON when it is the default, so older readers still take the spec.
+    #[serde(default, skip_serializing_if = "ShuffleCompression::is_default")]
+    pub shuffle_compression: ShuffleCompression,
 }
 
 impl Default for SessionSpec {
@@ -82,7 +87,42 @@ impl Default for SessionSpec {
             target_partitions: DEFAULT_TARGET_PARTITIONS,
             codec_ids: Vec::new(),
             split: Split::default(),
+            shuffle_compression: ShuffleCompression::default(),
         }
+    }
+}
+
+/// How workers compress the bucket files they publish: the value of
+/// `dfx_engine.shuffle_compression`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ShuffleCompression {
+    /// LZ4 frames, per Arrow IPC buffer.
+    #[default]
+    Lz4,
+    /// Uncompressed Arrow IPC: more bytes, no codec time.
+    None,
+}
+
+impl ShuffleCompression {
+    /// The config value (`lz4`, `none`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShuffleCompression::Lz4 => "lz4",
+            ShuffleCompression::None => "none",
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl std::fmt::Display for ShuffleCompression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -152,6 +192,12 @@ impl SessionSpec {
     /// This spec cutting plans into stages by `split`.
     pub fn with_split(mut self, split: Split) -> Self {
         self.split = split;
+        self
+    }
+
+    /// This spec's workers compressing bucket files with `compression`.
+    pub fn with_shuffle_compression(mut self, compression: ShuffleCompression) -> Self {
+        self.shuffle_compression = compression;
         self
     }
 }
@@ -384,6 +430,11 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
         config
             .options_mut()
             .set(&key, spec.split.as_str())
+            .context(|| plugin_what(&format!("cannot set {key}")))?;
+        let key = format!("{}.shuffle_compression", plugin.config_prefix());
+        config
+            .options_mut()
+            .set(&key, spec.shuffle_compression.as_str())
             .context(|| plugin_what(&format!("cannot set {key}")))?;
     }
 

@@ -622,3 +622,54 @@ async fn the_join_queries_plan_every_join_type() {
         "not planned: {missing:?}; seen: {seen:?}"
     );
 }
+
+/// Sizes of every published bucket file under `dir`, summed.
+fn bucket_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            total += bucket_bytes(&path);
+        } else if path.extension().is_some_and(|e| e == "arrow") {
+            total += std::fs::metadata(&path).unwrap().len();
+        }
+    }
+    total
+}
+
+#[tokio::test]
+async fn bucket_files_are_lz4_compressed_unless_the_session_turns_it_off() {
+    use dfx_host::session::ShuffleCompression;
+    let tables = Tables::new();
+    let host = host();
+    // 100 000 rows sorted in their stage cross a pass-through exchange
+    // whole. Column `k` is one repeated value (LZ4 shrinks it to almost
+    // nothing), `v` distinct integers.
+    let rows: Vec<(Option<i32>, i32)> = (0..100_000).map(|i| (Some(7), i)).collect();
+    write_table(&tables.root.path().join("c"), "v", &rows);
+    let sql = "SELECT k, v FROM c ORDER BY v";
+    let mut bytes = Vec::new();
+    let mut answers = Vec::new();
+    for (index, compression) in [ShuffleCompression::Lz4, ShuffleCompression::None]
+        .into_iter()
+        .enumerate()
+    {
+        let dir = tables.shuffle_dir(Split::Exchange, 100 + index);
+        let mut spec = tables.spec();
+        spec.tables
+            .insert("c".to_string(), tables.root.path().join("c"));
+        let spec = spec
+            .with_shuffle_dir(&dir)
+            .with_shuffle_compression(compression);
+        let result = host.run_distributed(sql, &spec).await.unwrap();
+        answers.push(answer(&result.batches, true));
+        bytes.push(bucket_bytes(&dir));
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert!(
+        bytes[0] > 0 && bytes[0] * 3 / 2 < bytes[1],
+        "LZ4 {} bytes, uncompressed {} bytes",
+        bytes[0],
+        bytes[1]
+    );
+}

@@ -205,6 +205,7 @@ async fn all_22_queries_agree_distributed_and_local_split_at_aggregates() {
 fn the_cli_prints_the_table_writes_json_and_exits_zero() {
     let data = tempfile::tempdir().unwrap();
     let json = data.path().join("tpch.json");
+    let chart = data.path().join("tpch.svg");
     let output = std::process::Command::new(common::dfx_bin())
         .args([
             "tpch",
@@ -219,6 +220,10 @@ fn the_cli_prints_the_table_writes_json_and_exits_zero() {
         .arg(data.path())
         .arg("--json")
         .arg(&json)
+        .arg("--plot")
+        .arg(&chart)
+        // Uncompressed bucket files must read back to the same answers.
+        .args(["--shuffle-compression", "none"])
         .env("DFX_PLUGIN", common::plugin_path())
         .output()
         .unwrap();
@@ -229,6 +234,7 @@ fn the_cli_prints_the_table_writes_json_and_exits_zero() {
         "stdout:\n{stdout}\nstderr:\n{stderr}"
     );
     assert!(stdout.contains("split exchange"), "{stdout}");
+    assert!(stdout.contains("shuffle compression none"), "{stdout}");
     assert!(stdout.contains("| q6 | 1 |"), "{stdout}");
     assert!(stdout.contains("| q14 | 1 |"), "{stdout}");
     assert!(stdout.contains("geometric mean"), "{stdout}");
@@ -237,6 +243,18 @@ fn the_cli_prints_the_table_writes_json_and_exits_zero() {
     assert_eq!(figures["queries"].as_array().map(Vec::len), Some(2));
     assert_eq!(figures["mismatches"], 0);
     assert_eq!(figures["queries"][0]["outcome"]["kind"], "agree");
+    assert_eq!(figures["shuffle_compression"], "none");
+    // All three columns: stock DataFusion, dfx in one process, distributed.
+    for column in ["stock_ms", "local_ms", "distributed_ms"] {
+        assert!(
+            figures["queries"][1][column]
+                .as_f64()
+                .is_some_and(|ms| ms > 0.0),
+            "{column}: {figures}"
+        );
+    }
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.contains("q6") && svg.contains("q14"), "{svg}");
 }
 
 /// Each step is timed (a clock left out reads zero), the sum is the sum of

@@ -3,21 +3,24 @@
 //! ```text
 //! datagen ──► <data-dir>/sf<S>-p<P>/<table>/part-<i>.parquet   (cached)
 //!                │
-//! queries ──► for each query:  run_local × runs ─┐
-//!                              run_distributed × runs (fresh shuffle dir each)
-//!                                                 ├─► compare ──► report
+//! queries ──► for each query:  stock DataFusion × runs (the baseline) ─┐
+//!                              dfx session in one process × runs       │
+//!                              distributed × runs (fresh shuffle dir each)
+//!                                                 ├─► compare with stock ──► report
 //! ```
 //!
 //! - [`datagen`]: the eight tables as Parquet, one file per partition, cached.
 //! - [`queries`]: the 22 queries (`host/queries/q<N>.sql`, compiled in).
-//! - [`runner`]: times both modes and checks the answers agree.
+//! - [`runner`]: times the three ways and checks dfx's answers agree with stock's.
 //! - [`compare`]: what "agree" means (same column names and types, decimals
 //!   exactly, floats to 1e-6 relative, order only where the query orders).
 //! - [`report`]: the results table and its JSON.
+//! - [`plot`]: the same figures as an SVG bar chart.
 
 pub mod compare;
 pub mod datagen;
 pub mod error;
+pub mod plot;
 pub mod queries;
 pub mod report;
 pub mod runner;
@@ -46,6 +49,9 @@ pub struct TpchArgs {
     /// Where distributed plans are cut into stages.
     #[arg(long, value_enum, default_value_t = crate::session::Split::Exchange)]
     pub split: crate::session::Split,
+    /// How workers compress bucket files (`none` measures what LZ4 buys).
+    #[arg(long, value_enum, default_value_t = crate::session::ShuffleCompression::Lz4)]
+    pub shuffle_compression: crate::session::ShuffleCompression,
     /// Queries to run: `all`, or a list such as `1,3,6` or `1-5,18`.
     #[arg(long, default_value = "all", value_name = "LIST")]
     pub queries: String,
@@ -58,6 +64,10 @@ pub struct TpchArgs {
     /// Also write the figures as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Also draw each query's times (stock, dfx-local, distributed) side by
+    /// side as an SVG bar chart into this file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
     /// Seconds one run of one query may take; a run past it is stopped (its
     /// workers killed) and the query reported as timed out.
     #[arg(long, default_value_t = 300, value_name = "SECS")]
@@ -94,6 +104,7 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
         scale: args.scale,
         partitions: args.partitions,
         split: args.split,
+        shuffle_compression: args.shuffle_compression,
         queries,
         data_dir,
         runs: args.runs,
@@ -102,13 +113,18 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
     };
     let report = run_tpch(&host, &options).await?;
     println!(
-        "TPC-H sf{} with {} partitions, split {}, median of {} run(s) per mode\n",
-        report.scale, report.partitions, report.split, report.runs
+        "TPC-H sf{} with {} partitions, split {}, shuffle compression {}, median of {} run(s) \
+         per mode\n",
+        report.scale, report.partitions, report.split, report.shuffle_compression, report.runs
     );
     print!("{}", report.table());
     if let Some(path) = &args.json {
         report.write_json(path)?;
         eprintln!("figures written to {}", path.display());
+    }
+    if let Some(path) = &args.plot {
+        plot::write_svg(&report, path)?;
+        eprintln!("chart drawn into {}", path.display());
     }
     if report.mismatches > 0 {
         eprintln!(

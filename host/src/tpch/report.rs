@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use super::TpchError;
-use crate::session::Split;
+use crate::session::{ShuffleCompression, Split};
 
 /// Outcome of one query.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -17,7 +17,7 @@ pub enum Outcome {
     Agree,
     /// Both ran and the answers differ (the first difference).
     Mismatch(String),
-    /// The single-process run failed (first line of the error).
+    /// A single-process run (stock or dfx-local) failed (first line of the error).
     LocalFailed(String),
     /// The distributed run failed (first line of the error).
     DistributedFailed(String),
@@ -40,13 +40,16 @@ impl Outcome {
 pub struct QueryReport {
     /// TPC-H query number.
     pub query: u8,
-    /// Rows in the (single-process) answer.
+    /// Rows in the (stock) answer.
     pub rows: Option<usize>,
-    /// Median single-process wall time over the runs, milliseconds.
+    /// Median wall time of stock DataFusion (default config, same files and
+    /// partitions, no plugin) over the runs, milliseconds: the baseline.
+    pub stock_ms: Option<f64>,
+    /// Median wall time of dfx's own session run in one process, milliseconds.
     pub local_ms: Option<f64>,
     /// Median distributed wall time over the runs, milliseconds.
     pub distributed_ms: Option<f64>,
-    /// `distributed_ms / local_ms`.
+    /// `distributed_ms / stock_ms`.
     pub ratio: Option<f64>,
     /// Stages the distributed plan was cut into.
     pub stages: Option<usize>,
@@ -65,12 +68,17 @@ pub struct RunReport {
     pub partitions: usize,
     /// Where the distributed plans were cut into stages.
     pub split: Split,
+    /// How workers compressed bucket files.
+    pub shuffle_compression: ShuffleCompression,
     /// Timed runs per query and mode.
     pub runs: usize,
     /// One entry per selected query, in the order run.
     pub queries: Vec<QueryReport>,
-    /// Geometric mean of the ratios of the queries that ran both ways.
+    /// Geometric mean of the distributed/stock ratios of the queries that
+    /// ran every way.
     pub geomean_ratio: Option<f64>,
+    /// Geometric mean of the dfx-local/stock ratios of the same queries.
+    pub geomean_local_ratio: Option<f64>,
     /// Queries whose answers differ.
     pub mismatches: usize,
     /// Queries that could not run in one of the modes.
@@ -83,10 +91,16 @@ impl RunReport {
         scale: f64,
         partitions: usize,
         split: Split,
+        shuffle_compression: ShuffleCompression,
         runs: usize,
         queries: Vec<QueryReport>,
     ) -> Self {
         let ratios: Vec<f64> = queries.iter().filter_map(|q| q.ratio).collect();
+        let local_ratios: Vec<f64> = queries
+            .iter()
+            .filter(|q| q.ratio.is_some())
+            .filter_map(|q| Some(q.local_ms? / q.stock_ms?))
+            .collect();
         let mismatches = queries
             .iter()
             .filter(|q| matches!(q.outcome, Outcome::Mismatch(_)))
@@ -104,8 +118,10 @@ impl RunReport {
             scale,
             partitions,
             split,
+            shuffle_compression,
             runs,
             geomean_ratio: geometric_mean(&ratios),
+            geomean_local_ratio: geometric_mean(&local_ratios),
             queries,
             mismatches,
             failures,
@@ -118,15 +134,16 @@ impl RunReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "| query | rows | single-process ms | distributed ms | ratio | stages | tasks | answer |"
+            "| query | rows | stock ms | dfx-local ms | distributed ms | distributed/stock | stages | tasks | answer |"
         );
-        let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|---|");
+        let _ = writeln!(out, "|---|--:|--:|--:|--:|--:|--:|--:|---|");
         for q in &self.queries {
             let _ = writeln!(
                 out,
-                "| q{} | {} | {} | {} | {} | {} | {} | {} |",
+                "| q{} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 q.query,
                 opt(q.rows),
+                ms(q.stock_ms),
                 ms(q.local_ms),
                 ms(q.distributed_ms),
                 q.ratio.map_or("-".to_string(), |r| format!("{r:.2}")),
@@ -137,8 +154,11 @@ impl RunReport {
         }
         let _ = writeln!(
             out,
-            "\ngeometric mean of distributed/single-process ratios: {} (over {} of {} queries)",
+            "\ngeometric mean of distributed/stock: {}, of dfx-local/stock: {} (over {} of {} \
+             queries)",
             self.geomean_ratio
+                .map_or("-".to_string(), |g| format!("{g:.2}")),
+            self.geomean_local_ratio
                 .map_or("-".to_string(), |g| format!("{g:.2}")),
             self.queries.iter().filter(|q| q.ratio.is_some()).count(),
             self.queries.len()
@@ -211,7 +231,8 @@ mod tests {
         QueryReport {
             query,
             rows: Some(4),
-            local_ms: Some(10.0),
+            stock_ms: Some(10.0),
+            local_ms: Some(12.0),
             distributed_ms: ratio.map(|r| r * 10.0),
             ratio,
             stages: Some(1),
@@ -236,6 +257,7 @@ mod tests {
             0.1,
             2,
             Split::Exchange,
+            ShuffleCompression::Lz4,
             3,
             vec![
                 q(1, Some(2.0), Outcome::Agree),
@@ -252,7 +274,7 @@ mod tests {
         assert!((report.geomean_ratio.unwrap() - 4.0).abs() < 1e-12);
         let table = report.table();
         assert!(
-            table.contains("| q1 | 4 | 10.0 | 20.0 | 2.00 | 1 | 2 | agree |"),
+            table.contains("| q1 | 4 | 10.0 | 12.0 | 20.0 | 2.00 | 1 | 2 | agree |"),
             "{table}"
         );
         assert!(
@@ -263,7 +285,10 @@ mod tests {
             table.contains("MISMATCH: expected 1 rows, found 2"),
             "{table}"
         );
-        assert!(table.contains("4.00 (over 2 of 3 queries)"), "{table}");
+        assert!(
+            table.contains("distributed/stock: 4.00, of dfx-local/stock: 1.20 (over 2 of 3"),
+            "{table}"
+        );
     }
 
     #[test]

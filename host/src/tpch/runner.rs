@@ -4,13 +4,14 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 
 use super::TpchError;
 use super::compare::{RowOrder, compare, compare_columns, row_order, rows_of};
 use super::datagen::{Dataset, Provenance, ensure_dataset};
 use super::queries::query;
 use super::report::{Outcome, QueryReport, RunReport, first_line, median};
-use crate::session::Split;
+use crate::session::{ShuffleCompression, Split};
 use crate::{Host, HostError, SessionSpec, build_session};
 
 /// What to run.
@@ -22,6 +23,8 @@ pub struct TpchOptions {
     pub partitions: usize,
     /// Where distributed plans are cut into stages.
     pub split: Split,
+    /// How workers compress bucket files.
+    pub shuffle_compression: ShuffleCompression,
     /// Query numbers, in the order to run them.
     pub queries: Vec<u8>,
     /// Where datasets are cached (absolute: workers resolve it elsewhere).
@@ -47,18 +50,19 @@ pub async fn run_tpch(host: &Host, options: &TpchOptions) -> Result<RunReport, T
     let dataset = prepare_data(options).await?;
     let spec = SessionSpec::new(dataset.tables())
         .with_target_partitions(options.partitions)
-        .with_split(options.split);
+        .with_split(options.split)
+        .with_shuffle_compression(options.shuffle_compression);
     let mut reports = Vec::new();
     for &number in &options.queries {
         let report = run_query(host, &spec, number, options.runs, options.timeout).await?;
         if options.progress {
+            let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1} ms"));
             eprintln!(
-                "q{number}: {} (single-process {}, distributed {})",
+                "q{number}: {} (stock {}, dfx-local {}, distributed {})",
                 report.outcome.label(),
-                report.local_ms.map_or("-".into(), |v| format!("{v:.1} ms")),
-                report
-                    .distributed_ms
-                    .map_or("-".into(), |v| format!("{v:.1} ms")),
+                ms(report.stock_ms),
+                ms(report.local_ms),
+                ms(report.distributed_ms),
             );
         }
         reports.push(report);
@@ -67,6 +71,7 @@ pub async fn run_tpch(host: &Host, options: &TpchOptions) -> Result<RunReport, T
         options.scale,
         options.partitions,
         options.split,
+        options.shuffle_compression,
         options.runs,
         reports,
     ))
@@ -94,8 +99,8 @@ async fn prepare_data(options: &TpchOptions) -> Result<Dataset, TpchError> {
     Ok(dataset)
 }
 
-/// Run one query `runs` times each way and compare every distributed answer
-/// with the single-process one.
+/// Run one query `runs` times each way (stock DataFusion, dfx's session in
+/// one process, distributed) and compare every dfx answer with stock's.
 ///
 /// # Errors
 /// Only an unknown query number or a shuffle directory that cannot be
@@ -113,6 +118,7 @@ pub async fn run_query(
     let mut report = QueryReport {
         query: number,
         rows: None,
+        stock_ms: None,
         local_ms: None,
         distributed_ms: None,
         ratio: None,
@@ -129,17 +135,19 @@ pub async fn run_query(
         }
     };
 
-    let mut local_times = Vec::new();
+    // The reference: stock DataFusion, default config, same files and
+    // partitions. Its answer is the one every dfx run is checked against.
+    let mut stock_times = Vec::new();
     let mut expected: Option<Vec<RecordBatch>> = None;
     for _ in 0..runs {
         let started = Instant::now();
-        match within(timeout, host.run_local(sql, spec)).await {
+        match within(timeout, run_stock(sql, spec)).await {
             Ok(batches) => {
-                local_times.push(millis(started));
+                stock_times.push(millis(started));
                 expected.get_or_insert(batches);
             }
             Err(err) => {
-                report.outcome = Outcome::LocalFailed(summary(&err));
+                report.outcome = Outcome::LocalFailed(format!("stock: {}", summary(&err)));
                 return Ok(report);
             }
         }
@@ -147,6 +155,29 @@ pub async fn run_query(
     let expected = expected.unwrap_or_default();
     let expected_rows = rows_of(&expected)?;
     report.rows = Some(expected_rows.len());
+    report.stock_ms = median(&stock_times);
+
+    let mut local_times = Vec::new();
+    for run in 0..runs {
+        let started = Instant::now();
+        match within(timeout, host.run_local(sql, spec)).await {
+            Ok(batches) => {
+                local_times.push(millis(started));
+                let actual = rows_of(&batches)?;
+                let agreement = compare_columns(&expected, &batches)
+                    .and_then(|()| compare(&expected_rows, &actual, &order));
+                if let Err(mismatch) = agreement {
+                    report.outcome =
+                        Outcome::Mismatch(format!("dfx-local run {}: {mismatch}", run + 1));
+                    return Ok(report);
+                }
+            }
+            Err(err) => {
+                report.outcome = Outcome::LocalFailed(format!("dfx-local: {}", summary(&err)));
+                return Ok(report);
+            }
+        }
+    }
     report.local_ms = median(&local_times);
 
     let mut distributed_times = Vec::new();
@@ -182,13 +213,35 @@ pub async fn run_query(
         }
     }
     report.distributed_ms = median(&distributed_times);
-    if let (Some(local), Some(distributed), Outcome::Agree) =
-        (report.local_ms, report.distributed_ms, &report.outcome)
-        && local > 0.0
+    if let (Some(stock), Some(distributed), Outcome::Agree) =
+        (report.stock_ms, report.distributed_ms, &report.outcome)
+        && stock > 0.0
     {
-        report.ratio = Some(distributed / local);
+        report.ratio = Some(distributed / stock);
     }
     Ok(report)
+}
+
+/// `sql` in a stock DataFusion session: default config but for the target
+/// partitions, every table a Parquet listing table over the same files. No
+/// plugin, no dfx session settings: the baseline a user would compare with.
+pub async fn run_stock(sql: &str, spec: &SessionSpec) -> Result<Vec<RecordBatch>, HostError> {
+    let config = SessionConfig::new().with_target_partitions(spec.target_partitions);
+    let ctx = SessionContext::new_with_config(config);
+    for (name, dir) in &spec.tables {
+        let path = dir.to_str().ok_or_else(|| {
+            HostError::Invalid(format!("table {name}: {} is not UTF-8", dir.display()))
+        })?;
+        ctx.register_parquet(name, path, ParquetReadOptions::default())
+            .await
+            .map_err(|e| HostError::datafusion(format!("cannot register table {name}"), e))?;
+    }
+    ctx.sql(sql)
+        .await
+        .map_err(|e| HostError::datafusion("stock DataFusion cannot plan the query", e))?
+        .collect()
+        .await
+        .map_err(|e| HostError::datafusion("stock DataFusion cannot run the query", e))
 }
 
 /// How the answer of `sql` is ordered, from its logical plan in a local session.
