@@ -37,6 +37,7 @@ import fcntl
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -45,7 +46,7 @@ import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from dfx_engine import _internal
 from dfx_engine.session import SessionSpec, build_session
@@ -111,8 +112,49 @@ class TaskReport:
     elapsed_ms: float | None = None
 
 
+LOST_OUTPUT = re.compile(r"dfx stage (\d+) map (\d+)(?: bucket \d+)?: lost output")
+"""The plugin's reader error for an upstream map whose published output is gone.
+
+The wording is the plugin's (``exchange/marker.rs``, ``exchange/reader.rs``):
+the map named must be run again before the task that read it can succeed.
+"""
+
+
 class _TaskFailed(Exception):
-    """One task failed; the message names its stage and map."""
+    """One task failed; the message names its stage and map.
+
+    Attributes:
+        retryable: Whether another attempt may succeed: the worker died, was
+            killed, timed out or answered nonsense, or an upstream map's
+            output was lost. An error the worker reports about the plan, its
+            decoding, the SQL or schemas would recur, and is final.
+        lost: The upstream ``(stage_id, map)`` whose output the task found
+            missing, to rerun before retrying.
+    """
+
+    def __init__(
+        self, message: str, *, retryable: bool = False, lost: Task | None = None
+    ) -> None:
+        """A failure, classified where it is made."""
+        super().__init__(message)
+        self.retryable = retryable
+        self.lost = lost
+
+    def reason(self, task: Task) -> str:
+        """One line saying why: the lost output named, or the first line."""
+        text = str(self)
+        found = LOST_OUTPUT.search(text) if self.lost is not None else None
+        line = found.group(0) if found else text.splitlines()[0]
+        return line.removeprefix(f"stage {task[0]} map {task[1]}: ")
+
+
+def _reported(message: str) -> _TaskFailed:
+    """A failure the worker reported: final, unless it lost upstream output."""
+    found = LOST_OUTPUT.search(message)
+    if found is None:
+        return _TaskFailed(message)
+    lost = (int(found.group(1)), int(found.group(2)))
+    return _TaskFailed(message, retryable=True, lost=lost)
 
 
 class Stage:
@@ -153,6 +195,10 @@ class DistributedResult:
         waves: The stage ids of each wave, in the order the waves ran.
         reports: Each task's whole report (rows, bytes, time), keyed as
             ``tasks``.
+        attempts: Attempts made per task (1: no retry), reruns of a map
+            whose output was lost included.
+        retries: Why each retry or rerun happened, naming stage, map and
+            attempt; empty when every task succeeded first time.
     """
 
     def __init__(
@@ -162,6 +208,9 @@ class DistributedResult:
         reports: dict[Task, TaskReport],
         stages: list[_internal.StageInfo],
         waves: list[list[int]],
+        *,
+        attempts: dict[Task, int] | None = None,
+        retries: list[str] | None = None,
     ) -> None:
         """Bundle a run's batches with its stages, tasks and their reports."""
         self.batches = batches
@@ -170,6 +219,8 @@ class DistributedResult:
         self.task_rows = {task: report.rows for task, report in reports.items()}
         self.stages = stages
         self.waves = waves
+        self.attempts = attempts if attempts is not None else dict.fromkeys(tasks, 1)
+        self.retries = retries or []
 
     def __repr__(self) -> str:
         """Summarise without printing the batches."""
@@ -349,7 +400,8 @@ def _report_of(task: Task, report: object, line: str) -> TaskReport:
     """
     stage, map_index = task
     unreadable = _TaskFailed(
-        f"stage {stage} map {map_index}: unreadable worker report {line!r}"
+        f"stage {stage} map {map_index}: unreadable worker report {line!r}",
+        retryable=True,
     )
     if not isinstance(report, dict):
         raise unreadable
@@ -382,14 +434,14 @@ def _process_report(task: Task, stdout: str) -> TaskReport:
     lines = [line for line in stdout.splitlines() if line.strip()]
     if not lines:
         message = f"stage {stage} map {map_index}: the worker printed no report"
-        raise _TaskFailed(message)
+        raise _TaskFailed(message, retryable=True)
     try:
         report = json.loads(lines[-1])
     except ValueError as err:
         message = (
             f"stage {stage} map {map_index}: unreadable worker report {lines[-1]!r}"
         )
-        raise _TaskFailed(message) from err
+        raise _TaskFailed(message, retryable=True) from err
     return _report_of(task, report, lines[-1])
 
 
@@ -449,6 +501,7 @@ class _PooledWorker:
         except OSError:
             self.stderr.close()
             raise
+        self.timed_out = False
 
     def stderr_tail(self) -> str:
         """The end of what the worker wrote to stderr since its last answer."""
@@ -466,6 +519,11 @@ class _PooledWorker:
         """Kill the process if it still runs (it is reaped by :meth:`close`)."""
         if self.process.poll() is None:
             self.process.kill()
+
+    def expire(self) -> None:
+        """Kill the worker whose task ran out of time, saying so."""
+        self.timed_out = True
+        self.kill()
 
     def close(self) -> None:
         """Kill, reap, and release the pipes and the stderr file."""
@@ -551,12 +609,17 @@ class WorkerPool:
             return [worker.process.pid for worker in self._workers]
 
     def run(
-        self, task: Task, envelope: pathlib.Path, stop: threading.Event | None = None
+        self,
+        task: Task,
+        envelope: pathlib.Path,
+        stop: threading.Event | None = None,
+        timeout: float | None = None,
     ) -> TaskReport:
         """Run ``task`` on an idle worker (started if none is); its report.
 
         Blocks until a worker is free. ``stop`` is the run's abandon signal:
         once set, no worker is handed out and one started meanwhile is
+        killed. A task still running after ``timeout`` seconds has its worker
         killed.
 
         Raises:
@@ -566,7 +629,7 @@ class WorkerPool:
         """
         worker = self._checkout(task, stop)
         try:
-            report = self._ask(worker, task, envelope)
+            report = self._ask(worker, task, envelope, timeout)
         except _TaskFailed:
             self._release(worker)
             raise
@@ -627,6 +690,7 @@ class WorkerPool:
                 f"stage {stage} map {map_index}: could not start worker "
                 f"{self.command[0]!r}: {err}"
             )
+            # The same command would fail the same way: not retried.
             raise _TaskFailed(message) from err
         with self._cond:
             self._starting -= 1
@@ -659,7 +723,11 @@ class WorkerPool:
         worker.close()
 
     def _ask(
-        self, worker: _PooledWorker, task: Task, envelope: pathlib.Path
+        self,
+        worker: _PooledWorker,
+        task: Task,
+        envelope: pathlib.Path,
+        timeout: float | None,
     ) -> TaskReport:
         """Send ``task`` to ``worker`` and read lines until its response.
 
@@ -672,35 +740,43 @@ class WorkerPool:
         if process.stdin is None or process.stdout is None:
             message = "a pooled worker was started without its pipes"
             raise RuntimeError(message)
+        timer = None
+        if timeout is not None:
+            timer = threading.Timer(timeout, worker.expire)
+            timer.daemon = True
+            timer.start()
         try:
-            request = json.dumps({"envelope": str(envelope)}) + "\n"
-            process.stdin.write(request.encode())
-            process.stdin.flush()
-        except OSError:
-            # The worker died before or while reading: its exit says why.
-            pass
-        while True:
-            line = process.stdout.readline()
-            if not line:
-                raise self._died(worker, task)
-            text = line.decode("utf-8", errors="replace").strip()
             try:
-                response = json.loads(text)
-            except ValueError:
-                continue
-            if not (
-                isinstance(response, dict)
-                and "stage_id" in response
-                and "partition" in response
-                and ("rows" in response or "error" in response)
-            ):
-                continue
-            break
+                request = json.dumps({"envelope": str(envelope)}) + "\n"
+                process.stdin.write(request.encode())
+                process.stdin.flush()
+            except OSError:
+                # The worker died before or while reading: its exit says why.
+                pass
+            while True:
+                line = process.stdout.readline()
+                if not line:
+                    raise self._died(worker, task, timeout)
+                text = line.decode("utf-8", errors="replace").strip()
+                try:
+                    response = json.loads(text)
+                except ValueError:
+                    continue
+                if (
+                    isinstance(response, dict)
+                    and "stage_id" in response
+                    and "partition" in response
+                    and ("rows" in response or "error" in response)
+                ):
+                    break
+        finally:
+            if timer is not None:
+                timer.cancel()
         ids = (response["stage_id"], response["partition"])
         if "error" in response and ids in (task, (None, None)):
             message = f"stage {stage} map {map_index}: {response['error']}"
             stderr = worker.stderr_tail()
-            raise _TaskFailed(f"{message}\n{stderr}" if stderr else message)
+            raise _reported(f"{message}\n{stderr}" if stderr else message)
         try:
             return _report_of(task, response, text)
         except _TaskFailed:
@@ -708,7 +784,9 @@ class WorkerPool:
             worker.kill()
             raise
 
-    def _died(self, worker: _PooledWorker, task: Task) -> _TaskFailed:
+    def _died(
+        self, worker: _PooledWorker, task: Task, timeout: float | None
+    ) -> _TaskFailed:
         """The failure of ``task`` whose worker closed its stdout (it died)."""
         stage, map_index = task
         process = worker.process
@@ -719,12 +797,265 @@ class WorkerPool:
         except subprocess.TimeoutExpired:
             process.kill()
             returncode = process.wait()
-        message = (
-            f"stage {stage} map {map_index}: worker (pid {process.pid}) exited with "
-            f"{_exit_status(returncode)} while running the task"
-        )
+        if worker.timed_out:
+            message = (
+                f"stage {stage} map {map_index}: timed out after {timeout:g} s, "
+                f"so its worker (pid {process.pid}) was killed"
+            )
+        else:
+            message = (
+                f"stage {stage} map {map_index}: worker (pid {process.pid}) exited "
+                f"with {_exit_status(returncode)} while running the task"
+            )
         stderr = worker.stderr_tail()
-        return _TaskFailed(f"{message}:\n{stderr}" if stderr else message)
+        return _TaskFailed(
+            f"{message}:\n{stderr}" if stderr else message, retryable=True
+        )
+
+
+class _Runner(Protocol):
+    """Runs one attempt of a task on some worker; kills them all on demand."""
+
+    def run(
+        self,
+        task: Task,
+        envelope: pathlib.Path,
+        stop: threading.Event | None = None,
+        timeout: float | None = None,
+    ) -> TaskReport:
+        """One attempt's report; raises ``_TaskFailed`` or ``_Stopped``."""
+        ...
+
+    def kill_all(self) -> None:
+        """Kill every worker this runner started that still runs."""
+        ...
+
+
+class _OneShot:
+    """One ``<worker_command> ENVELOPE`` process per attempt."""
+
+    def __init__(self, worker_command: Sequence[str] | None) -> None:
+        """A runner of ``worker_command`` (default: :func:`python_worker`)."""
+        self.command = list(worker_command or python_worker())
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen[str]] = set()
+
+    def run(
+        self,
+        task: Task,
+        envelope: pathlib.Path,
+        stop: threading.Event | None = None,
+        timeout: float | None = None,
+    ) -> TaskReport:
+        """Start the worker, wait for it, read its report."""
+        stage, map_index = task
+        if stop is not None and stop.is_set():
+            raise _Stopped
+        try:
+            worker = subprocess.Popen(  # noqa: S603 - the caller's worker command
+                [*self.command, str(envelope)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=_worker_env(),
+            )
+        except OSError as err:
+            message = (
+                f"stage {stage} map {map_index}: could not start worker "
+                f"{self.command[0]!r}: {err}"
+            )
+            raise _TaskFailed(message) from err
+        with self._lock:
+            self._running.add(worker)
+            # kill_all may have swept `_running` while this worker was
+            # starting: then nobody else will kill it.
+            if stop is not None and stop.is_set():
+                worker.kill()
+        timed_out = False
+        try:
+            try:
+                stdout, stderr = worker.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                worker.kill()
+                stdout, stderr = worker.communicate()
+        finally:
+            with self._lock:
+                self._running.discard(worker)
+        if stop is not None and stop.is_set():
+            raise _Stopped
+        if timed_out:
+            message = (
+                f"stage {stage} map {map_index}: timed out after {timeout:g} s, "
+                f"so its worker was killed:\n{stderr.strip()}"
+            )
+            raise _TaskFailed(message, retryable=True)
+        if worker.returncode != 0:
+            message = (
+                f"stage {stage} map {map_index}: worker exited with "
+                f"{_exit_status(worker.returncode)}:\n{stderr.strip()}"
+            )
+            if worker.returncode < 0:
+                # Killed by a signal: another attempt may not be.
+                raise _TaskFailed(message, retryable=True)
+            # It exited by itself: the error is its own report.
+            raise _reported(message)
+        return _process_report(task, stdout)
+
+    def kill_all(self) -> None:
+        """Kill every worker still running (each thread reaps its own)."""
+        with self._lock:
+            for worker in self._running:
+                if worker.poll() is None:
+                    worker.kill()
+
+
+class _Attempts:
+    """The attempts of one query's tasks: numbers, retries, upstream reruns.
+
+    One per query, shared by its waves and their threads, so that attempt
+    numbers never repeat: a rerun of an earlier wave's map is that map's
+    next attempt.
+
+    Attributes:
+        made: Attempts started per task (1: it ran once).
+        retries: Why each retry happened, naming stage, map and attempt.
+    """
+
+    def __init__(
+        self,
+        envelopes: dict[Task, pathlib.Path],
+        max_attempts: int = 3,
+        timeout: float | None = None,
+    ) -> None:
+        """Attempts of the tasks of ``envelopes`` (their attempt-0 files).
+
+        Raises:
+            ValueError: If ``max_attempts`` is less than 1 or ``timeout`` is
+                not positive.
+        """
+        if max_attempts < 1:
+            message = f"max_attempts must be at least 1, got {max_attempts}"
+            raise ValueError(message)
+        if timeout is not None and not timeout > 0:
+            message = f"task_timeout must be positive, got {timeout}"
+            raise ValueError(message)
+        self.envelopes = dict(envelopes)
+        self.max_attempts = max_attempts
+        self.timeout = timeout
+        self.made: dict[Task, int] = {}
+        self.retries: list[str] = []
+        self._lock = threading.Lock()
+        self._rerun_locks: dict[Task, threading.Lock] = {}
+        # A logical clock of finished reruns: a loss seen by an attempt that
+        # began before a rerun of that map finished is already mended.
+        self._clock = 0
+        self._rerun_at: dict[Task, int] = {}
+
+    def run(self, task: Task, runner: _Runner, stop: threading.Event) -> TaskReport:
+        """Run ``task`` until it succeeds, fails for good or runs out of attempts.
+
+        Raises:
+            _TaskFailed: The final failure (after ``max_attempts``, the last
+                one's message says how many were made).
+            _Stopped: If ``stop`` was set.
+        """
+        stage, map_index = task
+        for tries in range(1, self.max_attempts + 1):
+            if stop.is_set():
+                raise _Stopped
+            attempt, envelope = self._next(task)
+            with self._lock:
+                began = self._clock
+            try:
+                return runner.run(task, envelope, stop, self.timeout)
+            except _TaskFailed as err:
+                if not err.retryable or stop.is_set():
+                    raise
+                if tries == self.max_attempts:
+                    if self.max_attempts == 1:
+                        raise
+                    message = (
+                        f"stage {stage} map {map_index}: failed {tries} attempts, "
+                        f"the last with: {err}"
+                    )
+                    raise _TaskFailed(message) from err
+                if err.lost is not None:
+                    self._restore(err.lost, task, began, runner, stop)
+                reason = err.reason(task)
+                with self._lock:
+                    self.retries.append(
+                        f"stage {stage} map {map_index} attempt {attempt}: {reason}"
+                    )
+        message = "unreachable: every attempt returns or raises"
+        raise AssertionError(message)
+
+    def _next(self, task: Task) -> tuple[int, pathlib.Path]:
+        """The next attempt number of ``task`` and its envelope file.
+
+        Attempt 0 is the file the driver wrote; a later attempt gets a copy
+        with its number in the ``attempt`` field, under its own name, so a
+        worker still reading an earlier attempt's file is not disturbed.
+        """
+        with self._lock:
+            attempt = self.made.get(task, 0)
+            self.made[task] = attempt + 1
+        first = self.envelopes[task]
+        if attempt == 0:
+            return 0, first
+        envelope = json.loads(first.read_text())
+        envelope["attempt"] = attempt
+        path = first.with_name(f"{first.stem}.attempt-{attempt}.json")
+        path.write_text(json.dumps(envelope, indent=2))
+        return attempt, path
+
+    def _restore(
+        self,
+        lost: Task,
+        task: Task,
+        began: int,
+        runner: _Runner,
+        stop: threading.Event,
+    ) -> None:
+        """Run the map whose output ``task`` found lost, unless already rerun.
+
+        One rerun at a time per map: every task of a wave reading a lost map
+        sees the loss, and one rerun mends it for all.
+
+        Raises:
+            _TaskFailed: Final, if this query has no such map or its rerun
+                failed.
+        """
+        stage, map_index = task
+        lost_stage, lost_map = lost
+        if lost not in self.envelopes:
+            message = (
+                f"stage {stage} map {map_index}: the output of stage {lost_stage} "
+                f"map {lost_map} is lost, and this query has no such task to rerun"
+            )
+            raise _TaskFailed(message)
+        with self._lock:
+            lock = self._rerun_locks.setdefault(lost, threading.Lock())
+        with lock:
+            with self._lock:
+                if self._rerun_at.get(lost, 0) > began:
+                    return
+            try:
+                self.run(lost, runner, stop)
+            except _TaskFailed as err:
+                message = (
+                    f"stage {stage} map {map_index}: the output of stage "
+                    f"{lost_stage} map {lost_map} is lost, and running that map "
+                    f"again failed: {err}"
+                )
+                raise _TaskFailed(message) from err
+            with self._lock:
+                self._clock += 1
+                self._rerun_at[lost] = self._clock
+                self.retries.append(
+                    f"stage {lost_stage} map {lost_map}: run again, its output "
+                    f"being lost to stage {stage} map {map_index}"
+                )
 
 
 def _run_workers(
@@ -734,16 +1065,21 @@ def _run_workers(
     max_workers: int | None = None,
     worker_mode: str = WORKER_MODES[0],
     pool: WorkerPool | None = None,
+    attempts: _Attempts | None = None,
 ) -> dict[Task, TaskReport]:
     """Run every task on a worker, at most ``max_workers`` at once; the reports.
 
     ``worker_mode`` is one of :data:`WORKER_MODES`. In ``pool`` mode the tasks
     run on ``pool`` (``worker_command`` and ``max_workers`` are then the
     pool's), or on a pool made for this call and closed after it.
+    ``attempts`` holds the retry policy and the attempts made (default: up
+    to 3 attempts of these tasks, no timeout).
 
-    Every failure (a worker that cannot start, a non-zero exit or a dead
-    pooled worker with its stderr, a reported error, an unreadable report)
-    is collected, and all are raised together once every task has finished.
+    A task whose worker died, was killed, timed out or left an unreadable
+    report is tried again; so is one that found an upstream map's output
+    lost, after that map runs again. Every final failure (a worker that
+    cannot start, an error the worker reports, the last of its attempts) is
+    collected, and all are raised together once every task has finished.
 
     Each task is started and awaited from a helper thread, because Python
     raises ``KeyboardInterrupt`` only in the main thread: started from the
@@ -760,12 +1096,14 @@ def _run_workers(
             worker command or bound of its own.
     """
     _check_mode(worker_mode, pool, worker_command, max_workers)
+    attempts = attempts or _Attempts(envelopes)
     if worker_mode == WORKER_MODES[0]:
         if pool is not None:
-            return _run_on_pool(envelopes, pool)
+            return _run_tasks(envelopes, pool, pool.max_workers, attempts)
         with WorkerPool(max_workers, worker_command) as own:
-            return _run_on_pool(envelopes, own)
-    return _run_processes(envelopes, worker_command, _bound(max_workers))
+            return _run_tasks(envelopes, own, own.max_workers, attempts)
+    bound = _bound(max_workers)
+    return _run_tasks(envelopes, _OneShot(worker_command), bound, attempts)
 
 
 def _check_mode(
@@ -793,26 +1131,20 @@ def _check_mode(
         raise ValueError(message)
 
 
-def _collected(
-    envelopes: dict[Task, pathlib.Path], failures: dict[Task, str]
-) -> RuntimeError:
-    report = [failures[task] for task in envelopes if task in failures]
-    return RuntimeError(
-        f"{len(failures)} of {len(envelopes)} dfx tasks failed:\n" + "\n".join(report)
-    )
-
-
-def _run_on_pool(
-    envelopes: dict[Task, pathlib.Path], pool: WorkerPool
+def _run_tasks(
+    envelopes: dict[Task, pathlib.Path],
+    runner: _Runner,
+    bound: int,
+    attempts: _Attempts,
 ) -> dict[Task, TaskReport]:
-    """:func:`_run_workers` on ``pool``'s long-lived workers."""
+    """:func:`_run_workers` with its runner chosen: threads, retries, cleanup."""
     reports: dict[Task, TaskReport] = {}
     failures: dict[Task, str] = {}
     stop = threading.Event()
 
-    def run_one(task: Task, envelope: pathlib.Path) -> None:
+    def run_one(task: Task) -> None:
         try:
-            reports[task] = pool.run(task, envelope, stop)
+            reports[task] = attempts.run(task, runner, stop)
         except _Stopped:
             return
         except _TaskFailed as err:
@@ -820,12 +1152,11 @@ def _run_on_pool(
                 failures[task] = str(err)
 
     threads = ThreadPoolExecutor(
-        max_workers=min(pool.max_workers, max(len(envelopes), 1)),
-        thread_name_prefix="dfx-task",
+        max_workers=min(bound, max(len(envelopes), 1)), thread_name_prefix="dfx-task"
     )
     finished = False
     try:
-        futures = [threads.submit(run_one, t, p) for t, p in envelopes.items()]
+        futures = [threads.submit(run_one, task) for task in envelopes]
         wait(futures)
         for future in futures:
             # An unexpected error in a helper thread surfaces here.
@@ -834,90 +1165,18 @@ def _run_on_pool(
     finally:
         if not finished:
             stop.set()
-            pool.kill_all()
+            runner.kill_all()
         threads.shutdown(wait=True, cancel_futures=True)
         if not finished:
             # A worker started while the first sweep ran saw `stop` and was
-            # retired by its thread; this sweep is for certainty.
-            pool.kill_all()
+            # killed by its thread; this sweep is for certainty.
+            runner.kill_all()
     if failures:
-        raise _collected(envelopes, failures)
-    return reports
-
-
-def _run_processes(
-    envelopes: dict[Task, pathlib.Path],
-    worker_command: Sequence[str] | None,
-    bound: int,
-) -> dict[Task, TaskReport]:
-    """:func:`_run_workers` with one ``<worker_command> ENVELOPE`` per task."""
-    command = list(worker_command or python_worker())
-    running: dict[Task, subprocess.Popen[str]] = {}
-    reports: dict[Task, TaskReport] = {}
-    failures: dict[Task, str] = {}
-    lock = threading.Lock()
-    stop = threading.Event()
-
-    def run_one(task: Task, envelope: pathlib.Path) -> None:
-        stage, map_index = task
-        if stop.is_set():
-            return
-        try:
-            worker = subprocess.Popen(  # noqa: S603 - the caller's worker command
-                [*command, str(envelope)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=_worker_env(),
-            )
-        except OSError as err:
-            failures[task] = (
-                f"stage {stage} map {map_index}: could not start worker "
-                f"{command[0]!r}: {err}"
-            )
-            return
-        with lock:
-            running[task] = worker
-            # The main thread may have swept `running` while this worker was
-            # starting: then nobody else will kill it.
-            if stop.is_set():
-                worker.kill()
-        stdout, stderr = worker.communicate()
-        if stop.is_set():
-            return
-        if worker.returncode != 0:
-            failures[task] = (
-                f"stage {stage} map {map_index}: worker exited with "
-                f"{_exit_status(worker.returncode)}:\n{stderr.strip()}"
-            )
-            return
-        try:
-            reports[task] = _process_report(task, stdout)
-        except _TaskFailed as err:
-            failures[task] = str(err)
-
-    threads = ThreadPoolExecutor(
-        max_workers=min(bound, max(len(envelopes), 1)), thread_name_prefix="dfx-task"
-    )
-    try:
-        futures = [threads.submit(run_one, t, p) for t, p in envelopes.items()]
-        wait(futures)
-        for future in futures:
-            # An unexpected error in a helper thread surfaces here.
-            future.result()
-    finally:
-        stop.set()
-        with lock:
-            for worker in running.values():
-                if worker.poll() is None:
-                    worker.kill()
-        threads.shutdown(wait=True, cancel_futures=True)
-        for worker in running.values():
-            if worker.poll() is None:
-                worker.kill()
-            worker.wait()
-    if failures:
-        raise _collected(envelopes, failures)
+        report = [failures[task] for task in envelopes if task in failures]
+        raise RuntimeError(
+            f"{len(failures)} of {len(envelopes)} dfx tasks failed:\n"
+            + "\n".join(report)
+        )
     return reports
 
 
@@ -939,6 +1198,8 @@ def _write_tasks(
                 "plan": str(plan_path),
                 "stage_id": stage_id,
                 "partition": map_index,
+                # A retry gets a copy with its own number (absent means 0).
+                "attempt": 0,
             }
             path = task_dir / f"task-{stage_id}-{map_index}.json"
             path.write_text(json.dumps(envelope, indent=2))
@@ -972,6 +1233,8 @@ def run_distributed(
     max_workers: int | None = None,
     worker_mode: str = WORKER_MODES[0],
     pool: WorkerPool | None = None,
+    max_attempts: int = 3,
+    task_timeout: float | None = None,
 ) -> DistributedResult:
     """Run ``sql`` with every map of every stage on a worker process.
 
@@ -993,10 +1256,19 @@ def run_distributed(
     else of a pool made for this call and closed before it returns;
     ``process`` starts one worker process per task.
 
+    A task is tried up to ``max_attempts`` times when its worker died, was
+    killed, ran longer than ``task_timeout`` seconds (default: no limit) or
+    left an unreadable report; an error the worker reports (planning,
+    decoding, SQL, schemas) would recur and is not retried. A task that
+    finds an upstream map's output lost has that map run again first. Each
+    attempt after the first gets its own envelope with its ``attempt``
+    number; :attr:`DistributedResult.retries` says why each was made.
+
     Raises:
         ValueError: If ``spec`` has no shuffle directory, ``worker_mode`` is
             unknown, or ``pool`` comes with a ``worker_command`` or
-            ``max_workers`` (the pool has its own), or without pool mode.
+            ``max_workers`` (the pool has its own), or without pool mode,
+            or ``max_attempts`` or ``task_timeout`` is not positive.
         RuntimeError: If the directory holds stage output, the plan has no
             stage or stages the plugin describes inconsistently, any worker
             of a wave failed (every failure of that wave is reported, and no
@@ -1006,6 +1278,8 @@ def run_distributed(
         message = "run_distributed needs a spec with a shuffle_dir"
         raise ValueError(message)
     _check_mode(worker_mode, pool, worker_command, max_workers)
+    # Checked here too, so that bad settings fail before anything is built.
+    _Attempts({}, max_attempts, task_timeout)
     shuffle_dir = pathlib.Path(spec.shuffle_dir)
     # First, so a reused directory is refused before anything is built.
     require_empty_shuffle(shuffle_dir)
@@ -1033,6 +1307,12 @@ def run_distributed(
 
     # Scratch goes under tasks/, never beside the stage output the plugin owns.
     envelopes = _write_tasks(stages, spec, shuffle_dir / "tasks")
+    # One for the whole query: a wave may rerun a map of an earlier one.
+    attempts = _Attempts(
+        {task: path for stage in envelopes.values() for task, path in stage.items()},
+        max_attempts,
+        task_timeout,
+    )
     tasks: list[Task] = []
     reports: dict[Task, TaskReport] = {}
     # One pool for every wave: a worker that ran a map of one stage runs the
@@ -1055,6 +1335,7 @@ def run_distributed(
                     max_workers=max_workers if pool is None else None,
                     worker_mode=worker_mode,
                     pool=pool,
+                    attempts=attempts,
                 )
             )
     finally:
@@ -1065,7 +1346,13 @@ def run_distributed(
     # only what lies above the last exchanges runs here.
     batches = execute_plan(ctx, plan)
     return DistributedResult(
-        batches, tasks, reports, [stage.info for stage in stages], waves
+        batches,
+        tasks,
+        reports,
+        [stage.info for stage in stages],
+        waves,
+        attempts=dict(attempts.made),
+        retries=list(attempts.retries),
     )
 
 

@@ -1,9 +1,10 @@
 """A worker: run one map of one stage and report the rows it published.
 
 Usage: ``python -m dfx_engine.worker ENVELOPE``, where ENVELOPE is the JSON
-file the driver wrote (``spec``, ``plan``, ``stage_id``, ``partition``; the
-partition is the map index), or ``python -m dfx_engine.worker --serve``: a
-long-lived worker that runs one task per request (see :func:`serve`).
+file the driver wrote (``spec``, ``plan``, ``stage_id``, ``partition``, the
+map index, and ``attempt``, absent for the first), or
+``python -m dfx_engine.worker --serve``: a long-lived worker that runs one
+task per request (see :func:`serve`).
 
 The steps, in the order that keeps a bad task from doing harm:
 
@@ -153,6 +154,10 @@ def run_task(
         isinstance(v, int) and not isinstance(v, bool) for v in (stage_id, map_index)
     ):
         raise fail("stage_id and partition must be integers")
+    # Absent in envelopes written before retries existed: the first attempt.
+    attempt = envelope.get("attempt", 0)
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 0:
+        raise fail(f"attempt must be a whole number, got {attempt!r}")
 
     try:
         spec = SessionSpec.from_json(envelope["spec"])

@@ -274,6 +274,7 @@ def test_a_pooled_worker_killed_mid_query_fails_it_by_name_and_is_replaced(
                 make_spec(split="aggregate"),
                 [probe(block_once)],
                 pool=pool,
+                max_attempts=1,
             )
         killer.join(timeout=60)
         message = str(raised.value)

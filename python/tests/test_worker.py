@@ -25,6 +25,7 @@ from conftest import (
 from dfx_engine.driver import (
     WORKER_MODES,
     WorkerPool,
+    _Attempts,
     _run_workers,
     plan_stages,
     run_distributed,
@@ -337,8 +338,14 @@ def test_killed_worker_is_reported_and_none_survive(
 
     killer = threading.Thread(target=kill_the_stuck_worker, daemon=True)
     killer.start()
+    envelopes = {(1, 0): stuck, (1, 1): good}
     with pytest.raises(RuntimeError) as raised:
-        _run_workers({(1, 0): stuck, (1, 1): good}, worker_mode="process")
+        _run_workers(
+            envelopes,
+            worker_mode="process",
+            # One attempt: a retry would copy the envelope, and read the FIFO.
+            attempts=_Attempts(envelopes, max_attempts=1),
+        )
     killer.join(timeout=60)
     message = str(raised.value)
     assert "stage 1 map 0" in message
@@ -369,7 +376,12 @@ def test_killed_pooled_worker_fails_its_task_and_is_replaced(
         killer = threading.Thread(target=kill_the_only_worker, daemon=True)
         killer.start()
         with pytest.raises(RuntimeError) as raised:
-            _run_workers({(1, 0): stuck}, pool=pool)
+            _run_workers(
+                {(1, 0): stuck},
+                pool=pool,
+                # One attempt: a retry would copy the envelope, and read the FIFO.
+                attempts=_Attempts({(1, 0): stuck}, max_attempts=1),
+            )
         killer.join(timeout=60)
         message = str(raised.value)
         assert "stage 1 map 0" in message
@@ -387,8 +399,11 @@ def test_killed_pooled_worker_fails_its_task_and_is_replaced(
 
 
 DRIVER_WAITING_ON = """
-import pathlib, signal, subprocess, sys, time
+import faulthandler, pathlib, signal, subprocess, sys, time
 from dfx_engine.driver import _run_workers
+
+# If the driver hangs, the test asks it where.
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 # Ctrl-C as an interactive user has it, even when the tests run as a
 # background job (whose children start with SIGINT ignored).
@@ -436,7 +451,14 @@ def test_interrupted_driver_leaves_no_worker_running(
             assert driver.poll() is None, driver.communicate()
             time.sleep(0.05)
         driver.send_signal(signal.SIGINT)
-        _stdout, stderr = driver.communicate(timeout=120)
+        try:
+            _stdout, stderr = driver.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            driver.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            driver.kill()
+            _stdout, stderr = driver.communicate()
+            pytest.fail(f"the interrupted driver hung; its threads:\n{stderr}")
     finally:
         if driver.poll() is None:
             driver.kill()
