@@ -52,6 +52,10 @@ pub struct TpchArgs {
     /// How workers compress bucket files (`none` measures what LZ4 buys).
     #[arg(long, value_enum, default_value_t = crate::session::ShuffleCompression::Lz4)]
     pub shuffle_compression: crate::session::ShuffleCompression,
+    /// How distributed tasks run: `pool` (long-lived workers, the default)
+    /// or `process` (one worker process per task).
+    #[arg(long, value_enum, default_value_t = crate::dispatch::WorkerMode::Pool)]
+    pub worker_mode: crate::dispatch::WorkerMode,
     /// Queries to run: `all`, or a list such as `1,3,6` or `1-5,18`.
     #[arg(long, default_value = "all", value_name = "LIST")]
     pub queries: String,
@@ -97,7 +101,7 @@ pub const EXIT_NOT_RUN: u8 = 2;
 pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
     let queries = queries::parse_selection(&args.queries)?;
     let plugin = crate::load_plugin(args.plugin.as_deref())?;
-    let host = crate::Host::new(plugin)?;
+    let host = crate::Host::new(plugin)?.worker_mode(args.worker_mode);
     let data_dir =
         std::path::absolute(&args.data_dir).map_err(|e| TpchError::io(&args.data_dir, e))?;
     let options = TpchOptions {
@@ -113,9 +117,14 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
     };
     let report = run_tpch(&host, &options).await?;
     println!(
-        "TPC-H sf{} with {} partitions, split {}, shuffle compression {}, median of {} run(s) \
-         per mode\n",
-        report.scale, report.partitions, report.split, report.shuffle_compression, report.runs
+        "TPC-H sf{} with {} partitions, split {}, shuffle compression {}, worker mode {}, median \
+         of {} run(s) per mode\n",
+        report.scale,
+        report.partitions,
+        report.split,
+        report.shuffle_compression,
+        args.worker_mode.as_str(),
+        report.runs
     );
     print!("{}", report.table());
     if let Some(path) = &args.json {
