@@ -16,7 +16,9 @@ publishing, without starting the process). Modes:
 - ``pool, per query``: ``run_distributed``'s own pool, started and closed by
   each query;
 - ``pool, warm``: one :class:`~dfx_engine.driver.WorkerPool` for every run,
-  warmed by one query first.
+  warmed by one query first;
+- with ``--dfx PATH``, ``dfx, process`` and ``dfx, pool, warm``: the same
+  with the Rust host's workers (``dfx worker``, ``dfx worker --serve``).
 
 Run it with the interpreter the wheel is installed in (``python/.venv`` once
 ``run-tests.sh`` has run). It sits outside the package's directory so that
@@ -71,6 +73,9 @@ def main() -> None:
     parser.add_argument("--maps", type=int, default=16, help="files = map tasks")
     parser.add_argument("--workers", type=int, default=2, help="max_workers")
     parser.add_argument("--repeat", type=int, default=3, help="runs per mode")
+    parser.add_argument(
+        "--dfx", help="the Rust host binary: measure its workers too (dfx worker)"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="dfx-bench-") as scratch:
@@ -113,6 +118,24 @@ def main() -> None:
         with WorkerPool(max_workers=args.workers) as pool:
             run_distributed(SQL, spec(), pool=pool)
             measure("pool, warm", lambda: run_distributed(SQL, spec(), pool=pool))
+        if args.dfx:
+            rust = [args.dfx, "worker"]
+            measure(
+                "dfx, process",
+                lambda: run_distributed(
+                    SQL,
+                    spec(),
+                    worker_command=rust,
+                    max_workers=args.workers,
+                    worker_mode="process",
+                ),
+            )
+            with WorkerPool(max_workers=args.workers, worker_command=rust) as pool:
+                run_distributed(SQL, spec(), pool=pool)
+                measure(
+                    "dfx, pool, warm",
+                    lambda: run_distributed(SQL, spec(), pool=pool),
+                )
 
     print(
         f"{args.maps} map tasks, {args.workers} workers, median of {args.repeat} "
