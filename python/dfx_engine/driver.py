@@ -27,6 +27,10 @@ rules of docs/DESIGN):
 5. Ship every stage: a union of two aggregates holds two independent stages,
    so tasks are keyed by ``(stage_id, map)``.
 6. Refuse a shuffle directory that already holds stage output.
+
+Tasks run on long-lived workers (:class:`WorkerPool`) unless told to start a
+process per task; a task whose worker died, hung or found an upstream map's
+output lost runs again (see :func:`run_distributed`).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ from dfx_engine.session import SessionSpec, build_session
 from dfx_engine.worker import SERVE_FLAG
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from types import TracebackType
 
     import pyarrow as pa
@@ -1320,6 +1324,17 @@ def run_distributed(
     own_pool = None
     if worker_mode == WORKER_MODES[0] and pool is None:
         pool = own_pool = WorkerPool(max_workers, worker_command)
+
+    def run_tasks(envelopes: dict[Task, pathlib.Path]) -> dict[Task, TaskReport]:
+        return _run_workers(
+            envelopes,
+            worker_command if pool is None else None,
+            max_workers=max_workers if pool is None else None,
+            worker_mode=worker_mode,
+            pool=pool,
+            attempts=attempts,
+        )
+
     try:
         for wave in waves:
             wave_envelopes = {
@@ -1328,23 +1343,13 @@ def run_distributed(
                 for task, path in envelopes[stage_id].items()
             }
             tasks.extend(wave_envelopes)
-            reports.update(
-                _run_workers(
-                    wave_envelopes,
-                    worker_command if pool is None else None,
-                    max_workers=max_workers if pool is None else None,
-                    worker_mode=worker_mode,
-                    pool=pool,
-                    attempts=attempts,
-                )
-            )
+            reports.update(run_tasks(wave_envelopes))
+        # Every stage is published: the root's readers find their files, and
+        # only what lies above the last exchanges runs here.
+        batches = _read_root(ctx, plan, attempts, run_tasks)
     finally:
         if own_pool is not None:
             own_pool.close()
-
-    # Every stage is published: the root's readers find their files, and
-    # only what lies above the last exchanges runs here.
-    batches = execute_plan(ctx, plan)
     return DistributedResult(
         batches,
         tasks,
@@ -1354,6 +1359,41 @@ def run_distributed(
         attempts=dict(attempts.made),
         retries=list(attempts.retries),
     )
+
+
+def _read_root(
+    ctx: SessionContext,
+    plan: ExecutionPlan,
+    attempts: _Attempts,
+    run_tasks: Callable[[dict[Task, pathlib.Path]], object],
+) -> list[pa.RecordBatch]:
+    """Execute the root of ``plan``; a map whose output it finds lost runs again.
+
+    The root still never computes a stage: the lost map runs on a worker
+    (``run_tasks``, as its next attempt), and the root is executed again from
+    the start, up to the query's ``max_attempts`` times.
+
+    Raises:
+        RuntimeError: If executing the root failed otherwise, named a map this
+            query does not have, or kept losing output.
+    """
+    for tries in range(1, attempts.max_attempts + 1):
+        try:
+            return execute_plan(ctx, plan)
+        except RuntimeError as err:
+            found = LOST_OUTPUT.search(str(err))
+            if found is None or tries == attempts.max_attempts:
+                raise
+            lost = (int(found.group(1)), int(found.group(2)))
+            if lost not in attempts.envelopes:
+                raise
+            attempts.retries.append(
+                f"stage {lost[0]} map {lost[1]}: run again, its output being lost "
+                "to the query's root"
+            )
+            run_tasks({lost: attempts.envelopes[lost]})
+    message = "unreachable: every attempt returns or raises"
+    raise AssertionError(message)
 
 
 def run_local(

@@ -30,6 +30,7 @@ from dfx_engine import _internal
 from dfx_engine.driver import (
     WORKER_MODES,
     _Attempts,
+    _read_root,
     _run_workers,
     _write_tasks,
     execute_plan,
@@ -227,3 +228,33 @@ def test_lost_upstream_output_is_run_again_before_its_reader(
     assert all(r.split(":")[0].endswith("attempt 0") for r in readers)
     assert pathlib.Path(victim).is_file()
     assert_revenue(as_rows(execute_plan(ctx, plan)))
+
+
+@pytest.mark.parametrize("mode", WORKER_MODES)
+def test_output_lost_to_the_root_is_run_again_and_the_root_read_again(
+    make_spec: Callable[..., SessionSpec], mode: str
+) -> None:
+    spec = make_spec()
+    ctx, _engine = build_session(spec)
+    plan = ctx.sql(REVENUE_SQL).execution_plan()
+    stages = plan_stages(ctx, plan)
+    envelopes = _write_tasks(stages, spec, pathlib.Path(spec.shuffle_dir) / "tasks")
+    attempts = _Attempts(
+        {task: path for stage in envelopes.values() for task, path in stage.items()}
+    )
+
+    def run_tasks(tasks: dict[tuple[int, int], pathlib.Path]) -> None:
+        _run_workers(tasks, worker_mode=mode, attempts=attempts)
+
+    for wave in waves_of([stage.info for stage in stages]):
+        run_tasks({t: p for s in wave for t, p in envelopes[s].items()})
+    # Stage 1, the first writer in pre-order, is what the root reads.
+    marker = pathlib.Path(_internal.marker_path(spec.shuffle_dir, 1, 0))
+    marker.unlink()
+
+    assert_revenue(as_rows(_read_root(ctx, plan, attempts, run_tasks)))
+    assert attempts.made[(1, 0)] == 2
+    assert attempts.retries == [
+        "stage 1 map 0: run again, its output being lost to the query's root"
+    ]
+    assert marker.is_file()
