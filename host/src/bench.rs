@@ -22,6 +22,17 @@
 //! task, spawn to exit, so the two totals can be compared. The timings ride
 //! in the report line as extra keys: the `{"stage_id", "partition", "rows"}`
 //! contract of the last stdout line is kept.
+//!
+//! Then the same kind of task in both worker modes, side by side, as the
+//! driver sees it (median and 90th percentile per task):
+//!
+//! - **process**: a real `dfx worker <envelope>` per task, spawn to exit;
+//! - **pool, same query**: a warm `dfx worker --serve` given the task again
+//!   (its session is built already), request to response;
+//! - **pool, new query**: a warm worker given the first task of a new query
+//!   (another shuffle directory: its session is built for it);
+//! - **pool, new worker**: the first task of a freshly started worker
+//!   (process start, plugin load, session build), paid once per slot.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -35,6 +46,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::envelope::{Envelope, TASK_DIR, envelope_path, plan_path};
 use crate::error::HostError;
+use crate::pool::WorkerPool;
 use crate::tpch::TpchError;
 use crate::tpch::report::median;
 use crate::{Plugin, SessionSpec, WorkerReport, build_session, load_plugin};
@@ -129,6 +141,55 @@ pub struct OverheadReport {
     pub total_ms: f64,
     /// Median spawn-to-exit of the real `dfx worker` on the same kind of task.
     pub real_worker_ms: f64,
+    /// Per task in each worker mode, as the driver sees it.
+    pub modes: Vec<ModeCost>,
+}
+
+/// What one task costs the driver in one worker mode.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModeCost {
+    /// Which mode and case.
+    pub mode: String,
+    /// Tasks timed.
+    pub tasks: usize,
+    /// Median milliseconds per task.
+    pub median_ms: f64,
+    /// 90th percentile (nearest rank) milliseconds per task.
+    pub p90_ms: f64,
+    /// Median of the worker's own time for the task (its report's
+    /// `elapsed_ms`; in process mode it includes loading the plugin).
+    pub worker_median_ms: f64,
+    /// Median of the driver's time minus the worker's, task by task: the
+    /// price of getting the task to a worker and its report back.
+    pub dispatch_median_ms: f64,
+}
+
+impl ModeCost {
+    /// `samples`: (driver's ms, worker's ms) per task.
+    fn of(mode: &str, samples: &[(f64, f64)]) -> Self {
+        let driver: Vec<f64> = samples.iter().map(|s| s.0).collect();
+        let worker: Vec<f64> = samples.iter().map(|s| s.1).collect();
+        Self {
+            mode: mode.to_string(),
+            tasks: samples.len(),
+            median_ms: median(&driver).unwrap_or(f64::NAN),
+            p90_ms: percentile(&driver, 0.9).unwrap_or(f64::NAN),
+            worker_median_ms: median(&worker).unwrap_or(f64::NAN),
+            dispatch_median_ms: median(&samples.iter().map(|s| s.0 - s.1).collect::<Vec<_>>())
+                .unwrap_or(f64::NAN),
+        }
+    }
+}
+
+/// The `q` quantile of `values` by nearest rank; `None` when empty.
+pub fn percentile(values: &[f64], q: f64) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = (q * v.len() as f64).ceil().max(1.0) as usize;
+    Some(v[rank.min(v.len()) - 1])
 }
 
 impl OverheadReport {
@@ -145,6 +206,26 @@ impl OverheadReport {
             "| **sum of steps** | **{:.2}** |\n| real `dfx worker`, spawn to exit | {:.2} |\n",
             self.total_ms, self.real_worker_ms
         ));
+        out.push_str(
+            "\nper task in each worker mode, as the driver sees it\n\n\
+             | mode | tasks | median ms | p90 ms | worker's own median ms | driver minus worker, median ms |\n\
+             |---|--:|--:|--:|--:|--:|\n",
+        );
+        for mode in &self.modes {
+            out.push_str(&format!(
+                "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |\n",
+                mode.mode,
+                mode.tasks,
+                mode.median_ms,
+                mode.p90_ms,
+                mode.worker_median_ms,
+                mode.dispatch_median_ms
+            ));
+        }
+        out.push_str(
+            "\nA worker's own time includes executing the stage, which publishes its files \
+             with fsync: on a busy disk that step, not the dispatch, varies most.\n",
+        );
         out
     }
 }
@@ -238,6 +319,7 @@ pub async fn timed_task(plugin_path: Option<&Path>, envelope: &Path) -> Result<(
 
 /// A one-task stage ready to run: its envelope, inside a fresh shuffle directory.
 struct PreparedTask {
+    stage_id: u64,
     envelope: PathBuf,
     _shuffle: tempfile::TempDir,
 }
@@ -280,6 +362,7 @@ async fn prepare_task(plugin: &Plugin, spec: &SessionSpec) -> Result<PreparedTas
     let path = envelope_path(&task_dir, stage_id, 0);
     envelope.write(&path)?;
     Ok(PreparedTask {
+        stage_id,
         envelope: path,
         _shuffle: shuffle,
     })
@@ -383,10 +466,19 @@ pub async fn overhead(
             .arg(&task.envelope);
         let started = Instant::now();
         let stdout = run_child(command, &format!("dfx worker task {}", i + 1)).await?;
-        real.push(started.elapsed().as_secs_f64() * 1e3);
-        WorkerReport::parse(&stdout)
+        let spawn_to_exit = started.elapsed().as_secs_f64() * 1e3;
+        let report = WorkerReport::parse(&stdout)
             .map_err(|e| TpchError::Invalid(format!("dfx worker task {}: {e}", i + 1)))?;
+        real.push((spawn_to_exit, report.elapsed_ms.unwrap_or(f64::NAN)));
     }
+
+    let pool = pool_costs(plugin, program, &spec, tasks).await?;
+    let modes = vec![
+        ModeCost::of("process: `dfx worker` per task", &real),
+        pool.same_query,
+        pool.new_query,
+        pool.new_worker,
+    ];
 
     let step = |name: &str, f: fn(&StepTimes) -> f64| {
         let values: Vec<f64> = samples.iter().map(|s| f(s) / 1e3).collect();
@@ -405,6 +497,69 @@ pub async fn overhead(
         tasks,
         steps,
         total_ms,
-        real_worker_ms: median(&real).unwrap_or(f64::NAN),
+        real_worker_ms: median(&real.iter().map(|r| r.0).collect::<Vec<_>>()).unwrap_or(f64::NAN),
+        modes,
+    })
+}
+
+/// The pool's costs per task, one [`ModeCost`] per case.
+struct PoolCosts {
+    same_query: ModeCost,
+    new_query: ModeCost,
+    new_worker: ModeCost,
+}
+
+/// Run `task` on `pool`; the driver's and the worker's milliseconds for it.
+async fn pooled(
+    pool: &WorkerPool,
+    task: &PreparedTask,
+    what: String,
+) -> Result<(f64, f64), TpchError> {
+    let task = crate::dispatch::Task {
+        stage_id: task.stage_id,
+        map: 0,
+        envelope: task.envelope.clone(),
+    };
+    pool.run(&task, 1)
+        .await
+        .map(|report| (report.wall_ms, report.elapsed_ms.unwrap_or(f64::NAN)))
+        .map_err(|failure| TpchError::Invalid(format!("{what}: {failure}")))
+}
+
+/// Time `tasks` tasks of each pool case with `program worker --serve`.
+async fn pool_costs(
+    plugin: &Plugin,
+    program: &Path,
+    spec: &SessionSpec,
+    tasks: usize,
+) -> Result<PoolCosts, TpchError> {
+    let command =
+        crate::dispatch::WorkerCommand::dfx(program).env(crate::loader::PLUGIN_ENV, plugin.path());
+    let mut new_worker = Vec::new();
+    let mut new_query = Vec::new();
+    let mut same_query = Vec::new();
+    for i in 0..tasks {
+        // A fresh pool each time: its first task starts the worker.
+        let pool = WorkerPool::new(command.clone());
+        let task = prepare_task(plugin, spec).await?;
+        new_worker.push(pooled(&pool, &task, format!("new pooled worker {}", i + 1)).await?);
+    }
+    let pool = WorkerPool::new(command);
+    let task = prepare_task(plugin, spec).await?;
+    // Warm up: start the worker and build the query's session.
+    pooled(&pool, &task, "pooled warm-up".into()).await?;
+    for i in 0..tasks {
+        // The same map again: the writer publishes over its earlier output
+        // (temp file, then rename), as a retry would.
+        same_query.push(pooled(&pool, &task, format!("pooled task {}", i + 1)).await?);
+    }
+    for i in 0..tasks {
+        let task = prepare_task(plugin, spec).await?;
+        new_query.push(pooled(&pool, &task, format!("pooled new query {}", i + 1)).await?);
+    }
+    Ok(PoolCosts {
+        same_query: ModeCost::of("pool: warm worker, same query", &same_query),
+        new_query: ModeCost::of("pool: warm worker, first task of a new query", &new_query),
+        new_worker: ModeCost::of("pool: first task of a new worker", &new_worker),
     })
 }

@@ -423,3 +423,56 @@ fn dfx_worker_serve_answers_each_request_with_one_line_and_exits_at_end_of_input
     let status = worker.wait().unwrap();
     assert!(status.success(), "{status}");
 }
+
+/// `dfx bench overhead` times a task in both modes side by side: every case
+/// timed, each row of the table the JSON's figures.
+#[cfg(feature = "cli-extras")]
+#[test]
+fn bench_overhead_puts_process_and_pool_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("overhead.json");
+    let output = std::process::Command::new(dfx_bin())
+        .args(["bench", "overhead", "--tasks", "3", "--json"])
+        .arg(&json)
+        .env("DFX_PLUGIN", plugin_path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let modes = report["modes"].as_array().unwrap();
+    let names: Vec<&str> = modes.iter().map(|m| m["mode"].as_str().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "process: `dfx worker` per task",
+            "pool: warm worker, same query",
+            "pool: warm worker, first task of a new query",
+            "pool: first task of a new worker",
+        ]
+    );
+    for mode in modes {
+        let figure = |key: &str| mode[key].as_f64().unwrap_or(f64::NAN);
+        let (median, p90, worker) = (
+            figure("median_ms"),
+            figure("p90_ms"),
+            figure("worker_median_ms"),
+        );
+        assert_eq!(mode["tasks"], 3, "{mode}");
+        assert!(median.is_finite() && median > 0.0, "{mode}");
+        assert!(worker.is_finite() && worker > 0.0, "{mode}");
+        assert!(p90 >= median, "{mode}");
+        assert!(
+            stdout.contains(&format!(
+                "| {} | 3 | {median:.2} | {p90:.2} | {worker:.2} |",
+                mode["mode"].as_str().unwrap()
+            )),
+            "{mode} not in\n{stdout}"
+        );
+    }
+}
