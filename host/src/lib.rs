@@ -32,6 +32,7 @@
 
 #![warn(missing_docs)]
 
+pub mod analyze;
 #[cfg(feature = "cli-extras")]
 pub mod bench;
 pub mod codec_chain;

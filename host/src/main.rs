@@ -129,6 +129,11 @@ struct RunArgs {
     /// (`pool`), or in a new worker process each (`process`).
     #[arg(long, value_enum, default_value_t = WorkerMode::Pool)]
     worker_mode: WorkerMode,
+    /// After the answer, per stage: tasks, workers, rows, bytes and task
+    /// time min / median / max; then the critical path (the chain of stages
+    /// whose slowest tasks sum largest) and the final read's time.
+    #[arg(long)]
+    analyze: bool,
     /// Start workers with PROGRAM instead of `<this executable> worker`; its
     /// last argument is `--serve` in pool mode, the envelope path in process
     /// mode (e.g. another host's worker).
@@ -339,8 +344,16 @@ async fn run(args: RunArgs) -> Result<()> {
         spec.split,
         started.elapsed()
     );
-    for stage in &result.stages {
-        eprintln!("  {}", dfx_host::stages::describe(stage));
+    let summaries = dfx_host::analyze::stage_summaries(&result);
+    for (stage, summary) in result.stages.iter().zip(&summaries) {
+        let bytes = summary
+            .bytes
+            .map_or_else(|| "unknown".to_string(), |b| b.to_string());
+        eprintln!(
+            "  {}: {} row(s), {bytes} byte(s) published",
+            dfx_host::stages::describe(stage),
+            summary.rows
+        );
     }
     let per_task: Vec<String> = result
         .task_rows
@@ -348,6 +361,13 @@ async fn run(args: RunArgs) -> Result<()> {
         .map(|((stage, map), rows)| format!("{stage}/{map}={rows}"))
         .collect();
     eprintln!("rows per task (stage/map=rows): {}", per_task.join(" "));
+    if args.analyze {
+        eprint!(
+            "\nworker mode: {}\n{}",
+            result.worker_mode,
+            dfx_host::analyze::render(&result)
+        );
+    }
     let fate = if temp.is_some() {
         "temporary, removed"
     } else {

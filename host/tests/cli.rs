@@ -88,6 +88,53 @@ fn dfx_run_prints_the_answer_and_a_summary_and_removes_its_temp_directory() {
     );
 }
 
+/// `--analyze`: each stage's tasks, workers, rows, bytes and task times,
+/// then the critical path; rows and bytes per stage are printed without it.
+#[test]
+fn dfx_run_analyze_sums_each_stage_and_names_the_critical_path() {
+    let fixture = Fixture::new();
+    let table = format!("lineitem={}", fixture.table_dir().display());
+    let split = ["--split", "aggregate", "--format", "csv"];
+    let out = dfx(&[&["run", "--table", &table][..], &split, &[BY_FLAG]].concat());
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // Four maps of two rows each, grouped by flag: two groups per map.
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("stage 1 (maps 4, ") && l.contains("): 8 row(s), ")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("critical path"), "{stderr}");
+
+    let args = [
+        &["run", "--analyze", "--table", &table][..],
+        &split,
+        &[BY_FLAG],
+    ]
+    .concat();
+    let out = dfx(&args);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("worker mode: pool"), "{stderr}");
+    assert!(
+        stderr.contains("stage | tasks | workers | rows | bytes | task ms min / median / max"),
+        "{stderr}"
+    );
+    let line = stderr
+        .lines()
+        .find(|l| l.trim_start().starts_with("1 |"))
+        .unwrap_or_else(|| panic!("no line for stage 1 in\n{stderr}"));
+    let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+    assert_eq!(cells[1], "4", "{line}");
+    assert_eq!(cells[3], "8", "{line}");
+    assert!(cells[4].parse::<u64>().unwrap() > 0, "{line}");
+    assert!(
+        stderr.contains("critical path: stage 1 -> final read: "),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn dfx_run_formats_and_local_mode() {
     let fixture = Fixture::new();
