@@ -17,7 +17,7 @@ its planner, codec, config and functions to datafusion-python::
 Glossary: a *stage* is a subtree the planner rooted at a ``ShuffleWriterExec``
 node; stages nest, a consumer reading an upstream stage through a
 ``ShuffleReaderExec`` whose only child is that stage's writer. A *map* is one
-partition of a stage's input, run by one worker process (a *task* is a
+partition of a stage's input, run by one worker (a *task* is a
 ``(stage_id, map)``); it splits its rows into *buckets*. The *shuffle
 directory* is where a map publishes ``stage-<S>/map-<M>/bucket-<B>.arrow``
 and then its commit marker ``stage-<S>/map-<M>.json``, and where readers (in

@@ -85,7 +85,7 @@ __all__ = [
 ]
 
 Task = tuple[int, int]
-"""``(stage_id, map)``: one unit of work, run by one worker process."""
+"""``(stage_id, map)``: one unit of work, run by one worker at a time."""
 
 WORKER_MODES = ("pool", "process")
 """How tasks reach workers, default first.
@@ -190,8 +190,8 @@ class DistributedResult:
 
     Attributes:
         batches: The query's result.
-        tasks: Every ``(stage_id, map)`` dispatched, one worker each, in
-            dispatch order. Keyed by stage as well as map because a plan
+        tasks: Every ``(stage_id, map)`` dispatched, each run by a worker,
+            in dispatch order. Keyed by stage as well as map because a plan
             holds several stages, each with its own map 0.
         task_rows: Rows each task's worker reported (the rows its map
             published over all buckets), keyed as ``tasks``.
@@ -1007,10 +1007,17 @@ class _Attempts:
         first = self.envelopes[task]
         if attempt == 0:
             return 0, first
-        envelope = json.loads(first.read_text())
-        envelope["attempt"] = attempt
         path = first.with_name(f"{first.stem}.attempt-{attempt}.json")
-        path.write_text(json.dumps(envelope, indent=2))
+        try:
+            envelope = json.loads(first.read_text())
+            envelope["attempt"] = attempt
+            path.write_text(json.dumps(envelope, indent=2))
+        except (OSError, ValueError, TypeError) as err:
+            message = (
+                f"stage {task[0]} map {task[1]}: cannot write the envelope of "
+                f"attempt {attempt} from {first}: {err}"
+            )
+            raise _TaskFailed(message) from err
         return attempt, path
 
     def _restore(
