@@ -128,12 +128,15 @@ def test_a_task_whose_worker_is_killed_runs_again_and_the_answer_is_right(
     )
 
 
+@pytest.mark.parametrize("mode", WORKER_MODES)
 def test_a_task_past_its_timeout_is_killed_and_runs_again(
-    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, mode: str
 ) -> None:
     block, pid_file = blocking_once(tmp_path)
     spec = make_spec(split="aggregate")
-    result = run_distributed(UDF_SQL, spec, [block], max_workers=2, task_timeout=10)
+    result = run_distributed(
+        UDF_SQL, spec, [block], worker_mode=mode, max_workers=2, task_timeout=10
+    )
     assert as_rows(result.batches) == UDF_ANSWER
     assert_one_retry(result.attempts, result.retries, "timed out after 10 s")
     assert not alive(int(pid_file.read_text()))
