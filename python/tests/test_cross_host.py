@@ -20,16 +20,29 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import TYPE_CHECKING
 
 import pytest
-from conftest import SQL_ONLY, alive, as_rows, assert_same, assert_same_columns
+from conftest import (
+    SQL_ONLY,
+    alive,
+    as_rows,
+    assert_same,
+    assert_same_columns,
+    serve_workers_of,
+)
+from test_worker import encode_stage, write_envelope
 
 from dfx_engine import _internal
 from dfx_engine.driver import (
     WorkerPool,
+    _Attempts,
+    _run_workers,
     execute_plan,
     run_distributed,
     run_local,
@@ -119,6 +132,56 @@ def test_python_driver_rust_worker_pool_across_queries(
         assert len(workers) == 2
         assert all(alive(pid) for pid in workers)
     assert [pid for pid in workers if alive(pid)] == []
+
+
+@pytest.mark.skipif(not RUST_SERVES, reason="dfx worker has no --serve yet")
+def test_a_killed_rust_pooled_worker_fails_its_task_and_is_replaced(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    spec = make_spec(split="aggregate")
+    plan, info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
+    good = write_envelope(tmp_path / "good.json", spec.to_json(), plan, 1)
+    bad = write_envelope(tmp_path / "bad.json", spec.to_json(), plan, 99)
+    # The Rust worker blocks opening a FIFO nobody writes, until killed.
+    stuck = tmp_path / "stuck.json"
+    os.mkfifo(stuck)
+    killed: list[int] = []
+
+    def kill_the_only_worker() -> None:
+        while not killed:
+            for pid in serve_workers_of(os.getpid()):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.05)
+
+    with WorkerPool(max_workers=1, worker_command=[str(DFX), "worker"]) as pool:
+        killer = threading.Thread(target=kill_the_only_worker, daemon=True)
+        killer.start()
+        with pytest.raises(RuntimeError) as raised:
+            _run_workers(
+                {(1, 0): stuck},
+                pool=pool,
+                # One attempt: a retry would copy the envelope, and read the FIFO.
+                attempts=_Attempts({(1, 0): stuck}, max_attempts=1),
+            )
+        killer.join(timeout=60)
+        message = str(raised.value)
+        assert (
+            f"stage 1 map 0: worker (pid {killed[0]}) exited with status -9" in message
+        )
+        assert not alive(killed[0])
+
+        # A task error is reported by the replacement, which then runs a task.
+        with pytest.raises(RuntimeError, match="stage 1 map 99"):
+            _run_workers({(1, 99): bad}, pool=pool)
+        (replacement,) = pool.pids()
+        reports = _run_workers({(1, 1): good}, pool=pool)
+        assert reports[(1, 1)].rows == 2
+        assert reports[(1, 1)].bytes is not None
+        assert pool.pids() == [replacement]
+        assert replacement != killed[0]
+    assert not alive(replacement)
+    assert info.stage_id == 1
 
 
 @pytest.mark.parametrize("split", ["exchange", "aggregate"])
