@@ -140,6 +140,8 @@ def test_a_killed_rust_pooled_worker_fails_its_task_and_is_replaced(
 ) -> None:
     spec = make_spec(split="aggregate")
     plan, info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
+    # The envelopes below are for stage 1, the aggregate split's only stage.
+    assert info.stage_id == 1
     good = write_envelope(tmp_path / "good.json", spec.to_json(), plan, 1)
     bad = write_envelope(tmp_path / "bad.json", spec.to_json(), plan, 99)
     # The Rust worker blocks opening a FIFO nobody writes, until killed.
@@ -181,7 +183,6 @@ def test_a_killed_rust_pooled_worker_fails_its_task_and_is_replaced(
         assert pool.pids() == [replacement]
         assert replacement != killed[0]
     assert not alive(replacement)
-    assert info.stage_id == 1
 
 
 @pytest.mark.parametrize("split", ["exchange", "aggregate"])
