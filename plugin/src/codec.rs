@@ -320,12 +320,19 @@ impl DfxPhysicalCodec {
                 ))
             })?;
         let decode_ctx = PhysicalPlanDecodeContext::new(ctx, self);
+        // DataFusion's own message says nothing of whose payload it was
+        // (fuzzing found "Unexpected empty physical expression" bare).
         let partitioning = parse_protobuf_partitioning(
             Some(&proto),
             &decode_ctx,
             &input.schema(),
             proto_converter,
-        )?
+        )
+        .map_err(|e| {
+            fail(format!(
+                "stage {stage}: the partitioning does not decode against the stage's input: {e}"
+            ))
+        })?
         .ok_or_else(|| fail(format!("stage {stage}: no partitioning in the payload")))?;
         let maps = input.output_partitioning().partition_count() as u64;
         if maps != payload.maps || partitioning.partition_count() as u64 != payload.buckets {

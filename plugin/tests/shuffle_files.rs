@@ -249,11 +249,67 @@ async fn a_bucket_file_with_foreign_fields_is_named() -> Result<()> {
             let mut w =
                 datafusion::arrow::ipc::writer::StreamWriter::try_new(file, &schema).unwrap();
             w.finish().unwrap();
+            // With the size its marker records, or the size check refuses
+            // it before its fields are read.
+            set_marker_bytes(dir, 0, 1, std::fs::metadata(&path).unwrap().len());
         },
         &[
             "dfx stage 3 map 0 bucket 1",
             "other: Utf8",
             "stage-3/map-0/bucket-1.arrow",
+        ],
+    )
+    .await
+}
+
+/// Record `bytes` as the size of bucket `bucket` in map `map`'s marker.
+fn set_marker_bytes(dir: &Path, map: usize, bucket: usize, bytes: u64) {
+    let marker = dir.join(format!("stage-3/map-{map}.json"));
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&marker).unwrap()).unwrap();
+    json["buckets"][bucket]["bytes"] = bytes.into();
+    std::fs::write(&marker, serde_json::to_vec(&json).unwrap()).unwrap();
+}
+
+#[tokio::test]
+async fn a_bucket_file_of_another_size_than_its_marker_records_is_refused_unread() -> Result<()> {
+    damaged(
+        |dir| {
+            let path = dir.join("stage-3/map-1/bucket-0.arrow");
+            let mut bytes = std::fs::read(&path).unwrap();
+            bytes.extend_from_slice(b"appended later");
+            std::fs::write(&path, bytes).unwrap();
+        },
+        &[
+            "dfx stage 3 map 1 bucket 0",
+            "but its marker promises",
+            "stage-3/map-1/bucket-0.arrow",
+        ],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_buffer_declaring_more_than_lz4_can_expand_is_refused_before_allocation() -> Result<()> {
+    // Before the framing check, Arrow allocated the declared 145 TB: the
+    // allocation failed and the process aborted (found by fuzzing).
+    damaged(
+        |dir| {
+            let path = dir.join("stage-3/map-0/bucket-0.arrow");
+            let mut bytes = std::fs::read(&path).unwrap();
+            let lz4_magic = [0x04, 0x22, 0x4d, 0x18];
+            let frame = bytes
+                .windows(4)
+                .position(|w| w == lz4_magic)
+                .expect("an LZ4-compressed buffer");
+            // The 8 bytes before a frame are its buffer's uncompressed length.
+            bytes[frame - 8..frame].copy_from_slice(&0x8400_0000_0000u64.to_le_bytes());
+            std::fs::write(&path, bytes).unwrap();
+        },
+        &[
+            "dfx stage 3 map 0 bucket 0",
+            "not a readable Arrow IPC stream",
+            "145135534866432 uncompressed byte(s)",
         ],
     )
     .await

@@ -9,6 +9,7 @@
 //! [`marker::MapMarker`].
 
 pub mod files;
+pub mod ipc_check;
 pub mod marker;
 pub mod reader;
 pub mod writer;

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::tree_node::TreeNodeRecursion;
@@ -37,6 +38,7 @@ use datafusion::physical_plan::{
 use futures::Stream;
 
 use super::files::{describe_fields, open_bucket, same_fields};
+use super::ipc_check::check_stream;
 use super::marker::MapMarker;
 use super::writer::ShuffleWriterExec;
 use crate::counters::LiveObject;
@@ -310,12 +312,15 @@ impl ShuffleReaderExec {
                 let path = marker_path(&self.shuffle_dir, self.stage_id, map);
                 markers[map] = Some(MapMarker::read(&path, self.stage_id, map, self.buckets)?);
             }
-            let rows = markers[map].as_ref().map_or(0, |m| m.buckets[bucket].rows);
+            let (rows, bytes) = markers[map].as_ref().map_or((0, 0), |m| {
+                (m.buckets[bucket].rows, m.buckets[bucket].bytes)
+            });
             if rows > 0 {
                 queue.push_back(Piece {
                     map,
                     bucket,
                     rows,
+                    bytes,
                     path: bucket_path(&self.shuffle_dir, self.stage_id, map, bucket),
                 });
             }
@@ -335,6 +340,8 @@ struct Piece {
     map: usize,
     bucket: usize,
     rows: u64,
+    /// The file's size, as its marker records it.
+    bytes: u64,
     path: PathBuf,
 }
 
@@ -359,7 +366,37 @@ impl BucketStream {
     }
 
     fn open(&self, piece: Piece) -> Result<OpenPiece> {
-        let reader = match open_bucket(&piece.path) {
+        // The size first: a truncated or overwritten file is refused before
+        // a decoder sees it.
+        match std::fs::metadata(&piece.path) {
+            Ok(meta) if meta.len() != piece.bytes => {
+                return Err(self.error(
+                    &piece,
+                    format!(
+                        "holds {} byte(s) but its marker promises {} (truncated or overwritten?)",
+                        meta.len(),
+                        piece.bytes
+                    ),
+                ));
+            }
+            // Every size the stream declares fits in the file, before Arrow
+            // allocates it (see `ipc_check`).
+            Ok(_) => check_stream(&piece.path, piece.bytes).map_err(|why| {
+                self.error(&piece, format!("not a readable Arrow IPC stream: {why}"))
+            })?,
+            // A missing file is reported by the open below.
+            Err(_) => {}
+        }
+        // Arrow's IPC reader panics on some corrupt streams instead of
+        // failing (fuzzing found a buffer offset beyond the message body):
+        // that is a corrupt file, reported as one, naming it.
+        let opened = guard::catch_decoder(|| open_bucket(&piece.path)).map_err(|panic| {
+            self.error(
+                &piece,
+                format!("not a readable Arrow IPC stream: the decoder failed on it ({panic})"),
+            )
+        })?;
+        let reader = match opened {
             Ok(Ok(reader)) => reader,
             Ok(Err(e)) => {
                 return Err(self.error(&piece, format!("not a readable Arrow IPC stream: {e}")));
@@ -405,7 +442,14 @@ impl BucketStream {
                 }
             }
             let open = self.current.as_mut().expect("opened above");
-            match open.reader.next() {
+            let next = match guard::catch_decoder(|| open.reader.next()) {
+                Ok(next) => next,
+                // See `open`: a panic of the decoder is a corrupt file.
+                Err(panic) => Some(Err(ArrowError::IpcError(format!(
+                    "the decoder failed on corrupt bytes ({panic})"
+                )))),
+            };
+            match next {
                 Some(Ok(batch)) => {
                     open.rows_read += batch.num_rows() as u64;
                     // Same fields as the stage's (checked at open): relabel
