@@ -1,0 +1,236 @@
+//! The plugin codec's payload (`dfx_engine.physical.v2`) and the stage
+//! description read from encoded plan bytes (the ABI's `encoded_stage_info`).
+//! Seeds are what the codec itself encoded for real writers and readers.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::Partitioning;
+use datafusion::physical_expr::expressions::col;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec;
+use datafusion_proto::physical_plan::{
+    ComposedPhysicalExtensionCodec, DefaultPhysicalExtensionCodec, DefaultPhysicalProtoConverter,
+    PhysicalExtensionCodec,
+};
+use dfx_plugin::codec::{PAYLOAD_MAGIC, Payload, read_encoded_stage};
+use dfx_plugin::{DfxPhysicalCodec, ReadMode, ShuffleReaderExec, ShuffleWriterExec};
+
+use crate::{Outcome, Target};
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Float64, true),
+        Field::new("s", DataType::Utf8, true),
+    ]))
+}
+
+/// The plan every payload is decoded against: two partitions of [`schema`].
+fn input() -> Arc<dyn ExecutionPlan> {
+    Arc::new(EmptyExec::new(schema()).with_partitions(2))
+}
+
+fn fail(e: impl std::fmt::Display) -> String {
+    format!("cannot make the seeds: {e}")
+}
+
+/// Writers of every partitioning the planner makes, over [`input`], and a
+/// reader of each mode.
+fn nodes() -> Result<Vec<Arc<dyn ExecutionPlan>>, String> {
+    let schema = schema();
+    let hash = |n| -> Result<Partitioning, String> {
+        Ok(Partitioning::Hash(
+            vec![
+                col("k", &schema).map_err(fail)?,
+                col("s", &schema).map_err(fail)?,
+            ],
+            n,
+        ))
+    };
+    let writer = |id, partitioning, deps| -> Result<Arc<ShuffleWriterExec>, String> {
+        ShuffleWriterExec::try_new(id, "/tmp/shuffle-ä/q".into(), input(), partitioning, deps)
+            .map(Arc::new)
+            .map_err(fail)
+    };
+    let hashed = writer(2, hash(3)?, vec![3, 4])?;
+    let single = writer(1, Partitioning::UnknownPartitioning(1), vec![])?;
+    let round_robin = writer(7, Partitioning::RoundRobinBatch(4), vec![1])?;
+    let mut nodes: Vec<Arc<dyn ExecutionPlan>> = vec![hashed.clone(), single.clone(), round_robin];
+    for (mode, upstream) in [
+        (ReadMode::Hash, hashed),
+        (ReadMode::PassThrough, single.clone()),
+        (ReadMode::Broadcast, single),
+    ] {
+        let reader = ShuffleReaderExec::try_new(mode, upstream).map_err(fail)?;
+        nodes.push(Arc::new(reader));
+    }
+    Ok(nodes)
+}
+
+/// `Payload::decode` and the codec's `try_decode`.
+pub struct CodecPayload {
+    codec: DfxPhysicalCodec,
+    /// A writer's input, then the writers a hash and another reader read.
+    inputs: [Arc<dyn ExecutionPlan>; 3],
+    ctx: TaskContext,
+    seeds: Vec<Vec<u8>>,
+}
+
+impl CodecPayload {
+    /// The target, its seeds encoded by the codec.
+    ///
+    /// # Errors
+    ///
+    /// When the codec cannot encode its own nodes.
+    pub fn new() -> Result<Self, String> {
+        let codec = DfxPhysicalCodec::default();
+        let mut seeds = Vec::new();
+        let nodes = nodes()?;
+        let inputs = [input(), Arc::clone(&nodes[0]), Arc::clone(&nodes[1])];
+        for node in nodes {
+            let mut buf = Vec::new();
+            codec
+                .try_encode(node, &mut buf, &DefaultPhysicalProtoConverter {})
+                .map_err(fail)?;
+            seeds.push(buf);
+        }
+        Ok(Self {
+            codec,
+            inputs,
+            ctx: TaskContext::default(),
+            seeds,
+        })
+    }
+}
+
+impl Target for CodecPayload {
+    fn name(&self) -> &'static str {
+        "codec-payload"
+    }
+
+    fn seeds(&self) -> Vec<Vec<u8>> {
+        self.seeds.clone()
+    }
+
+    fn dictionary(&self) -> Vec<Vec<u8>> {
+        vec![
+            PAYLOAD_MAGIC.to_vec(),
+            2u16.to_le_bytes().to_vec(),
+            vec![1],
+            vec![2],
+            vec![3],
+        ]
+    }
+
+    fn run(&mut self, input: &[u8]) -> Result<Outcome, String> {
+        let parsed = Payload::decode(input);
+        match &parsed {
+            Ok(payload) => {
+                // The framing has no slack: what parses re-encodes exactly.
+                let mut again = Vec::new();
+                payload
+                    .encode(&mut again)
+                    .map_err(|e| format!("an accepted payload does not encode: {e}"))?;
+                if again != input {
+                    return Err(format!("{payload:?} re-encodes to other bytes"));
+                }
+            }
+            Err(e) => require_dfx(&e.to_string())?,
+        }
+        // Each node decoded over an input it accepts, so decoding gets past
+        // the payload into the partitioning and the node's checks.
+        let child = match &parsed {
+            Ok(Payload::Reader(ReadMode::Hash)) => &self.inputs[1],
+            Ok(Payload::Reader(_)) => &self.inputs[2],
+            _ => &self.inputs[0],
+        };
+        let decoded = self.codec.try_decode(
+            input,
+            std::slice::from_ref(child),
+            &self.ctx,
+            &DefaultPhysicalProtoConverter {},
+        );
+        match decoded {
+            Ok(_) if parsed.is_err() => Err("try_decode accepted what decode refused".into()),
+            Ok(_) => Ok(Outcome::Accepted),
+            Err(e) => require_dfx(&e.to_string()).map(|()| Outcome::Refused),
+        }
+    }
+}
+
+/// The design's promise: bad bytes are "a clear error naming dfx", and a
+/// panic the plugin's guard caught is still a bug.
+fn require_dfx(message: &str) -> Result<(), String> {
+    if message.contains(dfx_plugin::guard::PANIC_PREFIX) {
+        return Err(format!("the plugin's guard caught a panic: {message}"));
+    }
+    if !message.contains("dfx") {
+        return Err(format!("an error that does not name dfx: {message}"));
+    }
+    Ok(())
+}
+
+/// `read_encoded_stage`: what `encoded_stage_info` reads from a driver's bytes.
+pub struct StageInfo {
+    seeds: Vec<Vec<u8>>,
+}
+
+impl StageInfo {
+    /// The target, seeded with whole stages encoded through a host's chain.
+    ///
+    /// # Errors
+    ///
+    /// When the chain cannot encode a stage.
+    pub fn new() -> Result<Self, String> {
+        let chain = ComposedPhysicalExtensionCodec::new(vec![
+            Arc::new(DefaultPhysicalExtensionCodec {}) as Arc<dyn PhysicalExtensionCodec>,
+            Arc::new(DfxPhysicalCodec::default()),
+        ]);
+        let mut seeds = Vec::new();
+        let nodes = nodes()?;
+        // Writers alone, then a stage that reads another (a writer over a
+        // reader over a writer): the nested bytes a driver ships.
+        for node in nodes.iter().filter(|n| n.name() == "ShuffleWriterExec") {
+            let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(node), &chain)
+                .map_err(fail)?;
+            seeds.push(bytes.to_vec());
+        }
+        let reader = Arc::clone(&nodes[3]);
+        let outer = ShuffleWriterExec::try_new(
+            1,
+            "/tmp/shuffle".into(),
+            reader,
+            Partitioning::UnknownPartitioning(1),
+            vec![2],
+        )
+        .map_err(fail)?;
+        let bytes =
+            physical_plan_to_bytes_with_extension_codec(Arc::new(outer), &chain).map_err(fail)?;
+        seeds.push(bytes.to_vec());
+        Ok(Self { seeds })
+    }
+}
+
+impl Target for StageInfo {
+    fn name(&self) -> &'static str {
+        "stage-info"
+    }
+
+    fn seeds(&self) -> Vec<Vec<u8>> {
+        self.seeds.clone()
+    }
+
+    fn dictionary(&self) -> Vec<Vec<u8>> {
+        vec![PAYLOAD_MAGIC.to_vec(), 2u16.to_le_bytes().to_vec()]
+    }
+
+    fn run(&mut self, input: &[u8]) -> Result<Outcome, String> {
+        match read_encoded_stage(input) {
+            Ok(_) => Ok(Outcome::Accepted),
+            Err(e) => require_dfx(&e.to_string()).map(|()| Outcome::Refused),
+        }
+    }
+}
