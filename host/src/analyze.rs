@@ -206,6 +206,7 @@ mod tests {
             elapsed_ms: None,
             wall_ms,
             worker: Some(worker),
+            attempt: 0,
         }
     }
 
@@ -233,6 +234,8 @@ mod tests {
             task_reports,
             worker_mode: WorkerMode::Pool,
             final_read_ms: 2.5,
+            attempts: Default::default(),
+            retries: Vec::new(),
         }
     }
 

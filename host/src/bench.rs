@@ -358,6 +358,7 @@ async fn prepare_task(plugin: &Plugin, spec: &SessionSpec) -> Result<PreparedTas
         plan: plan_file,
         stage_id,
         partition: 0,
+        attempt: 0,
     };
     let path = envelope_path(&task_dir, stage_id, 0);
     envelope.write(&path)?;

@@ -25,8 +25,9 @@ use std::process::{ExitStatus, Stdio};
 use futures::StreamExt;
 
 use crate::envelope::WorkerReport;
-use crate::error::{HostError, Result, TaskFailure};
+use crate::error::{HostError, Result, Retry, TaskFailure};
 use crate::pool::WorkerPool;
+use crate::retry::{Attempts, DEFAULT_MAX_ATTEMPTS, run_with_attempts};
 
 /// How a host runs its tasks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, clap::ValueEnum)]
@@ -151,13 +152,30 @@ pub struct Task {
 }
 
 /// How to run the fan-out.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct FanOutOptions {
     /// At most this many workers at once; `None` means [`default_max_workers`].
     pub max_workers: Option<usize>,
     /// Draw a progress bar on stderr (only when stderr is a terminal, and
     /// only with the `cli-extras` feature).
     pub progress: bool,
+    /// Attempts per task, the first included (see [`crate::retry`]); 1
+    /// means no retry.
+    pub max_attempts: u32,
+    /// An attempt running longer is stopped (its worker killed) and counts
+    /// as failed, worth retrying; `None`: no limit.
+    pub task_timeout: Option<std::time::Duration>,
+}
+
+impl Default for FanOutOptions {
+    fn default() -> Self {
+        Self {
+            max_workers: None,
+            progress: false,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            task_timeout: None,
+        }
+    }
 }
 
 /// Rows each task reported, keyed by `(stage_id, map)`.
@@ -182,6 +200,8 @@ pub struct TaskReport {
     pub wall_ms: f64,
     /// Process id of the worker that ran it.
     pub worker: Option<u32>,
+    /// The attempt that succeeded (0: the first).
+    pub attempt: u32,
 }
 
 impl TaskReport {
@@ -192,6 +212,7 @@ impl TaskReport {
             elapsed_ms: report.elapsed_ms,
             wall_ms,
             worker,
+            attempt: 0,
         }
     }
 }
@@ -246,6 +267,23 @@ pub async fn run_tasks(
     tasks: &[Task],
     options: &FanOutOptions,
 ) -> Result<TaskReports> {
+    let attempts = Attempts::new(tasks, options.max_attempts);
+    run_wave(workers, tasks, options, &attempts).await
+}
+
+/// [`run_tasks`] with the attempts of a whole query: a task that finds an
+/// earlier wave's output lost has that map run again from its envelope in
+/// `attempts`, and attempt numbers continue across waves.
+///
+/// # Errors
+///
+/// What [`run_tasks`] reports.
+pub async fn run_wave(
+    workers: Workers<'_>,
+    tasks: &[Task],
+    options: &FanOutOptions,
+    attempts: &Attempts,
+) -> Result<TaskReports> {
     let bar = progress_bar(tasks.len(), options.progress);
     let limit = options
         .max_workers
@@ -256,10 +294,8 @@ pub async fn run_tasks(
             .map(|(index, task)| {
                 let bar = bar.clone();
                 async move {
-                    let outcome = match workers {
-                        Workers::Process(command) => run_one(command, task).await,
-                        Workers::Pool(pool) => pool.run(task, limit).await,
-                    };
+                    let timeout = options.task_timeout;
+                    let outcome = run_with_attempts(workers, attempts, task, limit, timeout).await;
                     bar.inc(1);
                     (index, outcome)
                 }
@@ -299,34 +335,81 @@ pub async fn run_tasks(
     }
 }
 
+/// One attempt of `task` on `workers`, stopped after `timeout`.
+pub(crate) async fn run_attempt(
+    workers: Workers<'_>,
+    task: &Task,
+    limit: usize,
+    timeout: Option<std::time::Duration>,
+) -> std::result::Result<TaskReport, TaskFailure> {
+    let attempt = async {
+        match workers {
+            Workers::Process(command) => run_one(command, task).await,
+            Workers::Pool(pool) => pool.run(task, limit).await,
+        }
+    };
+    let Some(after) = timeout else {
+        return attempt.await;
+    };
+    // On timeout the attempt's future is dropped, which kills its worker
+    // (kill_on_drop): a stopped task never goes on writing.
+    tokio::time::timeout(after, attempt)
+        .await
+        .unwrap_or_else(|_| {
+            Err(TaskFailure {
+                stage_id: task.stage_id,
+                map: task.map,
+                reason: format!("timed out after {after:?}; its worker was killed"),
+                stderr: String::new(),
+                retry: Retry::Yes,
+            })
+        })
+}
+
 async fn run_one(
     command: &WorkerCommand,
     task: &Task,
 ) -> std::result::Result<TaskReport, TaskFailure> {
     let started = std::time::Instant::now();
-    let fail = |reason: String, stderr: String| TaskFailure {
+    let fail = |reason: String, stderr: String, retry: Retry| TaskFailure {
         stage_id: task.stage_id,
         map: task.map,
         reason,
         stderr,
+        retry,
     };
     let child = command.command(&task.envelope).spawn().map_err(|err| {
         fail(
             format!("could not start {}: {err}", command.program.display()),
             String::new(),
+            // Not the task's fault, but a program that cannot be started
+            // would not start on the next attempt either.
+            Retry::No,
         )
     })?;
     let pid = child.id();
-    let output = child
-        .wait_with_output()
-        .await
-        .map_err(|err| fail(format!("could not be waited for: {err}"), String::new()))?;
+    let output = child.wait_with_output().await.map_err(|err| {
+        fail(
+            format!("could not be waited for: {err}"),
+            String::new(),
+            Retry::Yes,
+        )
+    })?;
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     if !output.status.success() {
-        return Err(fail(describe_exit(output.status), stderr));
+        // Killed by a signal: nothing says the task is at fault. An exit
+        // status is how a worker reports its task's error (on stderr),
+        // final unless it names an upstream map's lost output.
+        let retry = if output.status.code().is_none() {
+            Retry::Yes
+        } else {
+            Retry::of_reported(&stderr)
+        };
+        return Err(fail(describe_exit(output.status), stderr, retry));
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let report = WorkerReport::parse(&stdout).map_err(|reason| fail(reason, stderr.clone()))?;
+    let report =
+        WorkerReport::parse(&stdout).map_err(|reason| fail(reason, stderr.clone(), Retry::Yes))?;
     if (report.stage_id, report.partition) != (task.stage_id, task.map) {
         return Err(fail(
             format!(
@@ -334,6 +417,7 @@ async fn run_one(
                 report.stage_id, report.partition
             ),
             stderr,
+            Retry::Yes,
         ));
     }
     let wall_ms = started.elapsed().as_secs_f64() * 1e3;

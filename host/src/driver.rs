@@ -28,11 +28,12 @@ use datafusion::physical_plan::collect;
 use dfx_abi::Plugin;
 
 use crate::dispatch::{
-    FanOutOptions, Task, TaskReports, TaskRows, WorkerCommand, WorkerMode, Workers, run_tasks,
+    FanOutOptions, Task, TaskReports, TaskRows, WorkerCommand, WorkerMode, Workers, run_wave,
 };
 use crate::envelope::{Envelope, TASK_DIR, envelope_path, plan_path};
 use crate::error::{DataFusionContext, HostError, Result};
 use crate::pool::WorkerPool;
+use crate::retry::Attempts;
 use crate::session::{DfxSession, SessionSpec, build_session};
 use crate::stages::{Stage, StageInfo, render_with_stages, stages, waves};
 
@@ -60,6 +61,11 @@ pub struct DistributedResult {
     /// The driver's time for the final read (the plan's root over the
     /// published stages), in milliseconds.
     pub final_read_ms: f64,
+    /// Attempts made per task, keyed as `tasks` is (1: it ran once).
+    pub attempts: std::collections::BTreeMap<(u64, usize), u32>,
+    /// Why each retry or rerun happened (`stage S map M attempt A: reason`),
+    /// in the order they did; empty when every task succeeded at once.
+    pub retries: Vec<String>,
 }
 
 impl DistributedResult {
@@ -156,6 +162,22 @@ impl Host {
         self
     }
 
+    /// Attempts per task, the first included (default
+    /// [`crate::retry::DEFAULT_MAX_ATTEMPTS`]; 1: no retry). A task is tried
+    /// again when its worker died, was killed, timed out or left no readable
+    /// report, or after an upstream map whose output was lost ran again.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.options.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Stop an attempt running longer than `limit` (its worker killed); it
+    /// counts as failed and worth retrying. `None` (the default): no limit.
+    pub fn task_timeout(mut self, limit: Option<std::time::Duration>) -> Self {
+        self.options.task_timeout = limit;
+        self
+    }
+
     /// Draw a progress bar on stderr while workers run (only on a terminal).
     pub fn progress(mut self, show: bool) -> Self {
         self.options.progress = show;
@@ -212,6 +234,9 @@ impl Host {
         let waves = waves(&infos)?;
 
         let tasks = self.write_tasks(&session, spec, &stages, &shuffle_dir)?;
+        // One for the whole query: a lost map of an earlier wave is run again
+        // from its envelope, and attempt numbers never repeat.
+        let attempts = Attempts::new(&tasks, self.options.max_attempts);
         let mut dispatched = Vec::new();
         let mut task_reports = TaskReports::new();
         let workers = match self.mode {
@@ -227,7 +252,7 @@ impl Host {
             // Rule 4: `run_tasks` returns only once every task of the wave has
             // ended; a failed wave stops the query, so no stage ever runs
             // over an input that was not published.
-            match run_tasks(workers, &wave_tasks, &self.options).await {
+            match run_wave(workers, &wave_tasks, &self.options, &attempts).await {
                 Ok(reports) => task_reports.extend(reports),
                 Err(HostError::Workers {
                     total, failures, ..
@@ -257,6 +282,9 @@ impl Host {
                 )
             })?;
         let final_read_ms = final_read.elapsed().as_secs_f64() * 1e3;
+        // A map run again for a later wave published anew: its report is
+        // the one that counts.
+        task_reports.extend(attempts.reruns());
         let task_rows: TaskRows = task_reports
             .iter()
             .map(|(key, report)| (*key, report.rows))
@@ -270,6 +298,8 @@ impl Host {
             task_reports,
             worker_mode: self.mode,
             final_read_ms,
+            attempts: attempts.made(),
+            retries: attempts.retries(),
         })
     }
 
@@ -310,6 +340,7 @@ impl Host {
                     plan: plan_file.clone(),
                     stage_id,
                     partition: map,
+                    attempt: 0,
                 };
                 let path = envelope_path(&task_dir, stage_id, map);
                 envelope.write(&path)?;

@@ -17,7 +17,9 @@
 //!
 //! A JSON file: `spec` (the session spec, an object or a string holding
 //! one), `plan` (path of the encoded stage), `stage_id`, `partition` (the
-//! map).
+//! map) and `attempt` (0 when absent). A retry gets a copy of the first
+//! attempt's envelope with its number, `task-S-M.attempt-N.json`, so a
+//! worker still reading an earlier attempt's file is not disturbed.
 //!
 //! # Report (process mode)
 //!
@@ -77,6 +79,11 @@ pub struct Envelope {
     pub stage_id: u64,
     /// The map to run: the partition of the stage's input it reads.
     pub partition: usize,
+    /// Which attempt of the task this is: 0 for the first, counted up by
+    /// each retry (and each rerun of a map whose output was lost). Absent in
+    /// envelopes written before retries existed: the first.
+    #[serde(default)]
+    pub attempt: u32,
 }
 
 // The spec may arrive as an object or as a JSON string holding one (a
@@ -128,6 +135,20 @@ impl Envelope {
 /// (`task-S-M.json`).
 pub fn envelope_path(task_dir: &Path, stage_id: u64, map: usize) -> PathBuf {
     task_dir.join(format!("task-{stage_id}-{map}.json"))
+}
+
+/// The envelope of attempt `attempt` of the task whose first envelope is
+/// `first` (`task-S-M.json` → `task-S-M.attempt-N.json`); `first` itself for
+/// attempt 0.
+pub fn attempt_path(first: &Path, attempt: u32) -> PathBuf {
+    if attempt == 0 {
+        return first.to_path_buf();
+    }
+    let stem = first
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    first.with_file_name(format!("{stem}.attempt-{attempt}.json"))
 }
 
 /// The file the encoded stage `stage_id` is written to.

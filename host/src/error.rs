@@ -13,8 +13,14 @@
 //!   or executing, passed through with what the host was doing at the time
 //!   (a reader that misses a file names stage, map, bucket and file itself).
 //!
-//! Nothing here is retried: a distributed run either completes every task or
-//! reports every task of the first wave that did not, and runs nothing after.
+//! A task's failure is classified where it is seen ([`Retry`]): a worker
+//! that died, was killed, timed out or left no readable report may succeed
+//! on another attempt; an error the worker reports about the task itself
+//! (planning, decoding, SQL, schemas) would recur and is final; a report of
+//! *lost output* (an upstream map's published files are gone) means that map
+//! runs again, then the task. A distributed run either completes every task
+//! or reports every task of the first wave that did not (after its
+//! attempts), and runs nothing after.
 
 use std::path::PathBuf;
 
@@ -115,8 +121,80 @@ pub struct TaskFailure {
     pub map: usize,
     /// Why: the exit status, an unreadable report, or a spawn error.
     pub reason: String,
-    /// Everything the worker wrote on stderr.
+    /// What the worker wrote on stderr (while running the task, for a
+    /// pooled worker).
     pub stderr: String,
+    /// Whether another attempt may succeed.
+    pub retry: Retry,
+}
+
+/// Whether another attempt of a failed task may succeed, decided where the
+/// failure is seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// No: the worker reported an error about the task itself (its plan,
+    /// decoding, the SQL, a schema), or could not be started at all; another
+    /// attempt would fail the same way.
+    No,
+    /// Yes: the worker died, was killed, timed out, or left no readable
+    /// report; nothing says the task itself is at fault.
+    Yes,
+    /// The output of an upstream map is gone (the plugin's *lost output*):
+    /// run that map again, then this task.
+    Lost {
+        /// The stage of the map whose output is lost.
+        stage_id: u64,
+        /// The map.
+        map: usize,
+    },
+}
+
+/// The plugin's wording for output a reader needs and cannot find:
+/// `dfx stage S map M[ bucket B]: lost output...`.
+pub const LOST_OUTPUT: &str = "lost output";
+
+impl Retry {
+    /// How to treat an error message a worker reported: [`Retry::Lost`] when
+    /// it names an upstream map's lost output, else [`Retry::No`].
+    pub fn of_reported(message: &str) -> Self {
+        match lost_output(message) {
+            Some((stage_id, map)) => Retry::Lost { stage_id, map },
+            None => Retry::No,
+        }
+    }
+}
+
+/// The `(stage, map)` a message reports lost output of, parsed from the
+/// plugin's `dfx stage S map M[ bucket B]: lost output`.
+pub fn lost_output(message: &str) -> Option<(u64, usize)> {
+    const PREFIX: &str = "dfx stage ";
+    let mut rest = message;
+    while let Some(at) = rest.find(PREFIX) {
+        rest = &rest[at + PREFIX.len()..];
+        if let Some(found) = parse_lost(rest) {
+            return Some(found);
+        }
+    }
+    None
+}
+
+/// `S map M[ bucket B]: lost output` at the start of `text`.
+fn parse_lost(text: &str) -> Option<(u64, usize)> {
+    fn number(text: &str) -> Option<(&str, &str)> {
+        let end = text
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len());
+        (end > 0).then(|| text.split_at(end))
+    }
+    let (stage, rest) = number(text)?;
+    let (map, mut rest) = number(rest.strip_prefix(" map ")?)?;
+    if let Some(bucket) = rest.strip_prefix(" bucket ") {
+        rest = number(bucket)?.1;
+    }
+    rest.strip_prefix(": ")?
+        .starts_with(LOST_OUTPUT)
+        .then_some(())?;
+    Some((stage.parse().ok()?, map.parse().ok()?))
 }
 
 impl std::fmt::Display for TaskFailure {
@@ -184,5 +262,36 @@ pub(crate) trait DataFusionContext<T> {
 impl<T> DataFusionContext<T> for std::result::Result<T, DataFusionError> {
     fn context(self, context: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|source| HostError::datafusion(context(), source))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lost_output_names_the_upstream_map() {
+        let marker = "stage 1 map 0 failed: cannot execute: dfx stage 2 map 3: lost output: the \
+                      map's commit marker is missing (/s/stage-2/map-3.json)";
+        assert_eq!(lost_output(marker), Some((2, 3)));
+        let bucket = "dfx reader of stage 1 partition 0: dfx stage 12 map 0 bucket 4: lost \
+                      output: the marker promises 7 row(s) but the file is missing";
+        assert_eq!(lost_output(bucket), Some((12, 0)));
+        assert_eq!(
+            Retry::of_reported(bucket),
+            Retry::Lost {
+                stage_id: 12,
+                map: 0
+            }
+        );
+        for other in [
+            "dfx stage 2 map 3: cannot read the commit marker: permission denied",
+            "dfx stage 2 map x: lost output",
+            "stage 2 map 3: lost output",
+            "",
+        ] {
+            assert_eq!(lost_output(other), None, "{other}");
+            assert_eq!(Retry::of_reported(other), Retry::No, "{other}");
+        }
     }
 }

@@ -42,6 +42,7 @@ pub mod envelope;
 pub mod error;
 pub mod loader;
 pub mod pool;
+pub mod retry;
 pub mod session;
 pub mod stages;
 #[cfg(feature = "cli-extras")]
@@ -52,7 +53,7 @@ pub use dfx_abi::Plugin;
 pub use dispatch::{TaskReport, WorkerMode};
 pub use driver::{DistributedResult, Host, require_empty_shuffle};
 pub use envelope::{Envelope, ServeRequest, ServeResponse, WorkerReport};
-pub use error::{HostError, Result, TaskFailure};
+pub use error::{HostError, Result, Retry, TaskFailure};
 pub use loader::{load_plugin, locate_plugin};
 pub use session::{DfxSession, SessionSpec, build_session};
 pub use stages::find_stages;

@@ -129,6 +129,19 @@ struct RunArgs {
     /// (`pool`), or in a new worker process each (`process`).
     #[arg(long, value_enum, default_value_t = WorkerMode::Pool)]
     worker_mode: WorkerMode,
+    /// Attempts per task, the first included: a task whose worker died, was
+    /// killed, timed out or left no readable report runs again (1: never).
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = dfx_host::retry::DEFAULT_MAX_ATTEMPTS as usize,
+        value_parser = parse_at_least_one
+    )]
+    max_attempts: usize,
+    /// Stop a task attempt running longer than SECS (its worker killed); it
+    /// counts as failed and is retried. Default: no limit.
+    #[arg(long, value_name = "SECS", value_parser = parse_at_least_one)]
+    task_timeout: Option<usize>,
     /// After the answer, per stage: tasks, workers, rows, bytes and task
     /// time min / median / max; then the critical path (the chain of stages
     /// whose slowest tasks sum largest) and the final read's time.
@@ -303,6 +316,11 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     .max_workers(args.max_workers)
     .worker_mode(args.worker_mode)
+    .max_attempts(u32::try_from(args.max_attempts).unwrap_or(u32::MAX))
+    .task_timeout(
+        args.task_timeout
+            .map(|secs| std::time::Duration::from_secs(secs as u64)),
+    )
     .progress(true);
     let sql = args.query.sql()?;
     let spec = spec_of(&args.query)?;
@@ -361,6 +379,9 @@ async fn run(args: RunArgs) -> Result<()> {
         .map(|((stage, map), rows)| format!("{stage}/{map}={rows}"))
         .collect();
     eprintln!("rows per task (stage/map=rows): {}", per_task.join(" "));
+    for retry in &result.retries {
+        eprintln!("retried: {retry}");
+    }
     if args.analyze {
         eprint!(
             "\nworker mode: {}\n{}",

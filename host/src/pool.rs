@@ -43,7 +43,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::dispatch::{Task, TaskReport, WorkerCommand, describe_exit};
 use crate::envelope::{ServeRequest, ServeResponse};
-use crate::error::TaskFailure;
+use crate::error::{Retry, TaskFailure};
 
 /// Lines of stderr kept per worker: enough to explain a failure, bounded so
 /// a chatty worker serving thousands of tasks holds no more than this.
@@ -167,6 +167,7 @@ impl WorkerPool {
                     self.command.program().display()
                 ),
                 String::new(),
+                Retry::No,
             )
         })?;
         let pid = child.id().unwrap_or_default();
@@ -178,6 +179,7 @@ impl WorkerPool {
                 task,
                 "its worker was started without pipes".into(),
                 String::new(),
+                Retry::No,
             ));
         };
         let tail = Arc::new(Mutex::new(StderrTail::default()));
@@ -212,12 +214,14 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn failure(task: &Task, reason: String, stderr: String) -> TaskFailure {
+/// A failure of `task`; `retry` says whether another attempt may succeed.
+fn failure(task: &Task, reason: String, stderr: String, retry: Retry) -> TaskFailure {
     TaskFailure {
         stage_id: task.stage_id,
         map: task.map,
         reason,
         stderr,
+        retry,
     }
 }
 
@@ -316,6 +320,7 @@ impl PooledWorker {
                             task,
                             reason,
                             self.stderr_with_output(mark, &output),
+                            Retry::Yes,
                         )));
                     }
                 },
@@ -341,6 +346,7 @@ impl PooledWorker {
                         task,
                         reason,
                         self.stderr_with_output(mark, &output),
+                        Retry::Yes,
                     )));
                 }
                 Ok(report)
@@ -350,10 +356,14 @@ impl PooledWorker {
                     && error.partition.is_none_or(|m| m == task.map);
                 let stderr = self.stderr_with_output(mark, &output);
                 if own {
+                    // The worker is in step and says why: final, unless an
+                    // upstream map's output is lost.
+                    let retry = Retry::of_reported(&error.error);
                     Err(Failed::Reported(failure(
                         task,
                         format!("failed: {}", error.error),
                         stderr,
+                        retry,
                     )))
                 } else {
                     let reason = format!(
@@ -361,7 +371,7 @@ impl PooledWorker {
                          of its own task: {}",
                         self.pid, error.stage_id, error.partition, error.error
                     );
-                    Err(Failed::Lost(failure(task, reason, stderr)))
+                    Err(Failed::Lost(failure(task, reason, stderr, Retry::Yes)))
                 }
             }
         }
@@ -394,7 +404,12 @@ impl PooledWorker {
             "failed: its worker (pid {}) {status} while running it ({what})",
             self.pid
         );
-        failure(task, reason, self.stderr_with_output(mark, output))
+        failure(
+            task,
+            reason,
+            self.stderr_with_output(mark, output),
+            Retry::Yes,
+        )
     }
 
     /// Stderr since `mark`, then any other stdout lines the task printed.

@@ -121,6 +121,7 @@ async fn a_worker_whose_codec_ids_differ_refuses_before_decoding() {
         plan,
         stage_id: 1,
         partition: 0,
+        attempt: 0,
     };
     let err = dfx_host::run_task(&plugin(), &envelope)
         .await
@@ -230,7 +231,9 @@ async fn a_killed_worker_is_named_by_stage_and_map_with_its_stderr() {
     let host = host_with_script(&format!(
         r#"case "$1" in */task-{s}-1.json) echo "worker {s}/1 about to be killed" >&2; kill -KILL $$ ;; esac
 exec "$DFX" worker "$1""#
-    ));
+    ))
+    // One attempt: a retry (its own envelope) would succeed.
+    .max_attempts(1);
     let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
     let message = err.to_string();
     assert!(
@@ -365,7 +368,7 @@ async fn dropping_the_fan_out_kills_every_worker() {
     let marker = dir.to_str().unwrap().to_string();
     let options = FanOutOptions {
         max_workers: Some(3),
-        progress: false,
+        ..FanOutOptions::default()
     };
     let fan = fan_out(&command, &tasks, &options);
     let all_started = async {
@@ -444,6 +447,7 @@ async fn a_decoded_stage_whose_shuffle_directory_differs_from_the_spec_is_refuse
         plan: plan_file,
         stage_id: stage.stage_id(),
         partition: 0,
+        attempt: 0,
     };
     let err = dfx_host::run_task(&plugin, &envelope)
         .await
@@ -519,6 +523,7 @@ async fn a_worker_reports_on_its_last_stdout_line() {
             plan: plan_file,
             stage_id: stage.stage_id(),
             partition: 2,
+            attempt: 0,
         }
         .write(&path)
         .unwrap();

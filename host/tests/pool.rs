@@ -15,10 +15,13 @@ use dfx_host::session::{SessionSpec, build_session};
 use dfx_host::stages::stages;
 use dfx_host::{Host, HostError, WorkerMode};
 
+/// At most `max_workers`, one attempt per task: these tests look at what
+/// one attempt does (retries have their own tests).
 fn options(max_workers: usize) -> FanOutOptions {
     FanOutOptions {
         max_workers: Some(max_workers),
-        progress: false,
+        max_attempts: 1,
+        ..FanOutOptions::default()
     }
 }
 
@@ -86,6 +89,7 @@ async fn leaf_task(spec: &SessionSpec, sql: &str) -> Task {
         plan: plan_file,
         stage_id: stage.stage_id(),
         partition: 0,
+        attempt: 0,
     };
     let path = envelope_path(&task_dir, stage.stage_id(), 0);
     envelope.write(&path).unwrap();

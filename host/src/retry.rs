@@ -1,0 +1,255 @@
+//! Attempts: a failed task runs again when another attempt may succeed.
+//!
+//! ```text
+//! attempt 0 ── task-S-M.json ───────────► worker ── died / killed / timed out / no report ─┐
+//! attempt 1 ── task-S-M.attempt-1.json ─► worker ◄──────────────────────────────────────────┘
+//!                                           └─ "dfx stage U map V: lost output"
+//!                                                ─► rerun U/V (its next attempt), then S/M again
+//! ```
+//!
+//! Which failures are retried is decided where each is seen
+//! ([`crate::error::Retry`]): a worker that died, was killed, timed out or
+//! left no readable report, yes; an error the worker reports about the task
+//! itself, no (it would recur); lost upstream output, yes, after running
+//! that upstream map again. One [`Attempts`] serves a whole query, so attempt
+//! numbers never repeat: a rerun of an earlier wave's map is that map's next
+//! attempt, and one rerun mends a loss for every task that saw it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+
+use crate::dispatch::{Task, TaskReport, TaskReports, Workers, run_attempt};
+use crate::envelope::{Envelope, attempt_path};
+use crate::error::{Retry, TaskFailure};
+
+/// Attempts per task when the caller sets none: the first and two retries.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+
+type Key = (u64, usize);
+
+/// The attempts of one query's tasks: their numbers, why each retry
+/// happened, and the reruns of maps whose output was lost.
+#[derive(Debug)]
+pub struct Attempts {
+    /// The first envelope of every task of the query, the ones a lost map
+    /// can be run again from.
+    envelopes: BTreeMap<Key, PathBuf>,
+    max_attempts: u32,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Attempts started per task.
+    made: BTreeMap<Key, u32>,
+    /// Why each retry or rerun happened, in the order they did.
+    retries: Vec<String>,
+    /// A logical clock of finished reruns: a loss seen by an attempt that
+    /// began before a rerun of that map finished is mended already.
+    clock: u64,
+    rerun_at: BTreeMap<Key, u64>,
+    /// One rerun at a time per map.
+    rerun_locks: BTreeMap<Key, Arc<tokio::sync::Mutex<()>>>,
+    /// The reports of maps run again (they replace the earlier reports).
+    reruns: TaskReports,
+}
+
+impl Attempts {
+    /// Attempts for `tasks` (every task of the query, their first
+    /// envelopes), each task at most `max_attempts` times (at least once).
+    pub fn new(tasks: &[Task], max_attempts: u32) -> Self {
+        Self {
+            envelopes: tasks
+                .iter()
+                .map(|t| ((t.stage_id, t.map), t.envelope.clone()))
+                .collect(),
+            max_attempts: max_attempts.max(1),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// Why each retry or rerun happened (`stage S map M attempt A: reason`),
+    /// in order.
+    pub fn retries(&self) -> Vec<String> {
+        self.lock().retries.clone()
+    }
+
+    /// Attempts started per task.
+    pub fn made(&self) -> BTreeMap<Key, u32> {
+        self.lock().made.clone()
+    }
+
+    /// Reports of the maps run again because their output was lost.
+    pub fn reruns(&self) -> TaskReports {
+        self.lock().reruns.clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A poisoned lock only means a task panicked holding it; the counts
+        // are still whole.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next attempt of `task`: its number and its envelope (attempt 0's
+    /// is the driver's file; a later one a copy with the number, under its
+    /// own name).
+    fn next(&self, task: &Task) -> Result<(u32, Task), TaskFailure> {
+        let key = (task.stage_id, task.map);
+        let attempt = {
+            let mut state = self.lock();
+            let made = state.made.entry(key).or_insert(0);
+            *made += 1;
+            *made - 1
+        };
+        let first = self.envelopes.get(&key).unwrap_or(&task.envelope);
+        let path = attempt_path(first, attempt);
+        if attempt > 0 {
+            let fail = |err: crate::HostError| TaskFailure {
+                stage_id: task.stage_id,
+                map: task.map,
+                reason: format!(
+                    "cannot write the envelope of attempt {attempt} from {}: {err}",
+                    first.display()
+                ),
+                stderr: String::new(),
+                retry: Retry::No,
+            };
+            let mut envelope = Envelope::read(first).map_err(fail)?;
+            envelope.attempt = attempt;
+            envelope.write(&path).map_err(fail)?;
+        }
+        let attempted = Task {
+            envelope: path,
+            ..task.clone()
+        };
+        Ok((attempt, attempted))
+    }
+
+    fn log(&self, line: String) {
+        self.lock().retries.push(line);
+    }
+
+    fn clock(&self) -> u64 {
+        self.lock().clock
+    }
+}
+
+/// Run `task` until it succeeds, fails for good, or has made its attempts.
+///
+/// # Errors
+///
+/// The final failure: one not worth retrying, or the last of
+/// `max_attempts` (then its reason says how many were made).
+pub(crate) fn run_with_attempts<'a>(
+    workers: Workers<'a>,
+    attempts: &'a Attempts,
+    task: &'a Task,
+    limit: usize,
+    timeout: Option<Duration>,
+) -> BoxFuture<'a, Result<TaskReport, TaskFailure>> {
+    async move {
+        for tries in 1..=attempts.max_attempts {
+            let (attempt, attempted) = attempts.next(task)?;
+            let began = attempts.clock();
+            let failure = match run_attempt(workers, &attempted, limit, timeout).await {
+                Ok(mut report) => {
+                    report.attempt = attempt;
+                    return Ok(report);
+                }
+                Err(failure) => failure,
+            };
+            if failure.retry == Retry::No {
+                return Err(failure);
+            }
+            if tries == attempts.max_attempts {
+                if tries == 1 {
+                    return Err(failure);
+                }
+                return Err(TaskFailure {
+                    reason: format!("failed {tries} attempts; the last {}", failure.reason),
+                    ..failure
+                });
+            }
+            if let Retry::Lost { stage_id, map } = failure.retry {
+                restore(
+                    (stage_id, map),
+                    task,
+                    began,
+                    workers,
+                    attempts,
+                    limit,
+                    timeout,
+                )
+                .await?;
+            }
+            let first_line = failure.reason.lines().next().unwrap_or_default();
+            attempts.log(format!(
+                "stage {} map {} attempt {attempt}: {first_line}",
+                task.stage_id, task.map
+            ));
+        }
+        unreachable!("every attempt returns or goes on to the next, and there is at least one")
+    }
+    .boxed()
+}
+
+/// Run the map whose output `task` found lost, unless a rerun of it
+/// finished since `task`'s attempt began.
+async fn restore(
+    lost: Key,
+    task: &Task,
+    began: u64,
+    workers: Workers<'_>,
+    attempts: &Attempts,
+    limit: usize,
+    timeout: Option<Duration>,
+) -> Result<(), TaskFailure> {
+    let (lost_stage, lost_map) = lost;
+    let fail = |reason: String| TaskFailure {
+        stage_id: task.stage_id,
+        map: task.map,
+        reason,
+        stderr: String::new(),
+        retry: Retry::No,
+    };
+    let Some(envelope) = attempts.envelopes.get(&lost) else {
+        return Err(fail(format!(
+            "failed: the output of stage {lost_stage} map {lost_map} is lost, and this query \
+             has no such task to run again"
+        )));
+    };
+    let lock = Arc::clone(attempts.lock().rerun_locks.entry(lost).or_default());
+    let _one_at_a_time = lock.lock().await;
+    if attempts.lock().rerun_at.get(&lost).copied().unwrap_or(0) > began {
+        return Ok(());
+    }
+    let upstream = Task {
+        stage_id: lost_stage,
+        map: lost_map,
+        envelope: envelope.clone(),
+    };
+    let report = run_with_attempts(workers, attempts, &upstream, limit, timeout)
+        .await
+        .map_err(|err| {
+            fail(format!(
+                "failed: the output of stage {lost_stage} map {lost_map} is lost, and running \
+                 that map again failed: {err}"
+            ))
+        })?;
+    let mut state = attempts.lock();
+    state.clock += 1;
+    let now = state.clock;
+    state.rerun_at.insert(lost, now);
+    state.reruns.insert(lost, report);
+    state.retries.push(format!(
+        "stage {lost_stage} map {lost_map} attempt {}: run again, its output was lost \
+         (read by stage {} map {})",
+        report.attempt, task.stage_id, task.map
+    ));
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! Retries: a task whose worker died runs again and the query answers; one
+//! that finds an upstream map's output lost has that map run again first;
+//! an error the worker reports about the task itself is not retried. Real
+//! workers (some behind a wrapper script) and the real plugin file.
+
+mod common;
+
+use common::*;
+use dfx_host::dispatch::WorkerCommand;
+use dfx_host::envelope::Envelope;
+use dfx_host::{Host, HostError, Retry, WorkerMode};
+
+/// A pooled host whose serving workers are `/bin/sh -c SCRIPT sh --serve`,
+/// with `$DFX` the real `dfx` binary.
+fn pooled_script(script: &str) -> Host {
+    let command = WorkerCommand::new("/bin/sh")
+        .arg("-c")
+        .arg(script)
+        .arg("sh")
+        .env("DFX", dfx_bin());
+    Host::with_worker(plugin(), command)
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_task_is_retried_and_the_query_answers() {
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("shuffle");
+    let (_, stages) = planned(&spec, BY_FLAG).await;
+    let leaf = stages.iter().find(|s| s.info.deps.is_empty()).unwrap();
+    let s = leaf.stage_id();
+    // The first attempt of map 1 is killed; its retry has its own envelope.
+    let host = host_with_script(&format!(
+        r#"case "$1" in */task-{s}-1.json) echo "attempt 0 killed" >&2; kill -KILL $$ ;; esac
+exec "$DFX" worker "$1""#
+    ));
+    let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), by_flag_expected());
+    assert_eq!(result.attempts[&(s, 1)], 2, "{:?}", result.attempts);
+    assert_eq!(result.task_reports[&(s, 1)].attempt, 1);
+    assert_eq!(result.attempts[&(s, 0)], 1, "{:?}", result.attempts);
+    assert_eq!(result.retries.len(), 1, "{:?}", result.retries);
+    let retry = &result.retries[0];
+    assert!(
+        retry.starts_with(&format!(
+            "stage {s} map 1 attempt 0: was killed by signal 9"
+        )),
+        "{retry}"
+    );
+    // The retry's envelope says which attempt it is.
+    let task_dir = spec.shuffle_dir.as_deref().unwrap().join("tasks");
+    let again = Envelope::read(&task_dir.join(format!("task-{s}-1.attempt-1.json"))).unwrap();
+    assert_eq!((again.stage_id, again.partition, again.attempt), (s, 1, 1));
+    let marker = read_marker(
+        &spec
+            .shuffle_dir
+            .as_deref()
+            .unwrap()
+            .join(format!("stage-{s}/map-1.json")),
+    );
+    assert_eq!(marker["map"], 1, "{marker}");
+}
+
+#[tokio::test]
+async fn a_pooled_worker_killed_mid_task_is_replaced_and_the_task_retried() {
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("shuffle");
+    let once = fixture.root.path().join("killed-once");
+    // The first serving worker dies in its first task; every later one
+    // serves for real (the request it read is handed on to dfx with the rest).
+    let host = pooled_script(&format!(
+        r#"read -r request
+if [ ! -e {once} ]; then : > {once}; echo "killed in its first task" >&2; kill -KILL $$; fi
+{{ printf '%s\n' "$request"; cat; }} | exec "$DFX" worker "$@""#,
+        once = once.display()
+    ))
+    .max_workers(Some(1));
+    assert_eq!(host.mode(), WorkerMode::Pool);
+    let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), by_flag_expected());
+    let first = result.tasks[0];
+    assert_eq!(result.attempts[&first], 2, "{:?}", result.attempts);
+    assert_eq!(result.retries.len(), 1, "{:?}", result.retries);
+    let retry = &result.retries[0];
+    let (s, m) = first;
+    assert!(
+        retry.starts_with(&format!(
+            "stage {s} map {m} attempt 0: failed: its worker (pid "
+        )),
+        "{retry}"
+    );
+    assert!(retry.contains("was killed by signal 9"), "{retry}");
+    assert_eq!(host.pool().started(), 2);
+}
+
+#[tokio::test]
+async fn retries_stop_after_max_attempts_and_say_how_many_were_made() {
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("shuffle");
+    let (_, stages) = planned(&spec, BY_FLAG).await;
+    let s = stages
+        .iter()
+        .find(|s| s.info.deps.is_empty())
+        .unwrap()
+        .stage_id();
+    // Every attempt of map 2 is killed.
+    let host = host_with_script(&format!(
+        r#"case "$1" in */task-{s}-2.json|*/task-{s}-2.attempt-*.json) kill -KILL $$ ;; esac
+exec "$DFX" worker "$1""#
+    ))
+    .max_attempts(2);
+    let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
+    let HostError::Workers { failures, .. } = &err else {
+        panic!("not a worker failure: {err}");
+    };
+    assert_eq!(failures.len(), 1, "{err}");
+    assert_eq!(failures[0].retry, Retry::Yes);
+    assert!(
+        err.to_string().contains(&format!(
+            "stage {s} map 2 failed 2 attempts; the last was killed by signal 9"
+        )),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_error_the_worker_reports_is_not_retried() {
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("shuffle");
+    let (_, stages) = planned(&spec, BY_FLAG).await;
+    let s = stages
+        .iter()
+        .find(|s| s.info.deps.is_empty())
+        .unwrap()
+        .stage_id();
+    let tried = fixture.root.path().join("tried");
+    // Map 3's worker reports a planning-like error each time; the script
+    // notes every attempt it sees.
+    let host = host_with_script(&format!(
+        r#"echo "$1" >> {tried}
+case "$1" in */task-{s}-3*) echo "cannot plan: no such column" >&2; exit 1 ;; esac
+exec "$DFX" worker "$1""#,
+        tried = tried.display()
+    ));
+    let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
+    assert!(err.to_string().contains("no such column"), "{err}");
+    let log = std::fs::read_to_string(&tried).unwrap();
+    let attempts = log
+        .lines()
+        .filter(|l| l.contains(&format!("task-{s}-3")))
+        .count();
+    assert_eq!(attempts, 1, "{log}");
+}
+
+/// Map 0 of the table's stage loses its output after the first wave: a
+/// reader's attempt reports lost output naming it, the map runs again (its
+/// attempt 1), then the readers, and the query answers.
+#[tokio::test]
+async fn lost_upstream_output_is_run_again_then_the_task() {
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("shuffle");
+    let (_, stages) = planned(&spec, BY_FLAG).await;
+    assert!(stages.len() >= 2, "two waves needed: {stages:?}");
+    let leaf = stages.iter().find(|s| s.info.deps.is_empty()).unwrap();
+    let reader = stages
+        .iter()
+        .find(|s| s.info.deps.contains(&leaf.stage_id()))
+        .unwrap();
+    let (u, r) = (leaf.stage_id(), reader.stage_id());
+    let dir = spec.shuffle_dir.clone().unwrap();
+    let marker = dir.join(format!("stage-{u}/map-0.json"));
+    // The reader's first attempt removes the marker of upstream map 0 first.
+    let host = host_with_script(&format!(
+        r#"case "$1" in */task-{r}-0.json) rm -f {marker} ;; esac
+exec "$DFX" worker "$1""#,
+        marker = marker.display()
+    ));
+    let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), by_flag_expected());
+    assert!(marker.is_file(), "the rerun published the map again");
+    assert_eq!(read_marker(&marker)["map"], 0);
+    assert_eq!(result.attempts[&(u, 0)], 2, "{:?}", result.attempts);
+    // A reader that saw the loss ran twice.
+    assert!(
+        result
+            .attempts
+            .iter()
+            .any(|(&(stage, _), &made)| stage == r && made == 2),
+        "{:?}",
+        result.attempts
+    );
+    assert_eq!(result.task_reports[&(u, 0)].attempt, 1);
+    let retries = result.retries.join("\n");
+    // Every reader of the wave may see the loss; whichever meets it first
+    // runs the map again, once, for all of them.
+    let rerun = format!(
+        "stage {u} map 0 attempt 1: run again, its output was lost (read by stage {r} map "
+    );
+    assert_eq!(retries.matches(&rerun).count(), 1, "{retries}");
+    assert!(retries.contains(&format!("stage {r} map ")), "{retries}");
+}
