@@ -33,7 +33,16 @@ async fn a_corrupt_bucket_file_reaches_the_host_with_its_message_intact() {
     let corrupt = plugin()
         .bucket_path(&shuffle, stage.info.stage_id, map, bucket)
         .unwrap();
-    std::fs::write(&corrupt, b"these bytes are not an Arrow IPC stream").unwrap();
+    // Garbage of the file's own size: the size its marker records passes,
+    // so the error is about the content.
+    let size = std::fs::metadata(&corrupt).unwrap().len() as usize;
+    let garbage: Vec<u8> = b"these bytes are not an Arrow IPC stream "
+        .iter()
+        .copied()
+        .cycle()
+        .take(size)
+        .collect();
+    std::fs::write(&corrupt, garbage).unwrap();
     let error = run_to_table(&plan, session.ctx.task_ctx())
         .await
         .unwrap_err()
