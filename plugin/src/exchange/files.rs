@@ -8,6 +8,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use datafusion::arrow::datatypes::{Fields, SchemaRef};
@@ -56,10 +57,24 @@ impl Drop for TempFile {
     }
 }
 
+/// Create `path` for writing, failing if anything exists there.
+///
+/// Exclusive (`O_CREAT | O_EXCL`, which POSIX says also fails on a symlink,
+/// dangling or not) and `O_NOFOLLOW` besides: a file or link planted at a
+/// temp name by someone else is an error, never written through. Published
+/// names need no such flag: a rename replaces a link rather than following it.
+pub fn create_exclusive(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
 /// Write `bytes` to a temp file beside `path`, then rename it to `path`.
 pub fn publish_bytes(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut temp = TempFile::new(temp_path(path));
-    let mut file = File::create(temp.path())?;
+    let mut file = create_exclusive(temp.path())?;
     file.write_all(bytes)?;
     file.sync_data()?;
     drop(file);
@@ -81,7 +96,7 @@ impl BucketFile {
         compression: ShuffleCompression,
     ) -> Result<Self, String> {
         let temp = TempFile::new(temp_path(final_path));
-        let file = File::create(temp.path())
+        let file = create_exclusive(temp.path())
             .map_err(|e| format!("cannot create {}: {e}", temp.path().display()))?;
         let codec = match compression {
             ShuffleCompression::Lz4 => Some(CompressionType::LZ4_FRAME),

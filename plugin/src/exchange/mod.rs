@@ -8,6 +8,7 @@
 //! Files are named in [`crate::paths`]; each map's commit marker is
 //! [`marker::MapMarker`].
 
+pub mod dirs;
 pub mod files;
 pub mod ipc_check;
 pub mod marker;

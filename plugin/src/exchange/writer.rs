@@ -40,12 +40,13 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
+use super::dirs::prepare_map_dir;
 use super::files::BucketFile;
 use super::marker::{BucketEntry, MapMarker};
 use crate::config::{DfxConfig, ShuffleCompression};
 use crate::counters::LiveObject;
 use crate::guard::{self, GuardedStream};
-use crate::paths::{bucket_path, map_dir, marker_path};
+use crate::paths::{bucket_path, marker_path};
 use crate::planner::isolated_task_context;
 
 /// Name of the writer node, as hosts search for it.
@@ -300,9 +301,10 @@ impl ShuffleWriterExec {
         if map >= maps {
             return Err(self.error(map, format!("out of range: the stage has {maps} map(s)")));
         }
-        let dir = map_dir(&self.shuffle_dir, self.stage_id, map);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| self.error(map, format!("cannot create {}: {e}", dir.display())))?;
+        // Private, and refused when another user controls a directory on
+        // the way (see `dirs`).
+        prepare_map_dir(&self.shuffle_dir, self.stage_id, map)
+            .map_err(|e| self.error(map, format!("cannot prepare the map's directory: {e}")))?;
         let input = self.input.execute(map, isolated_task_context(&context))?;
         let batch_size = context.session_config().batch_size();
         // The worker's session decides (readers detect it per message).
