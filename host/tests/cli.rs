@@ -3,7 +3,7 @@
 mod common;
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use common::*;
@@ -529,12 +529,53 @@ fn sigint_ignored() -> bool {
 #[test]
 fn an_interrupted_driver_leaves_no_worker_running() {
     let fixture = Fixture::new();
-    let table = format!("lineitem={}", fixture.table_dir().display());
     let shuffle = fixture.shuffle_dir("interrupted");
     // Workers that never finish, each naming its envelope on its command
     // line; the first wave is the four maps of the stage over the table.
-    // Their output is not the driver's pipe: tail exits by itself once the
-    // reader of a pipe it writes to has gone, which would pass for a kill.
+    let marker = shuffle.join("tasks").to_str().unwrap().to_string();
+    interrupt_while_workers_hang(
+        &fixture,
+        &shuffle,
+        ("process", "sh"),
+        r#"exec tail -f /dev/null "$1" >/dev/null"#,
+        &marker,
+    );
+}
+
+#[test]
+fn an_interrupted_driver_leaves_no_pooled_worker_running() {
+    let fixture = Fixture::new();
+    let shuffle = fixture.shuffle_dir("interrupted");
+    // Serving workers that never answer (nor read their requests, so the
+    // end of their input would not end them either), each naming a file of
+    // this test on its command line: $0 is this test's directory (`--serve`
+    // is $1), and the file's path is on no other process's command line.
+    let name = fixture.root.path().join("pooled-worker");
+    std::fs::write(&name, b"").unwrap();
+    let marker = name.to_str().unwrap().to_string();
+    interrupt_while_workers_hang(
+        &fixture,
+        &shuffle,
+        ("pool", fixture.root.path().to_str().unwrap()),
+        r#"exec tail -f /dev/null "$0/pooled-worker" >/dev/null"#,
+        &marker,
+    );
+}
+
+/// Start `dfx run` in `mode` with four workers `/bin/sh -c SCRIPT ZEROTH
+/// <envelope or --serve>` that never finish and whose command lines name
+/// `marker`, interrupt it once all four run, and check that none of them
+/// outlives it. Their output is not the driver's pipe: tail exits by itself
+/// once the reader of a pipe it writes to has gone, which would pass for a
+/// kill.
+fn interrupt_while_workers_hang(
+    fixture: &Fixture,
+    shuffle: &Path,
+    (mode, zeroth): (&str, &str),
+    script: &str,
+    marker: &str,
+) {
+    let table = format!("lineitem={}", fixture.table_dir().display());
     let mut driver = Command::new(dfx_bin())
         .args([
             "run",
@@ -544,30 +585,19 @@ fn an_interrupted_driver_leaves_no_worker_running() {
             &table,
             "--shuffle-dir",
             shuffle.to_str().unwrap(),
-        ])
-        .args([
             "--worker-mode",
-            "process",
-            "--worker",
-            "/bin/sh",
-            "--worker-arg",
-            "-c",
+            mode,
         ])
-        .args([
-            "--worker-arg",
-            r#"exec tail -f /dev/null "$1" >/dev/null"#,
-            "--worker-arg",
-            "sh",
-        ])
+        .args(["--worker", "/bin/sh", "--worker-arg", "-c"])
+        .args(["--worker-arg", script, "--worker-arg", zeroth])
         .arg(BY_FLAG)
         .env("DFX_PLUGIN", plugin_path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let marker = shuffle.join("tasks").to_str().unwrap().to_string();
     assert!(
-        eventually(|| live_processes_mentioning(&marker).len() == 4),
+        eventually(|| live_processes_mentioning(marker).len() == 4),
         "four workers never started"
     );
     let (signal, code) = if sigint_ignored() {
@@ -586,8 +616,8 @@ fn an_interrupted_driver_leaves_no_worker_running() {
     std::io::Read::read_to_string(&mut driver.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(stderr.contains("workers stopped"), "{stderr}");
     assert!(
-        eventually(|| live_processes_mentioning(&marker).is_empty()),
+        eventually(|| live_processes_mentioning(marker).is_empty()),
         "workers outlived their driver: {:?}",
-        live_processes_mentioning(&marker)
+        live_processes_mentioning(marker)
     );
 }
