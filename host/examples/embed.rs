@@ -1,5 +1,6 @@
 //! A custom host in a few dozen lines: this one binary is the driver and,
-//! started again as `embed worker ENVELOPE`, every worker.
+//! started again as `embed worker --serve` (a long-lived pooled worker, the
+//! default) or `embed worker ENVELOPE` (one task), every worker.
 //!
 //! ```text
 //! cargo run -p dfx-host --example embed -- /path/to/lineitem \
@@ -20,11 +21,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let plugin = load_plugin(None)?;
 
     // The worker half: `Host::new` starts this same executable with `worker`.
-    if let [command, envelope] = args.as_slice()
+    if let [command, arg] = args.as_slice()
         && command == "worker"
     {
-        let report = run_task(&plugin, &Envelope::read(Path::new(envelope))?).await?;
-        println!("{}", report.to_line());
+        if arg == "--serve" {
+            let requests = dfx_host::worker::stdin_lines();
+            dfx_host::worker::serve(&plugin, requests, &mut std::io::stdout()).await?;
+        } else {
+            let report = run_task(&plugin, &Envelope::read(Path::new(arg))?).await?;
+            println!("{}", report.to_line());
+        }
         return Ok(());
     }
 
@@ -37,6 +43,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_shuffle_dir(shuffle.path());
     let host = Host::new(plugin)?;
     let result = host.run_distributed(sql, &spec).await?;
+    // Let the pooled workers exit and be reaped before this process does.
+    host.shutdown().await;
     println!("{}", pretty_format_batches(&result.batches)?);
     eprintln!(
         "{} stages, {} tasks: {:?}",

@@ -155,6 +155,13 @@ impl Host {
         &self.pool
     }
 
+    /// End the pool's idle workers in order (end of input, then a wait) and
+    /// reap them; see [`WorkerPool::shutdown`]. The pool starts new workers
+    /// if the host runs another query afterwards.
+    pub async fn shutdown(&self) -> usize {
+        self.pool.shutdown().await
+    }
+
     /// Cap the workers running at once (`None`: the cores this process may
     /// use, [`crate::dispatch::default_max_workers`]).
     pub fn max_workers(mut self, max: Option<usize>) -> Self {

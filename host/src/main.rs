@@ -336,7 +336,11 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     let (dir, temp) = shuffle_dir(&args.query)?;
     let spec = spec.with_shuffle_dir(&dir);
-    let result = match host.run_distributed(&sql, &spec).await {
+    let outcome = host.run_distributed(&sql, &spec).await;
+    // Workers end and are reaped before the answer is printed, so their CPU
+    // time counts as this process's children's (`/usr/bin/time dfx run`).
+    host.shutdown().await;
+    let result = match outcome {
         Ok(result) => result,
         Err(err) => {
             // Kept when workers were dispatched: the envelopes and whatever

@@ -137,6 +137,33 @@ impl WorkerPool {
         }
     }
 
+    /// End every idle worker the orderly way: close its stdin (the end of
+    /// its requests), then wait for it to exit, killing one that has not
+    /// within a grace period. Returns how many were ended.
+    ///
+    /// Dropping the pool kills its workers instead, which is as safe but
+    /// leaves them unreaped for a moment: a caller that measures its
+    /// children's CPU time (`/usr/bin/time dfx run`) or wants no zombie
+    /// behind it calls this first. Busy workers are not touched; their
+    /// tasks' futures own them.
+    pub async fn shutdown(&self) -> usize {
+        let idle = std::mem::take(&mut *lock(&self.idle));
+        let ended = idle.len();
+        for mut worker in idle {
+            let PooledWorker { child, stdin, .. } = &mut worker;
+            // Shutting stdin is the serve loop's end of input.
+            let _ = stdin.shutdown().await;
+            if tokio::time::timeout(EXIT_GRACE, child.wait())
+                .await
+                .is_err()
+            {
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+            }
+        }
+        ended
+    }
+
     fn check_out(&self) -> Option<PooledWorker> {
         let mut idle = lock(&self.idle);
         while let Some(mut worker) = idle.pop() {

@@ -303,6 +303,34 @@ async fn no_worker_survives_dropping_the_last_host_holding_the_pool() {
 }
 
 #[tokio::test]
+async fn shutdown_ends_and_reaps_every_idle_worker_and_the_pool_starts_afresh() {
+    let fixture = Fixture::new();
+    let host = host().max_workers(Some(2));
+    let first = host
+        .run_distributed(BY_FLAG, &fixture.distributed_spec("q1"))
+        .await
+        .unwrap();
+    let pids = host.pool().pids();
+    assert!(!pids.is_empty());
+    assert_eq!(host.shutdown().await, pids.len());
+    // Reaped, not merely killed: no /proc entry is left, not even a zombie.
+    for pid in &pids {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "worker {pid} was not reaped"
+        );
+    }
+    assert!(host.pool().pids().is_empty());
+    // The next query starts new workers.
+    let second = host
+        .run_distributed(BY_FLAG, &fixture.distributed_spec("q2"))
+        .await
+        .unwrap();
+    assert_eq!(rows(&first.batches), rows(&second.batches));
+    assert!(host.pool().pids().iter().all(|pid| !pids.contains(pid)));
+}
+
+#[tokio::test]
 async fn dropping_a_pooled_run_mid_task_kills_its_worker() {
     let fixture = Fixture::new();
     let host = host().max_workers(Some(1));

@@ -56,6 +56,14 @@ pub struct TpchArgs {
     /// or `process` (one worker process per task).
     #[arg(long, value_enum, default_value_t = crate::dispatch::WorkerMode::Pool)]
     pub worker_mode: crate::dispatch::WorkerMode,
+    /// Attempts per task before the query fails: a task whose worker died,
+    /// was killed or timed out is run again.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub max_attempts: u32,
+    /// Seconds one task may run before its worker is killed and the task
+    /// retried (no limit by default).
+    #[arg(long, value_name = "SECS")]
+    pub task_timeout: Option<u64>,
     /// Queries to run: `all`, or a list such as `1,3,6` or `1-5,18`.
     #[arg(long, default_value = "all", value_name = "LIST")]
     pub queries: String,
@@ -101,7 +109,10 @@ pub const EXIT_NOT_RUN: u8 = 2;
 pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
     let queries = queries::parse_selection(&args.queries)?;
     let plugin = crate::load_plugin(args.plugin.as_deref())?;
-    let host = crate::Host::new(plugin)?.worker_mode(args.worker_mode);
+    let host = crate::Host::new(plugin)?
+        .worker_mode(args.worker_mode)
+        .max_attempts(args.max_attempts)
+        .task_timeout(args.task_timeout.map(std::time::Duration::from_secs));
     let data_dir =
         std::path::absolute(&args.data_dir).map_err(|e| TpchError::io(&args.data_dir, e))?;
     let options = TpchOptions {
@@ -115,7 +126,9 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
         progress: true,
         timeout: std::time::Duration::from_secs(args.timeout.max(1)),
     };
-    let report = run_tpch(&host, &options).await?;
+    let report = run_tpch(&host, &options).await;
+    host.shutdown().await;
+    let report = report?;
     println!(
         "TPC-H sf{} with {} partitions, split {}, shuffle compression {}, worker mode {}, median \
          of {} run(s) per mode\n",
