@@ -14,7 +14,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from datafusion import SessionConfig, SessionContext, udaf, udf
+from datafusion import SessionConfig, SessionContext
 
 from dfx_engine import _internal
 
@@ -197,11 +197,12 @@ def build_session(
        (and the split mode, set only with a directory) from the first query
        on.
     2. ``with_extensions`` is called once, installing the plugin's codec and
-       then its planner on the session's final codec chain.
-    3. The plugin's functions are registered: they travel in a plan by name,
-       so every session that decodes a plan needs them.
-    4. Each table is registered as Parquet over its directory.
-    5. The session's codec ids are checked against :func:`expected_codec_ids`.
+       then its planner on the session's final codec chain, and registering
+       the plugin's functions (they travel in a plan by name, so every
+       session that decodes a plan needs them; the extension does it, so a
+       user's own session has them too).
+    3. Each table is registered as Parquet over its directory.
+    4. The session's codec ids are checked against :func:`expected_codec_ids`.
 
     Returns:
         The context and the installed extension (whose counters show what
@@ -227,11 +228,6 @@ def build_session(
     )
     engine = _internal.DfxEngineExtension()
     ctx = SessionContext(config).with_extensions(engine)
-
-    for scalar in _internal.scalar_functions():
-        ctx.register_udf(udf(scalar))
-    for aggregate in _internal.aggregate_functions():
-        ctx.register_udaf(udaf(aggregate))
 
     for name, directory in sorted(spec.tables.items()):
         ctx.register_parquet(name, directory)

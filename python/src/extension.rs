@@ -9,7 +9,12 @@
 //! phase 2  __datafusion_session_planner__(ctx, fallback)
 //!            ctx's final logical + physical chains ──► plugin.query_planner(..)
 //!            ──► datafusion_query_planner capsule
+//!            the plugin's scalar and aggregate functions ──► ctx.register_udf/udaf
 //! ```
+//!
+//! The functions are registered by the bundle because plans name them: a
+//! session with the planner and codec but not the functions cannot run
+//! `dfx_net_revenue(..)`, nor decode a stage that calls it.
 //!
 //! The planner is built in phase 2 so it encodes through the session's
 //! complete chain, the one that holds the plugin's codec. It does not wrap
@@ -24,11 +29,12 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
-use crate::capsule;
 use crate::plugin::plugin;
+use crate::{capsule, functions};
 
 /// Install dfx on a datafusion-python session:
-/// `SessionContext(config).with_extensions(DfxEngineExtension())`.
+/// `SessionContext(config).with_extensions(DfxEngineExtension())` installs
+/// the plugin's codec and planner and registers its functions.
 ///
 /// Configuration only: it holds no session, so one instance may be installed
 /// on any number of sessions. The config extension (the shuffle directory)
@@ -96,7 +102,11 @@ impl DfxEngineExtension {
         let planner = plugin
             .query_planner(logical, physical)
             .map_err(runtime_error)?;
-        capsule::export(py, planner, c"datafusion_query_planner")
+        let planner = capsule::export(py, planner, c"datafusion_query_planner")?;
+        // Last, once everything that can fail here has succeeded: the
+        // registration is the one write this bundle makes to the session.
+        register_functions(py, ctx)?;
+        Ok(planner)
     }
 
     /// Planner calls so far (the plugin's process-wide counter).
@@ -176,6 +186,29 @@ impl DfxPhysicalCodec {
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!("DfxPhysicalCodec({:?})", plugin(py)?.codec_id()))
     }
+}
+
+/// Register every plugin function on `ctx`, a datafusion-python
+/// `SessionContext`, as `ctx.register_udf(udf(f))` would.
+///
+/// Each function is wrapped before the first is registered, so a function
+/// the plugin cannot hand out leaves the session without any of them rather
+/// than with some. Registering is by name and idempotent: installing the
+/// bundle twice registers the same functions again.
+fn register_functions(py: Python<'_>, ctx: &Bound<'_, PyAny>) -> PyResult<()> {
+    let datafusion = py.import("datafusion")?;
+    let (udf, udaf) = (datafusion.getattr("udf")?, datafusion.getattr("udaf")?);
+    let mut wrapped = Vec::new();
+    for function in functions::scalar_functions(py)? {
+        wrapped.push(("register_udf", udf.call1((function,))?));
+    }
+    for function in functions::aggregate_functions(py)? {
+        wrapped.push(("register_udaf", udaf.call1((function,))?));
+    }
+    for (method, function) in wrapped {
+        ctx.call_method1(method, (function,))?;
+    }
+    Ok(())
 }
 
 /// A DataFusion error from the plugin, as a Python `RuntimeError`.

@@ -114,3 +114,17 @@ def test_by_hand_installation_plans_stages(
     bare = SessionContext().with_extensions(DfxEngineExtension())
     bare.register_parquet("lineitem", spec.tables["lineitem"])
     assert find_stage(bare.sql("SELECT 1").execution_plan()) is None
+
+
+def test_a_users_own_session_has_the_plugins_functions() -> None:
+    # Built as a new user would, without build_session: the extension alone
+    # must register what plans name, or `dfx_net_revenue` is "Invalid function".
+    config = SessionConfig().with_extension(DfxEngineConfig())
+    ctx = SessionContext(config).with_extensions(DfxEngineExtension())
+    net = ctx.sql("SELECT dfx_net_revenue(1.0, 0.1, 0.2) AS net").collect()
+    assert net[0].column(0).to_pylist() == [pytest.approx(1.08)]
+    weighted = ctx.sql(
+        "SELECT dfx_weighted_avg(price, qty) AS w "
+        "FROM (VALUES (100.0, 1.0), (300.0, 3.0)) AS t(price, qty)"
+    ).collect()
+    assert weighted[0].column(0).to_pylist() == [pytest.approx(1000.0 / 4.0)]
