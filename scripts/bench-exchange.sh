@@ -2,12 +2,16 @@
 # CPU and memory of distributed TPC-H queries against one process, side by side.
 #
 #   scripts/bench-exchange.sh [--scale 1] [--partitions "2 4 8"] [--queries "9 18"]
+#                             [--modes "pool process"]
 #
 # For each partition count and query: total CPU (user + sys of the driver and
 # every worker, from /usr/bin/time on `dfx run`) distributed and single-process
 # (`dfx run --local`), their ratio, and the peak RSS of the single process
 # against the largest and the median worker (each worker runs under
-# /usr/bin/time through `--worker`). Uses the release build; data is generated
+# /usr/bin/time through `--worker`), in each worker mode asked for (a pooled
+# worker serves many tasks, so its peak is over all of them). `dfx run`
+# shuts its pool down in order before it exits, so the pooled workers' CPU
+# is counted too. Uses the release build; data is generated
 # by `dfx tpch` on first use and reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,11 +19,13 @@ cd "$(dirname "$0")/.."
 scale=1
 partitions="2 4 8"
 queries="9 18"
+modes="pool process"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --scale) scale="$2"; shift 2 ;;
         --partitions) partitions="$2"; shift 2 ;;
         --queries) queries="$2"; shift 2 ;;
+        --modes) modes="$2"; shift 2 ;;
         *) echo "bench-exchange.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -44,8 +50,8 @@ measure() {
     cpu="$(echo "$user + $sys" | bc)"
 }
 
-printf '| N | query | local CPU s | distributed CPU s | ratio | local RSS MB | worker RSS MB max / median | max/local |\n'
-printf '|--:|---|--:|--:|--:|--:|--:|--:|\n'
+printf '| N | query | mode | local CPU s | distributed CPU s | ratio | local RSS MB | worker RSS MB max / median | max/local |\n'
+printf '|--:|---|---|--:|--:|--:|--:|--:|--:|\n'
 for n in $partitions; do
     # Generates the dataset once (and checks the answers agree).
     "$dfx" tpch --scale "$scale" --partitions "$n" --queries "$(echo "$queries" | tr ' ' ',')" \
@@ -61,17 +67,20 @@ for n in $partitions; do
         sql="$(cat "host/queries/q$q.sql")"
         measure "$dfx" run --local --partitions "$n" "${tables[@]}" -- "$sql"
         local_cpu="$cpu"; local_rss="$rss"
-        rm -f "$scratch/workers"
-        measure "$dfx" run --partitions "$n" "${tables[@]}" \
-            --worker /usr/bin/time --worker-arg -a --worker-arg -o \
-            --worker-arg "$scratch/workers" --worker-arg -f --worker-arg "%M" \
-            --worker-arg "$dfx" --worker-arg worker -- "$sql"
-        dist_cpu="$cpu"
-        read -r worker_max worker_median < <(sort -n "$scratch/workers" |
-            awk '{ v[NR] = $1 } END { print v[NR], v[int((NR + 1) / 2)] }')
-        printf '| %s | q%s | %.2f | %.2f | %.2f | %d | %d / %d | %.0f%% |\n' \
-            "$n" "$q" "$local_cpu" "$dist_cpu" "$(echo "$dist_cpu / $local_cpu" | bc -l)" \
-            "$((local_rss / 1024))" "$((worker_max / 1024))" "$((worker_median / 1024))" \
-            "$(echo "100 * $worker_max / $local_rss" | bc -l)"
+        for mode in $modes; do
+            rm -f "$scratch/workers"
+            measure "$dfx" run --partitions "$n" "${tables[@]}" --worker-mode "$mode" \
+                --worker /usr/bin/time --worker-arg -a --worker-arg -o \
+                --worker-arg "$scratch/workers" --worker-arg -f --worker-arg "%M" \
+                --worker-arg "$dfx" --worker-arg worker -- "$sql"
+            dist_cpu="$cpu"
+            read -r worker_max worker_median < <(sort -n "$scratch/workers" |
+                awk '{ v[NR] = $1 } END { print v[NR], v[int((NR + 1) / 2)] }')
+            printf '| %s | q%s | %s | %.2f | %.2f | %.2f | %d | %d / %d | %.0f%% |\n' \
+                "$n" "$q" "$mode" "$local_cpu" "$dist_cpu" \
+                "$(echo "$dist_cpu / $local_cpu" | bc -l)" "$((local_rss / 1024))" \
+                "$((worker_max / 1024))" "$((worker_median / 1024))" \
+                "$(echo "100 * $worker_max / $local_rss" | bc -l)"
+        done
     done
 done
