@@ -34,8 +34,10 @@ if [[ ! -x "$venv/bin/python" ]]; then
     "$python" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
+# ray: the Ray executor's tests start a local Ray (the `ray` extra's pin).
 "$venv/bin/python" -m pip install --quiet \
-    "maturin>=1.7,<2" "datafusion==55.0.0" pyarrow pytest cloudpickle ruff mypy
+    "maturin>=1.7,<2" "datafusion==55.0.0" pyarrow pytest cloudpickle ruff mypy \
+    "ray==2.60.0"
 
 # Bundle the plugin beside the package so the wheel carries it; the file is
 # ignored by git (python/.gitignore).

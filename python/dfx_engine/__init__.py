@@ -11,8 +11,9 @@ its planner, codec, config and functions to datafusion-python::
     ctx = SessionContext(config).with_extensions(DfxEngineExtension())
 
 :mod:`dfx_engine.session` builds such sessions from a :class:`SessionSpec`,
-:mod:`dfx_engine.driver` runs a query over worker processes, and
-:mod:`dfx_engine.worker` is the worker.
+:mod:`dfx_engine.driver` runs a query over worker processes,
+:mod:`dfx_engine.worker` is the worker, and :mod:`dfx_engine.ray` (the
+``ray`` extra) runs the same worker code as Ray tasks.
 
 Glossary: a *stage* is a subtree the planner rooted at a ``ShuffleWriterExec``
 node; stages nest, a consumer reading an upstream stage through a

@@ -68,7 +68,10 @@ if TYPE_CHECKING:
 __all__ = [
     "WORKER_MODES",
     "DistributedResult",
+    "Executor",
     "Stage",
+    "TaskAbandoned",
+    "TaskFailed",
     "TaskReport",
     "WorkerPool",
     "dataframe_for",
@@ -78,6 +81,8 @@ __all__ = [
     "find_stages",
     "plan_stages",
     "python_worker",
+    "report_of",
+    "reported_failure",
     "require_empty_shuffle",
     "run_distributed",
     "run_local",
@@ -124,7 +129,7 @@ the map named must be run again before the task that read it can succeed.
 """
 
 
-class _TaskFailed(Exception):
+class TaskFailed(Exception):
     """One task failed; the message names its stage and map.
 
     Attributes:
@@ -152,13 +157,13 @@ class _TaskFailed(Exception):
         return line.removeprefix(f"stage {task[0]} map {task[1]}: ")
 
 
-def _reported(message: str) -> _TaskFailed:
+def reported_failure(message: str) -> TaskFailed:
     """A failure the worker reported: final, unless it lost upstream output."""
     found = LOST_OUTPUT.search(message)
     if found is None:
-        return _TaskFailed(message)
+        return TaskFailed(message)
     lost = (int(found.group(1)), int(found.group(2)))
-    return _TaskFailed(message, retryable=True, lost=lost)
+    return TaskFailed(message, retryable=True, lost=lost)
 
 
 class Stage:
@@ -395,15 +400,15 @@ def python_worker() -> list[str]:
     return [sys.executable, "-m", "dfx_engine.worker"]
 
 
-def _report_of(task: Task, report: object, line: str) -> TaskReport:
+def report_of(task: Task, report: object, line: str) -> TaskReport:
     """The :class:`TaskReport` in ``report``, a worker's parsed success line.
 
     Raises:
-        _TaskFailed: If it is for another task or its fields have the wrong
+        TaskFailed: If it is for another task or its fields have the wrong
             types.
     """
     stage, map_index = task
-    unreadable = _TaskFailed(
+    unreadable = TaskFailed(
         f"stage {stage} map {map_index}: unreadable worker report {line!r}",
         retryable=True,
     )
@@ -432,21 +437,21 @@ def _process_report(task: Task, stdout: str) -> TaskReport:
     JSON error.
 
     Raises:
-        _TaskFailed: If there is no report, or it is not the expected JSON.
+        TaskFailed: If there is no report, or it is not the expected JSON.
     """
     stage, map_index = task
     lines = [line for line in stdout.splitlines() if line.strip()]
     if not lines:
         message = f"stage {stage} map {map_index}: the worker printed no report"
-        raise _TaskFailed(message, retryable=True)
+        raise TaskFailed(message, retryable=True)
     try:
         report = json.loads(lines[-1])
     except ValueError as err:
         message = (
             f"stage {stage} map {map_index}: unreadable worker report {lines[-1]!r}"
         )
-        raise _TaskFailed(message, retryable=True) from err
-    return _report_of(task, report, lines[-1])
+        raise TaskFailed(message, retryable=True) from err
+    return report_of(task, report, lines[-1])
 
 
 def _exit_status(returncode: int) -> str:
@@ -473,7 +478,7 @@ def _bound(max_workers: int | None) -> int:
     return bound
 
 
-class _Stopped(Exception):
+class TaskAbandoned(Exception):
     """The run a task belonged to is being abandoned; nothing to report."""
 
 
@@ -627,14 +632,14 @@ class WorkerPool:
         killed.
 
         Raises:
-            _TaskFailed: Naming stage and map: the worker could not start,
+            TaskFailed: Naming stage and map: the worker could not start,
                 reported an error, died or answered nonsense.
-            _Stopped: If ``stop`` was set.
+            TaskAbandoned: If ``stop`` was set.
         """
         worker = self._checkout(task, stop)
         try:
             report = self._ask(worker, task, envelope, timeout)
-        except _TaskFailed:
+        except TaskFailed:
             self._release(worker)
             raise
         except BaseException:
@@ -674,7 +679,7 @@ class WorkerPool:
                     message = "the worker pool is closed"
                     raise RuntimeError(message)
                 if stop is not None and stop.is_set():
-                    raise _Stopped
+                    raise TaskAbandoned
                 if self._idle:
                     return self._idle.pop()
                 if len(self._workers) + self._starting < self.max_workers:
@@ -695,7 +700,7 @@ class WorkerPool:
                 f"{self.command[0]!r}: {err}"
             )
             # The same command would fail the same way: not retried.
-            raise _TaskFailed(message) from err
+            raise TaskFailed(message) from err
         with self._cond:
             self._starting -= 1
             self._workers.append(worker)
@@ -704,7 +709,7 @@ class WorkerPool:
             abandoned = self._closed or (stop is not None and stop.is_set())
         if abandoned:
             self._retire(worker)
-            raise _Stopped
+            raise TaskAbandoned
         return worker
 
     def _release(self, worker: _PooledWorker) -> None:
@@ -780,17 +785,17 @@ class WorkerPool:
         if "error" in response and ids in (task, (None, None)):
             message = f"stage {stage} map {map_index}: {response['error']}"
             stderr = worker.stderr_tail()
-            raise _reported(f"{message}\n{stderr}" if stderr else message)
+            raise reported_failure(f"{message}\n{stderr}" if stderr else message)
         try:
-            return _report_of(task, response, text)
-        except _TaskFailed:
+            return report_of(task, response, text)
+        except TaskFailed:
             # Out of step with the protocol: its next answer cannot be trusted.
             worker.kill()
             raise
 
     def _died(
         self, worker: _PooledWorker, task: Task, timeout: float | None
-    ) -> _TaskFailed:
+    ) -> TaskFailed:
         """The failure of ``task`` whose worker closed its stdout (it died)."""
         stage, map_index = task
         process = worker.process
@@ -812,13 +817,30 @@ class WorkerPool:
                 f"with {_exit_status(returncode)} while running the task"
             )
         stderr = worker.stderr_tail()
-        return _TaskFailed(
+        return TaskFailed(
             f"{message}:\n{stderr}" if stderr else message, retryable=True
         )
 
 
-class _Runner(Protocol):
-    """Runs one attempt of a task on some worker; kills them all on demand."""
+class Executor(Protocol):
+    """Where task attempts run: the driver's one interface to its workers.
+
+    :class:`WorkerPool` (long-lived worker processes), one process per task
+    (``worker_mode="process"``) and :class:`dfx_engine.ray.RayExecutor` (Ray
+    tasks) implement it; :func:`run_distributed` takes one as ``executor``.
+    An executor is handed the location of a task's envelope and returns the
+    worker's small report: it never sees the data, nor where the shuffle
+    lives. It does not retry either: it classifies each failure where it is
+    made (:class:`TaskFailed`'s ``retryable`` and ``lost``; an error the
+    worker reports goes through :func:`reported_failure`), and the driver's
+    policy retries.
+
+    Attributes:
+        max_workers: The most attempts it runs at once; the driver hands it
+            no more than that.
+    """
+
+    max_workers: int
 
     def run(
         self,
@@ -827,20 +849,31 @@ class _Runner(Protocol):
         stop: threading.Event | None = None,
         timeout: float | None = None,
     ) -> TaskReport:
-        """One attempt's report; raises ``_TaskFailed`` or ``_Stopped``."""
+        """One attempt's report; raises ``TaskFailed`` or ``TaskAbandoned``."""
         ...
 
     def kill_all(self) -> None:
-        """Kill every worker this runner started that still runs."""
+        """Stop every attempt still running; the executor stays usable.
+
+        For an abandoned run: a worker left running would keep writing into
+        a directory its caller believes settled.
+        """
         ...
 
 
 class _OneShot:
     """One ``<worker_command> ENVELOPE`` process per attempt."""
 
-    def __init__(self, worker_command: Sequence[str] | None) -> None:
-        """A runner of ``worker_command`` (default: :func:`python_worker`)."""
+    def __init__(
+        self, worker_command: Sequence[str] | None, max_workers: int | None = None
+    ) -> None:
+        """A runner of ``worker_command`` (default: :func:`python_worker`).
+
+        Raises:
+            ValueError: If ``max_workers`` is less than 1.
+        """
         self.command = list(worker_command or python_worker())
+        self.max_workers = _bound(max_workers)
         self._lock = threading.Lock()
         self._running: set[subprocess.Popen[str]] = set()
 
@@ -854,7 +887,7 @@ class _OneShot:
         """Start the worker, wait for it, read its report."""
         stage, map_index = task
         if stop is not None and stop.is_set():
-            raise _Stopped
+            raise TaskAbandoned
         try:
             worker = subprocess.Popen(  # noqa: S603 - the caller's worker command
                 [*self.command, str(envelope)],
@@ -868,7 +901,7 @@ class _OneShot:
                 f"stage {stage} map {map_index}: could not start worker "
                 f"{self.command[0]!r}: {err}"
             )
-            raise _TaskFailed(message) from err
+            raise TaskFailed(message) from err
         with self._lock:
             self._running.add(worker)
             # kill_all may have swept `_running` while this worker was
@@ -887,13 +920,13 @@ class _OneShot:
             with self._lock:
                 self._running.discard(worker)
         if stop is not None and stop.is_set():
-            raise _Stopped
+            raise TaskAbandoned
         if timed_out:
             message = (
                 f"stage {stage} map {map_index}: timed out after {timeout:g} s, "
                 f"so its worker was killed:\n{stderr.strip()}"
             )
-            raise _TaskFailed(message, retryable=True)
+            raise TaskFailed(message, retryable=True)
         if worker.returncode != 0:
             message = (
                 f"stage {stage} map {map_index}: worker exited with "
@@ -901,9 +934,9 @@ class _OneShot:
             )
             if worker.returncode < 0:
                 # Killed by a signal: another attempt may not be.
-                raise _TaskFailed(message, retryable=True)
+                raise TaskFailed(message, retryable=True)
             # It exited by itself: the error is its own report.
-            raise _reported(message)
+            raise reported_failure(message)
         return _process_report(task, stdout)
 
     def kill_all(self) -> None:
@@ -956,24 +989,24 @@ class _Attempts:
         self._clock = 0
         self._rerun_at: dict[Task, int] = {}
 
-    def run(self, task: Task, runner: _Runner, stop: threading.Event) -> TaskReport:
+    def run(self, task: Task, runner: Executor, stop: threading.Event) -> TaskReport:
         """Run ``task`` until it succeeds, fails for good or runs out of attempts.
 
         Raises:
-            _TaskFailed: The final failure (after ``max_attempts``, the last
+            TaskFailed: The final failure (after ``max_attempts``, the last
                 one's message says how many were made).
-            _Stopped: If ``stop`` was set.
+            TaskAbandoned: If ``stop`` was set.
         """
         stage, map_index = task
         for tries in range(1, self.max_attempts + 1):
             if stop.is_set():
-                raise _Stopped
+                raise TaskAbandoned
             attempt, envelope = self._next(task)
             with self._lock:
                 began = self._clock
             try:
                 return runner.run(task, envelope, stop, self.timeout)
-            except _TaskFailed as err:
+            except TaskFailed as err:
                 if not err.retryable or stop.is_set():
                     raise
                 if tries == self.max_attempts:
@@ -983,7 +1016,7 @@ class _Attempts:
                         f"stage {stage} map {map_index}: failed {tries} attempts, "
                         f"the last with: {err}"
                     )
-                    raise _TaskFailed(message) from err
+                    raise TaskFailed(message) from err
                 if err.lost is not None:
                     self._restore(err.lost, task, began, runner, stop)
                 reason = err.reason(task)
@@ -1017,7 +1050,7 @@ class _Attempts:
                 f"stage {task[0]} map {task[1]}: cannot write the envelope of "
                 f"attempt {attempt} from {first}: {err}"
             )
-            raise _TaskFailed(message) from err
+            raise TaskFailed(message) from err
         return attempt, path
 
     def _restore(
@@ -1025,7 +1058,7 @@ class _Attempts:
         lost: Task,
         task: Task,
         began: int,
-        runner: _Runner,
+        runner: Executor,
         stop: threading.Event,
     ) -> None:
         """Run the map whose output ``task`` found lost, unless already rerun.
@@ -1034,7 +1067,7 @@ class _Attempts:
         sees the loss, and one rerun mends it for all.
 
         Raises:
-            _TaskFailed: Final, if this query has no such map or its rerun
+            TaskFailed: Final, if this query has no such map or its rerun
                 failed.
         """
         stage, map_index = task
@@ -1044,7 +1077,7 @@ class _Attempts:
                 f"stage {stage} map {map_index}: the output of stage {lost_stage} "
                 f"map {lost_map} is lost, and this query has no such task to rerun"
             )
-            raise _TaskFailed(message)
+            raise TaskFailed(message)
         with self._lock:
             lock = self._rerun_locks.setdefault(lost, threading.Lock())
         with lock:
@@ -1053,13 +1086,13 @@ class _Attempts:
                     return
             try:
                 self.run(lost, runner, stop)
-            except _TaskFailed as err:
+            except TaskFailed as err:
                 message = (
                     f"stage {stage} map {map_index}: the output of stage "
                     f"{lost_stage} map {lost_map} is lost, and running that map "
                     f"again failed: {err}"
                 )
-                raise _TaskFailed(message) from err
+                raise TaskFailed(message) from err
             with self._lock:
                 self._clock += 1
                 self._rerun_at[lost] = self._clock
@@ -1077,12 +1110,15 @@ def _run_workers(
     worker_mode: str = WORKER_MODES[0],
     pool: WorkerPool | None = None,
     attempts: _Attempts | None = None,
+    executor: Executor | None = None,
 ) -> dict[Task, TaskReport]:
     """Run every task on a worker, at most ``max_workers`` at once; the reports.
 
     ``worker_mode`` is one of :data:`WORKER_MODES`. In ``pool`` mode the tasks
     run on ``pool`` (``worker_command`` and ``max_workers`` are then the
-    pool's), or on a pool made for this call and closed after it.
+    pool's), or on a pool made for this call and closed after it. An
+    ``executor`` replaces all of these: the tasks run on it, at most its
+    ``max_workers`` at once.
     ``attempts`` holds the retry policy and the attempts made (default: up
     to 3 attempts of these tasks, no timeout).
 
@@ -1103,18 +1139,20 @@ def _run_workers(
 
     Raises:
         RuntimeError: Naming every failed task's stage and map.
-        ValueError: If ``worker_mode`` is unknown, or ``pool`` comes with a
-            worker command or bound of its own.
+        ValueError: If ``worker_mode`` is unknown, or ``pool`` or
+            ``executor`` comes with settings of the subprocess workers.
     """
-    _check_mode(worker_mode, pool, worker_command, max_workers)
+    _check_mode(worker_mode, pool, worker_command, max_workers, executor)
     attempts = attempts or _Attempts(envelopes)
+    if executor is not None:
+        return _run_tasks(envelopes, executor, executor.max_workers, attempts)
     if worker_mode == WORKER_MODES[0]:
         if pool is not None:
             return _run_tasks(envelopes, pool, pool.max_workers, attempts)
         with WorkerPool(max_workers, worker_command) as own:
             return _run_tasks(envelopes, own, own.max_workers, attempts)
-    bound = _bound(max_workers)
-    return _run_tasks(envelopes, _OneShot(worker_command), bound, attempts)
+    one_shot = _OneShot(worker_command, max_workers)
+    return _run_tasks(envelopes, one_shot, one_shot.max_workers, attempts)
 
 
 def _check_mode(
@@ -1122,13 +1160,29 @@ def _check_mode(
     pool: WorkerPool | None,
     worker_command: Sequence[str] | None,
     max_workers: int | None,
+    executor: Executor | None = None,
 ) -> None:
-    """Refuse an unknown mode, and a pool with settings it would ignore."""
+    """Refuse an unknown mode, and a pool or executor with settings it ignores."""
     if worker_mode not in WORKER_MODES:
         message = (
             f"worker_mode must be one of {list(WORKER_MODES)}, got {worker_mode!r}"
         )
         raise ValueError(message)
+    if executor is not None:
+        ignored = {
+            "pool": pool,
+            "worker_command": worker_command,
+            "max_workers": max_workers,
+            "worker_mode": None if worker_mode == WORKER_MODES[0] else worker_mode,
+        }
+        given = sorted(name for name, value in ignored.items() if value is not None)
+        if given:
+            message = (
+                f"an executor runs the tasks itself; {given} would be ignored "
+                "beside it (they configure the subprocess workers)"
+            )
+            raise ValueError(message)
+        return
     if pool is None:
         return
     if worker_mode != WORKER_MODES[0]:
@@ -1144,7 +1198,7 @@ def _check_mode(
 
 def _run_tasks(
     envelopes: dict[Task, pathlib.Path],
-    runner: _Runner,
+    runner: Executor,
     bound: int,
     attempts: _Attempts,
 ) -> dict[Task, TaskReport]:
@@ -1156,9 +1210,9 @@ def _run_tasks(
     def run_one(task: Task) -> None:
         try:
             reports[task] = attempts.run(task, runner, stop)
-        except _Stopped:
+        except TaskAbandoned:
             return
-        except _TaskFailed as err:
+        except TaskFailed as err:
             if not stop.is_set():
                 failures[task] = str(err)
 
@@ -1246,6 +1300,7 @@ def run_distributed(
     pool: WorkerPool | None = None,
     max_attempts: int = 3,
     task_timeout: float | None = None,
+    executor: Executor | None = None,
 ) -> DistributedResult:
     """Run ``sql`` with every map of every stage on a worker process.
 
@@ -1265,7 +1320,10 @@ def run_distributed(
     runs the tasks on long-lived workers, those of ``pool`` if given (its own
     command and bound then apply, and it stays open for the next query), or
     else of a pool made for this call and closed before it returns;
-    ``process`` starts one worker process per task.
+    ``process`` starts one worker process per task. These are the
+    subprocess executors, the default; ``executor`` runs the tasks elsewhere
+    instead (:class:`Executor`; e.g. :class:`dfx_engine.ray.RayExecutor`,
+    Ray tasks), with the same envelopes, reports and retries.
 
     A task is tried up to ``max_attempts`` times when its worker died, was
     killed, ran longer than ``task_timeout`` seconds (default: no limit) or
@@ -1279,7 +1337,8 @@ def run_distributed(
         ValueError: If ``spec`` has no shuffle directory, ``worker_mode`` is
             unknown, or ``pool`` comes with a ``worker_command`` or
             ``max_workers`` (the pool has its own), or without pool mode,
-            or ``max_attempts`` or ``task_timeout`` is not positive.
+            or ``executor`` comes with any of those, or ``max_attempts`` or
+            ``task_timeout`` is not positive.
         RuntimeError: If the directory holds stage output, the plan has no
             stage or stages the plugin describes inconsistently, any worker
             of a wave failed (every failure of that wave is reported, and no
@@ -1288,7 +1347,7 @@ def run_distributed(
     if not spec.shuffle_dir:
         message = "run_distributed needs a spec with a shuffle_dir"
         raise ValueError(message)
-    _check_mode(worker_mode, pool, worker_command, max_workers)
+    _check_mode(worker_mode, pool, worker_command, max_workers, executor)
     # Checked here too, so that bad settings fail before anything is built.
     _Attempts({}, max_attempts, task_timeout)
     shuffle_dir = pathlib.Path(spec.shuffle_dir)
@@ -1329,7 +1388,7 @@ def run_distributed(
     # One pool for every wave: a worker that ran a map of one stage runs the
     # next stage's maps with its session already built.
     own_pool = None
-    if worker_mode == WORKER_MODES[0] and pool is None:
+    if executor is None and worker_mode == WORKER_MODES[0] and pool is None:
         pool = own_pool = WorkerPool(max_workers, worker_command)
 
     def run_tasks(envelopes: dict[Task, pathlib.Path]) -> dict[Task, TaskReport]:
@@ -1340,6 +1399,7 @@ def run_distributed(
             worker_mode=worker_mode,
             pool=pool,
             attempts=attempts,
+            executor=executor,
         )
 
     try:

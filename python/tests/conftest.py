@@ -29,6 +29,7 @@ import json
 import math
 import os
 import pathlib
+import subprocess
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -263,3 +264,94 @@ def serve_workers_of(parent: int) -> list[int]:
         if ppid == parent and b"--serve" in cmdline and alive(int(entry.name)):
             pids.append(int(entry.name))
     return sorted(pids)
+
+
+# TPC-H at scale 0.01, two files per table, from the Rust host's generator
+# (``dfx tpch``), cached beside the build output like the Rust tests' data;
+# the queries are the host's, ``host/queries``. Tests using them skip when the
+# ``dfx`` binary is not built (see TPCH_SKIP).
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DFX = pathlib.Path(os.environ.get("DFX_HOST_BINARY", ROOT / "target" / "debug" / "dfx"))
+QUERIES = ROOT / "host" / "queries"
+SCALE = "0.01"
+PARTITIONS = 2
+TABLES = [
+    "nation",
+    "region",
+    "part",
+    "supplier",
+    "partsupp",
+    "customer",
+    "orders",
+    "lineitem",
+]
+
+TPCH_SKIP = pytest.mark.skipif(
+    not DFX.is_file(),
+    reason=f"the Rust host binary {DFX} (the TPC-H generator) is not built",
+)
+"""Mark of a test that needs the TPC-H data (the ``dfx`` binary generates it)."""
+
+
+def _data_dir() -> pathlib.Path:
+    """Where generated data is cached: beside the build output."""
+    if "DFX_TPCH_DATA_DIR" in os.environ:
+        return pathlib.Path(os.environ["DFX_TPCH_DATA_DIR"])
+    target = os.environ.get("CARGO_TARGET_DIR", str(ROOT / "target"))
+    return pathlib.Path(target) / "tpch-data"
+
+
+@pytest.fixture(scope="session")
+def tpch_tables() -> dict[str, str]:
+    """The eight tables at scale 0.01, generated on first use."""
+    data_dir = _data_dir()
+    dataset = data_dir / f"sf{SCALE}-p{PARTITIONS}"
+    if not (dataset / "_COMPLETE").is_file():
+        # `dfx tpch` generates (or reuses) the dataset before running its one
+        # query; whether that query agrees is the Rust suite's business.
+        done = subprocess.run(
+            [
+                str(DFX),
+                "tpch",
+                "--plugin",
+                _internal.plugin_path(),
+                "--scale",
+                SCALE,
+                "--partitions",
+                str(PARTITIONS),
+                "--queries",
+                "6",
+                "--runs",
+                "1",
+                "--data-dir",
+                str(data_dir),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert (dataset / "_COMPLETE").is_file(), done.stderr
+    return {table: str(dataset / table) for table in TABLES}
+
+
+@pytest.fixture
+def tpch_spec(
+    tpch_tables: dict[str, str], tmp_path: pathlib.Path
+) -> Callable[[], SessionSpec]:
+    """A distributing spec over the TPC-H tables, fresh shuffle dir each."""
+
+    def make() -> SessionSpec:
+        return SessionSpec(
+            tables=dict(tpch_tables),
+            shuffle_dir=str(tmp_path / "shuffle"),
+            target_partitions=PARTITIONS,
+        )
+
+    return make
+
+
+def tpch_rows(batches: list[pa.RecordBatch]) -> list[tuple[Any, ...]]:
+    """The rows of ``batches`` as tuples, in their order."""
+    if not batches:
+        return []
+    return [tuple(r.values()) for r in pa.Table.from_batches(batches).to_pylist()]

@@ -1,0 +1,252 @@
+"""Run a query's tasks as Ray tasks: ``run_distributed(..., executor=RayExecutor())``.
+
+Each ``(stage, map)`` task is one Ray task, in a Ray worker process on any
+node of the cluster. The task runs :func:`dfx_engine.worker.run_task`, the
+code of ``python -m dfx_engine.worker``, on the envelope the driver wrote;
+the worker process loads the plugin from the ``dfx-engine`` wheel installed
+on its node (install the same wheel on every node: ``pip install
+dfx-engine[ray]`` from ``python/build-wheel.sh``'s wheel). What moves where::
+
+    driver                          Ray object store          Ray worker process
+    ------                          ----------------          ------------------
+    envelope location (a string) ──► task argument ─────────► run_task(envelope)
+                                                              reads envelope, plan;
+                                                              reads and publishes
+                                                              shuffle files itself
+    TaskReport ◄──────────────────── report (rows, bytes, ◄── returns the report
+                                     elapsed_ms) or error
+
+Only those small values pass through Ray; plans, envelopes and shuffle data
+stay wherever the shuffle lives, which this module never looks at (a local
+directory on one machine, shared storage on a cluster).
+
+Ray's own task retries are off: a failure is classified as the driver's
+other executors classify it, and the driver's policy retries. An exception
+the task raised (a refusal or error of the worker code) comes back with its
+remote traceback and is final, unless it reports an upstream map's output
+lost; a worker process or node that died, and a task past its timeout
+(cancelled, its worker killed), may succeed on another attempt.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import threading
+from typing import TYPE_CHECKING, Any
+
+import ray
+import ray.exceptions
+
+from dfx_engine.driver import (
+    TaskAbandoned,
+    TaskFailed,
+    TaskReport,
+    report_of,
+    reported_failure,
+)
+from dfx_engine.worker import SessionCache, run_task
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["RayExecutor", "run_in_ray_worker"]
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+"""The colour codes Ray puts in a remote traceback, dropped from messages."""
+
+CANCEL_GRACE = 10.0
+"""Seconds to wait for a cancelled Ray task to be gone before moving on."""
+
+_SESSIONS = SessionCache()
+"""In each Ray worker process: the sessions of the specs it ran lately.
+
+Ray reuses a worker process for task after task, so a query's later tasks
+find the session built (plugin loaded, tables listed), as in a pooled worker.
+"""
+
+
+def run_in_ray_worker(envelope: str) -> dict[str, Any]:
+    """The body of every Ray task: run the task ``envelope`` names; its report.
+
+    Raises:
+        dfx_engine.worker.TaskError: For every refusal and failure, naming
+            stage and map; Ray carries it to the driver with its traceback.
+    """
+    return run_task(pathlib.Path(envelope), _SESSIONS)
+
+
+_RETRYABLE = (
+    ray.exceptions.WorkerCrashedError,
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.LocalRayletDiedError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.OutOfMemoryError,
+)
+"""Ray's failures of the process or node under a task: another may not fail."""
+
+_FINAL = (
+    ray.exceptions.RuntimeEnvSetupError,
+    ray.exceptions.TaskUnschedulableError,
+)
+"""Failures to start a task at all: the next attempt would fail alike."""
+
+
+class RayExecutor:
+    """An :class:`~dfx_engine.driver.Executor` whose workers are Ray tasks.
+
+    Call ``ray.init(...)`` first (``ray.init(address="auto")`` on a node of
+    an existing cluster); the executor holds no Ray resources between
+    queries, so one may serve many::
+
+        ray.init(address="auto")
+        executor = RayExecutor()
+        result = run_distributed(sql, spec, executor=executor)
+
+    Attributes:
+        max_workers: Ray tasks in flight at once, at most.
+        options: What each task is submitted with (``num_cpus``,
+            ``resources``, ``runtime_env``, ``scheduling_strategy``...), as
+            given to ``ray.remote(...).options``.
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        """An executor of at most ``max_workers`` tasks at once.
+
+        ``max_workers`` defaults to the cluster's CPUs divided by each task's
+        ``num_cpus`` (1 unless ``options`` says). ``options`` may not set
+        ``max_retries``: retries are the driver's.
+
+        Raises:
+            RuntimeError: If Ray is not initialized in this process.
+            ValueError: If ``max_workers`` is less than 1, or ``options`` sets
+                ``max_retries``.
+        """
+        if not ray.is_initialized():
+            message = (
+                "RayExecutor needs Ray: call ray.init() first (ray.init(address=...) "
+                "to join an existing cluster)"
+            )
+            raise RuntimeError(message)
+        self.options = dict(options or {})
+        if "max_retries" in self.options:
+            message = (
+                "RayExecutor options may not set max_retries: a failed task is "
+                "retried by the driver, with its own attempt and envelope"
+            )
+            raise ValueError(message)
+        if max_workers is None:
+            # Ray declares no return type for it: a dict of resource amounts.
+            resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
+            cpus = float(resources.get("CPU", 1.0))
+            per_task = float(self.options.get("num_cpus", 1) or 1)
+            max_workers = max(1, int(cpus // per_task))
+        if max_workers < 1:
+            message = f"max_workers must be at least 1, got {max_workers}"
+            raise ValueError(message)
+        self.max_workers = max_workers
+        self._remote = ray.remote(run_in_ray_worker)
+        self._lock = threading.Lock()
+        self._running: set[ray.ObjectRef[dict[str, Any]]] = set()
+
+    def __repr__(self) -> str:
+        """The bound and the options, not the tasks."""
+        return f"RayExecutor(max_workers={self.max_workers}, options={self.options})"
+
+    def run(
+        self,
+        task: tuple[int, int],
+        envelope: pathlib.Path,
+        stop: threading.Event | None = None,
+        timeout: float | None = None,
+    ) -> TaskReport:
+        """Run one attempt of ``task`` as a Ray task; the worker's report.
+
+        Raises:
+            TaskFailed: Naming stage and map, classified for the driver's
+                retries: the task raised (with its remote traceback; final
+                unless an upstream map's output was lost), its worker or node
+                died, or it ran past ``timeout`` seconds.
+            TaskAbandoned: If ``stop`` was set.
+        """
+        stage, map_index = task
+        if stop is not None and stop.is_set():
+            raise TaskAbandoned
+        options = {
+            **self.options,
+            # Shown by Ray as the task's name, in its traceback and dashboard.
+            "name": f"dfx stage {stage} map {map_index}",
+            # Off, or Ray would rerun a crashed task itself, under the same
+            # attempt number, behind the driver's back.
+            "max_retries": 0,
+        }
+        ref = self._remote.options(**options).remote(str(envelope))
+        with self._lock:
+            self._running.add(ref)
+            # kill_all may have swept `_running` while this task was being
+            # submitted: then nobody else will cancel it.
+            if stop is not None and stop.is_set():
+                ray.cancel(ref, force=True)
+        try:
+            ready, _ = ray.wait([ref], timeout=timeout)
+            if not ready:
+                ray.cancel(ref, force=True)
+                ray.wait([ref], timeout=CANCEL_GRACE)
+                message = (
+                    f"stage {stage} map {map_index}: timed out after {timeout:g} s, "
+                    "so its Ray task was cancelled and its worker killed"
+                )
+                raise TaskFailed(message, retryable=True)
+            response = self._get(task, ref, stop)
+        finally:
+            with self._lock:
+                self._running.discard(ref)
+        if stop is not None and stop.is_set():
+            raise TaskAbandoned
+        return report_of(task, response, repr(response))
+
+    def _get(
+        self,
+        task: tuple[int, int],
+        ref: ray.ObjectRef[dict[str, Any]],
+        stop: threading.Event | None,
+    ) -> object:
+        """The finished task's return value, or its failure classified."""
+        stage, map_index = task
+        prefix = f"stage {stage} map {map_index}"
+        try:
+            return ray.get(ref)
+        except ray.exceptions.TaskCancelledError as err:
+            if stop is not None and stop.is_set():
+                raise TaskAbandoned from err
+            message = f"{prefix}: its Ray task was cancelled: {err}"
+            raise TaskFailed(message, retryable=True) from err
+        except ray.exceptions.RayTaskError as err:
+            # str(err) is the remote traceback, ending with the worker's own
+            # message (which names stage, map and envelope, and may report
+            # an upstream map's output lost).
+            remote = ANSI_ESCAPE.sub("", str(err))
+            raise reported_failure(f"{prefix}: the Ray task failed:\n{remote}") from err
+        except _RETRYABLE as err:
+            message = f"{prefix}: the Ray worker running it died: {err}"
+            raise TaskFailed(message, retryable=True) from err
+        except _FINAL as err:
+            message = f"{prefix}: Ray could not run the task: {err}"
+            raise TaskFailed(message) from err
+        except ray.exceptions.RayError as err:
+            message = f"{prefix}: Ray failed the task: {type(err).__name__}: {err}"
+            raise TaskFailed(message, retryable=True) from err
+
+    def kill_all(self) -> None:
+        """Cancel every task still running, killing its worker process.
+
+        Each task's thread sees its cancellation and reports nothing.
+        """
+        with self._lock:
+            running = list(self._running)
+        for ref in running:
+            ray.cancel(ref, force=True)
