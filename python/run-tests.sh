@@ -2,10 +2,11 @@
 # Build the dfx Python package against the workspace's plugin file and run its
 # checks: ruff, mypy, then pytest.
 #
-# Run from anywhere; expects `cargo build -p dfx-plugin` to have produced
-# target/debug/libdfx_plugin.so (the README's test command does that first).
-# Creates python/.venv on first use. Needs only python3.11 (with venv and pip)
-# and cargo.
+# Run from anywhere. The wheel is built by build-wheel.sh --dev, the debug
+# variant of the documented release command, which builds the plugin with
+# cargo (a no-op after the README's `cargo build -p dfx-plugin`) and bundles
+# it. Creates python/.venv on first use. Needs only python3.11 (with venv and
+# pip) and cargo.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -15,15 +16,9 @@ root="$(dirname "$here")"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
 python="${PYTHON:-python3.11}"
 venv="$here/.venv"
-plugin="$CARGO_TARGET_DIR/debug/libdfx_plugin.so"
 # The Rust host for the cross-host tests, which fail without it unless
 # DFX_SKIP_CROSS_HOST=1.
 export DFX_HOST_BINARY="${DFX_HOST_BINARY:-$CARGO_TARGET_DIR/debug/dfx}"
-
-if [[ ! -f "$plugin" ]]; then
-    echo "run-tests.sh: $plugin is missing; run 'cargo build -p dfx-plugin' first" >&2
-    exit 1
-fi
 
 if [[ ! -x "$DFX_HOST_BINARY" && "${DFX_SKIP_CROSS_HOST:-}" != 1 ]]; then
     echo "run-tests.sh: building $DFX_HOST_BINARY for the cross-host tests" >&2
@@ -39,16 +34,12 @@ fi
     "maturin>=1.7,<2" "datafusion==55.0.0" pyarrow pytest cloudpickle ruff mypy \
     "ray==2.60.0"
 
-# Bundle the plugin beside the package so the wheel carries it; the file is
-# ignored by git (python/.gitignore).
-cp "$plugin" "$here/dfx_engine/libdfx_plugin.so"
-
-wheels="$CARGO_TARGET_DIR/wheels"
-rm -rf "$wheels/dfx_engine-"*.whl
-(cd "$here" && "$venv/bin/maturin" build --profile dev --out "$wheels" \
-    --interpreter "$venv/bin/python" --compatibility linux --strip --quiet)
-"$venv/bin/python" -m pip install --quiet --force-reinstall --no-deps \
-    "$wheels"/dfx_engine-*.whl
+# The wheel the tests install, built as a user builds one; test_wheel.py also
+# installs it into a fresh virtual environment.
+DFX_WHEEL="$(PYTHON="$venv/bin/python" "$here/build-wheel.sh" --dev \
+    "$CARGO_TARGET_DIR/wheels" | tail -n 1)"
+export DFX_WHEEL
+"$venv/bin/python" -m pip install --quiet --force-reinstall --no-deps "$DFX_WHEEL"
 
 "$venv/bin/ruff" check "$here"
 "$venv/bin/ruff" format --check "$here"
