@@ -158,7 +158,7 @@ impl Host {
     /// End the pool's idle workers in order (end of input, then a wait) and
     /// reap them; see [`WorkerPool::shutdown`]. The pool starts new workers
     /// if the host runs another query afterwards.
-    pub async fn shutdown(&self) -> usize {
+    pub async fn shutdown(&self) -> crate::pool::Shutdown {
         self.pool.shutdown().await
     }
 

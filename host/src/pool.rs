@@ -139,26 +139,28 @@ impl WorkerPool {
 
     /// End every idle worker the orderly way: close its stdin (the end of
     /// its requests), then wait for it to exit, killing one that has not
-    /// within a grace period. Returns how many were ended.
+    /// within a grace period. Says how many exited and how many were killed.
     ///
     /// Dropping the pool kills its workers instead, which is as safe but
     /// leaves them unreaped for a moment: a caller that measures its
     /// children's CPU time (`/usr/bin/time dfx run`) or wants no zombie
     /// behind it calls this first. Busy workers are not touched; their
     /// tasks' futures own them.
-    pub async fn shutdown(&self) -> usize {
+    pub async fn shutdown(&self) -> Shutdown {
         let idle = std::mem::take(&mut *lock(&self.idle));
-        let ended = idle.len();
+        let mut ended = Shutdown::default();
         for mut worker in idle {
             let PooledWorker { child, stdin, .. } = &mut worker;
-            // Shutting stdin is the serve loop's end of input.
-            let _ = stdin.shutdown().await;
-            if tokio::time::timeout(EXIT_GRACE, child.wait())
-                .await
-                .is_err()
-            {
-                let _ = child.start_kill();
-                let _ = child.wait().await;
+            // Closing stdin is the serve loop's end of input. Dropping the
+            // pipe closes it (a pipe's `shutdown` only flushes).
+            drop(stdin.take());
+            match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
+                Ok(Ok(status)) if status.success() => ended.exited += 1,
+                _ => {
+                    let _ = child.start_kill();
+                    let _ = child.wait().await;
+                    ended.killed += 1;
+                }
             }
         }
         ended
@@ -224,7 +226,7 @@ impl WorkerPool {
         Ok(PooledWorker {
             child,
             pid,
-            stdin,
+            stdin: Some(stdin),
             stdout: BufReader::new(stdout).lines(),
             tail,
             stderr_done: Some(stderr_done),
@@ -298,12 +300,22 @@ impl StderrTail {
     }
 }
 
+/// What [`WorkerPool::shutdown`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Shutdown {
+    /// Workers that exited with status 0 at the end of their input.
+    pub exited: usize,
+    /// Workers that failed, or lingered past the grace period and were killed.
+    pub killed: usize,
+}
+
 /// One serving worker and its pipes.
 struct PooledWorker {
     /// Started `kill_on_drop`: dropping the worker kills the process.
     child: Child,
     pid: u32,
-    stdin: ChildStdin,
+    /// `None` only once [`WorkerPool::shutdown`] has closed it.
+    stdin: Option<ChildStdin>,
     stdout: Lines<BufReader<ChildStdout>>,
     tail: Arc<Mutex<StderrTail>>,
     stderr_done: Option<tokio::task::JoinHandle<()>>,
@@ -325,8 +337,11 @@ impl PooledWorker {
             envelope: task.envelope.clone(),
         };
         let sent = async {
-            self.stdin.write_all(request.to_line().as_bytes()).await?;
-            self.stdin.flush().await
+            let stdin = self.stdin.as_mut().ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stdin already closed")
+            })?;
+            stdin.write_all(request.to_line().as_bytes()).await?;
+            stdin.flush().await
         }
         .await;
         if let Err(err) = sent {
