@@ -1,8 +1,10 @@
 //! The `dfx_engine` config extension.
 //!
-//! Three keys:
-//! - `dfx_engine.shuffle_dir`: where stage output goes. Empty (the default)
-//!   means "do not distribute": the planner inserts no stage.
+//! The keys:
+//! - `dfx_engine.shuffle_dir`: where stage output goes: a local path,
+//!   `file://...` or `s3://bucket/prefix` (see [`crate::exchange::store`]).
+//!   Empty (the default) means "do not distribute": the planner inserts no
+//!   stage.
 //! - `dfx_engine.split`: where the planner cuts the plan into stages,
 //!   `exchange` (the default: at every exchange) or `aggregate` (round 1's
 //!   rule: at each topmost partial aggregate).
@@ -10,6 +12,11 @@
 //!   `lz4` (the default: LZ4 frames, the codec Ballista measured as paying
 //!   for itself) or `none`. Read by the writer when its task runs, so a
 //!   worker's session decides; readers detect it per message.
+//! - `dfx_engine.s3_endpoint`, `dfx_engine.s3_region`,
+//!   `dfx_engine.s3_allow_http`: how an `s3://` location is reached, over
+//!   the standard AWS environment variables (credentials come only from the
+//!   environment: a config travels inside every encoded stage). Plain http
+//!   only when `s3_allow_http` (or `AWS_ALLOW_HTTP`) asks for it.
 //!
 //! A host that loaded the plugin registers the options as an
 //! `FFI_ExtensionOptions`, so on the plugin's side of the boundary they arrive
@@ -34,6 +41,15 @@ pub const SPLIT_KEY: &str = "dfx_engine.split";
 
 /// The full key of the shuffle files' compression.
 pub const SHUFFLE_COMPRESSION_KEY: &str = "dfx_engine.shuffle_compression";
+
+/// The full key of the S3 endpoint (overrides `AWS_ENDPOINT_URL`).
+pub const S3_ENDPOINT_KEY: &str = "dfx_engine.s3_endpoint";
+
+/// The full key of the S3 region (overrides `AWS_REGION`).
+pub const S3_REGION_KEY: &str = "dfx_engine.s3_region";
+
+/// The full key allowing plain http to the S3 endpoint.
+pub const S3_ALLOW_HTTP_KEY: &str = "dfx_engine.s3_allow_http";
 
 /// How a writer compresses its bucket files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +89,12 @@ extensions_options! {
         pub split: String, default = "exchange".to_string()
         /// How bucket files are compressed: `lz4` or `none`.
         pub shuffle_compression: String, default = "lz4".to_string()
+        /// S3 endpoint URL for an `s3://` shuffle location; empty: `AWS_ENDPOINT_URL`.
+        pub s3_endpoint: String, default = String::new()
+        /// S3 region; empty: `AWS_REGION`.
+        pub s3_region: String, default = String::new()
+        /// Allow plain http to the S3 endpoint (local endpoints only).
+        pub s3_allow_http: bool, default = false
     }
 }
 
@@ -111,7 +133,8 @@ impl DfxConfig {
             config.set(inner, &value).map_err(|err| {
                 DataFusionError::Configuration(format!(
                     "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` (dfx declares \
-                     `{SHUFFLE_DIR_KEY}`, `{SPLIT_KEY}` and `{SHUFFLE_COMPRESSION_KEY}`): {err}"
+                     `{SHUFFLE_DIR_KEY}`, `{SPLIT_KEY}`, `{SHUFFLE_COMPRESSION_KEY}`, \
+                     `{S3_ENDPOINT_KEY}`, `{S3_REGION_KEY}` and `{S3_ALLOW_HTTP_KEY}`): {err}"
                 ))
             })?;
         }
@@ -231,6 +254,21 @@ mod tests {
             err.contains(SHUFFLE_COMPRESSION_KEY) && err.contains("zip"),
             "{err}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn s3_keys_cross_ffi() -> Result<()> {
+        let mut options = ConfigOptions::default();
+        options.extensions.insert(DfxConfig::default().to_ffi()?);
+        options.set(S3_ENDPOINT_KEY, "http://127.0.0.1:9000")?;
+        options.set(S3_REGION_KEY, "eu-west-1")?;
+        options.set(S3_ALLOW_HTTP_KEY, "true")?;
+        let config = DfxConfig::from_config(&options)?;
+        assert_eq!(config.s3_endpoint, "http://127.0.0.1:9000");
+        assert_eq!(config.s3_region, "eu-west-1");
+        assert!(config.s3_allow_http);
+        assert!(!DfxConfig::default().s3_allow_http);
         Ok(())
     }
 

@@ -72,11 +72,16 @@ pub fn create_exclusive(path: &Path) -> std::io::Result<File> {
 }
 
 /// Write `bytes` to a temp file beside `path`, then rename it to `path`.
+///
+/// No fsync, here or for bucket files: the readers are processes on this
+/// host, which see a renamed file whole through the page cache, and the
+/// rename is what makes the publish atomic. Durability across a machine
+/// crash is not a property of the shuffle (that query is run again), and a
+/// sync per file was most of an empty task's time.
 pub fn publish_bytes(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut temp = TempFile::new(temp_path(path));
     let mut file = create_exclusive(temp.path())?;
     file.write_all(bytes)?;
-    file.sync_data()?;
     drop(file);
     temp.publish(path)
 }
@@ -127,8 +132,9 @@ impl BucketFile {
         self.rows
     }
 
-    /// Finish the stream, flush it to disk and rename it to `final_path`;
-    /// returns the file's size in bytes.
+    /// Finish the stream, flush it to the file (not synced: see
+    /// [`publish_bytes`]) and rename it to `final_path`; returns the file's
+    /// size in bytes.
     pub fn publish(mut self, final_path: &Path) -> Result<u64, String> {
         let temp = self.temp.path().display().to_string();
         self.writer
@@ -140,8 +146,6 @@ impl BucketFile {
             .map_err(|e| format!("cannot flush {temp}: {e}"))?
             .into_inner()
             .map_err(|e| format!("cannot flush {temp}: {}", e.error()))?;
-        file.sync_data()
-            .map_err(|e| format!("cannot sync {temp}: {e}"))?;
         let bytes = file
             .metadata()
             .map_err(|e| format!("cannot stat {temp}: {e}"))?

@@ -50,6 +50,16 @@ const LZ4_SLACK: u64 = 1 << 16;
 /// or an I/O error.
 pub fn check_stream(path: &Path, len: u64) -> Result<(), String> {
     let mut file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    check_stream_file(&mut file, len)
+}
+
+/// [`check_stream`] over an open file (an object fetched into an unnamed
+/// one); leaves its position anywhere.
+///
+/// # Errors
+///
+/// Those of [`check_stream`].
+pub fn check_stream_file(file: &mut File, len: u64) -> Result<(), String> {
     let mut at = 0u64;
     loop {
         let left = len.saturating_sub(at);
@@ -58,10 +68,10 @@ pub fn check_stream(path: &Path, len: u64) -> Result<(), String> {
             return Ok(());
         }
         let mut word = [0u8; 4];
-        read_at(&mut file, at, &mut word)?;
+        read_at(file, at, &mut word)?;
         at += 4;
         if word == CONTINUATION {
-            read_at(&mut file, at, &mut word)?;
+            read_at(file, at, &mut word)?;
             at += 4;
         }
         let meta_len = i32::from_le_bytes(word);
@@ -75,7 +85,7 @@ pub fn check_stream(path: &Path, len: u64) -> Result<(), String> {
             ));
         }
         let mut meta = vec![0u8; meta_len as usize];
-        read_at(&mut file, at, &mut meta)?;
+        read_at(file, at, &mut meta)?;
         at += meta_len as u64;
         let message = root_as_message(&meta)
             .map_err(|e| format!("a message at byte {at} is malformed: {e}"))?;
@@ -94,7 +104,7 @@ pub fn check_stream(path: &Path, len: u64) -> Result<(), String> {
             _ => None,
         };
         if let Some(batch) = batch {
-            check_buffers(&mut file, at, body_len as u64, &batch)?;
+            check_buffers(file, at, body_len as u64, &batch)?;
         }
         at += body_len as u64;
     }

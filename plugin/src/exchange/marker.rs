@@ -39,18 +39,27 @@ pub struct MapMarker {
 impl MapMarker {
     /// Publish the marker at `path` (temp file, then rename).
     pub fn publish(&self, path: &Path) -> Result<()> {
-        let bytes = serde_json::to_vec(self).map_err(|e| {
-            DataFusionError::Execution(format!(
-                "dfx stage {} map {}: cannot encode the marker: {e}",
-                self.stage_id, self.map
-            ))
-        })?;
+        let bytes = self.encode()?;
         publish_bytes(path, &bytes).map_err(|e| {
             DataFusionError::Execution(format!(
                 "dfx stage {} map {}: cannot publish the marker {}: {e}",
                 self.stage_id,
                 self.map,
                 path.display()
+            ))
+        })
+    }
+
+    /// The marker's JSON.
+    ///
+    /// # Errors
+    ///
+    /// Never in practice (plain numbers); named by stage and map if it did.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        serde_json::to_vec(self).map_err(|e| {
+            DataFusionError::Execution(format!(
+                "dfx stage {} map {}: cannot encode the marker: {e}",
+                self.stage_id, self.map
             ))
         })
     }
@@ -64,13 +73,29 @@ impl MapMarker {
     /// an unreadable one, or one describing another map or bucket count; each
     /// names the stage, the map and the file.
     pub fn read(path: &Path, stage_id: u64, map: usize, buckets: usize) -> Result<Self> {
+        Self::check(std::fs::read(path), path, stage_id, map, buckets)
+    }
+
+    /// Check the marker whose bytes `read` returned (a local file or an
+    /// object, named `path` in every error), as [`MapMarker::read`] does.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`MapMarker::read`]; an `io::ErrorKind::NotFound` is lost output.
+    pub fn check(
+        read: std::io::Result<Vec<u8>>,
+        path: &Path,
+        stage_id: u64,
+        map: usize,
+        buckets: usize,
+    ) -> Result<Self> {
         let fail = |what: String| {
             DataFusionError::Execution(format!(
                 "dfx stage {stage_id} map {map}: {what} ({})",
                 path.display()
             ))
         };
-        let bytes = std::fs::read(path).map_err(|e| {
+        let bytes = read.map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 fail(
                     "lost output: the map's commit marker is missing, so its output was never \

@@ -6,13 +6,15 @@
 //!   by map (pass-through) or all at once (broadcast).
 //!
 //! Files are named in [`crate::paths`]; each map's commit marker is
-//! [`marker::MapMarker`].
+//! [`marker::MapMarker`]. The shuffle location is a local directory or an
+//! `s3://` prefix ([`store`]).
 
 pub mod dirs;
 pub mod files;
 pub mod ipc_check;
 pub mod marker;
 pub mod reader;
+pub mod store;
 pub mod writer;
 
 pub use reader::{READER_NODE_NAME, ReadMode, ShuffleReaderExec};

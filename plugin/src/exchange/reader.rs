@@ -13,6 +13,12 @@
 //! reads; then each file's fields against the stage's schema, and each
 //! file's row count against its marker. Every error names stage, map, bucket
 //! and file. Reading never computes: lost output is an error, not a rerun.
+//!
+//! From an `s3://` location the same checks run on the first poll rather
+//! than in `execute`: each marker is a GET, and each bucket object is
+//! streamed into an unnamed local file first (see `store`), then checked and
+//! decoded as a local file is. Requests run on the plugin's I/O runtime and
+//! are awaited, never blocked on, from the host's poll.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -35,12 +41,16 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
 };
-use futures::Stream;
+use futures::future::BoxFuture;
+use futures::{FutureExt, Stream};
+use object_store::ObjectStore;
 
 use super::files::{describe_fields, open_bucket, same_fields};
-use super::ipc_check::check_stream;
+use super::ipc_check::{check_stream, check_stream_file};
 use super::marker::MapMarker;
+use super::store::{S3Location, S3Options, ShuffleLocation, fetch_to_file, get_bytes, s3_store};
 use super::writer::ShuffleWriterExec;
+use crate::config::DfxConfig;
 use crate::counters::LiveObject;
 use crate::guard::{self, GuardedStream};
 use crate::paths::{bucket_path, marker_path};
@@ -282,20 +292,27 @@ impl ExecutionPlan for ShuffleReaderExec {
     fn execute(
         &self,
         partition: usize,
-        _context: Arc<TaskContext>,
+        context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let place = format!(
             "{READER_NODE_NAME} stage {} partition {partition}",
             self.stage_id
         );
-        let stream = guard::catch(format_args!("{place} execute"), || self.open(partition))?;
+        let stream = guard::catch(format_args!("{place} execute"), || {
+            self.open(partition, &context)
+        })?;
         Ok(GuardedStream::wrap(place, stream))
     }
 }
 
 impl ShuffleReaderExec {
-    /// `execute`'s body: check the markers, queue the partition's files.
-    fn open(&self, partition: usize) -> Result<SendableRecordBatchStream> {
+    /// `execute`'s body: check the markers, queue the partition's files
+    /// (from an S3 location: a stream that does both on its first poll).
+    fn open(
+        &self,
+        partition: usize,
+        context: &Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
         let count = self.partitions();
         if partition >= count {
             return Err(self.error(
@@ -303,37 +320,101 @@ impl ShuffleReaderExec {
                 format!("out of range: the reader has {count} partition(s)"),
             ));
         }
+        let location =
+            ShuffleLocation::parse(&self.shuffle_dir).map_err(|e| self.error(partition, e))?;
+        let root = location.root();
         let pieces = self.pieces(partition);
-        // Every marker first: a lost map fails the read before any row flows.
-        let mut markers: Vec<Option<MapMarker>> = vec![None; self.maps];
-        let mut queue = VecDeque::new();
-        for (map, bucket) in pieces {
-            if markers[map].is_none() {
-                let path = marker_path(&self.shuffle_dir, self.stage_id, map);
-                markers[map] = Some(MapMarker::read(&path, self.stage_id, map, self.buckets)?);
-            }
-            let (rows, bytes) = markers[map].as_ref().map_or((0, 0), |m| {
-                (m.buckets[bucket].rows, m.buckets[bucket].bytes)
-            });
-            if rows > 0 {
-                queue.push_back(Piece {
-                    map,
-                    bucket,
-                    rows,
-                    bytes,
-                    path: bucket_path(&self.shuffle_dir, self.stage_id, map, bucket),
-                });
-            }
-        }
-        Ok(Box::pin(BucketStream {
+        let mut stream = BucketStream {
             stage_id: self.stage_id,
             schema: Arc::clone(&self.schema),
-            queue,
+            queue: VecDeque::new(),
             current: None,
+            remote: None,
             _live: LiveObject::new(),
-        }))
+        };
+        if let ShuffleLocation::S3(s3) = location {
+            let config = DfxConfig::from_config(context.session_config().options())
+                .map_err(|e| self.error(partition, e))?;
+            let store = s3_store(&s3.bucket, &S3Options::from_config(&config))
+                .map_err(|e| self.error(partition, e))?;
+            let markers = read_markers(
+                Arc::clone(&store),
+                s3.clone(),
+                root,
+                self.stage_id,
+                self.buckets,
+                pieces,
+            )
+            .boxed();
+            stream.remote = Some(Remote {
+                store,
+                location: s3,
+                markers: Some(markers),
+                fetching: None,
+            });
+            return Ok(Box::pin(stream));
+        }
+        // Every marker first: a lost map fails the read before any row flows.
+        let mut markers: Vec<Option<MapMarker>> = vec![None; self.maps];
+        for (map, bucket) in pieces {
+            if markers[map].is_none() {
+                let path = marker_path(&root, self.stage_id, map);
+                markers[map] = Some(MapMarker::read(&path, self.stage_id, map, self.buckets)?);
+            }
+            if let Some(piece) = markers[map]
+                .as_ref()
+                .and_then(|m| Piece::of(m, &root, bucket))
+            {
+                stream.queue.push_back(piece);
+            }
+        }
+        Ok(Box::pin(stream))
     }
 }
+
+/// The pieces of an S3 reader's partition, after reading (GET) and checking
+/// the marker of every map it reads, as a local reader does in `execute`.
+async fn read_markers(
+    store: Arc<dyn ObjectStore>,
+    location: S3Location,
+    root: PathBuf,
+    stage_id: u64,
+    buckets: usize,
+    pieces: Vec<(usize, usize)>,
+) -> Result<VecDeque<Piece>> {
+    let mut markers: std::collections::BTreeMap<usize, MapMarker> = Default::default();
+    let mut queue = VecDeque::new();
+    for (map, bucket) in pieces {
+        if let std::collections::btree_map::Entry::Vacant(slot) = markers.entry(map) {
+            let path = marker_path(&root, stage_id, map);
+            let read = match location.key(&path) {
+                Ok(key) => match get_bytes(Arc::clone(&store), key).await {
+                    Ok(Some(bytes)) => Ok(bytes),
+                    Ok(None) => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
+                    Err(e) => Err(std::io::Error::other(e)),
+                },
+                Err(e) => Err(std::io::Error::other(e)),
+            };
+            slot.insert(MapMarker::check(read, &path, stage_id, map, buckets)?);
+        }
+        if let Some(piece) = markers.get(&map).and_then(|m| Piece::of(m, &root, bucket)) {
+            queue.push_back(piece);
+        }
+    }
+    Ok(queue)
+}
+
+/// An S3 reader's requests: the markers (until read), then the bucket
+/// object being fetched.
+struct Remote {
+    store: Arc<dyn ObjectStore>,
+    location: S3Location,
+    markers: Option<BoxFuture<'static, Result<VecDeque<Piece>>>>,
+    fetching: Option<(Piece, Fetch)>,
+}
+
+/// An object being streamed into an unnamed local file.
+type Fetch = BoxFuture<'static, std::result::Result<Option<(File, u64)>, String>>;
 
 /// One published bucket file to read, and the rows its marker promises.
 struct Piece {
@@ -343,6 +424,21 @@ struct Piece {
     /// The file's size, as its marker records it.
     bytes: u64,
     path: PathBuf,
+}
+
+impl Piece {
+    /// Bucket `bucket` of the map `marker` describes, unless it is empty
+    /// (an empty bucket has no file).
+    fn of(marker: &MapMarker, root: &Path, bucket: usize) -> Option<Self> {
+        let entry = marker.buckets[bucket];
+        (entry.rows > 0).then(|| Piece {
+            map: marker.map as usize,
+            bucket,
+            rows: entry.rows,
+            bytes: entry.bytes,
+            path: bucket_path(root, marker.stage_id, marker.map as usize, bucket),
+        })
+    }
 }
 
 struct OpenPiece {
@@ -357,6 +453,8 @@ struct BucketStream {
     schema: SchemaRef,
     queue: VecDeque<Piece>,
     current: Option<OpenPiece>,
+    /// Set when the stage's output is in S3.
+    remote: Option<Remote>,
     _live: LiveObject,
 }
 
@@ -412,6 +510,49 @@ impl BucketStream {
             }
             Err(e) => return Err(self.error(&piece, format!("cannot open: {e}"))),
         };
+        self.opened(piece, reader)
+    }
+
+    /// Check and open `piece` from `file`, the object fetched into an
+    /// unnamed local file (`len` bytes), with the checks `open` makes.
+    fn open_fetched(&self, piece: Piece, fetched: Option<(File, u64)>) -> Result<OpenPiece> {
+        let Some((mut file, len)) = fetched else {
+            return Err(self.error(
+                &piece,
+                format!(
+                    "lost output: the marker promises {} row(s) but the object is missing",
+                    piece.rows
+                ),
+            ));
+        };
+        if len != piece.bytes {
+            return Err(self.error(
+                &piece,
+                format!(
+                    "holds {len} byte(s) but its marker promises {} (truncated or overwritten?)",
+                    piece.bytes
+                ),
+            ));
+        }
+        check_stream_file(&mut file, len)
+            .map_err(|why| self.error(&piece, format!("not a readable Arrow IPC stream: {why}")))?;
+        use std::io::Seek;
+        file.rewind()
+            .map_err(|e| self.error(&piece, format!("cannot rewind: {e}")))?;
+        let opened = guard::catch_decoder(|| StreamReader::try_new(BufReader::new(file), None))
+            .map_err(|panic| {
+                self.error(
+                    &piece,
+                    format!("not a readable Arrow IPC stream: the decoder failed on it ({panic})"),
+                )
+            })?;
+        let reader = opened
+            .map_err(|e| self.error(&piece, format!("not a readable Arrow IPC stream: {e}")))?;
+        self.opened(piece, reader)
+    }
+
+    /// The fields check both opens end with.
+    fn opened(&self, piece: Piece, reader: StreamReader<BufReader<File>>) -> Result<OpenPiece> {
         if !same_fields(reader.schema().fields(), self.schema.fields()) {
             return Err(self.error(
                 &piece,
@@ -429,62 +570,113 @@ impl BucketStream {
         })
     }
 
-    fn next_batch(&mut self) -> Option<Result<RecordBatch>> {
-        loop {
-            if self.current.is_none() {
-                let piece = self.queue.pop_front()?;
-                match self.open(piece) {
-                    Ok(open) => self.current = Some(open),
-                    Err(e) => {
-                        self.queue.clear();
-                        return Some(Err(e));
-                    }
-                }
-            }
-            let open = self.current.as_mut().expect("opened above");
-            let next = match guard::catch_decoder(|| open.reader.next()) {
-                Ok(next) => next,
-                // See `open`: a panic of the decoder is a corrupt file.
-                Err(panic) => Some(Err(ArrowError::IpcError(format!(
-                    "the decoder failed on corrupt bytes ({panic})"
-                )))),
+    /// Make sure a piece is open: for a local stage by opening the next
+    /// file; for a remote one by driving its requests. `Ready(None)`: the
+    /// queue is done.
+    fn poll_open(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<()>>> {
+        if self.current.is_some() {
+            return Poll::Ready(Some(Ok(())));
+        }
+        let Some(remote) = self.remote.as_mut() else {
+            let Some(piece) = self.queue.pop_front() else {
+                return Poll::Ready(None);
             };
-            match next {
-                Some(Ok(batch)) => {
-                    open.rows_read += batch.num_rows() as u64;
-                    // Same fields as the stage's (checked at open): relabel
-                    // with the stage's schema to keep its metadata.
-                    // The row count travels explicitly: a batch may have no
-                    // column at all (`count(*)` above a join).
-                    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-                    let relabelled = RecordBatch::try_new_with_options(
-                        Arc::clone(&self.schema),
-                        batch.columns().to_vec(),
-                        &options,
-                    )
-                    .map_err(|e| piece_error(self.stage_id, &open.piece, format!("{e}")));
-                    return Some(relabelled);
-                }
+            return Poll::Ready(Some(self.open(piece).map(|open| {
+                self.current = Some(open);
+            })));
+        };
+        if let Some(markers) = remote.markers.as_mut() {
+            let ready = futures::ready!(markers.poll_unpin(cx));
+            remote.markers = None;
+            self.queue = ready?;
+        }
+        if remote.fetching.is_none() {
+            let Some(piece) = self.queue.pop_front() else {
+                return Poll::Ready(None);
+            };
+            let key = match remote.location.key(&piece.path) {
+                Ok(key) => key,
+                Err(e) => return Poll::Ready(Some(Err(self.error(&piece, e)))),
+            };
+            let fetch = fetch_to_file(Arc::clone(&remote.store), key).boxed();
+            remote.fetching = Some((piece, fetch));
+        }
+        let (_, fetch) = remote.fetching.as_mut().expect("set above");
+        let fetched = futures::ready!(fetch.poll_unpin(cx));
+        let (piece, _) = remote.fetching.take().expect("set above");
+        let opened = fetched
+            .map_err(|e| self.error(&piece, format!("cannot fetch: {e}")))
+            .and_then(|fetched| self.open_fetched(piece, fetched));
+        Poll::Ready(Some(opened.map(|open| {
+            self.current = Some(open);
+        })))
+    }
+
+    fn poll_batch(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<RecordBatch>>> {
+        loop {
+            match futures::ready!(self.poll_open(cx)) {
+                None => return Poll::Ready(None),
                 Some(Err(e)) => {
-                    let err = piece_error(self.stage_id, &open.piece, format!("cannot read: {e}"));
-                    self.current = None;
                     self.queue.clear();
-                    return Some(Err(err));
+                    self.remote = None;
+                    return Poll::Ready(Some(Err(e)));
                 }
-                None => {
-                    let open = self.current.take().expect("checked above");
-                    if open.rows_read != open.piece.rows {
-                        self.queue.clear();
-                        return Some(Err(piece_error(
-                            self.stage_id,
-                            &open.piece,
-                            format!(
-                                "holds {} row(s) but its marker promises {} (truncated?)",
-                                open.rows_read, open.piece.rows
-                            ),
-                        )));
-                    }
+                Some(Ok(())) => {}
+            }
+            if let Some(item) = self.next_batch() {
+                return Poll::Ready(Some(item));
+            }
+        }
+    }
+
+    /// The next batch of the open piece; `None` once it is read whole.
+    fn next_batch(&mut self) -> Option<Result<RecordBatch>> {
+        let open = self.current.as_mut()?;
+        let next = match guard::catch_decoder(|| open.reader.next()) {
+            Ok(next) => next,
+            // See `open`: a panic of the decoder is a corrupt file.
+            Err(panic) => Some(Err(ArrowError::IpcError(format!(
+                "the decoder failed on corrupt bytes ({panic})"
+            )))),
+        };
+        match next {
+            Some(Ok(batch)) => {
+                open.rows_read += batch.num_rows() as u64;
+                // Same fields as the stage's (checked at open): relabel
+                // with the stage's schema to keep its metadata.
+                // The row count travels explicitly: a batch may have no
+                // column at all (`count(*)` above a join).
+                let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+                let relabelled = RecordBatch::try_new_with_options(
+                    Arc::clone(&self.schema),
+                    batch.columns().to_vec(),
+                    &options,
+                )
+                .map_err(|e| piece_error(self.stage_id, &open.piece, format!("{e}")));
+                Some(relabelled)
+            }
+            Some(Err(e)) => {
+                let err = piece_error(self.stage_id, &open.piece, format!("cannot read: {e}"));
+                self.current = None;
+                self.queue.clear();
+                self.remote = None;
+                Some(Err(err))
+            }
+            None => {
+                let open = self.current.take().expect("checked above");
+                if open.rows_read != open.piece.rows {
+                    self.queue.clear();
+                    self.remote = None;
+                    return Some(Err(piece_error(
+                        self.stage_id,
+                        &open.piece,
+                        format!(
+                            "holds {} row(s) but its marker promises {} (truncated?)",
+                            open.rows_read, open.piece.rows
+                        ),
+                    )));
                 }
+                None
             }
         }
     }
@@ -502,8 +694,8 @@ fn piece_error(stage_id: u64, piece: &Piece, message: impl fmt::Display) -> Data
 impl Stream for BucketStream {
     type Item = Result<RecordBatch>;
 
-    fn poll_next(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Poll::Ready(self.next_batch())
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.poll_batch(cx)
     }
 }
 

@@ -8,6 +8,9 @@
 //!                        bucket's temp file
 //!   end of input: publish each non-empty bucket (rename), then the marker
 //!   error or drop: every temp file removed, nothing published
+//!   (an s3:// location: each bucket uploads as it is written and appears
+//!   whole on completion, the marker is PUT last; an error or drop aborts
+//!   the uploads, see `store`)
 //!        │
 //!   one summary batch: (bucket, rows, bytes) per bucket
 //! ```
@@ -40,9 +43,12 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
+use object_store::ObjectStore;
+
 use super::dirs::prepare_map_dir;
 use super::files::BucketFile;
 use super::marker::{BucketEntry, MapMarker};
+use super::store::{ObjectBucket, S3Location, S3Options, ShuffleLocation, put_bytes, s3_store};
 use crate::config::{DfxConfig, ShuffleCompression};
 use crate::counters::LiveObject;
 use crate::guard::{self, GuardedStream};
@@ -301,20 +307,36 @@ impl ShuffleWriterExec {
         if map >= maps {
             return Err(self.error(map, format!("out of range: the stage has {maps} map(s)")));
         }
-        // Private, and refused when another user controls a directory on
-        // the way (see `dirs`).
-        prepare_map_dir(&self.shuffle_dir, self.stage_id, map)
-            .map_err(|e| self.error(map, format!("cannot prepare the map's directory: {e}")))?;
+        let config = DfxConfig::from_config(context.session_config().options())
+            .map_err(|e| self.error(map, e.to_string()))?;
+        let location = ShuffleLocation::parse(&self.shuffle_dir).map_err(|e| self.error(map, e))?;
+        let target = match &location {
+            ShuffleLocation::Local(dir) => {
+                // Private, and refused when another user controls a
+                // directory on the way (see `dirs`).
+                prepare_map_dir(dir, self.stage_id, map).map_err(|e| {
+                    self.error(map, format!("cannot prepare the map's directory: {e}"))
+                })?;
+                Target::Local
+            }
+            // No directory to prepare: a key names an object whole.
+            ShuffleLocation::S3(s3) => Target::S3 {
+                store: s3_store(&s3.bucket, &S3Options::from_config(&config))
+                    .map_err(|e| self.error(map, e))?,
+                location: s3.clone(),
+            },
+        };
         let input = self.input.execute(map, isolated_task_context(&context))?;
         let batch_size = context.session_config().batch_size();
         // The worker's session decides (readers detect it per message).
-        let compression = DfxConfig::from_config(context.session_config().options())
-            .and_then(|config| config.shuffle_compression())
+        let compression = config
+            .shuffle_compression()
             .map_err(|e| self.error(map, e.to_string()))?;
         let job = MapJob {
             stage_id: self.stage_id,
             map,
-            shuffle_dir: self.shuffle_dir.clone(),
+            root: location.root(),
+            target,
             schema: self.data_schema(),
             partitioner: self.partitioner(map)?,
             buckets: (0..self.buckets()).map(|_| None).collect(),
@@ -330,10 +352,54 @@ impl ShuffleWriterExec {
     }
 }
 
+/// Where a map task publishes.
+enum Target {
+    /// Files under a local directory.
+    Local,
+    /// Objects in an S3 bucket, through the plugin's I/O runtime.
+    S3 {
+        store: Arc<dyn ObjectStore>,
+        location: S3Location,
+    },
+}
+
+/// A bucket being written: a local temp file or an upload.
+enum BucketSink {
+    File(BucketFile),
+    Object(ObjectBucket),
+}
+
+impl BucketSink {
+    async fn write(&mut self, batch: &RecordBatch) -> std::result::Result<(), String> {
+        match self {
+            BucketSink::File(file) => file.write(batch),
+            BucketSink::Object(object) => object.write(batch).await,
+        }
+    }
+
+    fn rows(&self) -> u64 {
+        match self {
+            BucketSink::File(file) => file.rows(),
+            BucketSink::Object(object) => object.rows(),
+        }
+    }
+
+    /// Publish as `path` (a file's final name; an object's name in errors).
+    async fn publish(self, path: &Path) -> std::result::Result<u64, String> {
+        match self {
+            BucketSink::File(file) => file.publish(path),
+            BucketSink::Object(object) => object
+                .publish()
+                .await
+                .map_err(|e| format!("{}: {e}", path.display())),
+        }
+    }
+}
+
 /// One bucket while its map runs: rows coalesce here before each write.
 struct OpenBucket {
     coalescer: BatchCoalescer,
-    file: BucketFile,
+    file: BucketSink,
 }
 
 /// The work of one map task. Dropping it before `run` ends (an error, or the
@@ -342,7 +408,9 @@ struct OpenBucket {
 struct MapJob {
     stage_id: u64,
     map: usize,
-    shuffle_dir: PathBuf,
+    /// The location's root, for the names of `paths`.
+    root: PathBuf,
+    target: Target,
     schema: SchemaRef,
     partitioner: BatchPartitioner,
     buckets: Vec<Option<OpenBucket>>,
@@ -371,20 +439,28 @@ impl MapJob {
                 Ok(())
             })?;
             for (bucket, piece) in pieces {
-                self.append(bucket, piece)?;
+                self.append(bucket, piece).await?;
             }
         }
-        self.publish()
+        self.publish().await
     }
 
-    fn append(&mut self, bucket: usize, piece: RecordBatch) -> Result<()> {
+    async fn append(&mut self, bucket: usize, piece: RecordBatch) -> Result<()> {
         if piece.num_rows() == 0 {
             return Ok(());
         }
         if self.buckets[bucket].is_none() {
-            let path = bucket_path(&self.shuffle_dir, self.stage_id, self.map, bucket);
-            let file = BucketFile::create(&path, &self.schema, self.compression)
-                .map_err(|e| self.error(format!("bucket {bucket}: {e}")))?;
+            let path = bucket_path(&self.root, self.stage_id, self.map, bucket);
+            let file = match &self.target {
+                Target::Local => {
+                    BucketFile::create(&path, &self.schema, self.compression).map(BucketSink::File)
+                }
+                Target::S3 { store, location } => location.key(&path).and_then(|key| {
+                    ObjectBucket::create(Arc::clone(store), key, &self.schema, self.compression)
+                        .map(BucketSink::Object)
+                }),
+            }
+            .map_err(|e| self.error(format!("bucket {bucket}: {e}")))?;
             self.buckets[bucket] = Some(OpenBucket {
                 coalescer: BatchCoalescer::new(Arc::clone(&self.schema), self.batch_size),
                 file,
@@ -401,13 +477,13 @@ impl MapJob {
             .push_batch(piece)
             .map_err(|e| fail(format!("cannot coalesce: {e}")))?;
         while let Some(full) = open.coalescer.next_completed_batch() {
-            open.file.write(&full).map_err(fail)?;
+            open.file.write(&full).await.map_err(fail)?;
         }
         Ok(())
     }
 
     /// Flush every bucket, publish the non-empty ones, then the marker.
-    fn publish(mut self) -> Result<RecordBatch> {
+    async fn publish(mut self) -> Result<RecordBatch> {
         let mut entries = Vec::with_capacity(self.buckets.len());
         let buckets = std::mem::take(&mut self.buckets);
         for (bucket, open) in buckets.into_iter().enumerate() {
@@ -419,16 +495,23 @@ impl MapJob {
                 });
                 continue;
             };
-            let fail = |e: String| self.error(format!("bucket {bucket}: {e}"));
+            // Not `self.error`: a borrow of the whole job would be held
+            // across the awaits below, and the job (an upload) is not `Sync`.
+            let (stage_id, map) = (self.stage_id, self.map);
+            let fail = move |e: String| {
+                DataFusionError::Execution(format!(
+                    "dfx stage {stage_id} map {map}: bucket {bucket}: {e}"
+                ))
+            };
             open.coalescer
                 .finish_buffered_batch()
                 .map_err(|e| fail(format!("cannot coalesce: {e}")))?;
             while let Some(rest) = open.coalescer.next_completed_batch() {
-                open.file.write(&rest).map_err(fail)?;
+                open.file.write(&rest).await.map_err(fail)?;
             }
             let rows = open.file.rows();
-            let path = bucket_path(&self.shuffle_dir, self.stage_id, self.map, bucket);
-            let bytes = open.file.publish(&path).map_err(fail)?;
+            let path = bucket_path(&self.root, self.stage_id, self.map, bucket);
+            let bytes = open.file.publish(&path).await.map_err(fail)?;
             entries.push(BucketEntry {
                 bucket: bucket as u64,
                 rows,
@@ -441,7 +524,19 @@ impl MapJob {
             attempt: 0,
             buckets: entries,
         };
-        marker.publish(&marker_path(&self.shuffle_dir, self.stage_id, self.map))?;
+        // Last: its presence says every bucket above is published.
+        let path = marker_path(&self.root, self.stage_id, self.map);
+        match &self.target {
+            Target::Local => marker.publish(&path)?,
+            Target::S3 { store, location } => {
+                let key = location.key(&path).map_err(|e| self.error(e))?;
+                put_bytes(Arc::clone(store), key, marker.encode()?)
+                    .await
+                    .map_err(|e| {
+                        self.error(format!("cannot publish the marker {}: {e}", path.display()))
+                    })?;
+            }
+        }
         summary_batch(&marker.buckets)
     }
 }

@@ -1,0 +1,581 @@
+//! Where a shuffle lives: a local directory, or a prefix in an S3 bucket.
+//!
+//! ```text
+//! /tmp/q1, file:///tmp/q1   local: temp file + rename, marker last (see `files`, `dirs`)
+//! s3://bucket/prefix        objects: each bucket uploaded while it is written
+//!                           (one PUT when small, a multipart upload past
+//!                           PART_SIZE), each appearing whole when complete;
+//!                           the map's marker PUT last
+//! ```
+//!
+//! The location travels as a string inside the encoded stage (the writer's
+//! and reader's `shuffle_dir`), so the names of [`crate::paths`] apply to
+//! both: `s3://bucket/prefix/stage-1/map-0/bucket-2.arrow` is both the name
+//! in an error and, past `s3://bucket/`, the object's key.
+//!
+//! Endpoint, region and credentials come from the standard AWS environment
+//! variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
+//! `AWS_ENDPOINT_URL` or `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`), then from the
+//! session's `dfx_engine.s3_endpoint`, `dfx_engine.s3_region` and
+//! `dfx_engine.s3_allow_http`, which win. Plain http is refused unless one of
+//! the two asks for it: it is for local endpoints only.
+//!
+//! # The I/O runtime
+//!
+//! object_store's S3 client needs a tokio runtime (its HTTP connections and
+//! timers register with one). The plugin cannot use its host's: it carries
+//! its own copy of tokio, and a copy finds no runtime of another on the
+//! thread, so a request made while the host polls would panic ("no reactor
+//! running"). So the plugin builds a small runtime of its own, once, on first
+//! use of an S3 location: two threads, enough to keep a part upload and a
+//! download in flight while the host's threads compute. Every request is
+//! spawned onto it and its `JoinHandle` awaited from the host-polled stream:
+//! the stream never blocks a host thread on the network (a `block_on` there
+//! would stall, or, inside the host's own runtime, deadlock a
+//! single-threaded one).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::future::Future;
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::ipc::CompressionType;
+use datafusion::arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
+use datafusion::arrow::record_batch::RecordBatch;
+use futures::StreamExt;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::path::Path as ObjectPath;
+// The base trait's methods, not `ObjectStoreExt`'s: theirs are not known to
+// be `Send`, and every request is spawned onto the I/O runtime.
+use object_store::{
+    GetOptions, MultipartUpload, ObjectStore, PutMultipartOptions, PutOptions, PutPayload,
+};
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
+
+use crate::config::{DfxConfig, ShuffleCompression};
+
+/// Scheme of an S3 location.
+pub const S3_SCHEME: &str = "s3://";
+
+/// Scheme of a local location spelled as a URL.
+pub const FILE_SCHEME: &str = "file://";
+
+/// A bucket's bytes are sent as one part of a multipart upload each time
+/// this many are buffered; a smaller bucket is one PUT. S3 needs at least
+/// 5 MiB in every part but the last.
+pub const PART_SIZE: usize = 8 * 1024 * 1024;
+
+/// Parts of one bucket in flight at once: memory per open bucket stays
+/// below `(MAX_PARTS_IN_FLIGHT + 1) * PART_SIZE`.
+pub const MAX_PARTS_IN_FLIGHT: usize = 2;
+
+/// Threads of the plugin's I/O runtime.
+const IO_THREADS: usize = 2;
+
+/// A parsed shuffle location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShuffleLocation {
+    /// A local directory (given as a path or a `file://` URL).
+    Local(PathBuf),
+    /// A prefix (possibly empty) in an S3 bucket.
+    S3(S3Location),
+}
+
+/// `s3://bucket/prefix`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Location {
+    /// The bucket.
+    pub bucket: String,
+    /// The key prefix, without leading or trailing `/` (empty: the bucket's root).
+    pub prefix: String,
+}
+
+impl ShuffleLocation {
+    /// Parse the `shuffle_dir` a writer or reader carries.
+    ///
+    /// # Errors
+    ///
+    /// A URL of another scheme (`gs://`, `http://`), an `s3://` URL without
+    /// a bucket, or a path that is not UTF-8 when it looks like a URL.
+    pub fn parse(dir: &Path) -> Result<Self, String> {
+        let Some(text) = dir.to_str() else {
+            return Ok(Self::Local(dir.to_path_buf()));
+        };
+        if let Some(rest) = text.strip_prefix(S3_SCHEME) {
+            let rest = rest.trim_end_matches('/');
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(format!("shuffle location {text}: no bucket after s3://"));
+            }
+            return Ok(Self::S3(S3Location {
+                bucket: bucket.to_string(),
+                prefix: prefix.trim_matches('/').to_string(),
+            }));
+        }
+        if let Some(path) = text.strip_prefix(FILE_SCHEME) {
+            return Ok(Self::Local(PathBuf::from(path)));
+        }
+        if let Some((scheme, _)) = text.split_once("://")
+            && !scheme.is_empty()
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '+')
+        {
+            return Err(format!(
+                "shuffle location {text}: unsupported scheme {scheme}://; use a local path, \
+                 file:// or s3://bucket/prefix"
+            ));
+        }
+        Ok(Self::Local(dir.to_path_buf()))
+    }
+
+    /// The root the names of [`crate::paths`] are built under: the local
+    /// directory, or the location's URL.
+    pub fn root(&self) -> PathBuf {
+        match self {
+            Self::Local(dir) => dir.clone(),
+            Self::S3(s3) => PathBuf::from(s3.url()),
+        }
+    }
+}
+
+impl S3Location {
+    /// `s3://bucket/prefix` (no trailing `/`).
+    pub fn url(&self) -> String {
+        if self.prefix.is_empty() {
+            format!("{S3_SCHEME}{}", self.bucket)
+        } else {
+            format!("{S3_SCHEME}{}/{}", self.bucket, self.prefix)
+        }
+    }
+
+    /// The object key of `name`, a name built under [`ShuffleLocation::root`].
+    ///
+    /// # Errors
+    ///
+    /// A name outside this location, or not a valid object key.
+    pub fn key(&self, name: &Path) -> Result<ObjectPath, String> {
+        let bucket_root = format!("{S3_SCHEME}{}/", self.bucket);
+        let key = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&bucket_root))
+            .ok_or_else(|| format!("{} is not in bucket {}", name.display(), self.bucket))?;
+        ObjectPath::parse(key)
+            .map_err(|e| format!("{}: not a valid object key: {e}", name.display()))
+    }
+}
+
+/// How to reach S3, from the session's `dfx_engine.s3_*` keys (the
+/// environment fills in the rest).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct S3Options {
+    /// `dfx_engine.s3_endpoint`: overrides `AWS_ENDPOINT_URL`.
+    pub endpoint: Option<String>,
+    /// `dfx_engine.s3_region`: overrides `AWS_REGION`.
+    pub region: Option<String>,
+    /// `dfx_engine.s3_allow_http`: plain http, for local endpoints.
+    pub allow_http: bool,
+}
+
+impl S3Options {
+    /// The options a session's config sets.
+    pub fn from_config(config: &DfxConfig) -> Self {
+        let set = |v: &str| (!v.trim().is_empty()).then(|| v.trim().to_string());
+        Self {
+            endpoint: set(&config.s3_endpoint),
+            region: set(&config.s3_region),
+            allow_http: config.s3_allow_http,
+        }
+    }
+}
+
+/// The client for `bucket`, built once per process for each bucket and
+/// options (it pools its connections).
+///
+/// # Errors
+///
+/// Settings object_store refuses (a malformed endpoint), naming the bucket.
+pub fn s3_store(bucket: &str, options: &S3Options) -> Result<Arc<dyn ObjectStore>, String> {
+    type Stores = Mutex<HashMap<(String, S3Options), Arc<dyn ObjectStore>>>;
+    static STORES: LazyLock<Stores> = LazyLock::new(|| Mutex::new(HashMap::new()));
+    let key = (bucket.to_string(), options.clone());
+    let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(store) = stores.get(&key) {
+        return Ok(Arc::clone(store));
+    }
+    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    if let Some(endpoint) = &options.endpoint {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Some(region) = &options.region {
+        builder = builder.with_region(region);
+    }
+    if options.allow_http {
+        builder = builder.with_allow_http(true);
+    }
+    // An endpoint given without a region (a local server) needs one for
+    // signing; S3's default is the one every compatible server accepts.
+    if builder
+        .get_config_value(&AmazonS3ConfigKey::Region)
+        .is_none()
+    {
+        builder = builder.with_region("us-east-1");
+    }
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        builder
+            .build()
+            .map_err(|e| format!("cannot configure S3 for bucket {bucket}: {e}"))?,
+    );
+    stores.insert(key, Arc::clone(&store));
+    Ok(store)
+}
+
+/// The plugin's I/O runtime (see the module's doc for why it has one).
+fn io_runtime() -> Result<&'static Runtime, String> {
+    static RUNTIME: LazyLock<Result<Runtime, String>> = LazyLock::new(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(IO_THREADS)
+            .thread_name("dfx-io")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the plugin's I/O runtime: {e}"))
+    });
+    RUNTIME.as_ref().map_err(Clone::clone)
+}
+
+/// Spawn `work` onto the I/O runtime (see the module's doc).
+fn spawn<F>(work: F) -> Result<JoinHandle<F::Output>, String>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    Ok(io_runtime()?.spawn(work))
+}
+
+/// Run `work` on the I/O runtime and await its end from any executor.
+///
+/// # Errors
+///
+/// A runtime that cannot start, or a task that panicked.
+pub async fn on_io<F>(work: F) -> Result<F::Output, String>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    join(spawn(work)?).await
+}
+
+async fn join<T>(handle: JoinHandle<T>) -> Result<T, String> {
+    handle
+        .await
+        .map_err(|e| format!("an S3 request did not finish: {e}"))
+}
+
+/// The bytes of object `key`, or `None` when there is none.
+///
+/// # Errors
+///
+/// Any other failure of the GET, for the caller to name the object.
+pub async fn get_bytes(
+    store: Arc<dyn ObjectStore>,
+    key: ObjectPath,
+) -> Result<Option<Vec<u8>>, String> {
+    on_io(async move {
+        match store.get_opts(&key, GetOptions::default()).await {
+            Ok(got) => got.bytes().await.map(|b| Some(b.to_vec())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    })
+    .await?
+    .map_err(|e| e.to_string())
+}
+
+/// PUT `bytes` as object `key`: it appears whole or not at all.
+///
+/// # Errors
+///
+/// The PUT's failure, for the caller to name the object.
+pub async fn put_bytes(
+    store: Arc<dyn ObjectStore>,
+    key: ObjectPath,
+    bytes: Vec<u8>,
+) -> Result<(), String> {
+    on_io(async move {
+        store
+            .put_opts(&key, PutPayload::from(bytes), PutOptions::default())
+            .await
+    })
+    .await?
+    .map(|_| ())
+    .map_err(|e| e.to_string())
+}
+
+/// Object `key` streamed into an unnamed local file (its name is removed at
+/// once; the open file keeps the bytes until dropped), rewound, with its
+/// length: a reader then checks and decodes it as it would a local bucket
+/// file, and no object is ever held whole in memory.
+///
+/// # Errors
+///
+/// `Ok(None)` when there is no such object; the GET's or the spool file's
+/// failure otherwise.
+pub async fn fetch_to_file(
+    store: Arc<dyn ObjectStore>,
+    key: ObjectPath,
+) -> Result<Option<(File, u64)>, String> {
+    on_io(async move {
+        let got = match store.get_opts(&key, GetOptions::default()).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        };
+        let mut file = spool_file()?;
+        let mut chunks = got.into_stream();
+        let mut len = 0u64;
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|e| e.to_string())?;
+            len += chunk.len() as u64;
+            file.write_all(&chunk)
+                .map_err(|e| format!("cannot spool the object locally: {e}"))?;
+        }
+        file.seek(SeekFrom::Start(0))
+            .map_err(|e| format!("cannot rewind the spooled object: {e}"))?;
+        Ok(Some((file, len)))
+    })
+    .await?
+}
+
+/// An exclusive, already unlinked file in the temp directory.
+fn spool_file() -> Result<File, String> {
+    static SPOOLED: AtomicU64 = AtomicU64::new(0);
+    let n = SPOOLED.fetch_add(1, Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!(
+        "dfx-fetch-{}-{n}{}",
+        std::process::id(),
+        crate::paths::TEMP_SUFFIX
+    ));
+    // Exclusive and not through a link, as `files::create_exclusive`, but
+    // readable too: the reader decodes from it.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    // Unlinked now: nothing is left behind however the reader ends.
+    let _ = std::fs::remove_file(&path);
+    Ok(file)
+}
+
+/// One bucket of a map task while it uploads: Arrow IPC encoded into a
+/// buffer that is sent as a part each time it reaches [`PART_SIZE`]. Dropped
+/// unpublished (an error, a cancelled task), its multipart upload is
+/// aborted: S3 shows no object for it.
+pub struct ObjectBucket {
+    store: Arc<dyn ObjectStore>,
+    key: ObjectPath,
+    writer: Option<StreamWriter<Vec<u8>>>,
+    upload: Option<Box<dyn MultipartUpload>>,
+    parts: std::collections::VecDeque<JoinHandle<object_store::Result<()>>>,
+    bytes: u64,
+    rows: u64,
+}
+
+impl ObjectBucket {
+    /// Start the bucket that will be published as object `key`.
+    ///
+    /// # Errors
+    ///
+    /// A compression the IPC writer refuses.
+    pub fn create(
+        store: Arc<dyn ObjectStore>,
+        key: ObjectPath,
+        schema: &SchemaRef,
+        compression: ShuffleCompression,
+    ) -> Result<Self, String> {
+        let codec = match compression {
+            ShuffleCompression::Lz4 => Some(CompressionType::LZ4_FRAME),
+            ShuffleCompression::None => None,
+        };
+        let options = IpcWriteOptions::default()
+            .try_with_compression(codec)
+            .map_err(|e| format!("cannot enable LZ4 compression: {e}"))?;
+        let writer = StreamWriter::try_new_with_options(Vec::new(), schema, options)
+            .map_err(|e| format!("cannot start {key}: {e}"))?;
+        Ok(Self {
+            store,
+            key,
+            writer: Some(writer),
+            upload: None,
+            parts: Default::default(),
+            bytes: 0,
+            rows: 0,
+        })
+    }
+
+    /// Rows written so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Append one batch; sends a part once enough bytes are buffered.
+    ///
+    /// # Errors
+    ///
+    /// The encoder's or the upload's failure.
+    pub async fn write(&mut self, batch: &RecordBatch) -> Result<(), String> {
+        let writer = self
+            .writer
+            .as_mut()
+            .ok_or("the bucket is already finished")?;
+        writer
+            .write(batch)
+            .map_err(|e| format!("cannot encode a batch: {e}"))?;
+        self.rows += batch.num_rows() as u64;
+        if writer.get_ref().len() >= PART_SIZE {
+            let part = std::mem::take(writer.get_mut());
+            self.send_part(part).await?;
+        }
+        Ok(())
+    }
+
+    async fn send_part(&mut self, part: Vec<u8>) -> Result<(), String> {
+        self.bytes += part.len() as u64;
+        if self.upload.is_none() {
+            let (store, key) = (Arc::clone(&self.store), self.key.clone());
+            let upload = on_io(async move {
+                store
+                    .put_multipart_opts(&key, PutMultipartOptions::default())
+                    .await
+            })
+            .await?
+            .map_err(|e| format!("cannot start a multipart upload: {e}"))?;
+            self.upload = Some(upload);
+        }
+        let upload = self.upload.as_mut().ok_or("no upload")?;
+        self.parts
+            .push_back(spawn(upload.put_part(PutPayload::from(part)))?);
+        while self.parts.len() > MAX_PARTS_IN_FLIGHT {
+            self.wait_part().await?;
+        }
+        Ok(())
+    }
+
+    async fn wait_part(&mut self) -> Result<(), String> {
+        if let Some(part) = self.parts.pop_front() {
+            join(part)
+                .await?
+                .map_err(|e| format!("cannot upload a part: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Finish the stream and publish the object (one PUT, or the last part
+    /// and the upload's completion); returns its size in bytes.
+    ///
+    /// # Errors
+    ///
+    /// The encoder's or the upload's failure; nothing is published then.
+    pub async fn publish(mut self) -> Result<u64, String> {
+        let mut writer = self.writer.take().ok_or("the bucket is already finished")?;
+        writer
+            .finish()
+            .map_err(|e| format!("cannot finish the stream: {e}"))?;
+        let rest = writer
+            .into_inner()
+            .map_err(|e| format!("cannot finish the stream: {e}"))?;
+        if self.upload.is_none() {
+            self.bytes += rest.len() as u64;
+            put_bytes(Arc::clone(&self.store), self.key.clone(), rest).await?;
+            return Ok(self.bytes);
+        }
+        if !rest.is_empty() {
+            self.send_part(rest).await?;
+        }
+        while !self.parts.is_empty() {
+            self.wait_part().await?;
+        }
+        let mut upload = self.upload.take().ok_or("no upload")?;
+        let completed = on_io(async move {
+            let done = upload.complete().await;
+            if done.is_err() {
+                let _ = upload.abort().await;
+            }
+            done
+        })
+        .await?;
+        completed.map_err(|e| format!("cannot complete the multipart upload: {e}"))?;
+        Ok(self.bytes)
+    }
+}
+
+impl Drop for ObjectBucket {
+    fn drop(&mut self) {
+        for part in self.parts.drain(..) {
+            part.abort();
+        }
+        if let Some(mut upload) = self.upload.take() {
+            // Best effort: an upload never completed shows no object anyway;
+            // aborting frees the parts the store keeps.
+            let _ = spawn(async move { upload.abort().await });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_parse() {
+        let local = |s: &str| ShuffleLocation::parse(Path::new(s)).unwrap();
+        assert_eq!(local("/tmp/q"), ShuffleLocation::Local("/tmp/q".into()));
+        assert_eq!(local("rel/q"), ShuffleLocation::Local("rel/q".into()));
+        assert_eq!(
+            local("file:///tmp/q"),
+            ShuffleLocation::Local("/tmp/q".into())
+        );
+        let s3 = local("s3://b/p/q/");
+        assert_eq!(
+            s3,
+            ShuffleLocation::S3(S3Location {
+                bucket: "b".into(),
+                prefix: "p/q".into()
+            })
+        );
+        assert_eq!(s3.root(), PathBuf::from("s3://b/p/q"));
+        let bare = local("s3://b");
+        assert_eq!(bare.root(), PathBuf::from("s3://b"));
+        for bad in ["s3://", "s3:///p", "gs://b/p", "http://host/p"] {
+            let err = ShuffleLocation::parse(Path::new(bad)).unwrap_err();
+            assert!(err.contains(bad), "{err}");
+        }
+    }
+
+    #[test]
+    fn keys_are_names_past_the_bucket() {
+        let ShuffleLocation::S3(s3) = ShuffleLocation::parse(Path::new("s3://b/p")).unwrap() else {
+            panic!("not s3");
+        };
+        let name = crate::paths::bucket_path(&PathBuf::from(s3.url()), 2, 1, 0);
+        assert_eq!(
+            s3.key(&name).unwrap().as_ref(),
+            "p/stage-2/map-1/bucket-0.arrow"
+        );
+        let ShuffleLocation::S3(root) = ShuffleLocation::parse(Path::new("s3://b")).unwrap() else {
+            panic!("not s3");
+        };
+        let name = crate::paths::marker_path(&PathBuf::from(root.url()), 1, 0);
+        assert_eq!(root.key(&name).unwrap().as_ref(), "stage-1/map-0.json");
+        assert!(root.key(Path::new("s3://other/x")).is_err());
+    }
+}
