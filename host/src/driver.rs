@@ -18,6 +18,14 @@
 //! 5. ship every stage, keyed by `(stage_id, map)`;
 //! 6. refuse a shuffle directory that already holds stage output, before
 //!    building anything.
+//!
+//! The shuffle location is a local directory or an `s3://bucket/prefix`
+//! URL ([`crate::store`]); the plugin reads and writes either. An S3 location
+//! is probed before anything else, so a bad one fails once, naming it.
+//! Envelopes and encoded stages go into `<dir>/tasks/` for a local location;
+//! for an S3 one into a local scratch directory that lives as long as the
+//! run, since every worker of this host runs on this machine and reads them
+//! from its disk.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -36,6 +44,7 @@ use crate::pool::WorkerPool;
 use crate::retry::Attempts;
 use crate::session::{DfxSession, SessionSpec, build_session};
 use crate::stages::{Stage, StageInfo, render_with_stages, stages, waves};
+use crate::store::{ShuffleLocation, require_empty_s3, same_location};
 
 /// What a distributed run produced, and how.
 #[derive(Debug, Clone)]
@@ -220,8 +229,29 @@ impl Host {
             )
         })?;
         // Rule 6, first of all: nothing is built, planned or written into a
-        // directory whose files the readers would take for this query's.
-        require_empty_shuffle(&self.plugin, &shuffle_dir)?;
+        // directory whose files the readers would take for this query's. An
+        // S3 location is probed here too, before any worker starts.
+        let location = ShuffleLocation::parse(&shuffle_dir)?;
+        let (task_dir, _scratch) = match &location {
+            ShuffleLocation::Local(dir) => {
+                require_empty_shuffle(&self.plugin, dir)?;
+                (dir.join(TASK_DIR), None)
+            }
+            ShuffleLocation::S3 { bucket, prefix } => {
+                let glob = self.plugin.partition_glob();
+                require_empty_s3(&location.canonical(), bucket, prefix, spec, |name| {
+                    glob_match(glob, name)
+                })
+                .await?;
+                // Workers of this host run on this machine: envelopes and
+                // plans stay on its disk, for as long as the run.
+                let scratch = tempfile::Builder::new()
+                    .prefix("dfx-tasks-")
+                    .tempdir()
+                    .map_err(|e| HostError::io("cannot create", std::env::temp_dir(), e))?;
+                (scratch.path().join(TASK_DIR), Some(scratch))
+            }
+        };
 
         // Rule 3: the spec's shuffle directory goes into the session config.
         let session = build_session(&self.plugin, spec).await?;
@@ -240,7 +270,7 @@ impl Host {
         let infos: Vec<StageInfo> = stages.iter().map(|s| s.info.clone()).collect();
         let waves = waves(&infos)?;
 
-        let tasks = self.write_tasks(&session, spec, &stages, &shuffle_dir)?;
+        let tasks = self.write_tasks(&session, spec, &stages, &task_dir)?;
         // One for the whole query: a lost map of an earlier wave is run again
         // from its envelope, and attempt numbers never repeat.
         let attempts = Attempts::new(&tasks, self.options.max_attempts);
@@ -310,14 +340,15 @@ impl Host {
         })
     }
 
-    /// Encode every stage and write its plan file and one envelope per map;
-    /// returns the tasks in pre-order of their stages, maps ascending.
+    /// Encode every stage and write its plan file and one envelope per map
+    /// into `task_dir`; returns the tasks in pre-order of their stages, maps
+    /// ascending.
     fn write_tasks(
         &self,
         session: &DfxSession,
         spec: &SessionSpec,
         stages: &[Stage],
-        shuffle_dir: &Path,
+        task_dir: &Path,
     ) -> Result<Vec<Task>> {
         // Rule 2: the ids the workers must carry. The driver's session
         // checked its own against the spec's if the caller set any.
@@ -326,9 +357,8 @@ impl Host {
             ..spec.clone()
         };
         // The driver's scratch lives in `tasks/`, never beside stage output.
-        let task_dir = shuffle_dir.join(TASK_DIR);
-        std::fs::create_dir_all(&task_dir)
-            .map_err(|e| HostError::io("cannot create", &task_dir, e))?;
+        std::fs::create_dir_all(task_dir)
+            .map_err(|e| HostError::io("cannot create", task_dir, e))?;
 
         // Rule 5: every stage, every map.
         let mut tasks = Vec::new();
@@ -338,7 +368,7 @@ impl Host {
             let bytes = session
                 .encode(Arc::clone(&stage.plan))
                 .map_err(|err| HostError::Invalid(format!("stage {stage_id}: {err}")))?;
-            let plan_file = plan_path(&task_dir, stage_id);
+            let plan_file = plan_path(task_dir, stage_id);
             std::fs::write(&plan_file, &bytes)
                 .map_err(|e| HostError::io("cannot write", &plan_file, e))?;
             for map in 0..stage.info.maps {
@@ -349,7 +379,7 @@ impl Host {
                     partition: map,
                     attempt: 0,
                 };
-                let path = envelope_path(&task_dir, stage_id, map);
+                let path = envelope_path(task_dir, stage_id, map);
                 envelope.write(&path)?;
                 tasks.push(Task {
                     stage_id,
@@ -413,7 +443,7 @@ impl Host {
 /// refuse every one of them, after the driver had spawned them all.
 fn check_stage_dirs(stages: &[Stage], shuffle_dir: &Path) -> Result<()> {
     for stage in stages {
-        if stage.info.shuffle_dir != shuffle_dir {
+        if !same_location(&stage.info.shuffle_dir, shuffle_dir) {
             return Err(HostError::Invalid(format!(
                 "stage {} publishes into {}, not into the query's shuffle directory {}",
                 stage.stage_id(),

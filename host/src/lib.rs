@@ -45,6 +45,7 @@ pub mod pool;
 pub mod retry;
 pub mod session;
 pub mod stages;
+pub mod store;
 #[cfg(feature = "cli-extras")]
 pub mod tpch;
 pub mod worker;

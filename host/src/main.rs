@@ -54,9 +54,11 @@ struct QueryArgs {
         value_parser = parse_at_least_one
     )]
     partitions: usize,
-    /// Shuffle directory for stage output (must not hold stage output yet).
+    /// Shuffle location for stage output (must not hold stage output yet):
+    /// a directory, file://DIR or s3://BUCKET/PREFIX (endpoint, region and
+    /// credentials from the AWS_* environment variables).
     /// Default: a fresh temporary directory, removed after success.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR|URL")]
     shuffle_dir: Option<PathBuf>,
     /// Run in this process with no shuffle directory: no stages, no workers.
     #[arg(long)]
@@ -290,6 +292,8 @@ fn spec_of(args: &QueryArgs) -> Result<SessionSpec> {
 /// A shuffle directory for one query: the user's, or a fresh temporary one.
 fn shuffle_dir(args: &QueryArgs) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
     match &args.shuffle_dir {
+        // A URL is taken as written: made "absolute" it would be a path.
+        Some(url) if dfx_host::store::ShuffleLocation::is_url(url) => Ok((url.clone(), None)),
         Some(dir) => Ok((absolute(dir)?, None)),
         None => {
             let temp = tempfile::Builder::new()

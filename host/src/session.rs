@@ -53,7 +53,8 @@ pub struct SessionSpec {
     /// Table name → directory of Parquet files (one partition per file).
     #[serde(default)]
     pub tables: BTreeMap<String, PathBuf>,
-    /// Where stage output goes. `None` (written as `""`) means "do not
+    /// Where stage output goes: a local directory, `file://...` or
+    /// `s3://bucket/prefix`. `None` (written as `""`) means "do not
     /// distribute": the planner inserts no stage.
     #[serde(
         default,
@@ -77,6 +78,13 @@ pub struct SessionSpec {
     /// JSON when it is the default, so older readers still take the spec.
     #[serde(default, skip_serializing_if = "ShuffleCompression::is_default")]
     pub shuffle_compression: ShuffleCompression,
+    /// How an `s3://` location is reached, over the AWS environment
+    /// variables: `s3_endpoint`, `s3_region`, `s3_allow_http` (`"true"`),
+    /// set as the plugin's `dfx_engine.<key>`. Never credentials: the spec
+    /// is written into every envelope; they come from the environment.
+    /// Left out of the JSON when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub store_options: BTreeMap<String, String>,
 }
 
 impl Default for SessionSpec {
@@ -88,6 +96,7 @@ impl Default for SessionSpec {
             codec_ids: Vec::new(),
             split: Split::default(),
             shuffle_compression: ShuffleCompression::default(),
+            store_options: BTreeMap::new(),
         }
     }
 }
@@ -436,6 +445,13 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
             .options_mut()
             .set(&key, spec.shuffle_compression.as_str())
             .context(|| plugin_what(&format!("cannot set {key}")))?;
+        for (name, value) in &spec.store_options {
+            let key = format!("{}.{name}", plugin.config_prefix());
+            config
+                .options_mut()
+                .set(&key, value)
+                .context(|| plugin_what(&format!("cannot set {key}")))?;
+        }
     }
 
     let state = SessionStateBuilder::new()

@@ -291,7 +291,9 @@ fn check_stage(
             "{task}: the envelope's spec has no shuffle directory, so no stage may run"
         ))
     })?;
-    if Path::new(info.shuffle_dir.as_str()) != expected {
+    // Compared as locations: `file:///x` is `/x`, and an `s3://` URL keeps
+    // its `//` (as a path, `s3://b` and `s3:/b` would be equal).
+    if !crate::store::same_location(Path::new(info.shuffle_dir.as_str()), expected) {
         return Err(HostError::Invalid(format!(
             "{task}: refusing a stage whose shuffle directory differs from the envelope's: the \
              stage names {}, the envelope's spec {}; a plan must not make a worker write outside \

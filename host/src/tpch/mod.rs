@@ -64,6 +64,11 @@ pub struct TpchArgs {
     /// retried (no limit by default).
     #[arg(long, value_name = "SECS")]
     pub task_timeout: Option<u64>,
+    /// Where distributed runs publish: a directory or s3://BUCKET/PREFIX,
+    /// under which each run of each query gets a fresh location (default:
+    /// a temporary directory per run).
+    #[arg(long, value_name = "DIR|URL")]
+    pub shuffle_dir: Option<PathBuf>,
     /// Queries to run: `all`, or a list such as `1,3,6` or `1-5,18`.
     #[arg(long, default_value = "all", value_name = "LIST")]
     pub queries: String,
@@ -122,6 +127,7 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
         shuffle_compression: args.shuffle_compression,
         queries,
         data_dir,
+        shuffle_root: args.shuffle_dir.clone(),
         runs: args.runs,
         progress: true,
         timeout: std::time::Duration::from_secs(args.timeout.max(1)),

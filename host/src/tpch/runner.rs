@@ -29,6 +29,9 @@ pub struct TpchOptions {
     pub queries: Vec<u8>,
     /// Where datasets are cached (absolute: workers resolve it elsewhere).
     pub data_dir: PathBuf,
+    /// Where each distributed run gets a fresh location (a directory or an
+    /// `s3://` URL); `None`: a temporary directory per run.
+    pub shuffle_root: Option<PathBuf>,
     /// Timed runs per query and mode (at least 1).
     pub runs: usize,
     /// Progress on stderr (data generation bar, one line per query).
@@ -54,7 +57,15 @@ pub async fn run_tpch(host: &Host, options: &TpchOptions) -> Result<RunReport, T
         .with_shuffle_compression(options.shuffle_compression);
     let mut reports = Vec::new();
     for &number in &options.queries {
-        let report = run_query(host, &spec, number, options.runs, options.timeout).await?;
+        let report = run_query_in(
+            host,
+            &spec,
+            number,
+            options.runs,
+            options.timeout,
+            options.shuffle_root.as_deref(),
+        )
+        .await?;
         if options.progress {
             let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1} ms"));
             eprintln!(
@@ -111,6 +122,22 @@ pub async fn run_query(
     number: u8,
     runs: usize,
     timeout: Duration,
+) -> Result<QueryReport, TpchError> {
+    run_query_in(host, spec, number, runs, timeout, None).await
+}
+
+/// [`run_query`], each distributed run publishing into a fresh location
+/// under `shuffle_root` (a directory or an `s3://` URL) when given.
+///
+/// # Errors
+/// Those of [`run_query`].
+pub async fn run_query_in(
+    host: &Host,
+    spec: &SessionSpec,
+    number: u8,
+    runs: usize,
+    timeout: Duration,
+    shuffle_root: Option<&std::path::Path>,
 ) -> Result<QueryReport, TpchError> {
     let sql = query(number)
         .ok_or_else(|| TpchError::Invalid(format!("no TPC-H query {number}")))?
@@ -184,11 +211,27 @@ pub async fn run_query(
     for run in 0..runs {
         // One directory per query run: the driver refuses a directory holding
         // stage output, since readers would take the first run's files.
-        let shuffle = tempfile::Builder::new()
-            .prefix(&format!("dfx-tpch-q{number}-"))
-            .tempdir()
-            .map_err(|e| TpchError::io(&std::env::temp_dir(), e))?;
-        let run_spec = spec.clone().with_shuffle_dir(shuffle.path());
+        let (run_dir, _shuffle) = match shuffle_root {
+            // Fresh by name under the user's root (a URL has no temp dirs).
+            Some(root) => (
+                root.join(format!(
+                    "dfx-tpch-q{number}-{}-{}-{run}",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_nanos())
+                )),
+                None,
+            ),
+            None => {
+                let shuffle = tempfile::Builder::new()
+                    .prefix(&format!("dfx-tpch-q{number}-"))
+                    .tempdir()
+                    .map_err(|e| TpchError::io(&std::env::temp_dir(), e))?;
+                (shuffle.path().to_path_buf(), Some(shuffle))
+            }
+        };
+        let run_spec = spec.clone().with_shuffle_dir(run_dir);
         let started = Instant::now();
         // Dropping the run on timeout kills its workers (they are kill_on_drop).
         match within(timeout, host.run_distributed(sql, &run_spec)).await {
