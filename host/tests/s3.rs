@@ -1,0 +1,354 @@
+//! An `s3://` shuffle location, end to end through the `dfx` binary and its
+//! local workers, against `moto_server` (moto's S3 over real HTTP) started
+//! on 127.0.0.1 with a free port and stopped afterwards.
+//!
+//! moto comes from a venv these tests create once under Cargo's target
+//! temp directory (`pip install 'moto[server]'`, needing python3.11 or
+//! python3 and the package index) and reuse on later runs.
+
+mod common;
+
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The bucket every test creates in its own server.
+const BUCKET: &str = "dfx-shuffle";
+
+/// Keys moto accepts when it checks none.
+const ACCESS_KEY: &str = "test";
+
+/// The venv holding moto, created on first use.
+fn moto_venv() -> &'static Path {
+    static VENV: OnceLock<PathBuf> = OnceLock::new();
+    VENV.get_or_init(|| {
+        let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("moto-venv");
+        let server = venv.join("bin/moto_server");
+        if server.is_file() {
+            return venv;
+        }
+        let python = ["python3.11", "python3"]
+            .into_iter()
+            .find(|p| Command::new(p).arg("--version").output().is_ok())
+            .expect("python3.11 or python3 on PATH, to install moto");
+        let status = Command::new(python)
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python runs");
+        assert!(
+            status.success(),
+            "cannot create a venv at {}",
+            venv.display()
+        );
+        let output = Command::new(venv.join("bin/python"))
+            .args(["-m", "pip", "install", "--quiet", "moto[server]"])
+            .output()
+            .expect("pip runs");
+        assert!(
+            output.status.success() && server.is_file(),
+            "pip install 'moto[server]' failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        venv
+    })
+}
+
+/// A port nothing listens on right now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// A running `moto_server`, killed and reaped on drop.
+struct Moto {
+    child: Child,
+    endpoint: String,
+}
+
+impl Moto {
+    /// Start a server; with `check_keys`, it refuses every request whose
+    /// keys it does not know (all of them: it has no IAM users).
+    fn start(check_keys: bool) -> Self {
+        let venv = moto_venv();
+        let port = free_port();
+        let mut command = Command::new(venv.join("bin/moto_server"));
+        command
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if check_keys {
+            command.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
+        }
+        let child = command.spawn().expect("moto_server starts");
+        let moto = Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "moto_server did not listen");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        moto
+    }
+
+    /// Run a boto3 snippet against this server; `s3` is its client, `args`
+    /// are `sys.argv[1:]`. Returns stdout.
+    fn boto3(&self, snippet: &str, args: &[&str]) -> String {
+        let script = format!(
+            "import sys, boto3\n\
+             s3 = boto3.client('s3', endpoint_url={:?}, aws_access_key_id={ACCESS_KEY:?}, \
+             aws_secret_access_key={ACCESS_KEY:?}, region_name='us-east-1')\n{snippet}",
+            self.endpoint
+        );
+        let output = Command::new(moto_venv().join("bin/python"))
+            .arg("-c")
+            .arg(script)
+            .args(args)
+            .output()
+            .expect("python runs");
+        assert!(
+            output.status.success(),
+            "boto3: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn create_bucket(&self, bucket: &str) {
+        self.boto3("s3.create_bucket(Bucket=sys.argv[1])", &[bucket]);
+    }
+
+    /// Every key under `prefix`, sorted.
+    fn keys(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let out = self.boto3(
+            "for page in s3.get_paginator('list_objects_v2').paginate(Bucket=sys.argv[1], \
+             Prefix=sys.argv[2]):\n    for o in page.get('Contents', []): print(o['Key'])",
+            &[bucket, prefix],
+        );
+        let mut keys: Vec<String> = out.lines().map(str::to_string).collect();
+        keys.sort();
+        keys
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `dfx args` reaching `endpoint` with the AWS variables a user would set.
+fn dfx_s3(endpoint: &str, key: &str, args: &[&str]) -> Output {
+    Command::new(dfx_bin())
+        .args(args)
+        .env("DFX_PLUGIN", plugin_path())
+        .env("AWS_ACCESS_KEY_ID", key)
+        .env("AWS_SECRET_ACCESS_KEY", key)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .output()
+        .expect("dfx starts")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn stage_files_and_markers_land_as_objects_and_the_answer_is_the_local_one() {
+    let moto = Moto::start(false);
+    moto.create_bucket(BUCKET);
+    let fixture = Fixture::new();
+    let table = format!("lineitem={}", fixture.table_dir().display());
+    let url = format!("s3://{BUCKET}/queries/by-flag");
+    let run = dfx_s3(
+        &moto.endpoint,
+        ACCESS_KEY,
+        &["run", "--table", &table, "--shuffle-dir", &url, BY_FLAG],
+    );
+    let stderr = text(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    let local = dfx_s3(
+        &moto.endpoint,
+        ACCESS_KEY,
+        &["run", "--local", "--table", &table, BY_FLAG],
+    );
+    assert!(local.status.success(), "{}", text(&local.stderr));
+    assert_eq!(text(&run.stdout), text(&local.stdout));
+    assert!(stderr.contains(&url), "{stderr}");
+
+    // Four files, so four maps in stage 2, the stage over the table, and
+    // four in stage 1, which reads it: every map of both has its marker,
+    // and each map of stage 2 at least one bucket object (a map of stage 1
+    // may have no flag to aggregate, so no object at all).
+    let keys = moto.keys(BUCKET, "queries/by-flag/");
+    for (stage, map) in [1, 2].into_iter().flat_map(|s| (0..4).map(move |m| (s, m))) {
+        let marker = format!("queries/by-flag/stage-{stage}/map-{map}.json");
+        assert!(keys.contains(&marker), "{marker} missing in {keys:#?}");
+    }
+    for map in 0..4 {
+        let bucket = format!("queries/by-flag/stage-2/map-{map}/bucket-");
+        assert!(
+            keys.iter()
+                .any(|k| k.starts_with(&bucket) && k.ends_with(".arrow")),
+            "no bucket object of map {map} in {keys:#?}"
+        );
+    }
+    // Envelopes and plans stay on this machine, where its workers run;
+    // nothing half-written is left behind.
+    assert!(
+        keys.iter()
+            .all(|k| k.starts_with("queries/by-flag/stage-") && !k.contains(".tmp")),
+        "{keys:#?}"
+    );
+
+    // The same location again is refused: it holds stage output.
+    let again = dfx_s3(
+        &moto.endpoint,
+        ACCESS_KEY,
+        &["run", "--table", &table, "--shuffle-dir", &url, BY_FLAG],
+    );
+    let stderr = text(&again.stderr);
+    assert!(!again.status.success());
+    assert!(
+        stderr.contains(&url) && stderr.contains("already holds stage output"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn tpch_q1_q3_q9_q18_give_the_local_answer_through_s3() {
+    let moto = Moto::start(false);
+    moto.create_bucket(BUCKET);
+    let data = tempfile::Builder::new()
+        .prefix("dfx-s3-tpch-")
+        .tempdir()
+        .unwrap();
+    let json = data.path().join("report.json");
+    let url = format!("s3://{BUCKET}/tpch");
+    let out = dfx_s3(
+        &moto.endpoint,
+        ACCESS_KEY,
+        &[
+            "tpch",
+            "--scale",
+            "0.01",
+            "--partitions",
+            "2",
+            "--queries",
+            "1,3,9,18",
+            "--runs",
+            "1",
+            "--data-dir",
+            data.path().join("data").to_str().unwrap(),
+            "--shuffle-dir",
+            &url,
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let report = report.to_string();
+    for q in [1, 3, 9, 18] {
+        let keys = moto.keys(BUCKET, &format!("tpch/dfx-tpch-q{q}-"));
+        assert!(
+            keys.iter().any(|k| k.ends_with(".json")) && keys.iter().any(|k| k.ends_with(".arrow")),
+            "q{q}: no stage output in the bucket: {keys:#?}\n{report}"
+        );
+    }
+}
+
+/// `dfx run` over `url` through `endpoint` with `key`, with workers that
+/// would leave a trace if one ever started: it must fail before any task,
+/// naming the URL and `reason`.
+fn refused_before_any_task(endpoint: &str, key: &str, url: &str, reason: &str) {
+    let fixture = Fixture::new();
+    let table = format!("lineitem={}", fixture.table_dir().display());
+    let trace = fixture.root.path().join("a-worker-started");
+    let started = Instant::now();
+    let out = dfx_s3(
+        endpoint,
+        key,
+        &[
+            "run",
+            "--table",
+            &table,
+            "--shuffle-dir",
+            url,
+            "--worker",
+            "/bin/sh",
+            "--worker-arg",
+            "-c",
+            "--worker-arg",
+            r#"touch "$0"; exec tail -f /dev/null"#,
+            "--worker-arg",
+            trace.to_str().unwrap(),
+            BY_FLAG,
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(url),
+        "{reason}: the error names no URL: {stderr}"
+    );
+    assert!(stderr.contains(reason), "expected {reason:?}: {stderr}");
+    // One error: not one per task.
+    assert!(!stderr.contains("map 0"), "{stderr}");
+    assert!(!trace.exists(), "a worker started: {stderr}");
+    assert!(
+        live_processes_mentioning(trace.to_str().unwrap()).is_empty(),
+        "a worker is still running"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{reason}: took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn an_unreachable_endpoint_fails_once_before_any_task() {
+    let endpoint = format!("http://127.0.0.1:{}", free_port());
+    refused_before_any_task(
+        &endpoint,
+        ACCESS_KEY,
+        "s3://nowhere/q",
+        "cannot reach the S3 endpoint",
+    );
+}
+
+#[test]
+fn a_missing_bucket_fails_once_before_any_task() {
+    let moto = Moto::start(false);
+    refused_before_any_task(
+        &moto.endpoint,
+        ACCESS_KEY,
+        "s3://no-such-bucket/q",
+        "the bucket does not exist",
+    );
+}
+
+#[test]
+fn wrong_credentials_fail_once_before_any_task() {
+    let moto = Moto::start(true);
+    refused_before_any_task(
+        &moto.endpoint,
+        "not-a-key",
+        &format!("s3://{BUCKET}/q"),
+        "the S3 endpoint refused the credentials",
+    );
+}
