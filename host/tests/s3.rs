@@ -352,3 +352,82 @@ fn wrong_credentials_fail_once_before_any_task() {
         "the S3 endpoint refused the credentials",
     );
 }
+
+/// A table `big` of `rows` distinct keys in one Parquet file, scrambled so
+/// that LZ4 cannot shrink them.
+fn big_table(dir: &Path, rows: u64) -> PathBuf {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::record_batch::RecordBatch;
+    use datafusion::parquet::arrow::ArrowWriter;
+
+    let table = dir.join("big");
+    std::fs::create_dir_all(&table).unwrap();
+    let schema = Arc::new(Schema::new(vec![Field::new("k", DataType::Int64, false)]));
+    let file = std::fs::File::create(table.join("part-0.parquet")).unwrap();
+    let mut writer = ArrowWriter::try_new(file, Arc::clone(&schema), None).unwrap();
+    for chunk in (0..rows).collect::<Vec<_>>().chunks(1 << 16) {
+        // An odd multiplier is a bijection on u64: keys stay distinct.
+        let keys = chunk
+            .iter()
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) as i64);
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(Int64Array::from_iter_values(keys))],
+        )
+        .unwrap();
+        writer.write(&batch).unwrap();
+    }
+    writer.close().unwrap();
+    table
+}
+
+#[test]
+fn a_bucket_larger_than_a_part_is_uploaded_in_parts_and_reads_back_whole() {
+    let moto = Moto::start(false);
+    moto.create_bucket(BUCKET);
+    let dir = tempfile::Builder::new()
+        .prefix("dfx-s3-big-")
+        .tempdir()
+        .unwrap();
+    // 3 million distinct keys: each of the two hash buckets of the stage
+    // over the table holds about 1.5 million rows of (key, count): 12 MB of
+    // keys LZ4 cannot shrink (the counts, all 1, it can), two parts.
+    let table = format!("big={}", big_table(dir.path(), 3_000_000).display());
+    let sql = "SELECT count(*) AS n, sum(c) AS rows, min(k) AS lo, max(k) AS hi FROM \
+               (SELECT k, count(*) AS c FROM big GROUP BY k)";
+    let url = format!("s3://{BUCKET}/big");
+    let run = dfx_s3(
+        &moto.endpoint,
+        ACCESS_KEY,
+        &["run", "--table", &table, "--shuffle-dir", &url, sql],
+    );
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let local = dfx_s3(
+        &moto.endpoint,
+        ACCESS_KEY,
+        &["run", "--local", "--table", &table, sql],
+    );
+    assert!(local.status.success(), "{}", text(&local.stderr));
+    assert_eq!(text(&run.stdout), text(&local.stdout));
+    assert!(
+        text(&run.stdout).contains("3000000"),
+        "{}",
+        text(&run.stdout)
+    );
+    let sizes = moto.boto3(
+        "for page in s3.get_paginator('list_objects_v2').paginate(Bucket=sys.argv[1], \
+         Prefix=sys.argv[2]):\n    for o in page.get('Contents', []): print(o['Size'], o['Key'])",
+        &[BUCKET, "big/"],
+    );
+    let largest = sizes
+        .lines()
+        .filter(|l| l.ends_with(".arrow"))
+        .filter_map(|l| l.split_once(' ')?.0.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    // Past one part (8 MiB), so it went up as a multipart upload.
+    assert!(largest > 8 * 1024 * 1024, "{sizes}");
+}
