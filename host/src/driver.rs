@@ -33,7 +33,7 @@ use std::time::Instant;
 
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect;
-use dfx_abi::Plugin;
+use dfx_abi::{DriverLock, Plugin};
 
 use crate::dispatch::{
     FanOutOptions, Task, TaskReports, TaskRows, WorkerCommand, WorkerMode, Workers, run_wave,
@@ -44,7 +44,7 @@ use crate::pool::WorkerPool;
 use crate::retry::Attempts;
 use crate::session::{DfxSession, SessionSpec, build_session};
 use crate::stages::{Stage, StageInfo, render_with_stages, stages, waves};
-use crate::store::{ShuffleLocation, require_empty_s3, same_location};
+use crate::store::{ShuffleLocation, same_location};
 
 /// What a distributed run produced, and how.
 #[derive(Debug, Clone)]
@@ -229,27 +229,27 @@ impl Host {
             )
         })?;
         // Rule 6, first of all: nothing is built, planned or written into a
-        // directory whose files the readers would take for this query's. An
-        // S3 location is probed here too, before any worker starts.
+        // location whose files the readers would take for this query's, or
+        // that another driver is using. A local directory is locked for the
+        // run; the plugin checks the location (and probes an S3 one) before
+        // any worker starts.
         let location = ShuffleLocation::parse(&shuffle_dir)?;
-        let (task_dir, _scratch) = match &location {
+        let (task_dir, _scratch, _lock) = match &location {
             ShuffleLocation::Local(dir) => {
-                require_empty_shuffle(&self.plugin, dir)?;
-                (dir.join(TASK_DIR), None)
+                let lock = DriverLock::acquire(dir).map_err(HostError::Invalid)?;
+                self.probe_location(&dir.display().to_string(), spec)
+                    .await?;
+                (dir.join(TASK_DIR), None, Some(lock))
             }
-            ShuffleLocation::S3 { bucket, prefix } => {
-                let glob = self.plugin.partition_glob();
-                require_empty_s3(&location.canonical(), bucket, prefix, spec, |name| {
-                    glob_match(glob, name)
-                })
-                .await?;
+            ShuffleLocation::S3 { .. } => {
+                self.probe_location(&location.canonical(), spec).await?;
                 // Workers of this host run on this machine: envelopes and
                 // plans stay on its disk, for as long as the run.
                 let scratch = tempfile::Builder::new()
                     .prefix("dfx-tasks-")
                     .tempdir()
                     .map_err(|e| HostError::io("cannot create", std::env::temp_dir(), e))?;
-                (scratch.path().join(TASK_DIR), Some(scratch))
+                (scratch.path().join(TASK_DIR), Some(scratch), None)
             }
         };
 
@@ -343,6 +343,21 @@ impl Host {
     /// Encode every stage and write its plan file and one envelope per map
     /// into `task_dir`; returns the tasks in pre-order of their stages, maps
     /// ascending.
+    /// The plugin's check of the spec's shuffle `location` (see the
+    /// plugin's probe): on a blocking thread, since an S3 probe waits on the
+    /// network for up to its timeout.
+    async fn probe_location(&self, location: &str, spec: &SessionSpec) -> Result<()> {
+        let plugin = self.plugin.clone();
+        let location = location.to_string();
+        let options = spec.store_options.clone();
+        tokio::task::spawn_blocking(move || plugin.probe_location(&location, &options))
+            .await
+            .map_err(|e| {
+                HostError::Invalid(format!("the shuffle location probe did not finish: {e}"))
+            })?
+            .map_err(|e| HostError::Invalid(e.strip_backtrace()))
+    }
+
     fn write_tasks(
         &self,
         session: &DfxSession,
@@ -453,84 +468,4 @@ fn check_stage_dirs(stages: &[Stage], shuffle_dir: &Path) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Refuse a directory that already holds stage output.
-///
-/// Stage ids restart at 1 for every plan, and a reader takes any committed
-/// map it finds for its stage: a second query in the same directory would
-/// read the first one's buckets — a confusing schema error at best, silently
-/// the old answer at worst — and its writers would overwrite files a reader
-/// of the first may still be reading. The nodes cannot tell whose file they
-/// see; the driver, before building anything, can. Only stage output counts
-/// (any entry matching the plugin's glob, `stage-*`), not other files a
-/// caller keeps there.
-///
-/// # Errors
-///
-/// [`HostError::Invalid`] listing the files found.
-pub fn require_empty_shuffle(plugin: &Plugin, dir: &Path) -> Result<()> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        // A directory that does not exist yet holds nothing.
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(err) => return Err(HostError::io("cannot list", dir, err)),
-    };
-    let glob = plugin.partition_glob();
-    let mut stale: Vec<String> = entries
-        .filter_map(|entry| entry.ok())
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| glob_match(glob, name))
-        .collect();
-    if stale.is_empty() {
-        return Ok(());
-    }
-    stale.sort();
-    Err(HostError::Invalid(format!(
-        "shuffle directory {} already holds stage output {stale:?}; a reader takes the files \
-         of its stage when it finds them, so this query would return the previous query's \
-         results. Use one shuffle directory per query.",
-        dir.display()
-    )))
-}
-
-/// Match `name` against a glob whose only wildcard is `*`.
-fn glob_match(pattern: &str, name: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or_default();
-    let Some(mut rest) = name.strip_prefix(first) else {
-        return false;
-    };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else {
-        // No `*` at all: the whole name must match.
-        return rest.is_empty();
-    };
-    for part in middle {
-        match rest.find(part) {
-            Some(at) => rest = &rest[at + part.len()..],
-            None => return false,
-        }
-    }
-    rest.ends_with(last)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::glob_match;
-
-    #[test]
-    fn glob() {
-        let g = "stage-*";
-        assert!(glob_match(g, "stage-1"));
-        assert!(glob_match(g, "stage-12"));
-        assert!(glob_match(g, "stage-1.tmp-7"));
-        assert!(!glob_match(g, "tasks"));
-        assert!(!glob_match(g, "x-stage-1"));
-        let g = "stage-*-part-*.arrow";
-        assert!(glob_match(g, "stage-12-part-30.arrow"));
-        assert!(!glob_match(g, "stage-1-part-0.123-0.arrow.tmp"));
-        assert!(glob_match("abc", "abc"));
-        assert!(!glob_match("abc", "abcd"));
-    }
 }

@@ -50,9 +50,9 @@ pub mod store;
 pub mod tpch;
 pub mod worker;
 
-pub use dfx_abi::Plugin;
+pub use dfx_abi::{DriverLock, Plugin};
 pub use dispatch::{TaskReport, WorkerMode};
-pub use driver::{DistributedResult, Host, require_empty_shuffle};
+pub use driver::{DistributedResult, Host};
 pub use envelope::{Envelope, ServeRequest, ServeResponse, WorkerReport};
 pub use error::{HostError, Result, Retry, TaskFailure};
 pub use loader::{load_plugin, locate_plugin};

@@ -1,28 +1,15 @@
 //! The shuffle location as the driver sees it: a local directory (a path or
 //! `file://`) or an `s3://bucket/prefix` URL.
 //!
-//! The plugin does all reading and writing of stage output; the driver only
-//! checks a location up front, before any task runs:
-//!
-//! - a local directory must hold no `stage-*` entry (see
-//!   [`crate::driver::require_empty_shuffle`]);
-//! - an S3 location is probed by listing its prefix, so an unreachable
-//!   endpoint, a missing bucket or refused credentials each fail once, naming
-//!   the URL, and it must hold no object under `prefix/stage-*`.
-//!
-//! Endpoint, region and credentials come from the standard AWS environment
-//! variables, then from the spec's `store_options` (the plugin's
-//! `dfx_engine.s3_*` keys), as the plugin builds its own client.
+//! The plugin does all reading and writing of stage output, and checks a
+//! location up front for the driver (its `probe_location` export: no
+//! `stage-*` entry, an S3 endpoint that answers, a bucket that exists,
+//! credentials it accepts). The driver only needs to know where envelopes go
+//! and whether two spellings name one location.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-use object_store::path::Path as ObjectPath;
-use object_store::{BackoffConfig, ClientConfigKey, ObjectStore, RetryConfig};
 
 use crate::error::{HostError, Result};
-use crate::session::SessionSpec;
 
 /// Scheme of an S3 location.
 pub const S3_SCHEME: &str = "s3://";
@@ -38,10 +25,6 @@ pub const S3_REGION: &str = "s3_region";
 
 /// The spec's `store_options` key allowing plain http (`dfx_engine.s3_allow_http`).
 pub const S3_ALLOW_HTTP: &str = "s3_allow_http";
-
-/// How long the probe may take, retries included: a wrong endpoint fails
-/// the query in seconds, not after the data path's minutes of retries.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A parsed shuffle location.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,121 +104,6 @@ pub fn same_location(a: &Path, b: &Path) -> bool {
         (Ok(a), Ok(b)) => a.canonical() == b.canonical(),
         _ => a == b,
     }
-}
-
-/// Probe the S3 location `url` (`bucket`, `prefix`) and refuse it when it
-/// already holds stage output (any entry under `prefix/` matching `glob`).
-///
-/// # Errors
-///
-/// [`HostError::Invalid`] naming the URL: a client that cannot be
-/// configured, a listing that fails (unreachable endpoint, missing bucket,
-/// refused credentials: each said in words, with the store's message), or
-/// stage output found.
-pub async fn require_empty_s3(
-    url: &str,
-    bucket: &str,
-    prefix: &str,
-    spec: &SessionSpec,
-    glob_match: impl Fn(&str) -> bool,
-) -> Result<()> {
-    let store = probe_client(bucket, spec)
-        .map_err(|e| HostError::Invalid(format!("shuffle location {url}: {e}")))?;
-    let prefix = (!prefix.is_empty()).then(|| ObjectPath::from(prefix));
-    let listing = tokio::time::timeout(PROBE_TIMEOUT, store.list_with_delimiter(prefix.as_ref()))
-        .await
-        .map_err(|_| {
-            HostError::Invalid(format!(
-                "shuffle location {url}: cannot reach the S3 endpoint: no answer to a listing in \
-                 {PROBE_TIMEOUT:?}"
-            ))
-        })?
-        .map_err(|e| HostError::Invalid(format!("shuffle location {url}: {}", why(&e))))?;
-    let mut stale: Vec<String> = listing
-        .common_prefixes
-        .iter()
-        .chain(listing.objects.iter().map(|o| &o.location))
-        .filter_map(|p| p.filename().map(str::to_string))
-        .filter(|name| glob_match(name))
-        .collect();
-    if stale.is_empty() {
-        return Ok(());
-    }
-    stale.sort();
-    Err(HostError::Invalid(format!(
-        "shuffle location {url} already holds stage output {stale:?}; a reader takes the \
-         objects of its stage when it finds them, so this query would return the previous \
-         query's results. Use one shuffle location per query."
-    )))
-}
-
-/// The failure of the probe in words, then object_store's own message.
-fn why(e: &object_store::Error) -> String {
-    let text = e.to_string();
-    let has = |s: &str| text.contains(s);
-    let what = if has("NoSuchBucket") || has("bucket does not exist") {
-        "the bucket does not exist"
-    } else if has("InvalidAccessKeyId")
-        || has("SignatureDoesNotMatch")
-        || has("AccessDenied")
-        || has("403")
-        || has("credential")
-    {
-        "the S3 endpoint refused the credentials"
-    } else if has("error sending request")
-        || has("connect")
-        || has("Connection refused")
-        || has("dns error")
-        || has("timed out")
-    {
-        "cannot reach the S3 endpoint"
-    } else {
-        "cannot list the location"
-    };
-    format!("{what}: {text}")
-}
-
-/// A client for the probe: the plugin's settings, but few retries and short
-/// timeouts, so a bad location fails in seconds.
-fn probe_client(bucket: &str, spec: &SessionSpec) -> std::result::Result<impl ObjectStore, String> {
-    let mut builder = AmazonS3Builder::from_env()
-        .with_bucket_name(bucket)
-        .with_retry(RetryConfig {
-            backoff: BackoffConfig::default(),
-            max_retries: 1,
-            retry_timeout: Duration::from_secs(10),
-        })
-        // Through config keys: `with_client_options` would replace what the
-        // environment set (`AWS_ALLOW_HTTP` among it).
-        .with_config(
-            AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
-            "5s",
-        )
-        .with_config(AmazonS3ConfigKey::Client(ClientConfigKey::Timeout), "15s");
-    let option = |key: &str| {
-        spec.store_options
-            .get(key)
-            .map(|v| v.trim())
-            .filter(|v| !v.is_empty())
-    };
-    if let Some(endpoint) = option(S3_ENDPOINT) {
-        builder = builder.with_endpoint(endpoint);
-    }
-    if let Some(region) = option(S3_REGION) {
-        builder = builder.with_region(region);
-    }
-    if option(S3_ALLOW_HTTP) == Some("true") {
-        builder = builder.with_allow_http(true);
-    }
-    if builder
-        .get_config_value(&AmazonS3ConfigKey::Region)
-        .is_none()
-    {
-        builder = builder.with_region("us-east-1");
-    }
-    builder
-        .build()
-        .map_err(|e| format!("cannot configure S3: {e}"))
 }
 
 #[cfg(test)]

@@ -5,7 +5,10 @@
 //! 1. build the session from the envelope's spec (the driver's factory);
 //! 2. check the session's codec ids equal the envelope's — *before* decoding,
 //!    since bytes decoded by the wrong codecs are misread, not rejected;
-//! 3. decode the stage and check its root is the plugin's writer;
+//! 3. have the plugin vet the encoded stage (no sink, no file outside the
+//!    spec's tables, no writer aimed elsewhere, no foreign extension node:
+//!    an envelope is code), then decode it and check its root is the
+//!    plugin's writer;
 //! 4. check, with the plugin's description of that writer, that it is the
 //!    envelope's stage, that it publishes into the envelope's shuffle
 //!    directory (a plan cannot make a worker write outside its query's
@@ -22,7 +25,7 @@
 //! tasks of the same query.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -253,6 +256,25 @@ pub fn decode_stage(
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let task = task_name(envelope);
     let plan_file = envelope.plan.display();
+    // An envelope is code: before anything is built from it, the plugin
+    // checks the stage reads only the spec's tables and shuffle location and
+    // writes only through its writer.
+    let spec = session.spec();
+    let tables: Vec<PathBuf> = spec.tables.values().cloned().collect();
+    let shuffle_dir = spec
+        .shuffle_dir
+        .as_deref()
+        .map(|dir| dir.display().to_string())
+        .unwrap_or_default();
+    session
+        .plugin()
+        .vet_stage(bytes, &tables, &shuffle_dir)
+        .map_err(|err| {
+            HostError::Invalid(format!(
+                "{task}: plan {plan_file}: {}",
+                err.strip_backtrace()
+            ))
+        })?;
     let stage = session
         .decode(bytes)
         .map_err(|err| HostError::Invalid(format!("{task}: plan {plan_file}: {err}")))?;

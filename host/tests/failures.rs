@@ -453,7 +453,17 @@ async fn a_decoded_stage_whose_shuffle_directory_differs_from_the_spec_is_refuse
         .await
         .unwrap_err()
         .to_string();
-    assert!(err.contains("shuffle directory differs"), "{err}");
+    // The plugin's vetting refuses it before anything is decoded.
+    assert!(err.contains("refusing the stage"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "stage {} (at plan.extension) publishes into {}, not the spec's shuffle location {}",
+            stage.stage_id(),
+            fixture.shuffle_dir("elsewhere").display(),
+            fixture.shuffle_dir("shuffle").display()
+        )),
+        "{err}"
+    );
     assert!(
         err.contains(&format!("stage {} map 0", stage.stage_id())),
         "{err}"
@@ -588,4 +598,134 @@ async fn a_spec_with_zero_target_partitions_is_refused() {
         err.contains("target_partitions must be at least 1, got 0"),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn a_stage_reading_outside_the_specs_tables_is_refused_before_it_runs() {
+    let fixture = Fixture::new();
+    let plugin = plugin();
+    let spec = fixture.distributed_spec("shuffle");
+    let task_dir = fixture.shuffle_dir("scratch");
+    let (stage, plan_file, codec_ids) = encoded_leaf_stage(&spec, BY_FLAG, &task_dir).await;
+    let bytes = std::fs::read(&plan_file).unwrap();
+    let shuffle = spec.shuffle_dir.as_deref().unwrap().display().to_string();
+    let tables: Vec<std::path::PathBuf> = spec.tables.values().cloned().collect();
+
+    // The stage as planned reads only the spec's table.
+    plugin.vet_stage(&bytes, &tables, &shuffle).unwrap();
+
+    // The same bytes, for a worker whose spec names another table directory:
+    // every file of the scan is named, the first at least.
+    let other = fixture.shuffle_dir("other-table");
+    std::fs::create_dir_all(&other).unwrap();
+    // A real table (the worker lists it when it builds its session).
+    let first = std::fs::read_dir(fixture.table_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .unwrap();
+    std::fs::copy(&first, other.join("0.parquet")).unwrap();
+    let err = plugin
+        .vet_stage(&bytes, std::slice::from_ref(&other), &shuffle)
+        .unwrap_err()
+        .strip_backtrace();
+    assert!(err.contains("refusing the stage"), "{err}");
+    assert!(err.contains("under none of the spec's tables"), "{err}");
+    assert!(
+        err.contains(&format!("{}", fixture.table_dir().display())),
+        "{err}"
+    );
+
+    // Through a worker: the envelope's spec names the other directory as
+    // its table, so the worker refuses, and nothing is published.
+    let mut shipped = spec.clone();
+    shipped.codec_ids = codec_ids;
+    shipped.tables = [("lineitem".to_string(), other.clone())].into();
+    let envelope = Envelope {
+        spec: shipped,
+        plan: plan_file,
+        stage_id: stage.stage_id(),
+        partition: 0,
+        attempt: 0,
+    };
+    let err = dfx_host::run_task(&plugin, &envelope)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("under none of the spec's tables"), "{err}");
+    assert!(
+        err.contains(&format!("stage {} map 0", stage.stage_id())),
+        "{err}"
+    );
+    assert!(
+        !spec
+            .shuffle_dir
+            .as_deref()
+            .unwrap()
+            .join(format!("stage-{}", stage.stage_id()))
+            .exists(),
+        "the refused stage published output"
+    );
+}
+
+#[tokio::test]
+async fn a_plan_holding_a_sink_is_refused_by_the_worker_before_it_runs() {
+    let fixture = Fixture::new();
+    let plugin = plugin();
+    let spec = fixture.distributed_spec("shuffle");
+    // A dfx session plans no COPY (its logical plan crosses FFI as protobuf,
+    // which carries no file format), so the sink is planned by plain
+    // DataFusion and encoded with its own codec: bytes any host decodes.
+    let ctx = datafusion::prelude::SessionContext::new();
+    ctx.register_parquet(
+        "lineitem",
+        fixture.table_dir().display().to_string(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let out = fixture.shuffle_dir("written");
+    let sql = format!(
+        "COPY (SELECT l_returnflag FROM lineitem) TO '{}/' STORED AS PARQUET",
+        out.display()
+    );
+    let plan = ctx
+        .sql(&sql)
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let bytes =
+        physical_plan_to_bytes_with_extension_codec(plan, &DefaultPhysicalExtensionCodec {})
+            .unwrap();
+    let tables: Vec<std::path::PathBuf> = spec.tables.values().cloned().collect();
+    let shuffle = spec.shuffle_dir.as_deref().unwrap().display().to_string();
+    let err = plugin
+        .vet_stage(&bytes, &tables, &shuffle)
+        .unwrap_err()
+        .strip_backtrace();
+    assert!(err.contains("it holds a sink (parquetSink"), "{err}");
+
+    // Shipped to a worker in an envelope, it is refused before decoding.
+    let task_dir = fixture.shuffle_dir("scratch");
+    std::fs::create_dir_all(&task_dir).unwrap();
+    let plan_file = task_dir.join("sink.plan");
+    std::fs::write(&plan_file, &bytes).unwrap();
+    let session = build_session(&plugin, &spec).await.unwrap();
+    let mut shipped = spec.clone();
+    shipped.codec_ids = session.codec_ids();
+    let envelope = Envelope {
+        spec: shipped,
+        plan: plan_file,
+        stage_id: 1,
+        partition: 0,
+        attempt: 0,
+    };
+    let err = dfx_host::run_task(&plugin, &envelope)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("it holds a sink (parquetSink"), "{err}");
+    assert!(!out.exists(), "the sink wrote {}", out.display());
 }

@@ -34,7 +34,11 @@ async fn a_reused_shuffle_directory_is_refused_before_anything_is_built_or_run()
     // Nothing planned (no session asked the planner), nothing dispatched.
     assert_eq!(after.planner_calls, before.planner_calls);
     assert_eq!(after.stages_encoded, before.stages_encoded);
-    assert_eq!(file_names(&dir), vec!["notes.txt", "stage-1"]);
+    // The driver's lock file is the one thing it added.
+    assert_eq!(
+        file_names(&dir),
+        vec![".dfx-driver.lock", "notes.txt", "stage-1"]
+    );
 
     // Only stage output counts: the caller's own files are not a reason to refuse.
     let other = fixture.shuffle_dir("mine");
@@ -55,4 +59,31 @@ async fn a_reused_shuffle_directory_is_refused_before_anything_is_built_or_run()
     for stage in result.stage_ids() {
         assert!(err.contains(&format!("\"stage-{stage}\"")), "{err}");
     }
+}
+
+#[tokio::test]
+async fn a_second_driver_on_a_directory_another_driver_holds_is_refused() {
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("shuffle");
+    let dir = spec.shuffle_dir.clone().unwrap();
+    // Another driver (this lock is the one every dfx driver takes, Rust or
+    // Python) holds the empty directory: no stage output yet, so only the
+    // lock can tell the two apart.
+    let other = dfx_host::DriverLock::acquire(&dir).unwrap();
+    let host = host();
+    let err = host
+        .run_distributed(BY_FLAG, &spec)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is in use"), "{err}");
+    assert!(
+        err.contains(&format!("another driver (pid {})", std::process::id())),
+        "{err}"
+    );
+    assert_eq!(file_names(&dir), vec![".dfx-driver.lock"]);
+    // Once it is released the directory is free, and the run answers.
+    drop(other);
+    let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), by_flag_expected());
 }

@@ -205,10 +205,12 @@ fn stage_files_and_markers_land_as_objects_and_the_answer_is_the_local_one() {
         );
     }
     // Envelopes and plans stay on this machine, where its workers run;
-    // nothing half-written is left behind.
+    // nothing half-written is left behind. Besides stage output there is
+    // only the driver's lock object.
     assert!(
-        keys.iter()
-            .all(|k| k.starts_with("queries/by-flag/stage-") && !k.contains(".tmp")),
+        keys.iter().all(|k| (k.starts_with("queries/by-flag/stage-")
+            || k == "queries/by-flag/_dfx-driver.lock")
+            && !k.contains(".tmp")),
         "{keys:#?}"
     );
 
@@ -223,6 +225,36 @@ fn stage_files_and_markers_land_as_objects_and_the_answer_is_the_local_one() {
     assert!(
         stderr.contains(&url) && stderr.contains("already holds stage output"),
         "{stderr}"
+    );
+}
+
+#[test]
+fn a_prefix_another_driver_holds_is_refused_before_any_task() {
+    let moto = Moto::start(false);
+    moto.create_bucket(BUCKET);
+    let fixture = Fixture::new();
+    let table = format!("lineitem={}", fixture.table_dir().display());
+    // Another driver started on this empty prefix first: its lock object is
+    // there, and no stage output yet, so only the lock tells the two apart.
+    moto.boto3(
+        "s3.put_object(Bucket=sys.argv[1], Key=sys.argv[2], Body=b'{}')",
+        &[BUCKET, "queries/held/_dfx-driver.lock"],
+    );
+    let url = format!("s3://{BUCKET}/queries/held");
+    let run = dfx_s3(
+        &moto.endpoint,
+        ACCESS_KEY,
+        &["run", "--table", &table, "--shuffle-dir", &url, BY_FLAG],
+    );
+    let stderr = text(&run.stderr);
+    assert!(!run.status.success());
+    assert!(
+        stderr.contains(&url) && stderr.contains("another driver holds this location"),
+        "{stderr}"
+    );
+    assert_eq!(
+        moto.keys(BUCKET, "queries/held/"),
+        vec!["queries/held/_dfx-driver.lock"]
     );
 }
 

@@ -25,9 +25,12 @@ use dfx_abi::{DFX_ABI_VERSION, DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInf
 
 use crate::codec::{CODEC_ID, DfxPhysicalCodec};
 use crate::config::{CONFIG_PREFIX, DfxConfig};
+use crate::exchange::probe;
+use crate::exchange::store::S3Options;
 use crate::exchange::{READER_NODE_NAME, ShuffleWriterExec, WRITER_NODE_NAME};
 use crate::guard::{self, GuardedQueryPlanner};
 use crate::planner::DfxQueryPlanner;
+use crate::vet::{Allowed, vet_encoded_stage};
 use crate::{counters, functions, paths};
 
 /// The plugin's root module, as `abi_stable` exports it.
@@ -55,6 +58,8 @@ pub fn root_module() -> DfxPluginRef {
         encoded_stage_info,
         bucket_path,
         reader_node_name: RStr::from_str(READER_NODE_NAME),
+        vet_stage,
+        probe_location,
     }
     .leak_into_prefix()
 }
@@ -188,4 +193,26 @@ extern "C" fn encoded_stage_info(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxSta
             partitioning: RString::from(payload.partitioning_display),
         })
     })
+}
+
+extern "C" fn vet_stage(plan_bytes: RSlice<'_, u8>, allowed_json: RStr<'_>) -> FfiResult<()> {
+    guarded("stage check", || {
+        let allowed =
+            Allowed::from_json(allowed_json.as_str()).map_err(DataFusionError::Execution)?;
+        vet_encoded_stage(plan_bytes.as_slice(), &allowed).map_err(DataFusionError::Execution)
+    })
+}
+
+extern "C" fn probe_location(location: RStr<'_>, options_json: RStr<'_>) -> FfiResult<()> {
+    let probed = guard::catch("shuffle location probe", || {
+        let options =
+            S3Options::from_json(options_json.as_str()).map_err(DataFusionError::Execution)?;
+        probe::probe_location(location.as_str(), &options).map_err(DataFusionError::Execution)
+    });
+    // The probe's own messages name the location already: passed on bare.
+    match probed {
+        Ok(()) => ROk(()),
+        Err(DataFusionError::Execution(message)) => RErr(RString::from(message)),
+        Err(other) => RErr(RString::from(other.strip_backtrace())),
+    }
 }

@@ -21,6 +21,7 @@
 //! ```
 
 pub mod compat;
+pub mod lock;
 pub mod module;
 pub mod stages;
 
@@ -42,6 +43,7 @@ use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
 
 pub use compat::{DFX_ABI_VERSION, LoadCheck, LoadError, host_datafusion_ffi_major};
+pub use lock::DriverLock;
 pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 
 /// The file name a plugin build produces on this platform (`libdfx_plugin.so`
@@ -340,6 +342,56 @@ impl Plugin {
             )));
         };
         self.result("encoded stage info", read(RSlice::from_slice(plan_bytes)))
+    }
+
+    /// Refuse the encoded stage `plan_bytes` unless everything it reads is
+    /// under `tables` or `shuffle_dir` and it writes only through dfx's
+    /// writer into `shuffle_dir` (see the plugin's `vet` module).
+    pub fn vet_stage(
+        &self,
+        plan_bytes: &[u8],
+        tables: &[PathBuf],
+        shuffle_dir: &str,
+    ) -> Result<()> {
+        let Some(vet) = self.module.vet_stage() else {
+            return Err(DataFusionError::Execution(format!(
+                "dfx plugin {} cannot vet a stage (built before vet_stage); a worker runs no \
+                 stage it cannot vet",
+                self.path.display()
+            )));
+        };
+        let allowed = serde_json::json!({ "tables": tables, "shuffle_dir": shuffle_dir });
+        let allowed = allowed.to_string();
+        self.result(
+            "stage check",
+            vet(RSlice::from_slice(plan_bytes), RStr::from_str(&allowed)),
+        )
+    }
+
+    /// Refuse the shuffle `location` if it holds stage output, cannot be
+    /// reached (S3) or another driver holds it (S3); `store_options` are the
+    /// spec's (`s3_endpoint`, `s3_region`, `s3_allow_http`).
+    pub fn probe_location<'a>(
+        &self,
+        location: &str,
+        store_options: impl IntoIterator<Item = (&'a String, &'a String)>,
+    ) -> Result<()> {
+        let Some(probe) = self.module.probe_location() else {
+            return Err(DataFusionError::Execution(format!(
+                "dfx plugin {} cannot probe a shuffle location (built before probe_location)",
+                self.path.display()
+            )));
+        };
+        let options: serde_json::Map<String, serde_json::Value> = store_options
+            .into_iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        let options = serde_json::Value::Object(options).to_string();
+        match probe(RStr::from_str(location), RStr::from_str(&options)) {
+            RResult::ROk(()) => Ok(()),
+            // The plugin's message names the location; no path prefix needed.
+            RResult::RErr(message) => Err(DataFusionError::Execution(message.into_string())),
+        }
     }
 
     fn result<T>(&self, what: &str, result: FfiResult<T>) -> Result<T> {

@@ -143,6 +143,21 @@ pub struct DfxPlugin {
     /// Name of the consumer node (`ShuffleReaderExec`), for hosts that mark
     /// reads in a plan's display.
     pub reader_node_name: RStr<'static>,
+
+    /// Refuse an *encoded* stage a worker must not run: one holding a sink,
+    /// a file scan outside the tables of `allowed_json`
+    /// (`{"tables": [...], "shuffle_dir": "..."}`), a writer aimed at another
+    /// shuffle location, or an extension node that is not dfx's. Called by
+    /// a worker before it decodes anything; every finding is in the error.
+    pub vet_stage:
+        extern "C" fn(plan_bytes: RSlice<'_, u8>, allowed_json: RStr<'_>) -> FfiResult<()>,
+
+    /// A driver's check of its shuffle location, before anything runs:
+    /// refuses one that holds stage output (`stage-*`); probes an S3 location
+    /// (unreachable endpoint, missing bucket, refused credentials) and
+    /// creates its lock object. `options_json` holds the spec's store
+    /// options (`{"s3_endpoint": ..., "s3_region": ..., "s3_allow_http": ...}`).
+    pub probe_location: extern "C" fn(location: RStr<'_>, options_json: RStr<'_>) -> FfiResult<()>,
 }
 
 /// What [`DfxPlugin::stage_info`] and [`DfxPlugin::encoded_stage_info`]

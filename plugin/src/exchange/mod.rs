@@ -13,6 +13,7 @@ pub mod dirs;
 pub mod files;
 pub mod ipc_check;
 pub mod marker;
+pub mod probe;
 pub mod reader;
 pub mod store;
 pub mod writer;

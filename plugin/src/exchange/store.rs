@@ -195,6 +195,35 @@ impl S3Options {
     }
 }
 
+impl S3Options {
+    /// The options a driver's spec holds (`store_options`: `s3_endpoint`,
+    /// `s3_region`, `s3_allow_http`), as a JSON object of strings.
+    ///
+    /// # Errors
+    ///
+    /// Text that is not such an object, or a key that is none of the three.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let map: HashMap<String, String> = serde_json::from_str(text)
+            .map_err(|e| format!("store options are not a JSON object of strings: {e}"))?;
+        let mut options = Self::default();
+        for (key, value) in map {
+            let value = value.trim().to_string();
+            match key.as_str() {
+                "s3_endpoint" => options.endpoint = (!value.is_empty()).then_some(value),
+                "s3_region" => options.region = (!value.is_empty()).then_some(value),
+                "s3_allow_http" => options.allow_http = value.eq_ignore_ascii_case("true"),
+                other => {
+                    return Err(format!(
+                        "unknown store option {other:?}; expected s3_endpoint, s3_region or \
+                         s3_allow_http"
+                    ));
+                }
+            }
+        }
+        Ok(options)
+    }
+}
+
 /// The client for `bucket`, built once per process for each bucket and
 /// options (it pools its connections).
 ///
@@ -209,7 +238,21 @@ pub fn s3_store(bucket: &str, options: &S3Options) -> Result<Arc<dyn ObjectStore
     if let Some(store) = stores.get(&key) {
         return Ok(Arc::clone(store));
     }
-    let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+    let builder = apply_options(
+        AmazonS3Builder::from_env().with_bucket_name(bucket),
+        options,
+    );
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        builder
+            .build()
+            .map_err(|e| format!("cannot configure S3 for bucket {bucket}: {e}"))?,
+    );
+    stores.insert(key, Arc::clone(&store));
+    Ok(store)
+}
+
+/// `builder` with the session's options over the environment's settings.
+pub fn apply_options(mut builder: AmazonS3Builder, options: &S3Options) -> AmazonS3Builder {
     if let Some(endpoint) = &options.endpoint {
         builder = builder.with_endpoint(endpoint);
     }
@@ -227,13 +270,20 @@ pub fn s3_store(bucket: &str, options: &S3Options) -> Result<Arc<dyn ObjectStore
     {
         builder = builder.with_region("us-east-1");
     }
-    let store: Arc<dyn ObjectStore> = Arc::new(
-        builder
-            .build()
-            .map_err(|e| format!("cannot configure S3 for bucket {bucket}: {e}"))?,
-    );
-    stores.insert(key, Arc::clone(&store));
-    Ok(store)
+    builder
+}
+
+/// Start `work` on the I/O runtime without awaiting it: for a caller that
+/// is not async and waits for its answer on a channel.
+///
+/// # Errors
+///
+/// A runtime that cannot start.
+pub fn spawn_detached<F>(work: F) -> Result<(), String>
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    spawn(work).map(drop)
 }
 
 /// The plugin's I/O runtime (see the module's doc for why it has one).

@@ -1,0 +1,271 @@
+//! What a worker checks in an encoded stage before it builds anything from it.
+//!
+//! An envelope is code: its plan can hold any node the host's codecs decode.
+//! A worker runs stages of one query, which read that query's tables and
+//! shuffle location and write only the shuffle location. So a stage is
+//! refused when it holds:
+//!
+//! - a sink of any kind (`DataSinkExec`: Parquet, CSV, JSON, ...): a stage
+//!   writes through its writer only;
+//! - a file scan of a path outside the tables the worker's spec names, or on
+//!   an object store other than the local file system;
+//! - a dfx writer aimed at another shuffle location (nested stages too);
+//! - an extension node that is not dfx's: nothing here can say what it does.
+//!
+//! The plan is walked in its protobuf JSON form, generically: every key that
+//! names a sink, every file path and store URL, every extension node, at any
+//! depth. A node type added to DataFusion later is still walked (its sinks
+//! still end in `Sink`, its files still sit in `fileGroups`), where a match
+//! over today's node types would pass it unseen.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use datafusion_proto::protobuf::PhysicalPlanNode;
+use object_store::path::Path as ObjectPath;
+use prost::Message;
+use serde_json::Value;
+
+use crate::codec::{PAYLOAD_MAGIC, Payload};
+
+/// What a worker may touch: its spec's tables and its shuffle location.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Allowed {
+    /// Table roots (directories or files), as the spec names them.
+    pub tables: Vec<PathBuf>,
+    /// The shuffle location every dfx writer in the stage must publish into.
+    pub shuffle_dir: String,
+}
+
+impl Allowed {
+    /// Parse the JSON a host passes: `{"tables": [...], "shuffle_dir": "..."}`.
+    ///
+    /// # Errors
+    ///
+    /// Text that is not that object.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        #[derive(serde::Deserialize)]
+        struct Wire {
+            tables: Vec<PathBuf>,
+            shuffle_dir: String,
+        }
+        let wire: Wire = serde_json::from_str(text).map_err(|e| {
+            format!(
+                "the allowed locations are not {{\"tables\": [...], \"shuffle_dir\": ...}}: {e}"
+            )
+        })?;
+        Ok(Self {
+            tables: wire.tables,
+            shuffle_dir: wire.shuffle_dir,
+        })
+    }
+}
+
+/// Refuse the encoded stage `plan_bytes` if it holds anything a worker must
+/// not run (see the module doc); every finding is listed in the error.
+///
+/// # Errors
+///
+/// Bytes that are not a protobuf physical plan, or one error naming each
+/// node refused and where it sits in the plan.
+pub fn vet_encoded_stage(plan_bytes: &[u8], allowed: &Allowed) -> Result<(), String> {
+    let plan = PhysicalPlanNode::decode(plan_bytes)
+        .map_err(|e| format!("not an encoded physical plan: {e}"))?;
+    let value =
+        serde_json::to_value(&plan).map_err(|e| format!("cannot walk the encoded plan: {e}"))?;
+    let roots = TableRoots::new(&allowed.tables);
+    let mut walk = Walk {
+        allowed,
+        roots,
+        findings: Vec::new(),
+    };
+    walk.value(&value, "plan");
+    if walk.findings.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "refusing the stage: {}. A worker runs only stages that read its query's tables and \
+         shuffle location and publish through dfx's writer",
+        walk.findings.join("; ")
+    ))
+}
+
+/// Each table root in the spellings a file scan may use: as written made
+/// absolute, and with symlinks resolved.
+struct TableRoots(Vec<ObjectPath>);
+
+impl TableRoots {
+    fn new(tables: &[PathBuf]) -> Self {
+        let mut roots = Vec::new();
+        for table in tables {
+            if let Ok(absolute) = std::path::absolute(table)
+                && let Ok(path) = ObjectPath::from_absolute_path(&absolute)
+            {
+                roots.push(path);
+            }
+            if let Ok(path) = ObjectPath::from_filesystem_path(table) {
+                roots.push(path);
+            }
+        }
+        Self(roots)
+    }
+
+    fn holds(&self, file: &str) -> bool {
+        let Ok(file) = ObjectPath::parse(file) else {
+            return false;
+        };
+        self.0.iter().any(|root| file.prefix_match(root).is_some())
+    }
+}
+
+struct Walk<'a> {
+    allowed: &'a Allowed,
+    roots: TableRoots,
+    findings: Vec<String>,
+}
+
+impl Walk<'_> {
+    fn value(&mut self, value: &Value, at: &str) {
+        match value {
+            Value::Object(fields) => {
+                for (key, field) in fields {
+                    let here = format!("{at}.{key}");
+                    self.field(key, field, &here);
+                }
+            }
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    self.value(item, &format!("{at}[{i}]"));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn field(&mut self, key: &str, field: &Value, at: &str) {
+        if key.ends_with("Sink") {
+            self.findings
+                .push(format!("it holds a sink ({key}, at {at})"));
+            return;
+        }
+        match key {
+            "extension" => self.extension(field, at),
+            "objectStoreUrl" => {
+                let url = field.as_str().unwrap_or_default();
+                if !url.starts_with("file://") {
+                    self.findings.push(format!(
+                        "it scans the object store {url:?} (at {at}); tables are local files"
+                    ));
+                }
+            }
+            "fileGroups" => {
+                self.file_paths(field, at);
+                self.value(field, at);
+            }
+            _ => self.value(field, at),
+        }
+    }
+
+    /// Every `path` under a scan's file groups must lie under a table root.
+    fn file_paths(&mut self, groups: &Value, at: &str) {
+        let mut paths = Vec::new();
+        collect_paths(groups, &mut paths);
+        for path in paths {
+            if !self.roots.holds(path) {
+                self.findings.push(format!(
+                    "it reads /{path} (at {at}), which is under none of the spec's tables {:?}",
+                    self.allowed.tables
+                ));
+            }
+        }
+    }
+
+    fn extension(&mut self, node: &Value, at: &str) {
+        let payload = node
+            .get("node")
+            .and_then(Value::as_str)
+            .and_then(|text| base64::engine::general_purpose::STANDARD.decode(text).ok())
+            .unwrap_or_default();
+        match dfx_payload(&payload) {
+            Some(Payload::Writer(writer)) => {
+                if !same_location(&writer.shuffle_dir, &self.allowed.shuffle_dir) {
+                    self.findings.push(format!(
+                        "stage {} (at {at}) publishes into {}, not the spec's shuffle location {}",
+                        writer.stage_id, writer.shuffle_dir, self.allowed.shuffle_dir
+                    ));
+                }
+            }
+            Some(Payload::Reader(_)) => {}
+            None => self.findings.push(format!(
+                "it holds an extension node that is not dfx's (at {at}), so what it does \
+                 cannot be checked"
+            )),
+        }
+        if let Some(inputs) = node.get("inputs") {
+            self.value(inputs, &format!("{at}.inputs"));
+        }
+    }
+}
+
+/// The dfx payload inside an extension node's bytes. A host's codec chain
+/// may put its own prefix first, so the payload is looked for by its magic.
+fn dfx_payload(bytes: &[u8]) -> Option<Payload> {
+    (0..bytes.len().saturating_sub(3))
+        .filter(|&i| bytes[i..i + 4] == PAYLOAD_MAGIC)
+        .find_map(|start| Payload::decode(&bytes[start..]).ok())
+}
+
+fn collect_paths<'v>(value: &'v Value, out: &mut Vec<&'v str>) {
+    match value {
+        Value::Object(fields) => {
+            for (key, field) in fields {
+                match (key.as_str(), field) {
+                    ("path", Value::String(path)) => out.push(path),
+                    _ => collect_paths(field, out),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| collect_paths(item, out)),
+        _ => {}
+    }
+}
+
+/// Whether two shuffle locations are the same: `file:///x` is `/x`, and a
+/// trailing `/` does not count.
+fn same_location(a: &str, b: &str) -> bool {
+    fn canonical(location: &str) -> String {
+        let local = location.strip_prefix("file://").unwrap_or(location);
+        if local.contains("://") {
+            return local.trim_end_matches('/').to_string();
+        }
+        Path::new(local)
+            .components()
+            .collect::<PathBuf>()
+            .display()
+            .to_string()
+    }
+    canonical(a) == canonical(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locations_compare_as_urls() {
+        assert!(same_location("/tmp/x/", "/tmp/x"));
+        assert!(same_location("file:///tmp/x", "/tmp/x"));
+        assert!(same_location("s3://b/p/", "s3://b/p"));
+        assert!(!same_location("s3://b/p", "s3://b/q"));
+        assert!(!same_location("/tmp/x", "/tmp/y"));
+    }
+
+    #[test]
+    fn a_table_root_holds_its_files_and_nothing_beside_it() {
+        let roots = TableRoots::new(&[PathBuf::from("/data/t")]);
+        assert!(roots.holds("data/t/part-0.parquet"));
+        assert!(roots.holds("data/t/sub/part-0.parquet"));
+        assert!(!roots.holds("data/tt/part-0.parquet"));
+        assert!(!roots.holds("etc/passwd"));
+    }
+}
