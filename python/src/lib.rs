@@ -8,7 +8,9 @@
 //! libdfx_plugin.so ──dfx_abi::load──► Plugin ──FFI_* in a PyCapsule──► datafusion-python
 //!   (bundled next to this module,        │
 //!    or named by DFX_PLUGIN)             └─ constants, counters, paths,
-//!                                           stage info of encoded stages ──► dfx_engine.*
+//!                                           stage info of encoded stages,
+//!                                           location probe, stage vetting,
+//!                                           driver lock ──► dfx_engine.*
 //! ```
 //!
 //! Glossary: a *capsule* is a named `PyCapsule` owning one boxed `FFI_*`
@@ -19,6 +21,7 @@ mod capsule;
 mod config;
 mod extension;
 mod functions;
+mod location;
 mod plugin;
 mod stage_info;
 
@@ -51,6 +54,9 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plugin::counters, m)?)?;
     m.add_class::<stage_info::StageInfo>()?;
     m.add_function(wrap_pyfunction!(stage_info::encoded_stage_info, m)?)?;
+    m.add_function(wrap_pyfunction!(location::probe_location, m)?)?;
+    m.add_function(wrap_pyfunction!(location::vet_stage, m)?)?;
+    m.add_class::<location::DriverLock>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
