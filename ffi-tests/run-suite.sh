@@ -18,7 +18,10 @@ cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 target="$(cd "$(dirname "$target")" && pwd)/$(basename "$target")"
 
-ffi-tests/build-plugins.sh
+# scripts/test.sh builds the debug plugins before the host tests (they load
+# the test-hooks one too) and says so, rather than flip the plugin's
+# features twice more here.
+[[ -n "${DFX_PLUGINS_BUILT:-}" ]] || ffi-tests/build-plugins.sh
 cargo test -p dfx-ffi-tests --no-fail-fast
 
 if [[ "${1:-}" == "--ci" ]]; then

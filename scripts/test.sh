@@ -67,14 +67,17 @@ trap summary EXIT
 step "format"
 cargo fmt --all -- --check
 
-step "build the plugin file and the host binary (debug, linted)"
+step "build the plugin files and the host binary (debug, linted)"
+# The test-hooks plugin first (the host's fault-injection tests load it as
+# well as the ABI suite), then the shipped one and everything else.
+ffi-tests/build-plugins.sh
 cargo build -p dfx-plugin -p dfx-host --all-targets
 
 step "Rust tests: plugin, host (real worker processes), TPC-H (linted)"
 cargo test --workspace --exclude dfx-ffi-tests
 
 step "ABI suite: debug host and plugin, then the ci-release plugin in the debug host"
-ffi-tests/run-suite.sh --ci
+DFX_PLUGINS_BUILT=1 ffi-tests/run-suite.sh --ci
 
 step "Python tests (the module linted as it is built)"
 python/run-tests.sh

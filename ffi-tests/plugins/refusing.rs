@@ -103,6 +103,14 @@ extern "C" fn encoded_stage_info(_plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxSt
     called()
 }
 
+extern "C" fn vet_stage(_plan_bytes: RSlice<'_, u8>, _allowed_json: RStr<'_>) -> FfiResult<()> {
+    called()
+}
+
+extern "C" fn probe_location(_location: RStr<'_>, _options_json: RStr<'_>) -> FfiResult<()> {
+    called()
+}
+
 /// A dfx root module that declares `dfx_abi_version` and
 /// `datafusion_ffi_major` as given, every function of which only counts.
 pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPluginRef {
@@ -129,6 +137,8 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         encoded_stage_info,
         bucket_path,
         reader_node_name: RStr::from_str("ShuffleReaderExec"),
+        vet_stage,
+        probe_location,
     }
     .leak_into_prefix()
 }

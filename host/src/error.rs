@@ -155,10 +155,14 @@ pub const LOST_OUTPUT: &str = "lost output";
 
 impl Retry {
     /// How to treat an error message a worker reported: [`Retry::Lost`] when
-    /// it names an upstream map's lost output, else [`Retry::No`].
+    /// it names an upstream map's lost output, [`Retry::Yes`] when shuffle
+    /// storage failed under it ([`dfx_abi::IO_FAILURE`]), else [`Retry::No`].
     pub fn of_reported(message: &str) -> Self {
         match lost_output(message) {
             Some((stage_id, map)) => Retry::Lost { stage_id, map },
+            // Shuffle storage failed under the task (a full disk, a dropped
+            // connection): another attempt, maybe elsewhere, may succeed.
+            None if message.contains(dfx_abi::IO_FAILURE) => Retry::Yes,
             None => Retry::No,
         }
     }

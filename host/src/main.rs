@@ -349,9 +349,15 @@ async fn run(args: RunArgs) -> Result<()> {
         Err(err) => {
             // Kept when workers were dispatched: the envelopes and whatever
             // they published are the evidence. An empty one is just removed.
-            if let Some(temp) =
-                temp.filter(|t| std::fs::read_dir(t.path()).is_ok_and(|mut d| d.next().is_some()))
-            {
+            // (The driver's lock file alone is not evidence.)
+            let dispatched = |dir: &std::path::Path| {
+                std::fs::read_dir(dir).is_ok_and(|entries| {
+                    entries
+                        .flatten()
+                        .any(|e| e.file_name() != dfx_abi::lock::LOCK_FILE)
+                })
+            };
+            if let Some(temp) = temp.filter(|t| dispatched(t.path())) {
                 let kept = temp.keep();
                 eprintln!(
                     "dfx: shuffle directory kept for inspection: {}",

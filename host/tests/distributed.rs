@@ -180,7 +180,8 @@ async fn every_map_publishes_its_buckets_and_marker_and_nothing_else() {
             .with_split(split);
         let result = host().run_distributed(BY_FLAG, &spec).await.unwrap();
         let dir = spec.shuffle_dir.as_deref().unwrap();
-        let mut expected: Vec<String> = vec!["tasks".to_string()];
+        // The driver's lock, the envelopes, the stages' output.
+        let mut expected: Vec<String> = vec![".dfx-driver.lock".to_string(), "tasks".to_string()];
         expected.extend(
             result
                 .stages
@@ -218,6 +219,7 @@ async fn every_map_publishes_its_buckets_and_marker_and_nothing_else() {
         for name in files_below(&dir.join("tasks")) {
             wanted.push(format!("tasks/{name}"));
         }
+        wanted.push(".dfx-driver.lock".to_string());
         wanted.sort();
         assert_eq!(files_below(dir), wanted, "{split}");
         for name in files_below(&dir.join("tasks")) {

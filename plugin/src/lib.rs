@@ -23,6 +23,7 @@ pub mod guard;
 pub mod paths;
 pub mod planner;
 pub mod split;
+pub mod test_hooks;
 pub mod vet;
 
 pub use codec::{CODEC_ID, DfxPhysicalCodec};

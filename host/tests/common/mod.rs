@@ -173,6 +173,73 @@ pub fn plugin_path() -> PathBuf {
     path
 }
 
+/// The plugin built with its `test-hooks` feature (fault injection compiled
+/// in): `DFX_PLUGIN_TEST_HOOKS`, else `target/<profile>/test-hooks/`, where
+/// `ffi-tests/build-plugins.sh` puts it.
+pub fn test_hooks_plugin_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("DFX_PLUGIN_TEST_HOOKS").filter(|p| !p.is_empty()) {
+        return PathBuf::from(path);
+    }
+    let shipped = plugin_path();
+    let path = shipped
+        .parent()
+        .expect("the plugin file's directory")
+        .join("test-hooks")
+        .join(dfx_abi::plugin_file_name());
+    assert!(
+        path.is_file(),
+        "the test-hooks plugin {} is missing: run `ffi-tests/build-plugins.sh` first, or set \
+         DFX_PLUGIN_TEST_HOOKS",
+        path.display()
+    );
+    path
+}
+
+/// A host whose driver and `dfx worker`s load the test-hooks plugin, the
+/// workers with `env` set (the hooks read it).
+pub fn hooks_host(env: &[(&str, &str)]) -> Host {
+    let plugin = dfx_abi::load(&test_hooks_plugin_path()).expect("the test-hooks plugin loads");
+    let mut command = WorkerCommand::dfx(dfx_bin());
+    for (key, value) in env {
+        command = command.env(key, value);
+    }
+    Host::with_worker(plugin, command)
+}
+
+/// A table `t` of `files` Parquet files, `rows_per_file` rows each: `k`
+/// runs 0, 1, 2, ... over all files (unique), `v = k % 7`. Returns its
+/// directory.
+pub fn numbers_table(dir: &Path, files: u64, rows_per_file: u64) -> PathBuf {
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::parquet::arrow::ArrowWriter;
+
+    let table = dir.join("t");
+    std::fs::create_dir_all(&table).unwrap();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Int64, false),
+    ]));
+    for file in 0..files {
+        let start = (file * rows_per_file) as i64;
+        let keys: Vec<i64> = (start..start + rows_per_file as i64).collect();
+        let values: Vec<i64> = keys.iter().map(|k| k % 7).collect();
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from(keys)),
+                Arc::new(Int64Array::from(values)),
+            ],
+        )
+        .unwrap();
+        let out = std::fs::File::create(table.join(format!("part-{file}.parquet"))).unwrap();
+        let mut writer = ArrowWriter::try_new(out, Arc::clone(&schema), None).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+    }
+    table
+}
+
 /// The real plugin, loaded from disk.
 pub fn plugin() -> dfx_host::Plugin {
     dfx_abi::load(&plugin_path()).expect("the plugin file passes the handshake")

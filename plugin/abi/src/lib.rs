@@ -42,6 +42,11 @@ use datafusion_ffi::query_planner::FFI_QueryPlanner;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
 
+/// Words in every error of a failed read or write of shuffle storage (a
+/// full disk, a dropped connection), as a worker reports it: a driver runs
+/// such a task again, where an error about the task itself would recur.
+pub const IO_FAILURE: &str = "I/O failure";
+
 pub use compat::{DFX_ABI_VERSION, LoadCheck, LoadError, host_datafusion_ffi_major};
 pub use lock::DriverLock;
 pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};

@@ -17,6 +17,7 @@ use datafusion::arrow::ipc::CompressionType;
 use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use datafusion::arrow::record_batch::RecordBatch;
+use dfx_abi::IO_FAILURE;
 
 use crate::config::ShuffleCompression;
 use crate::paths::temp_path;
@@ -102,7 +103,7 @@ impl BucketFile {
     ) -> Result<Self, String> {
         let temp = TempFile::new(temp_path(final_path));
         let file = create_exclusive(temp.path())
-            .map_err(|e| format!("cannot create {}: {e}", temp.path().display()))?;
+            .map_err(|e| format!("{IO_FAILURE}: cannot create {}: {e}", temp.path().display()))?;
         let codec = match compression {
             ShuffleCompression::Lz4 => Some(CompressionType::LZ4_FRAME),
             ShuffleCompression::None => None,
@@ -111,7 +112,7 @@ impl BucketFile {
             .try_with_compression(codec)
             .map_err(|e| format!("cannot enable LZ4 compression: {e}"))?;
         let writer = StreamWriter::try_new_with_options(BufWriter::new(file), schema, options)
-            .map_err(|e| format!("cannot start {}: {e}", temp.path().display()))?;
+            .map_err(|e| format!("{IO_FAILURE}: cannot start {}: {e}", temp.path().display()))?;
         Ok(Self {
             writer,
             temp,
@@ -122,9 +123,12 @@ impl BucketFile {
     /// Append one batch.
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), String> {
         self.rows += batch.num_rows() as u64;
-        self.writer
-            .write(batch)
-            .map_err(|e| format!("cannot write {}: {e}", self.temp.path().display()))
+        self.writer.write(batch).map_err(|e| {
+            format!(
+                "{IO_FAILURE}: cannot write {}: {e}",
+                self.temp.path().display()
+            )
+        })
     }
 
     /// Rows written so far.
@@ -139,21 +143,24 @@ impl BucketFile {
         let temp = self.temp.path().display().to_string();
         self.writer
             .finish()
-            .map_err(|e| format!("cannot finish {temp}: {e}"))?;
+            .map_err(|e| format!("{IO_FAILURE}: cannot finish {temp}: {e}"))?;
         let file = self
             .writer
             .into_inner()
-            .map_err(|e| format!("cannot flush {temp}: {e}"))?
+            .map_err(|e| format!("{IO_FAILURE}: cannot flush {temp}: {e}"))?
             .into_inner()
-            .map_err(|e| format!("cannot flush {temp}: {}", e.error()))?;
+            .map_err(|e| format!("{IO_FAILURE}: cannot flush {temp}: {}", e.error()))?;
         let bytes = file
             .metadata()
-            .map_err(|e| format!("cannot stat {temp}: {e}"))?
+            .map_err(|e| format!("{IO_FAILURE}: cannot stat {temp}: {e}"))?
             .len();
         drop(file);
-        self.temp
-            .publish(final_path)
-            .map_err(|e| format!("cannot publish {temp} as {}: {e}", final_path.display()))?;
+        self.temp.publish(final_path).map_err(|e| {
+            format!(
+                "{IO_FAILURE}: cannot publish {temp} as {}: {e}",
+                final_path.display()
+            )
+        })?;
         Ok(bytes)
     }
 }

@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use datafusion::common::{DataFusionError, Result};
+use dfx_abi::IO_FAILURE;
 use serde::{Deserialize, Serialize};
 
 use super::files::publish_bytes;
@@ -42,7 +43,7 @@ impl MapMarker {
         let bytes = self.encode()?;
         publish_bytes(path, &bytes).map_err(|e| {
             DataFusionError::Execution(format!(
-                "dfx stage {} map {}: cannot publish the marker {}: {e}",
+                "dfx stage {} map {}: {IO_FAILURE}: cannot publish the marker {}: {e}",
                 self.stage_id,
                 self.map,
                 path.display()

@@ -58,6 +58,8 @@ use object_store::{
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 
+use dfx_abi::IO_FAILURE;
+
 use crate::config::{DfxConfig, ShuffleCompression};
 
 /// Scheme of an S3 location.
@@ -393,10 +395,10 @@ pub async fn fetch_to_file(
             let chunk = chunk.map_err(|e| e.to_string())?;
             len += chunk.len() as u64;
             file.write_all(&chunk)
-                .map_err(|e| format!("cannot spool the object locally: {e}"))?;
+                .map_err(|e| format!("{IO_FAILURE}: cannot spool the object locally: {e}"))?;
         }
         file.seek(SeekFrom::Start(0))
-            .map_err(|e| format!("cannot rewind the spooled object: {e}"))?;
+            .map_err(|e| format!("{IO_FAILURE}: cannot rewind the spooled object: {e}"))?;
         Ok(Some((file, len)))
     })
     .await?
@@ -420,7 +422,7 @@ fn spool_file() -> Result<File, String> {
         .custom_flags(libc::O_NOFOLLOW)
         .mode(0o600)
         .open(&path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        .map_err(|e| format!("{IO_FAILURE}: cannot create {}: {e}", path.display()))?;
     // Unlinked now: nothing is left behind however the reader ends.
     let _ = std::fs::remove_file(&path);
     Ok(file)
@@ -460,7 +462,7 @@ impl ObjectBucket {
             .try_with_compression(codec)
             .map_err(|e| format!("cannot enable LZ4 compression: {e}"))?;
         let writer = StreamWriter::try_new_with_options(Vec::new(), schema, options)
-            .map_err(|e| format!("cannot start {key}: {e}"))?;
+            .map_err(|e| format!("{IO_FAILURE}: cannot start {key}: {e}"))?;
         Ok(Self {
             store,
             key,
@@ -508,7 +510,7 @@ impl ObjectBucket {
                     .await
             })
             .await?
-            .map_err(|e| format!("cannot start a multipart upload: {e}"))?;
+            .map_err(|e| format!("{IO_FAILURE}: cannot start a multipart upload: {e}"))?;
             self.upload = Some(upload);
         }
         let upload = self.upload.as_mut().ok_or("no upload")?;
@@ -524,7 +526,7 @@ impl ObjectBucket {
         if let Some(part) = self.parts.pop_front() {
             join(part)
                 .await?
-                .map_err(|e| format!("cannot upload a part: {e}"))?;
+                .map_err(|e| format!("{IO_FAILURE}: cannot upload a part: {e}"))?;
         }
         Ok(())
     }
@@ -563,7 +565,8 @@ impl ObjectBucket {
             done
         })
         .await?;
-        completed.map_err(|e| format!("cannot complete the multipart upload: {e}"))?;
+        completed
+            .map_err(|e| format!("{IO_FAILURE}: cannot complete the multipart upload: {e}"))?;
         Ok(self.bytes)
     }
 }

@@ -342,6 +342,7 @@ impl ShuffleWriterExec {
             buckets: (0..self.buckets()).map(|_| None).collect(),
             batch_size,
             compression,
+            batches_written: 0,
             _live: LiveObject::new(),
         };
         let summary = futures::stream::once(job.run(input));
@@ -416,6 +417,8 @@ struct MapJob {
     buckets: Vec<Option<OpenBucket>>,
     batch_size: usize,
     compression: ShuffleCompression,
+    /// Batches written into bucket files so far (for the test hooks).
+    batches_written: u64,
     _live: LiveObject,
 }
 
@@ -478,6 +481,8 @@ impl MapJob {
             .map_err(|e| fail(format!("cannot coalesce: {e}")))?;
         while let Some(full) = open.coalescer.next_completed_batch() {
             open.file.write(&full).await.map_err(fail)?;
+            self.batches_written += 1;
+            crate::test_hooks::batch_written(self.batches_written);
         }
         Ok(())
     }
@@ -508,6 +513,8 @@ impl MapJob {
                 .map_err(|e| fail(format!("cannot coalesce: {e}")))?;
             while let Some(rest) = open.coalescer.next_completed_batch() {
                 open.file.write(&rest).await.map_err(fail)?;
+                self.batches_written += 1;
+                crate::test_hooks::batch_written(self.batches_written);
             }
             let rows = open.file.rows();
             let path = bucket_path(&self.root, self.stage_id, self.map, bucket);

@@ -1,6 +1,6 @@
 //! A test-only dfx plugin declaring a *newer* root module: every field of the
 //! current one, same versions, plus one field appended after
-//! `reader_node_name`, as a later round would add an export.
+//! `probe_location`, as a later round would add an export.
 //!
 //! A current host must load it and use every field it knows. The functions
 //! here do no query work (the constructors of DataFusion objects return an
@@ -105,6 +105,11 @@ pub struct DfxPlugin {
     pub bucket_path: extern "C" fn(dir: RStr<'_>, stage: u64, map: u64, bucket: u64) -> RString,
     /// `ShuffleReaderExec`.
     pub reader_node_name: RStr<'static>,
+    /// The stage check.
+    pub vet_stage:
+        extern "C" fn(plan_bytes: RSlice<'_, u8>, allowed_json: RStr<'_>) -> FfiResult<()>,
+    /// The shuffle location probe.
+    pub probe_location: extern "C" fn(location: RStr<'_>, options_json: RStr<'_>) -> FfiResult<()>,
     /// The appended field: an export a later round might add.
     pub newer_field: extern "C" fn() -> u64,
 }
@@ -202,6 +207,14 @@ extern "C" fn encoded_stage_info(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxSta
     })
 }
 
+extern "C" fn vet_stage(_plan_bytes: RSlice<'_, u8>, _allowed_json: RStr<'_>) -> FfiResult<()> {
+    no_query_work()
+}
+
+extern "C" fn probe_location(_location: RStr<'_>, _options_json: RStr<'_>) -> FfiResult<()> {
+    no_query_work()
+}
+
 /// A current host cannot name this field, so never calls it.
 extern "C" fn newer_field() -> u64 {
     count();
@@ -235,6 +248,8 @@ pub fn root_module() -> DfxPluginRef {
         encoded_stage_info,
         bucket_path,
         reader_node_name: RStr::from_str("ShuffleReaderExec"),
+        vet_stage,
+        probe_location,
         newer_field,
     }
     .leak_into_prefix()

@@ -1,0 +1,239 @@
+//! Fault injection that cannot pass by luck: a worker SIGKILLed after its
+//! k-th written batch (the test-hooks plugin kills it, so the kill always
+//! lands mid-write), many such kills at varied points, and a shuffle
+//! directory on a filesystem that fills up. Each case ends with the right
+//! answer or one clear error, nothing partial published, and every worker
+//! gone. Real `dfx worker` processes and real plugin files.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use dfx_host::{DistributedResult, Host, SessionSpec};
+
+/// Every key meets its own row: a hash join whose two sides are both
+/// shuffled, so every map of the scan stages writes every row it reads.
+const SELF_JOIN: &str = "SELECT count(*) AS n, sum(a.v) AS s FROM t a JOIN t b ON a.k = b.k";
+
+/// `SELF_JOIN`'s answer over `numbers_table(_, files, rows)`, by hand: every
+/// key once, and `v = k % 7` summed over `0..files*rows`.
+fn self_join_expected(files: u64, rows: u64) -> Vec<Vec<Value>> {
+    let total = files * rows;
+    let sum: u64 = (0..total).map(|k| k % 7).sum();
+    vec![vec![i(total as i64), i(sum as i64)]]
+}
+
+fn spec_for(table: &Path, shuffle: &Path) -> SessionSpec {
+    SessionSpec {
+        tables: [("t".to_string(), table.to_path_buf())].into(),
+        ..SessionSpec::default()
+    }
+    .with_shuffle_dir(shuffle)
+}
+
+/// Nothing partial is published: every map with a marker has exactly the
+/// bucket files its marker lists, each of the size it records. Temp files a
+/// killed attempt left behind (it ran no destructor) do not count: no
+/// reader ever opens a name that is not final.
+fn assert_published_whole(shuffle: &Path, result: &DistributedResult) {
+    for stage in result.stage_ids() {
+        let info = result.stage(stage).unwrap();
+        for map in 0..info.maps as usize {
+            let marker = read_marker(&shuffle.join(format!("stage-{stage}/map-{map}.json")));
+            let map_dir = shuffle.join(format!("stage-{stage}/map-{map}"));
+            let mut listed = Vec::new();
+            for entry in marker["buckets"].as_array().unwrap() {
+                let (bucket, rows, bytes) = (
+                    entry["bucket"].as_u64().unwrap(),
+                    entry["rows"].as_u64().unwrap(),
+                    entry["bytes"].as_u64().unwrap(),
+                );
+                if rows == 0 {
+                    continue;
+                }
+                let file = map_dir.join(format!("bucket-{bucket}.arrow"));
+                let size = std::fs::metadata(&file)
+                    .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+                    .len();
+                assert_eq!(
+                    size,
+                    bytes,
+                    "{} is not what its marker says",
+                    file.display()
+                );
+                listed.push(format!("bucket-{bucket}.arrow"));
+            }
+            let published: Vec<String> = if map_dir.exists() {
+                file_names(&map_dir)
+                    .into_iter()
+                    .filter(|n| n.ends_with(".arrow"))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            assert_eq!(published, listed, "stage {stage} map {map}");
+        }
+    }
+}
+
+/// End the pool and check every worker left at the end of its input.
+async fn shut_down(host: &Host) {
+    let ended = host.shutdown().await;
+    assert_eq!(ended.killed, 0, "{ended:?}");
+}
+
+#[tokio::test]
+async fn a_worker_killed_after_k_batches_while_writing_is_retried_and_publishes_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = numbers_table(dir.path(), 4, 40_000);
+    let flag = dir.path().join("killed");
+    let kill = format!("3:{}", flag.display());
+    let host = hooks_host(&[("DFX_TEST_KILL_AFTER_BATCHES", &kill)]);
+    let shuffle = dir.path().join("shuffle");
+    let result = host
+        .run_distributed(SELF_JOIN, &spec_for(&table, &shuffle))
+        .await
+        .unwrap();
+    assert_eq!(rows(&result.batches), self_join_expected(4, 40_000));
+    // The kill landed (the flag is made just before it), mid-task, and its
+    // task ran again.
+    assert!(flag.exists(), "no worker was killed");
+    assert_eq!(result.retries.len(), 1, "{:?}", result.retries);
+    assert!(
+        result.retries[0].contains("attempt 0:") && result.retries[0].contains("signal 9"),
+        "{:?}",
+        result.retries
+    );
+    assert_published_whole(&shuffle, &result);
+    shut_down(&host).await;
+}
+
+/// A small LCG, seeded and printed, so a failing run can be replayed.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % below
+    }
+}
+
+#[tokio::test]
+async fn fifty_runs_each_with_a_worker_killed_at_a_random_batch_all_answer_right() {
+    const RUNS: u64 = 50;
+    let seed = std::env::var("DFX_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    println!("DFX_FAULT_SEED={seed}");
+    let mut random = Lcg(seed);
+    let dir = tempfile::tempdir().unwrap();
+    // Each map writes 2 buckets of 2 batches (8192 rows) or so: a kill
+    // point in 1..=4 lands in every run, in a map chosen by the schedule.
+    let table = numbers_table(dir.path(), 4, 30_000);
+    let expected = self_join_expected(4, 30_000);
+    let mut killed = 0;
+    for run in 0..RUNS {
+        let k = 1 + random.next(4);
+        let flag = dir.path().join(format!("killed-{run}"));
+        let kill = format!("{k}:{}", flag.display());
+        let host = hooks_host(&[("DFX_TEST_KILL_AFTER_BATCHES", &kill)]);
+        let shuffle = dir.path().join(format!("shuffle-{run}"));
+        let result = host
+            .run_distributed(SELF_JOIN, &spec_for(&table, &shuffle))
+            .await
+            .unwrap_or_else(|e| panic!("run {run} (seed {seed}, k {k}): {e}"));
+        assert_eq!(
+            rows(&result.batches),
+            expected,
+            "run {run} (seed {seed}, k {k})"
+        );
+        assert!(flag.exists(), "run {run} (seed {seed}, k {k}): no kill");
+        assert_eq!(
+            result.retries.len(),
+            1,
+            "run {run} (seed {seed}, k {k}): {:?}",
+            result.retries
+        );
+        assert_published_whole(&shuffle, &result);
+        shut_down(&host).await;
+        killed += 1;
+        std::fs::remove_dir_all(&shuffle).unwrap();
+    }
+    assert_eq!(killed, RUNS);
+}
+
+/// A tmpfs of `size` mounted at a new directory, unmounted on drop.
+struct SmallFilesystem {
+    dir: PathBuf,
+}
+
+impl SmallFilesystem {
+    fn mount(parent: &Path, size: &str) -> Self {
+        let dir = parent.join("small-fs");
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size={size},mode=0700"))
+            .arg("tmpfs")
+            .arg(&dir)
+            .output()
+            .expect("mount runs");
+        assert!(
+            out.status.success(),
+            "this test needs a size-limited filesystem and mounts a tmpfs for it (as root): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self { dir }
+    }
+}
+
+impl Drop for SmallFilesystem {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+#[tokio::test]
+async fn a_full_disk_fails_the_query_after_its_attempts_with_nothing_published() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = numbers_table(dir.path(), 4, 40_000);
+    // Room for the envelopes, not for the stage output (megabytes).
+    let small = SmallFilesystem::mount(dir.path(), "256k");
+    let shuffle = small.dir.join("shuffle");
+    let host =
+        dfx_host::Host::with_worker(plugin(), dfx_host::dispatch::WorkerCommand::dfx(dfx_bin()));
+    let err = host
+        .run_distributed(SELF_JOIN, &spec_for(&table, &shuffle))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("No space left on device"), "{err}");
+    assert!(err.contains("I/O failure"), "{err}");
+    // Storage failing under a task is worth another attempt: it had three.
+    assert!(err.contains("attempt 2"), "{err}");
+    shut_down(&host).await;
+    // The writers removed their temp files; no map that failed has a marker
+    // or a bucket file.
+    let left = files_below(&shuffle);
+    assert!(
+        left.iter().all(|f| !f.contains(".tmp")
+            && (f == ".dfx-driver.lock" || f.starts_with("tasks/") || f.contains("map-"))),
+        "{left:#?}"
+    );
+    for file in left.iter().filter(|f| f.ends_with(".arrow")) {
+        let map_dir = Path::new(file).parent().unwrap();
+        let marker = shuffle.join(format!("{}.json", map_dir.display()));
+        assert!(marker.exists(), "{file} published without its marker");
+    }
+}

@@ -1,0 +1,45 @@
+//! Fault injection for the reliability tests. Everything here is compiled
+//! only with the `test-hooks` feature, never shipped: a plain build's hooks
+//! are empty functions.
+//!
+//! `DFX_TEST_KILL_AFTER_BATCHES=K:FLAG`: a map task that has just written its
+//! K-th batch to a bucket file kills its own process with SIGKILL, as a crash
+//! or the OOM killer would: no destructor runs, no temp file is removed. Only
+//! the first task anywhere to get there dies (the one that creates the file
+//! FLAG), so its retry, and every later task, runs through.
+
+/// Called by a map task after each batch it writes into a bucket file;
+/// `written` counts them, from 1, for this task.
+#[inline]
+pub fn batch_written(written: u64) {
+    #[cfg(feature = "test-hooks")]
+    kill_after_batches(written);
+    #[cfg(not(feature = "test-hooks"))]
+    let _ = written;
+}
+
+#[cfg(feature = "test-hooks")]
+fn kill_after_batches(written: u64) {
+    let Ok(setting) = std::env::var("DFX_TEST_KILL_AFTER_BATCHES") else {
+        return;
+    };
+    let Some((k, flag)) = setting.split_once(':') else {
+        return;
+    };
+    if k.parse::<u64>().ok() != Some(written) {
+        return;
+    }
+    // First to create the flag dies; everyone else carries on.
+    if std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(flag)
+        .is_ok()
+    {
+        // SAFETY: kill(2) on our own pid with a valid signal number; it
+        // touches no memory of ours.
+        unsafe {
+            libc::kill(libc::getpid(), libc::SIGKILL);
+        }
+    }
+}
