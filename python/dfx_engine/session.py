@@ -1,7 +1,8 @@
 """One session factory for the driver and every worker.
 
 A :class:`SessionSpec` says everything a session depends on: the tables, the
-shuffle directory and the partition count. The driver ships it to every
+shuffle location, the partition count and how an ``s3://`` location is
+reached. The driver ships it to every
 worker inside the task envelope, and :func:`build_session` turns it into the
 same session on both sides, so a worker decodes a stage with exactly the
 codecs and functions the driver encoded it with.
@@ -20,6 +21,7 @@ from dfx_engine import _internal
 
 __all__ = [
     "SPLIT_MODES",
+    "STORE_OPTION_KEYS",
     "SessionSpec",
     "build_session",
     "effective_target_partitions",
@@ -34,6 +36,17 @@ SPLIT_MODES = ("exchange", "aggregate")
 
 ``exchange`` cuts at every exchange (hash repartition, merge, broadcast build);
 ``aggregate`` is round 1's rule: each topmost partial aggregate is a stage.
+"""
+
+
+STORE_OPTION_KEYS = ("s3_endpoint", "s3_region", "s3_allow_http")
+"""The keys of :attr:`SessionSpec.store_options`, each set as ``dfx_engine.<key>``.
+
+``s3_endpoint`` (e.g. ``http://127.0.0.1:9000``), ``s3_region`` and
+``s3_allow_http`` (``true`` or ``false``: plain http, for local endpoints)
+win over the ``AWS_*`` environment variables. Credentials are not among them:
+the spec is written into every task envelope, so they come from each
+process's environment.
 """
 
 
@@ -60,21 +73,33 @@ class SessionSpec:
         split: Where the planner cuts stages, one of :data:`SPLIT_MODES`.
             Only planning reads it (a worker decodes stages already cut), and
             only with a shuffle directory.
+        store_options: How an ``s3://`` shuffle location is reached: keys of
+            :data:`STORE_OPTION_KEYS` to their values, set as the plugin's
+            ``dfx_engine.<key>`` (only with a shuffle directory). Never
+            credentials. Written as JSON ``store_options``, as the Rust
+            host's spec writes it, and left out when empty.
     """
 
     tables: dict[str, str] = field(default_factory=dict)
     shuffle_dir: str = ""
     target_partitions: int = 2
     split: str = SPLIT_MODES[0]
+    store_options: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        """Refuse a partition count no session can plan with, or an unknown split.
+        """Refuse a partition count no session can plan with, an unknown split.
+
+        Or a store option the plugin does not take.
 
         Raises:
             ValueError: If ``target_partitions`` is not a whole number of at
-                least 1 (zero is a mistake to report, not to round up), or
-                ``split`` is not one of :data:`SPLIT_MODES`.
+                least 1 (zero is a mistake to report, not to round up),
+                ``split`` is not one of :data:`SPLIT_MODES`, or
+                ``store_options`` holds a key not in
+                :data:`STORE_OPTION_KEYS`, a value that is not a string, or
+                an ``s3_allow_http`` other than ``true`` or ``false``.
         """
+        _check_store_options(self.store_options)
         if self.split not in SPLIT_MODES:
             message = (
                 f"session spec split must be one of {list(SPLIT_MODES)}, "
@@ -100,13 +125,17 @@ class SessionSpec:
         decoding anything: a plan written through a codec the worker lacks
         would be misread, not merely rejected.
         """
-        return {
+        data: dict[str, Any] = {
             "tables": dict(self.tables),
             "shuffle_dir": self.shuffle_dir,
             "target_partitions": self.target_partitions,
             "split": self.split,
             "codec_ids": expected_codec_ids(),
         }
+        # Left out when empty, as the Rust host leaves it out.
+        if self.store_options:
+            data["store_options"] = dict(sorted(self.store_options.items()))
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | str) -> SessionSpec:
@@ -125,6 +154,8 @@ class SessionSpec:
             target_partitions = obj.get("target_partitions", 2)
             # Absent in specs written before split modes existed.
             split = obj.get("split", SPLIT_MODES[0])
+            # Absent when empty.
+            store_options = obj.get("store_options", {})
         except (KeyError, TypeError) as err:
             message = f"not a dfx session spec: {obj!r} (missing {err})"
             raise ValueError(message) from err
@@ -143,12 +174,51 @@ class SessionSpec:
                 f"target_partitions={target_partitions!r}, split={split!r}"
             )
             raise ValueError(message)
+        _check_store_options(store_options)
         return cls(
             tables=dict(tables),
             shuffle_dir=shuffle_dir,
             target_partitions=target_partitions,
             split=split,
+            store_options=dict(store_options),
         )
+
+
+def _check_store_options(options: object) -> None:
+    """Refuse store options the plugin would not take, naming the culprit.
+
+    The plugin checks a value only when a query is planned; checked here, a
+    bad spec fails where it is made.
+
+    Raises:
+        ValueError: If ``options`` is not a dict of strings to strings over
+            :data:`STORE_OPTION_KEYS`, or ``s3_allow_http`` is not ``true``
+            or ``false``.
+    """
+    if not isinstance(options, dict):
+        message = f"session spec store_options must be a dict, got {options!r}"
+        raise ValueError(message)
+    unknown = sorted(str(key) for key in options if key not in STORE_OPTION_KEYS)
+    if unknown:
+        message = (
+            f"session spec store_options has unknown keys {unknown}; the keys are "
+            f"{list(STORE_OPTION_KEYS)} (credentials come from the environment, "
+            "never from the spec)"
+        )
+        raise ValueError(message)
+    for key, value in options.items():
+        if not isinstance(value, str):
+            message = (
+                f"session spec store_options {key} must be a string, got {value!r}"
+            )
+            raise ValueError(message)
+    allow_http = options.get("s3_allow_http")
+    if allow_http is not None and allow_http.strip().lower() not in ("true", "false"):
+        message = (
+            f"session spec store_options s3_allow_http must be 'true' or 'false', "
+            f"got {allow_http!r}"
+        )
+        raise ValueError(message)
 
 
 def codec_ids_of(data: dict[str, Any] | str) -> list[str] | None:
@@ -194,8 +264,10 @@ def build_session(
 
     1. The config extension goes on the :class:`~datafusion.SessionConfig`
        before the context exists, so the planner sees the shuffle directory
-       (and the split mode, set only with a directory) from the first query
-       on.
+       (and the split mode and store options, set only with a directory)
+       from the first query on: a stage decoded in a worker and the root
+       read in the driver reach an ``s3://`` location with the spec's
+       endpoint.
     2. ``with_extensions`` is called once, installing the plugin's codec and
        then its planner on the session's final codec chain, and registering
        the plugin's functions (they travel in a plan by name, so every
@@ -226,6 +298,12 @@ def build_session(
             _internal.DfxEngineConfig(shuffle_dir=spec.shuffle_dir, split=split)
         )
     )
+    if spec.shuffle_dir:
+        prefix = _internal.config_prefix()
+        for key, value in sorted(spec.store_options.items()):
+            # Onto the extension just added: keys under the plugin's prefix
+            # go to its options (checked by the plugin when it plans).
+            config = config.set(f"{prefix}.{key}", value)
     engine = _internal.DfxEngineExtension()
     ctx = SessionContext(config).with_extensions(engine)
 

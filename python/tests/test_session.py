@@ -69,10 +69,53 @@ def test_the_split_mode_reaches_the_planner(
     assert DfxEngineConfig(shuffle_dir="/s").split is None
 
 
+def test_store_options_round_trip_under_the_rust_hosts_key() -> None:
+    # The JSON a Rust host writes: `store_options` holds the `s3_*` keys.
+    data = {
+        "tables": {},
+        "shuffle_dir": "s3://bucket/q1",
+        "target_partitions": 2,
+        "codec_ids": [],
+        "split": "exchange",
+        "store_options": {
+            "s3_endpoint": "http://127.0.0.1:9000",
+            "s3_region": "us-east-1",
+            "s3_allow_http": "true",
+        },
+    }
+    spec = SessionSpec.from_json(data)
+    assert spec.store_options == data["store_options"]
+    assert spec.to_json()["store_options"] == data["store_options"]
+    assert SessionSpec.from_json(spec.to_json()) == spec
+    # Left out when empty, as the Rust host leaves it out; absent reads empty.
+    assert "store_options" not in SessionSpec(shuffle_dir="/s").to_json()
+    assert (
+        SessionSpec.from_json({"tables": {}, "shuffle_dir": "/s"}).store_options == {}
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"aws_secret_access_key": "x"},
+        {"s3_endpoint": 9000},
+        {"s3_allow_http": "sometimes"},
+    ],
+)
+def test_store_options_take_only_the_plugins_s3_keys(options: object) -> None:
+    with pytest.raises(ValueError, match="store_option"):
+        SessionSpec(store_options=options)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="store_option"):
+        SessionSpec.from_json(
+            {"tables": {}, "shuffle_dir": "", "store_options": options}
+        )
+
+
 @pytest.mark.parametrize(
     "data",
     [
         {"shuffle_dir": "/s"},
+        {"tables": {}, "shuffle_dir": "/s", "store_options": ["s3_region"]},
         {"tables": ["t"], "shuffle_dir": "/s"},
         {"tables": {}, "shuffle_dir": 7},
         {"tables": {}, "shuffle_dir": "/s", "target_partitions": 0},
