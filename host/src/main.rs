@@ -387,11 +387,21 @@ async fn run(args: RunArgs) -> Result<()> {
             summary.rows
         );
     }
-    let per_task: Vec<String> = result
+    // Every task when there are few; a table of a thousand files would make
+    // this one line of a thousand entries, so past that only the first ones.
+    const TASKS_SHOWN: usize = 32;
+    let mut per_task: Vec<String> = result
         .task_rows
         .iter()
+        .take(TASKS_SHOWN)
         .map(|((stage, map), rows)| format!("{stage}/{map}={rows}"))
         .collect();
+    if result.task_rows.len() > TASKS_SHOWN {
+        per_task.push(format!(
+            "... ({} more; --analyze has each stage's spread)",
+            result.task_rows.len() - TASKS_SHOWN
+        ));
+    }
     eprintln!("rows per task (stage/map=rows): {}", per_task.join(" "));
     for retry in &result.retries {
         eprintln!("retried: {retry}");
