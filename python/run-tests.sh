@@ -30,9 +30,10 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 # ray: the Ray executor's tests start a local Ray (the `ray` extra's pin).
+# moto[server]: the S3 tests' endpoint, a local moto_server (boto3 with it).
 "$venv/bin/python" -m pip install --quiet \
     "maturin>=1.7,<2" "datafusion==55.0.0" pyarrow pytest cloudpickle ruff mypy \
-    "ray==2.60.0"
+    "ray==2.60.0" "moto[server]>=5,<6"
 
 # The wheel the tests install, built as a user builds one; test_wheel.py also
 # installs it into a fresh virtual environment.

@@ -28,6 +28,13 @@ rules of docs/DESIGN):
    so tasks are keyed by ``(stage_id, map)``.
 6. Refuse a shuffle directory that already holds stage output.
 
+The shuffle location is a local directory (a path or ``file://``) or an
+``s3://bucket/prefix`` URL; the plugin reads and writes either, and the
+driver only checks it up front (:func:`local_shuffle_dir`). Envelopes and
+encoded stages go into ``<dir>/tasks/`` for a local location, and for an S3
+one into a local scratch directory removed when the query ends: they are
+read by workers of this machine, or shipped by value (Ray).
+
 Tasks run on long-lived workers (:class:`WorkerPool`) unless told to start a
 process per task; a task whose worker died, hung or found an upstream map's
 output lost runs again (see :func:`run_distributed`).
@@ -38,6 +45,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import pathlib
@@ -79,6 +87,7 @@ __all__ = [
     "execute_plan",
     "find_stage",
     "find_stages",
+    "local_shuffle_dir",
     "plan_stages",
     "python_worker",
     "report_of",
@@ -100,6 +109,12 @@ task after task, so the interpreter, DataFusion and the plugin load once per
 worker rather than once per task (see :class:`WorkerPool`). ``process``: one
 ``<worker command> ENVELOPE`` process per task.
 """
+
+S3_SCHEME = "s3://"
+"""The scheme of a shuffle location in an S3 bucket."""
+
+FILE_SCHEME = "file://"
+"""The scheme of a local shuffle location written as a URL."""
 
 STDERR_TAIL = 16_384
 """Bytes of a worker's stderr attached to its task's failure, at most."""
@@ -337,6 +352,39 @@ def waves_of(stages: Sequence[_internal.StageInfo]) -> list[list[int]]:
         waves.append(wave)
         done.update(wave)
     return waves
+
+
+def local_shuffle_dir(shuffle_dir: str) -> pathlib.Path | None:
+    """The local directory ``shuffle_dir`` names, or ``None`` for an S3 location.
+
+    A path or a ``file://`` URL is local; ``s3://bucket/prefix`` is not
+    (the prefix may be empty). The location itself travels unchanged, as
+    written, in the session config.
+
+    Raises:
+        ValueError: If it is an ``s3://`` URL without a bucket, or a URL of
+            another scheme.
+    """
+    if shuffle_dir.startswith(S3_SCHEME):
+        bucket = shuffle_dir.removeprefix(S3_SCHEME).split("/", 1)[0]
+        if not bucket:
+            message = f"shuffle location {shuffle_dir}: no bucket after {S3_SCHEME}"
+            raise ValueError(message)
+        return None
+    if shuffle_dir.startswith(FILE_SCHEME):
+        return pathlib.Path(shuffle_dir.removeprefix(FILE_SCHEME))
+    scheme, found, _ = shuffle_dir.partition("://")
+    if (
+        found
+        and scheme
+        and all(c.isascii() and (c.isalnum() or c == "+") for c in scheme)
+    ):
+        message = (
+            f"shuffle location {shuffle_dir}: unsupported scheme {scheme}://; use a "
+            f"local path, {FILE_SCHEME} or {S3_SCHEME}bucket/prefix"
+        )
+        raise ValueError(message)
+    return pathlib.Path(shuffle_dir)
 
 
 def require_empty_shuffle(shuffle_dir: pathlib.Path) -> None:
@@ -1305,7 +1353,13 @@ def run_distributed(
     """Run ``sql`` with every map of every stage on a worker process.
 
     ``spec.shuffle_dir`` is required (without it no stage is planned) and
-    must hold no stage output yet. ``extra_udfs`` are Python functions
+    must hold no stage output yet. It is a local directory (a path or
+    ``file://``) or ``s3://bucket/prefix``, reached with the spec's
+    ``store_options`` over the ``AWS_*`` environment variables (credentials
+    come only from the environment, the driver's and its workers'). An S3
+    location is probed before anything is built, and the envelopes and
+    encoded stages then go into a local scratch directory, removed when the
+    call returns. ``extra_udfs`` are Python functions
     registered on the driver only: encoding a stage cloudpickles them into
     the plan, so they reach the workers by value, unlike the plugin's
     functions, which travel by name and are registered on every session.
@@ -1338,7 +1392,10 @@ def run_distributed(
             unknown, or ``pool`` comes with a ``worker_command`` or
             ``max_workers`` (the pool has its own), or without pool mode,
             or ``executor`` comes with any of those, or ``max_attempts`` or
-            ``task_timeout`` is not positive.
+            ``task_timeout`` is not positive; or if the shuffle location is
+            a URL of another scheme, or an S3 location fails its probe
+            (unreachable endpoint, missing bucket, refused credentials,
+            stage output already there; the message names the URL).
         RuntimeError: If the directory holds stage output, the plan has no
             stage or stages the plugin describes inconsistently, any worker
             of a wave failed (every failure of that wave is reported, and no
@@ -1350,10 +1407,48 @@ def run_distributed(
     _check_mode(worker_mode, pool, worker_command, max_workers, executor)
     # Checked here too, so that bad settings fail before anything is built.
     _Attempts({}, max_attempts, task_timeout)
-    shuffle_dir = pathlib.Path(spec.shuffle_dir)
-    # First, so a reused directory is refused before anything is built.
-    require_empty_shuffle(shuffle_dir)
+    local_dir = local_shuffle_dir(spec.shuffle_dir)
+    run = functools.partial(
+        _run_distributed,
+        sql,
+        spec,
+        extra_udfs,
+        worker_command=worker_command,
+        max_workers=max_workers,
+        worker_mode=worker_mode,
+        pool=pool,
+        max_attempts=max_attempts,
+        task_timeout=task_timeout,
+        executor=executor,
+    )
+    # First, so a reused location is refused before anything is built.
+    if local_dir is not None:
+        require_empty_shuffle(local_dir)
+        # Scratch goes under tasks/, never beside the stage output the
+        # plugin owns.
+        return run(local_dir / "tasks")
+    # The probe also says, once and naming the URL, why an S3 location
+    # cannot be used, where every task would otherwise fail on its own.
+    _internal.probe_location(spec.shuffle_dir, dict(spec.store_options))
+    with tempfile.TemporaryDirectory(prefix="dfx-tasks-") as scratch:
+        return run(pathlib.Path(scratch) / "tasks")
 
+
+def _run_distributed(
+    sql: str,
+    spec: SessionSpec,
+    extra_udfs: list[ScalarUDF | AggregateUDF] | None,
+    task_dir: pathlib.Path,
+    *,
+    worker_command: Sequence[str] | None,
+    max_workers: int | None,
+    worker_mode: str,
+    pool: WorkerPool | None,
+    max_attempts: int,
+    task_timeout: float | None,
+    executor: Executor | None,
+) -> DistributedResult:
+    """:func:`run_distributed` past its checks, writing envelopes into ``task_dir``."""
     ctx, _engine = build_session(spec)
     _register(ctx, extra_udfs)
     # Planned once: the stages shipped and the root executed below are parts
@@ -1375,8 +1470,7 @@ def run_distributed(
             raise RuntimeError(message)
     waves = waves_of([stage.info for stage in stages])
 
-    # Scratch goes under tasks/, never beside the stage output the plugin owns.
-    envelopes = _write_tasks(stages, spec, shuffle_dir / "tasks")
+    envelopes = _write_tasks(stages, spec, task_dir)
     # One for the whole query: a wave may rerun a map of an earlier one.
     attempts = _Attempts(
         {task: path for stage in envelopes.values() for task, path in stage.items()},
@@ -1478,6 +1572,7 @@ def run_local(
         shuffle_dir="",
         target_partitions=spec.target_partitions,
         split=spec.split,
+        store_options=dict(spec.store_options),
     )
     ctx, _engine = build_session(local)
     _register(ctx, extra_udfs)

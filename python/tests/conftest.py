@@ -24,12 +24,17 @@ and the quantity-weighted average price = sum(price * qty) / sum(qty):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
 import pathlib
+import socket
 import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -40,7 +45,7 @@ from dfx_engine import _internal
 from dfx_engine.session import SessionSpec
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
 ROWS = [
     ("A", 10, 100.0, 0.10, 0.00),
@@ -355,3 +360,121 @@ def tpch_rows(batches: list[pa.RecordBatch]) -> list[tuple[Any, ...]]:
     if not batches:
         return []
     return [tuple(r.values()) for r in pa.Table.from_batches(batches).to_pylist()]
+
+
+# An S3 endpoint for the tests: moto's server (``moto[server]``, which
+# run-tests.sh installs beside the tests, boto3 with it) on 127.0.0.1 and a
+# free port, one for the whole session, with one bucket.
+BUCKET = "dfx-shuffle"
+"""The bucket the session's server holds."""
+
+S3_KEY = "test"
+"""Access key and secret alike: moto takes any unless told to check."""
+
+S3_REGION = "us-east-1"
+
+
+def free_port() -> int:
+    """A port of 127.0.0.1 nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A running S3 endpoint and what reaches it."""
+
+    endpoint: str
+
+    @property
+    def store_options(self) -> dict[str, str]:
+        """A spec's ``store_options`` for this endpoint (credentials aside)."""
+        return {
+            "s3_endpoint": self.endpoint,
+            "s3_region": S3_REGION,
+            "s3_allow_http": "true",
+        }
+
+    def client(self) -> Any:  # noqa: ANN401 - boto3 declares no types
+        """A boto3 S3 client of this endpoint."""
+        boto3 = pytest.importorskip("boto3")
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=S3_KEY,
+            aws_secret_access_key=S3_KEY,
+            region_name=S3_REGION,
+        )
+
+    def keys(self, bucket: str, prefix: str) -> list[str]:
+        """Every object key under ``prefix``, sorted."""
+        pages = self.client().get_paginator("list_objects_v2")
+        return sorted(
+            item["Key"]
+            for page in pages.paginate(Bucket=bucket, Prefix=prefix)
+            for item in page.get("Contents", [])
+        )
+
+
+@contextlib.contextmanager
+def s3_server(*, check_keys: bool = False) -> Iterator[S3Server]:
+    """A ``moto_server`` on a free port, killed and reaped afterwards.
+
+    With ``check_keys`` it refuses every request's keys (it knows none).
+    """
+    server = pathlib.Path(sys.executable).parent / "moto_server"
+    if not server.is_file():
+        pytest.skip(f"no {server}: install moto[server] beside the tests")
+    port = free_port()
+    env = dict(os.environ)
+    if check_keys:
+        env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
+    process = subprocess.Popen(
+        [str(server), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, "moto_server exited"
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", port), timeout=1),
+            ):
+                break
+            assert time.monotonic() < deadline, "moto_server did not listen"
+            time.sleep(0.1)
+        yield S3Server(f"http://127.0.0.1:{port}")
+    finally:
+        process.kill()
+        process.wait()
+
+
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": S3_KEY, "AWS_SECRET_ACCESS_KEY": S3_KEY}
+"""What the driver and its workers read their S3 keys from: the environment."""
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    """The session's S3 server, holding :data:`BUCKET`, and keys to reach it.
+
+    The keys go into this process's environment, which workers inherit;
+    endpoint, region and plain http come only from a spec's
+    ``store_options``, so that is what the tests exercise.
+    """
+    with pytest.MonkeyPatch.context() as env, s3_server() as server:
+        for name in (
+            "AWS_ENDPOINT_URL",
+            "AWS_ENDPOINT",
+            "AWS_ALLOW_HTTP",
+            "AWS_PROFILE",
+        ):
+            env.delenv(name, raising=False)
+        for name, value in S3_CREDENTIALS.items():
+            env.setenv(name, value)
+        server.client().create_bucket(Bucket=BUCKET)
+        yield server
