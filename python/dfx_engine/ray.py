@@ -1,24 +1,34 @@
 """Run a query's tasks as Ray tasks: ``run_distributed(..., executor=RayExecutor())``.
 
 Each ``(stage, map)`` task is one Ray task, in a Ray worker process on any
-node of the cluster. The task runs :func:`dfx_engine.worker.run_task`, the
-code of ``python -m dfx_engine.worker``, on the envelope the driver wrote;
-the worker process loads the plugin from the ``dfx-engine`` wheel installed
-on its node (install the same wheel on every node: ``pip install
-dfx-engine[ray]`` from ``python/build-wheel.sh``'s wheel). What moves where::
+node of the cluster. The driver reads the task's envelope and encoded stage
+from its own disk and passes both to the Ray task as arguments; the task
+writes them into a temporary directory of its node and runs
+:func:`dfx_engine.worker.run_task`, the code of ``python -m
+dfx_engine.worker``, on them. The worker process loads the plugin from the
+``dfx-engine`` wheel installed on its node (install the same wheel on every
+node: ``pip install dfx-engine[ray]`` from ``python/build-wheel.sh``'s
+wheel). What moves where::
 
-    driver                          Ray object store          Ray worker process
-    ------                          ----------------          ------------------
-    envelope location (a string) ──► task argument ─────────► run_task(envelope)
-                                                              reads envelope, plan;
-                                                              reads and publishes
-                                                              shuffle files itself
-    TaskReport ◄──────────────────── report (rows, bytes, ◄── returns the report
-                                     elapsed_ms) or error
+    what              from                   through               to
+    ----              ----                   -------               --
+    envelope (JSON),  the driver's disk,     Ray task arguments    a temp dir of the
+    encoded stage     read per attempt       (object store)        Ray worker; run_task
+    shuffle data      the Ray worker         never Ray             the shuffle location
+                      (a map's output)                             (S3, or a directory
+                                                                   every node mounts),
+                                                                   read back by later
+                                                                   stages and the driver
+    report            the Ray worker         the task's result     the driver: a
+                      (rows, bytes, time)    or its error          TaskReport
 
-Only those small values pass through Ray; plans, envelopes and shuffle data
-stay wherever the shuffle lives, which this module never looks at (a local
-directory on one machine, shared storage on a cluster).
+Only those small values pass through Ray; shuffle data goes between the
+workers and the shuffle location, which this module never looks at. On a
+cluster that is an ``s3://bucket/prefix`` location (or a directory mounted
+on every node), which the driver's final read reaches too. The spec's
+``store_options`` say how S3 is reached; credentials come from each
+process's environment, e.g. ``RayExecutor(options={"runtime_env":
+{"env_vars": {...}}})`` for the workers.
 
 Ray's own task retries are off: a failure is classified as the driver's
 other executors classify it, and the driver's policy retries. An exception
@@ -30,8 +40,10 @@ lost; a worker process or node that died, and a task past its timeout
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
+import tempfile
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -66,14 +78,56 @@ find the session built (plugin loaded, tables listed), as in a pooled worker.
 """
 
 
-def run_in_ray_worker(envelope: str) -> dict[str, Any]:
-    """The body of every Ray task: run the task ``envelope`` names; its report.
+def run_in_ray_worker(
+    envelope: dict[str, Any], plan: bytes, name: str
+) -> dict[str, Any]:
+    """The body of every Ray task: run the task of ``envelope``; its report.
+
+    ``envelope`` is the driver's envelope and ``plan`` the encoded stage its
+    ``plan`` names, both passed by value: this process may run on a node that
+    cannot see the driver's disk. They are written into a temporary
+    directory, the envelope's ``plan`` pointing at the copy, under the
+    envelope's file name ``name`` (so errors name the task as the driver's
+    file does), and removed when the task ends.
 
     Raises:
         dfx_engine.worker.TaskError: For every refusal and failure, naming
             stage and map; Ray carries it to the driver with its traceback.
     """
-    return run_task(pathlib.Path(envelope), _SESSIONS)
+    with tempfile.TemporaryDirectory(prefix="dfx-ray-task-") as scratch:
+        directory = pathlib.Path(scratch)
+        plan_path = (
+            directory / pathlib.Path(str(envelope.get("plan", "stage.plan"))).name
+        )
+        plan_path.write_bytes(plan)
+        path = directory / pathlib.PurePath(name).name
+        path.write_text(json.dumps({**envelope, "plan": str(plan_path)}))
+        return run_task(path, _SESSIONS)
+
+
+def _task_arguments(
+    task: tuple[int, int], envelope: pathlib.Path
+) -> tuple[dict[str, Any], bytes, str]:
+    """The envelope of ``task`` and the encoded stage it names, read here.
+
+    Raises:
+        TaskFailed: Final, naming stage and map, if either cannot be read (a
+            retry would read the same files).
+    """
+    stage, map_index = task
+    try:
+        parsed = json.loads(envelope.read_text())
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("plan"), str):
+            message = "not an envelope with a plan"
+            raise TypeError(message)
+        plan = pathlib.Path(parsed["plan"]).read_bytes()
+    except (OSError, ValueError, TypeError) as err:
+        message = (
+            f"stage {stage} map {map_index}: cannot read the task envelope "
+            f"{envelope} or the stage it names: {err}"
+        )
+        raise TaskFailed(message) from err
+    return parsed, plan, envelope.name
 
 
 _RETRYABLE = (
@@ -184,7 +238,9 @@ class RayExecutor:
             # attempt number, behind the driver's back.
             "max_retries": 0,
         }
-        ref = self._remote.options(**options).remote(str(envelope))
+        # By value: a Ray worker need not see this machine's disk.
+        arguments = _task_arguments(task, envelope)
+        ref = self._remote.options(**options).remote(*arguments)
         with self._lock:
             self._running.add(ref)
             # kill_all may have swept `_running` while this task was being

@@ -2,8 +2,11 @@
 
 Ray is started once for the module (``ray.init(num_cpus=2)``) and shut down
 after it. Its worker processes import the installed ``dfx_engine`` and load
-the plugin bundled in it, as on a cluster's nodes; the shuffle is a local
-directory, which every worker of a one-machine Ray can read.
+the plugin bundled in it, as on a cluster's nodes. The shuffle is a local
+directory, which every worker of a one-machine Ray can read, or an ``s3://``
+location on conftest's S3 server, as on a cluster: the Ray tasks get their
+envelopes and plans by value and their keys through the executor's
+``runtime_env``.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from conftest import (
+    BUCKET,
     QUERIES,
+    S3_CREDENTIALS,
     TPCH_SKIP,
+    S3Server,
     as_rows,
     assert_same,
     assert_same_columns,
@@ -27,6 +33,7 @@ from conftest import (
 from datafusion import udf
 
 from dfx_engine.driver import run_distributed, run_local
+from dfx_engine.session import SessionSpec
 
 ray = pytest.importorskip("ray")
 
@@ -34,8 +41,6 @@ from dfx_engine.ray import RayExecutor  # noqa: E402 - only once Ray is importab
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-
-    from dfx_engine.session import SessionSpec
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +89,43 @@ def test_tpch_query_through_ray_agrees_with_local(
     assert_same_rows(tpch_rows(result.batches), tpch_rows(local), f"q{number}")
 
 
+@pytest.fixture(scope="module")
+def s3_executor(executor: RayExecutor, s3: S3Server) -> RayExecutor:
+    """An executor on the module's Ray whose tasks carry the S3 keys.
+
+    As on a cluster: the driver's environment does not reach the Ray
+    workers, the task's ``runtime_env`` does.
+    """
+    return RayExecutor(options={"runtime_env": {"env_vars": dict(S3_CREDENTIALS)}})
+
+
+@TPCH_SKIP
+@pytest.mark.parametrize("number", range(1, 23), ids=lambda n: f"q{n}")
+def test_tpch_query_through_ray_and_s3_agrees_with_local(
+    s3_executor: RayExecutor,
+    s3: S3Server,
+    tpch_tables: dict[str, str],
+    number: int,
+) -> None:
+    sql = (QUERIES / f"q{number}.sql").read_text()
+    prefix = f"ray/tpch-q{number}"
+    spec = SessionSpec(
+        tables=dict(tpch_tables),
+        shuffle_dir=f"s3://{BUCKET}/{prefix}",
+        target_partitions=2,
+        store_options=s3.store_options,
+    )
+    result = run_distributed(sql, spec, executor=s3_executor)
+    local = run_local(sql, spec)
+    assert result.retries == []
+    assert_same_columns(result.batches, local, f"q{number}")
+    assert_same_rows(tpch_rows(result.batches), tpch_rows(local), f"q{number}")
+    keys = s3.keys(BUCKET, f"{prefix}/")
+    markers = [key for key in keys if key.endswith(".json")]
+    assert len(markers) == len(result.tasks), keys
+    assert all(key.startswith(f"{prefix}/stage-") for key in markers), keys
+
+
 SQL = "SELECT l_returnflag AS flag, sum(py_check(l_quantity)) AS q FROM lineitem "
 
 
@@ -125,8 +167,11 @@ def test_a_failing_ray_task_is_reported_with_stage_map_and_remote_traceback(
     assert len(set(failures)) == len(failures)
     assert "Traceback" in text
     assert "py_check refuses this batch" in text
-    # The worker's own error says which task it ran, envelope included.
-    assert re.search(r"stage \d+ map \d+ \(.*task-\d+-\d+\.json\)", text)
+    # The worker's own error says which task it ran, envelope included: the
+    # copy the Ray task wrote from the envelope it was passed by value.
+    assert re.search(
+        r"stage \d+ map \d+ \(.*/dfx-ray-task-[^/]+/task-\d+-\d+\.json\)", text
+    )
     # An error the task raised would recur: not retried.
     assert "attempts" not in text
 
