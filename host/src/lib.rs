@@ -41,6 +41,7 @@ pub mod driver;
 pub mod envelope;
 pub mod error;
 pub mod loader;
+pub mod memory;
 pub mod pool;
 pub mod retry;
 pub mod session;

@@ -144,6 +144,11 @@ struct RunArgs {
     /// counts as failed and is retried. Default: no limit.
     #[arg(long, value_name = "SECS", value_parser = parse_at_least_one)]
     task_timeout: Option<usize>,
+    /// The most memory each map task's operators may hold (512M, 2G): a
+    /// DataFusion memory pool in every worker; sorts and aggregations spill
+    /// to disk past it, operators that cannot spill fail. Default: no limit.
+    #[arg(long, value_name = "SIZE", value_parser = dfx_host::memory::parse_size)]
+    memory_limit: Option<u64>,
     /// After the answer, per stage: tasks, workers, rows, bytes and task
     /// time min / median / max; then the critical path (the chain of stages
     /// whose slowest tasks sum largest) and the final read's time.
@@ -339,7 +344,8 @@ async fn run(args: RunArgs) -> Result<()> {
         return Ok(());
     }
     let (dir, temp) = shuffle_dir(&args.query)?;
-    let spec = spec.with_shuffle_dir(&dir);
+    let mut spec = spec.with_shuffle_dir(&dir);
+    spec.memory_limit = args.memory_limit;
     let outcome = host.run_distributed(&sql, &spec).await;
     // Workers end and are reaped before the answer is printed, so their CPU
     // time counts as this process's children's (`/usr/bin/time dfx run`).

@@ -85,6 +85,11 @@ pub struct SessionSpec {
     /// Left out of the JSON when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub store_options: BTreeMap<String, String>,
+    /// The most memory, in bytes, each map task's operators may hold: a
+    /// memory pool in the worker (see [`crate::memory`]). `None`: no limit.
+    /// Left out of the JSON when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<u64>,
 }
 
 impl Default for SessionSpec {
@@ -97,6 +102,7 @@ impl Default for SessionSpec {
             split: Split::default(),
             shuffle_compression: ShuffleCompression::default(),
             store_options: BTreeMap::new(),
+            memory_limit: None,
         }
     }
 }

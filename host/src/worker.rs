@@ -37,6 +37,7 @@ use futures::StreamExt;
 use crate::Plugin;
 use crate::envelope::{Envelope, ServeRequest, ServeResponse, TaskError, WorkerReport};
 use crate::error::{DataFusionContext, HostError, Result};
+use crate::memory::{bind_below_root, limited_context};
 use crate::session::{DfxSession, build_session};
 use crate::stages::node_display;
 
@@ -346,8 +347,21 @@ pub async fn run_map(
     envelope: &Envelope,
 ) -> Result<Published> {
     let task = task_name(envelope);
+    let ctx = session.ctx().task_ctx();
+    // With a memory limit, the stage's operators run with a pool (see
+    // `crate::memory` for why below the root rather than at it).
+    let (stage, ctx) = match session.spec().memory_limit {
+        None => (Arc::clone(stage), ctx),
+        Some(limit) => {
+            let ctx = limited_context(&ctx, limit)
+                .context(|| format!("{task}: cannot set up the memory limit"))?;
+            let bound = bind_below_root(stage, Arc::clone(&ctx))
+                .context(|| format!("{task}: cannot set up the memory limit"))?;
+            (bound, ctx)
+        }
+    };
     let mut stream = stage
-        .execute(envelope.partition, session.ctx().task_ctx())
+        .execute(envelope.partition, ctx)
         .context(|| format!("{task}: cannot start"))?;
     let mut published = Published {
         rows: 0,
