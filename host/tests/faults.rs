@@ -40,7 +40,7 @@ fn spec_for(table: &Path, shuffle: &Path) -> SessionSpec {
 fn assert_published_whole(shuffle: &Path, result: &DistributedResult) {
     for stage in result.stage_ids() {
         let info = result.stage(stage).unwrap();
-        for map in 0..info.maps as usize {
+        for map in 0..info.maps {
             let marker = read_marker(&shuffle.join(format!("stage-{stage}/map-{map}.json")));
             let map_dir = shuffle.join(format!("stage-{stage}/map-{map}"));
             let mut listed = Vec::new();
