@@ -41,8 +41,10 @@ lost; a worker process or node that died, and a task past its timeout
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import re
+import shutil
 import tempfile
 import threading
 from typing import TYPE_CHECKING, Any
@@ -88,13 +90,14 @@ def run_in_ray_worker(
     cannot see the driver's disk. They are written into a temporary
     directory, the envelope's ``plan`` pointing at the copy, under the
     envelope's file name ``name`` (so errors name the task as the driver's
-    file does), and removed when the task ends.
+    file does), and removed when the task ends (or, if its process dies, by
+    a later task: see :func:`_scratch_root`).
 
     Raises:
         dfx_engine.worker.TaskError: For every refusal and failure, naming
             stage and map; Ray carries it to the driver with its traceback.
     """
-    with tempfile.TemporaryDirectory(prefix="dfx-ray-task-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="task-", dir=_scratch_root()) as scratch:
         directory = pathlib.Path(scratch)
         plan_path = (
             directory / pathlib.Path(str(envelope.get("plan", "stage.plan"))).name
@@ -103,6 +106,35 @@ def run_in_ray_worker(
         path = directory / pathlib.PurePath(name).name
         path.write_text(json.dumps({**envelope, "plan": str(plan_path)}))
         return run_task(path, _SESSIONS)
+
+
+def _scratch_root() -> pathlib.Path:
+    """This process's directory for its tasks' files, its dead siblings' swept.
+
+    ``<tmp>/dfx-ray-tasks-<uid>/<pid>``: a task's own directory inside is
+    removed when the task ends, but not when its process dies (a crash, a
+    cancelled task's kill), so each task first removes the directories of
+    processes that no longer exist.
+    """
+    root = pathlib.Path(tempfile.gettempdir()) / f"dfx-ray-tasks-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    for entry in root.iterdir():
+        if entry.name.isdigit() and not _alive(int(entry.name)):
+            shutil.rmtree(entry, ignore_errors=True)
+    mine = root / str(os.getpid())
+    mine.mkdir(mode=0o700, exist_ok=True)
+    return mine
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (this user's: the root is per user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _task_arguments(

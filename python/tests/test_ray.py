@@ -12,7 +12,9 @@ envelopes and plans by value and their keys through the executor's
 from __future__ import annotations
 
 import os
+import pathlib
 import re
+import tempfile
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -22,8 +24,10 @@ from conftest import (
     BUCKET,
     QUERIES,
     S3_CREDENTIALS,
+    SQL_ONLY,
     TPCH_SKIP,
     S3Server,
+    alive,
     as_rows,
     assert_same,
     assert_same_columns,
@@ -170,7 +174,8 @@ def test_a_failing_ray_task_is_reported_with_stage_map_and_remote_traceback(
     # The worker's own error says which task it ran, envelope included: the
     # copy the Ray task wrote from the envelope it was passed by value.
     assert re.search(
-        r"stage \d+ map \d+ \(.*/dfx-ray-task-[^/]+/task-\d+-\d+\.json\)", text
+        r"stage \d+ map \d+ \(.*/dfx-ray-tasks-\d+/\d+/task-[^/]+/task-\d+-\d+\.json\)",
+        text,
     )
     # An error the task raised would recur: not retried.
     assert "attempts" not in text
@@ -195,3 +200,23 @@ def test_a_ray_worker_that_dies_is_retried_then_reported(
     text = str(info.value)
     assert re.search(r"stage \d+ map \d+: failed 2 attempts", text)
     assert "Ray worker running it died" in text
+
+
+def test_the_files_of_a_dead_ray_worker_are_swept_by_a_later_task(
+    executor: RayExecutor, make_spec: Callable[..., SessionSpec]
+) -> None:
+    def die(values: pa.Array) -> pa.Array:
+        os._exit(3)
+
+    dying = udf(die, [pa.int64()], pa.int64(), "immutable", name="py_check")
+    sql = SQL + "GROUP BY l_returnflag"
+    with pytest.raises(RuntimeError, match="dfx tasks failed"):
+        run_distributed(sql, make_spec(), [dying], executor=executor, max_attempts=1)
+    # Each task sweeps the directories of processes that are gone.
+    result = run_distributed(SQL_ONLY, make_spec(), executor=executor)
+    assert result.tasks
+    root = pathlib.Path(tempfile.gettempdir()) / f"dfx-ray-tasks-{os.getuid()}"
+    left = [entry.name for entry in root.iterdir()]
+    assert all(alive(int(name)) for name in left), left
+    # And a task's own directory is gone once it ended.
+    assert all(list((root / name).iterdir()) == [] for name in left), left
