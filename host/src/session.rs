@@ -74,7 +74,7 @@ pub struct SessionSpec {
     #[serde(default)]
     pub split: Split,
     /// How workers compress bucket files (`dfx_engine.shuffle_compression`).
-    /// Absent in a spec means [`ShuffleCompression::Lz4`]; left out of the
+    /// Absent in a spec means [`ShuffleCompression::Auto`]; left out of the
     /// JSON when it is the default, so older readers still take the spec.
     #[serde(default, skip_serializing_if = "ShuffleCompression::is_default")]
     pub shuffle_compression: ShuffleCompression,
@@ -114,17 +114,20 @@ impl Default for SessionSpec {
 )]
 #[serde(rename_all = "lowercase")]
 pub enum ShuffleCompression {
-    /// LZ4 frames, per Arrow IPC buffer.
+    /// By location: none for a local directory, LZ4 for S3.
     #[default]
+    Auto,
+    /// LZ4 frames, per Arrow IPC buffer.
     Lz4,
     /// Uncompressed Arrow IPC: more bytes, no codec time.
     None,
 }
 
 impl ShuffleCompression {
-    /// The config value (`lz4`, `none`).
+    /// The config value (`auto`, `lz4`, `none`).
     pub fn as_str(self) -> &'static str {
         match self {
+            ShuffleCompression::Auto => "auto",
             ShuffleCompression::Lz4 => "lz4",
             ShuffleCompression::None => "none",
         }

@@ -50,7 +50,7 @@ impl QueryPlanner for DfxQueryPlanner {
         let dfx = DfxConfig::from_config(session.config_options())?;
         let split = dfx.split_mode()?;
         // Checked here too, so a typo fails the query before any task runs.
-        dfx.shuffle_compression()?;
+        dfx.shuffle_compression(true)?;
         let shuffle_dir = dfx.shuffle_dir();
         let mut config = session.config().clone();
         if shuffle_dir.is_some() {

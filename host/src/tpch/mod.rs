@@ -49,8 +49,9 @@ pub struct TpchArgs {
     /// Where distributed plans are cut into stages.
     #[arg(long, value_enum, default_value_t = crate::session::Split::Exchange)]
     pub split: crate::session::Split,
-    /// How workers compress bucket files (`none` measures what LZ4 buys).
-    #[arg(long, value_enum, default_value_t = crate::session::ShuffleCompression::Lz4)]
+    /// How workers compress bucket files: `auto` is none for a local
+    /// directory and LZ4 for S3; `lz4` and `none` force one (to measure).
+    #[arg(long, value_enum, default_value_t = crate::session::ShuffleCompression::Auto)]
     pub shuffle_compression: crate::session::ShuffleCompression,
     /// How distributed tasks run: `pool` (long-lived workers, the default)
     /// or `process` (one worker process per task).

@@ -330,7 +330,7 @@ impl ShuffleWriterExec {
         let batch_size = context.session_config().batch_size();
         // The worker's session decides (readers detect it per message).
         let compression = config
-            .shuffle_compression()
+            .shuffle_compression(matches!(location, ShuffleLocation::Local(_)))
             .map_err(|e| self.error(map, e.to_string()))?;
         let job = MapJob {
             stage_id: self.stage_id,
