@@ -355,7 +355,7 @@ impl Host {
             .map_err(|e| {
                 HostError::Invalid(format!("the shuffle location probe did not finish: {e}"))
             })?
-            .map_err(|e| HostError::Invalid(e.strip_backtrace()))
+            .map_err(HostError::Invalid)
     }
 
     fn write_tasks(

@@ -34,7 +34,7 @@ pub fn probe_location(
     let options = store_options.unwrap_or_default();
     // The probe may wait on the network for seconds: let other threads run.
     py.detach(|| plugin.probe_location(location, &options))
-        .map_err(|e| PyValueError::new_err(e.strip_backtrace()))
+        .map_err(PyValueError::new_err)
 }
 
 /// Refuse the encoded stage `plan` unless it reads only under `tables` and

@@ -376,16 +376,20 @@ impl Plugin {
     /// Refuse the shuffle `location` if it holds stage output, cannot be
     /// reached (S3) or another driver holds it (S3); `store_options` are the
     /// spec's (`s3_endpoint`, `s3_region`, `s3_allow_http`).
+    ///
+    /// # Errors
+    ///
+    /// The plugin's message, which names the location and what is wrong.
     pub fn probe_location<'a>(
         &self,
         location: &str,
         store_options: impl IntoIterator<Item = (&'a String, &'a String)>,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), String> {
         let Some(probe) = self.module.probe_location() else {
-            return Err(DataFusionError::Execution(format!(
+            return Err(format!(
                 "dfx plugin {} cannot probe a shuffle location (built before probe_location)",
                 self.path.display()
-            )));
+            ));
         };
         let options: serde_json::Map<String, serde_json::Value> = store_options
             .into_iter()
@@ -395,7 +399,7 @@ impl Plugin {
         match probe(RStr::from_str(location), RStr::from_str(&options)) {
             RResult::ROk(()) => Ok(()),
             // The plugin's message names the location; no path prefix needed.
-            RResult::RErr(message) => Err(DataFusionError::Execution(message.into_string())),
+            RResult::RErr(message) => Err(message.into_string()),
         }
     }
 

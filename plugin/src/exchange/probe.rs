@@ -171,8 +171,14 @@ fn hostname() -> String {
 fn why(e: &object_store::Error) -> String {
     let text = e.to_string();
     let has = |s: &str| text.contains(s);
+    let no_keys = std::env::var_os("AWS_ACCESS_KEY_ID").is_none();
     let what = if has("NoSuchBucket") || has("bucket does not exist") {
         "the bucket does not exist"
+    } else if no_keys && has("credential") {
+        // Without keys the client asks the cloud's instance metadata service
+        // for credentials, and that failure is the one it reports.
+        "no credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are unset and no \
+         instance credentials answered"
     } else if has("InvalidAccessKeyId")
         || has("SignatureDoesNotMatch")
         || has("AccessDenied")
