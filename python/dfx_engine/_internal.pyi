@@ -93,7 +93,7 @@ def probe_location(location: str, store_options: dict[str, str] | None = None) -
     """Refuse a shuffle location holding stage output; probe and lock an S3 one."""
 
 def vet_stage(plan: bytes, tables: list[str], shuffle_dir: str) -> None:
-    """Refuse an encoded stage with a sink, a file outside tables, or a foreign writer."""
+    """Refuse a stage with a sink, a file outside tables, or a foreign writer."""
 
 class DriverLock:
     """An exclusive lock on a local shuffle directory, for one driver's run."""

@@ -92,7 +92,6 @@ __all__ = [
     "python_worker",
     "report_of",
     "reported_failure",
-    "require_empty_shuffle",
     "run_distributed",
     "run_local",
     "waves_of",
@@ -172,11 +171,21 @@ class TaskFailed(Exception):
         return line.removeprefix(f"stage {task[0]} map {task[1]}: ")
 
 
+IO_FAILURE = "I/O failure"
+"""Words the plugin puts in every error of shuffle storage failing under a
+task (a full disk, a dropped connection): such a task is worth another
+attempt (the Rust driver reads the same words, ``dfx_abi::IO_FAILURE``)."""
+
+
 def reported_failure(message: str) -> TaskFailed:
-    """A failure the worker reported: final, unless it lost upstream output."""
+    """A failure the worker reported: final, unless it lost upstream output.
+
+    A failure of shuffle storage under the task (:data:`IO_FAILURE`) is
+    retried too.
+    """
     found = LOST_OUTPUT.search(message)
     if found is None:
-        return TaskFailed(message)
+        return TaskFailed(message, retryable=IO_FAILURE in message)
     lost = (int(found.group(1)), int(found.group(2)))
     return TaskFailed(message, retryable=True, lost=lost)
 
@@ -385,33 +394,6 @@ def local_shuffle_dir(shuffle_dir: str) -> pathlib.Path | None:
         )
         raise ValueError(message)
     return pathlib.Path(shuffle_dir)
-
-
-def require_empty_shuffle(shuffle_dir: pathlib.Path) -> None:
-    """Refuse a directory that already holds stage output.
-
-    Stage ids start again at ``stage_id(0)`` for every plan, and a reader
-    trusts any published map it finds. A second query in the same directory
-    would therefore find the first query's files and return their contents
-    as its own answer, silently if the schemas agree. One shuffle directory
-    per query is the rule, and only the driver can enforce it: it knows it
-    has not dispatched anything yet.
-
-    Only stage output counts (the plugin's ``partition_glob``); the driver's
-    own scratch lives in ``tasks/`` and other files are the caller's.
-
-    Raises:
-        RuntimeError: If any stage output entry is present.
-    """
-    stale = sorted(p.name for p in shuffle_dir.glob(_internal.partition_glob()))
-    if stale:
-        message = (
-            f"shuffle directory {shuffle_dir} already holds stage output "
-            f"{stale}: readers would take those files for this query's, "
-            "and the query would return the previous query's answer. "
-            "Use a fresh shuffle directory for every query."
-        )
-        raise RuntimeError(message)
 
 
 def _register(
@@ -1421,14 +1403,21 @@ def run_distributed(
         task_timeout=task_timeout,
         executor=executor,
     )
-    # First, so a reused location is refused before anything is built.
+    # First, so a reused or busy location is refused before anything is
+    # built. The plugin's probe refuses one holding stage output (stage ids
+    # restart for every plan and readers trust any published map, so a
+    # second query would silently read the first one's files).
     if local_dir is not None:
-        require_empty_shuffle(local_dir)
-        # Scratch goes under tasks/, never beside the stage output the
-        # plugin owns.
-        return run(local_dir / "tasks")
-    # The probe also says, once and naming the URL, why an S3 location
-    # cannot be used, where every task would otherwise fail on its own.
+        # One driver per directory, Rust or Python: a lock held for the run,
+        # not a check two drivers starting together could both pass.
+        with _internal.DriverLock(str(local_dir)):
+            _internal.probe_location(str(local_dir), dict(spec.store_options))
+            # Scratch goes under tasks/, never beside the stage output the
+            # plugin owns.
+            return run(local_dir / "tasks")
+    # For S3 the probe also says, once and naming the URL, why the location
+    # cannot be used (where every task would otherwise fail on its own), and
+    # claims the prefix with a create-only lock object.
     _internal.probe_location(spec.shuffle_dir, dict(spec.store_options))
     with tempfile.TemporaryDirectory(prefix="dfx-tasks-") as scratch:
         return run(pathlib.Path(scratch) / "tasks")

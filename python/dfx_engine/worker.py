@@ -163,6 +163,16 @@ def run_task(
         spec = SessionSpec.from_json(envelope["spec"])
     except ValueError as err:
         raise fail(str(err)) from err
+    # A limit this worker cannot enforce is refused, not ignored: every task
+    # context crossing into the plugin loses its memory pool, and only the
+    # Rust worker can put the pool back below the plugin's writer.
+    shipped_spec = envelope["spec"]
+    if isinstance(shipped_spec, dict) and shipped_spec.get("memory_limit") is not None:
+        reason = (
+            "the spec sets memory_limit, which only `dfx worker` (the Rust host) "
+            "enforces; run this query's tasks on dfx workers, or without a limit"
+        )
+        raise fail(reason)
     if sessions is None:
         ctx, _engine = build_session(spec)
     else:
@@ -204,6 +214,12 @@ def run_task(
     if not 0 <= map_index < info.maps:
         reason = f"the stage has {info.maps} maps, so map {map_index} does not exist"
         raise fail(reason)
+    # An envelope is code: the plugin checks the stage reads only the spec's
+    # tables and shuffle location and writes only through its writer.
+    try:
+        _internal.vet_stage(plan_bytes, list(spec.tables.values()), spec.shuffle_dir)
+    except ValueError as err:
+        raise fail(str(err)) from err
 
     try:
         stage = ExecutionPlan.from_bytes(ctx, plan_bytes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sys
 from types import SimpleNamespace
@@ -27,7 +28,6 @@ from dfx_engine.driver import (
     execute_plan,
     find_stage,
     find_stages,
-    require_empty_shuffle,
     run_distributed,
     run_local,
     waves_of,
@@ -286,7 +286,7 @@ def test_reused_shuffle_dir_is_refused_before_anything_runs(
     run_distributed(SQL_ONLY, spec)
     before = _internal.counters()
     files = published_files(spec.shuffle_dir)
-    with pytest.raises(RuntimeError, match="already holds stage output") as info:
+    with pytest.raises(ValueError, match="already holds stage output") as info:
         run_distributed(SQL_ONLY, spec)
     assert "previous query" in str(info.value)
     # Nothing was planned, encoded or written.
@@ -295,15 +295,32 @@ def test_reused_shuffle_dir_is_refused_before_anything_runs(
     assert published_files(spec.shuffle_dir) == files
 
 
-def test_require_empty_shuffle_ignores_other_files(tmp_path: pathlib.Path) -> None:
+def test_the_location_probe_ignores_other_files(tmp_path: pathlib.Path) -> None:
     (tmp_path / "tasks").mkdir()
     (tmp_path / "notes.txt").write_text("mine")
-    require_empty_shuffle(tmp_path)
-    require_empty_shuffle(tmp_path / "does-not-exist")
+    _internal.probe_location(str(tmp_path))
+    _internal.probe_location(str(tmp_path / "does-not-exist"))
     marker = pathlib.Path(_internal.marker_path(str(tmp_path), 1, 0))
     marker.parent.mkdir(parents=True)
-    with pytest.raises(RuntimeError, match=r"'stage-1'"):
-        require_empty_shuffle(tmp_path)
+    with pytest.raises(ValueError, match=r'\["stage-1"\]'):
+        _internal.probe_location(str(tmp_path))
+
+
+def test_a_second_driver_on_a_held_directory_is_refused(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    spec = make_spec()
+    # Another driver holds the empty directory (the lock both hosts take):
+    # no stage output yet, so only the lock tells the two apart.
+    with _internal.DriverLock(spec.shuffle_dir) as other:
+        with pytest.raises(ValueError, match="is in use") as info:
+            run_distributed(SQL_ONLY, spec)
+        assert f"pid {os.getpid()}" in str(info.value)
+        assert other.held
+    assert stage_entries(spec.shuffle_dir) == []
+    # Released, the directory serves the query, as one process answers it.
+    result = run_distributed(SQL_ONLY, spec)
+    assert as_rows(result.batches) == as_rows(run_local(SQL_ONLY, spec))
 
 
 def info(stage_id: int, *deps: int) -> SimpleNamespace:

@@ -35,6 +35,7 @@ from dfx_engine.driver import (
     _write_tasks,
     execute_plan,
     plan_stages,
+    reported_failure,
     run_distributed,
     waves_of,
 )
@@ -183,6 +184,22 @@ def test_an_error_the_worker_reports_is_not_retried(
         _run_workers({(s, 99): bad}, worker_mode=mode, attempts=attempts)
     assert attempts.made == {(s, 99): 1}
     assert attempts.retries == []
+
+
+def test_reported_errors_are_classified_where_they_are_made() -> None:
+    # The plugin's words for shuffle storage failing under a task: retried.
+    full = reported_failure(
+        "stage 2 map 1: failed: dfx stage 2 map 1 bucket 0: I/O failure: cannot "
+        "write /s/stage-2/map-1/bucket-0.arrow.tmp: No space left on device"
+    )
+    assert full.retryable
+    assert full.lost is None
+    # Lost upstream output: retried after that map runs again.
+    lost = reported_failure("dfx stage 1 map 3: lost output: marker missing")
+    assert (lost.retryable, lost.lost) == (True, (1, 3))
+    # An error about the task itself (SQL, schema, a UDF) would recur.
+    sql = reported_failure("stage 2 map 0: failed: Schema error: No field named x")
+    assert (sql.retryable, sql.lost) == (False, None)
 
 
 @pytest.mark.parametrize("mode", WORKER_MODES)

@@ -150,7 +150,7 @@ def test_a_file_url_is_a_local_directory(
     assert (directory / "tasks").is_dir()
     assert list(directory.glob(_internal.partition_glob()))
     # Reused, it is refused as a local directory is.
-    with pytest.raises(RuntimeError, match="already holds stage output"):
+    with pytest.raises(ValueError, match="already holds stage output"):
         run_distributed(SQL_ONLY, url)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -178,6 +179,43 @@ def test_worker_refuses_a_stage_for_another_shuffle_dir(
     assert "refusing to write outside" in done.stderr
     for directory in (encoded_for.shuffle_dir, spec.shuffle_dir):
         assert published_files(directory) == set()
+
+
+def test_worker_refuses_a_stage_reading_outside_its_tables(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    spec = make_spec()
+    plan, info = encode_stage(spec, REVENUE_SQL, tmp_path / "scratch")
+    # The envelope's spec names another directory as the table (a real one:
+    # the worker lists it when it builds its session); the stage's scan
+    # reads the fixture's files, which are under none of its tables.
+    other = tmp_path / "other-table"
+    other.mkdir()
+    first = sorted(pathlib.Path(spec.tables["lineitem"]).glob("*.parquet"))[0]
+    shutil.copy(first, other / first.name)
+    shipped = spec.to_json()
+    shipped["tables"] = {"lineitem": str(other)}
+    envelope = write_envelope(tmp_path / "task.json", shipped, plan, 0, info.stage_id)
+    done = run_worker(envelope)
+    assert done.returncode == 1
+    assert "refusing the stage" in done.stderr
+    assert "under none of the spec's tables" in done.stderr
+    assert f"stage {info.stage_id} map 0" in done.stderr
+    assert published_files(spec.shuffle_dir) == set()
+
+
+def test_worker_refuses_a_memory_limit_it_cannot_enforce(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    spec = make_spec()
+    plan, info = encode_stage(spec, REVENUE_SQL, tmp_path / "scratch")
+    shipped = spec.to_json() | {"memory_limit": 1 << 20}
+    envelope = write_envelope(tmp_path / "task.json", shipped, plan, 0, info.stage_id)
+    done = run_worker(envelope)
+    assert done.returncode == 1
+    assert "memory_limit" in done.stderr
+    assert "dfx worker" in done.stderr
+    assert published_files(spec.shuffle_dir) == set()
 
 
 def test_worker_refuses_a_stage_under_another_id(
