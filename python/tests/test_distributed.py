@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import (
     FILES,
@@ -32,13 +33,12 @@ from dfx_engine.driver import (
     run_local,
     waves_of,
 )
-from dfx_engine.session import build_session
+from dfx_engine.session import SessionSpec, build_session
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from dfx_engine.driver import DistributedResult
-    from dfx_engine.session import SessionSpec
 
 
 def stage_entries(shuffle_dir: str) -> list[str]:
@@ -339,3 +339,27 @@ def test_waves_refuse_unknown_and_circular_deps() -> None:
         waves_of([info(1, 9)])  # type: ignore[list-item]
     with pytest.raises(RuntimeError, match=r"stages \[1, 2\] depend on each other"):
         waves_of([info(1, 2), info(2, 1)])  # type: ignore[list-item]
+
+
+def test_each_file_is_one_map_so_work_is_divided(tmp_path: pathlib.Path) -> None:
+    # Two files of 300 000 keys (1.4 MB each: big enough that DataFusion
+    # would split them into byte ranges, where a range holding no row group's
+    # start reads nothing and its neighbour reads the file whole).
+    table = tmp_path / "t"
+    table.mkdir()
+    for index in range(2):
+        keys = pa.array(range(index * 300_000, (index + 1) * 300_000), pa.int64())
+        pq.write_table(pa.table({"k": keys}), table / f"part-{index}.parquet")
+    spec = SessionSpec(
+        tables={"t": str(table)},
+        shuffle_dir=str(tmp_path / "shuffle"),
+        target_partitions=2,
+    )
+    sql = "SELECT count(*) AS n FROM t a JOIN t b ON a.k = b.k"
+    result = run_distributed(sql, spec)
+    assert as_rows(result.batches) == [{"n": 600_000}]
+    # Both scan stages: one map per file, each reading its own 300 000 rows.
+    scans = [s.stage_id for s in result.stages if not s.deps]
+    assert len(scans) == 2
+    for stage in scans:
+        assert [result.task_rows[(stage, m)] for m in range(2)] == [300_000, 300_000]
