@@ -220,8 +220,13 @@ async fn a_full_disk_fails_the_query_after_its_attempts_with_nothing_published()
         .to_string();
     assert!(err.contains("No space left on device"), "{err}");
     assert!(err.contains("I/O failure"), "{err}");
-    // Storage failing under a task is worth another attempt: it had three.
-    assert!(err.contains("attempt 2"), "{err}");
+    // Storage failing under a task is worth another attempt: each had
+    // three (or, when the disk filled before the driver could write the last
+    // retry's envelope, the driver says so, naming that third attempt's).
+    assert!(
+        err.contains("failed 3 attempts") || err.contains(".attempt-2.json"),
+        "{err}"
+    );
     shut_down(&host).await;
     // The writers removed their temp files; no map that failed has a marker
     // or a bucket file.
