@@ -20,6 +20,9 @@ use dfx_plugin::{DfxPhysicalCodec, ReadMode, ShuffleReaderExec, ShuffleWriterExe
 
 use crate::{Outcome, Target};
 
+/// The shuffle location of every seed's writers, as one query's are.
+const SHUFFLE_DIR: &str = "/tmp/shuffle-ä/q";
+
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int64, false),
@@ -51,7 +54,7 @@ fn nodes() -> Result<Vec<Arc<dyn ExecutionPlan>>, String> {
         ))
     };
     let writer = |id, partitioning, deps| -> Result<Arc<ShuffleWriterExec>, String> {
-        ShuffleWriterExec::try_new(id, "/tmp/shuffle-ä/q".into(), input(), partitioning, deps)
+        ShuffleWriterExec::try_new(id, SHUFFLE_DIR.into(), input(), partitioning, deps)
             .map(Arc::new)
             .map_err(fail)
     };
@@ -201,7 +204,7 @@ impl StageInfo {
         let reader = Arc::clone(&nodes[3]);
         let outer = ShuffleWriterExec::try_new(
             1,
-            "/tmp/shuffle".into(),
+            SHUFFLE_DIR.into(),
             reader,
             Partitioning::UnknownPartitioning(1),
             vec![2],
@@ -231,6 +234,65 @@ impl Target for StageInfo {
         match read_encoded_stage(input) {
             Ok(_) => Ok(Outcome::Accepted),
             Err(e) => require_dfx(&e.to_string()).map(|()| Outcome::Refused),
+        }
+    }
+}
+
+/// The worker's vetting of an encoded stage (the ABI's `vet_stage`): the
+/// plan's protobuf walked as JSON, every extension payload decoded.
+pub struct VetStage {
+    seeds: Vec<Vec<u8>>,
+    allowed: dfx_plugin::vet::Allowed,
+}
+
+impl VetStage {
+    /// The target, seeded with the stages of [`StageInfo`]; the shuffle
+    /// location they name is the allowed one, so every seed is accepted.
+    ///
+    /// # Errors
+    ///
+    /// When the chain cannot encode a stage.
+    pub fn new() -> Result<Self, String> {
+        Ok(Self {
+            seeds: StageInfo::new()?.seeds,
+            allowed: dfx_plugin::vet::Allowed {
+                tables: vec!["/data".into()],
+                shuffle_dir: SHUFFLE_DIR.into(),
+            },
+        })
+    }
+}
+
+impl Target for VetStage {
+    fn name(&self) -> &'static str {
+        "vet-stage"
+    }
+
+    fn seeds(&self) -> Vec<Vec<u8>> {
+        self.seeds.clone()
+    }
+
+    fn dictionary(&self) -> Vec<Vec<u8>> {
+        vec![
+            PAYLOAD_MAGIC.to_vec(),
+            2u16.to_le_bytes().to_vec(),
+            SHUFFLE_DIR.as_bytes().to_vec(),
+            b"/data/".to_vec(),
+        ]
+    }
+
+    fn run(&mut self, input: &[u8]) -> Result<Outcome, String> {
+        match dfx_plugin::vet::vet_encoded_stage(input, &self.allowed) {
+            Ok(()) => Ok(Outcome::Accepted),
+            // Every refusal says what it is: a plan that is not one, or the
+            // stage refused with its findings.
+            Err(e)
+                if e.starts_with("refusing the stage: ")
+                    || e.starts_with("not an encoded physical plan") =>
+            {
+                Ok(Outcome::Refused)
+            }
+            Err(e) => Err(format!("an unexplained refusal: {e}")),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! | --- | --- | --- |
 //! | `codec-payload` | the plugin codec's payload parser and `try_decode` | an accepted payload re-encodes to the same bytes; every error names dfx |
 //! | `stage-info` | reading a stage description from encoded plan bytes (`encoded_stage_info`) | every error names dfx |
+//! | `vet-stage` | a worker's check of an encoded stage (`vet_stage`: protobuf walked as JSON) | every refusal says what it refuses |
 //! | `envelope` | the host's task envelope (serde) | an accepted envelope survives write and read unchanged |
 //! | `worker-report` | the host's `WorkerReport::parse` | an accepted report survives `to_line` and `parse` |
 //! | `marker` | a `ShuffleReaderExec` reading a stage whose commit marker is the input | every error names the stage; no panic caught by the plugin's guard |
@@ -15,14 +16,15 @@ mod shuffle;
 
 use crate::Target;
 
-pub use codec::{CodecPayload, StageInfo};
+pub use codec::{CodecPayload, StageInfo, VetStage};
 pub use envelope::{EnvelopeTarget, WorkerReportTarget};
 pub use shuffle::{BucketTarget, MarkerTarget};
 
 /// Every target's name, in the order `--target all` runs them.
-pub const NAMES: [&str; 6] = [
+pub const NAMES: [&str; 7] = [
     "codec-payload",
     "stage-info",
+    "vet-stage",
     "envelope",
     "worker-report",
     "marker",
@@ -39,6 +41,7 @@ pub fn by_name(name: &str) -> Result<Box<dyn Target>, String> {
     Ok(match name {
         "codec-payload" => Box::new(CodecPayload::new()?),
         "stage-info" => Box::new(StageInfo::new()?),
+        "vet-stage" => Box::new(VetStage::new()?),
         "envelope" => Box::new(EnvelopeTarget),
         "worker-report" => Box::new(WorkerReportTarget),
         "marker" => Box::new(MarkerTarget::new()?),
