@@ -16,7 +16,8 @@ use datafusion::physical_expr::expressions::col;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ExecutionPlan, collect};
-use datafusion::prelude::SessionContext;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use dfx_plugin::config::DfxConfig;
 use dfx_plugin::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
 use futures::StreamExt;
 
@@ -36,8 +37,19 @@ fn hash_writer(dir: &Path, maps: usize, fail_at: Option<usize>) -> Arc<ShuffleWr
     )
 }
 
+/// A task context whose writers compress with LZ4: the damaged-file tests
+/// below need LZ4 frames (declared lengths, frame checks) to damage, and
+/// the local default is uncompressed.
+fn lz4_task_ctx() -> Arc<datafusion::execution::TaskContext> {
+    let mut config = SessionConfig::new();
+    let mut dfx = DfxConfig::default();
+    dfx.shuffle_compression = "lz4".to_string();
+    config.options_mut().extensions.insert(dfx);
+    SessionContext::new_with_config(config).task_ctx()
+}
+
 async fn run_map(writer: &Arc<ShuffleWriterExec>, map: usize) -> Result<u64> {
-    let mut stream = writer.execute(map, SessionContext::new().task_ctx())?;
+    let mut stream = writer.execute(map, lz4_task_ctx())?;
     let mut rows = 0;
     while let Some(batch) = stream.next().await {
         let batch = batch?;

@@ -90,7 +90,7 @@ def assert_layout(spec: SessionSpec, result: DistributedResult) -> None:
                 )
             )
             if path.is_file():
-                # pyarrow reads the plugin's LZ4 Arrow IPC stream as it is.
+                # pyarrow reads the plugin's Arrow IPC stream as it is.
                 read += pa.ipc.open_stream(path).read_all().num_rows
         assert read == rows
 
