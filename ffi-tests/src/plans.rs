@@ -4,8 +4,9 @@
 //! A stage is a subtree rooted at a `ShuffleWriterExec`; its consumer reads it
 //! through a `ShuffleReaderExec` whose only child is that writer, so stages
 //! nest and the plan stays one tree. Executing map `m` of a writer publishes
-//! `stage-S/map-m/bucket-b.arrow` (one file per non-empty bucket) and the
-//! marker `stage-S/map-m.json`, and yields one summary batch
+//! `stage-S/map-m.arrow` (every non-empty bucket's segments, no file when
+//! all are empty) and the marker `stage-S/map-m.json`, and yields one
+//! summary batch
 //! `(bucket, rows, bytes)`. A reader never executes its writer: every stage a
 //! plan reads must have run before the plan's root is executed.
 
@@ -165,7 +166,7 @@ pub struct BucketSummary {
     pub bucket: u64,
     /// Rows in the bucket.
     pub rows: u64,
-    /// Bytes of the bucket's file (0 when the bucket is empty: no file).
+    /// Bytes of the bucket's segments in its map's file (0 when empty).
     pub bytes: u64,
 }
 
@@ -299,8 +300,8 @@ pub async fn run_query(
 }
 
 /// The files a stage run must have published: the marker of every map and
-/// the file of every non-empty bucket, as the plugin's path functions name
-/// them.
+/// the file holding each non-empty bucket (its map's), as the plugin's path
+/// functions name them.
 ///
 /// # Errors
 ///

@@ -222,7 +222,7 @@ fn a_newer_root_module_with_a_trailing_field_loads_and_works() {
     );
     assert_eq!(
         plugin.bucket_path(Path::new("/s"), 1, 2, 3).unwrap(),
-        Path::new("/s/stage-1/map-2/bucket-3.arrow")
+        Path::new("/s/stage-1/map-2.arrow")
     );
     assert_eq!(plugin.partition_glob(), "stage-*");
     let counters = plugin.counters();

@@ -55,11 +55,11 @@ async fn encoded_leaf_stage(
 #[tokio::test]
 async fn a_deleted_bucket_file_fails_the_final_read_naming_stage_map_bucket_and_file() {
     let fixture = Fixture::new();
-    // Stage 1 map 0 runs for real, then its bucket files are deleted: its
-    // marker says they hold rows, so the reader must fail, not recompute.
+    // Stage 1 map 0 runs for real, then its file is deleted: its marker
+    // says its buckets hold rows, so the reader must fail, not recompute.
     let host = host_with_script(
         r#""$DFX" worker "$1" || exit $?
-case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/map-0/bucket-*.arrow ;; esac"#,
+case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/map-0.arrow ;; esac"#,
     );
     for split in SPLITS {
         let spec = fixture
@@ -95,7 +95,7 @@ async fn a_corrupt_bucket_file_fails_the_final_read_naming_it() {
     let fixture = Fixture::new();
     let host = host_with_script(
         r#""$DFX" worker "$1" || exit $?
-case "$1" in */task-1-0.json) printf 'not arrow' > "$(dirname "$(dirname "$1")")/stage-1/map-0/bucket-0.arrow" ;; esac"#,
+case "$1" in */task-1-0.json) printf 'not arrow' > "$(dirname "$(dirname "$1")")/stage-1/map-0.arrow" ;; esac"#,
     );
     let spec = fixture.distributed_spec("shuffle");
     let err = host
@@ -103,7 +103,7 @@ case "$1" in */task-1-0.json) printf 'not arrow' > "$(dirname "$(dirname "$1")")
         .await
         .unwrap_err()
         .to_string();
-    assert!(err.contains("stage-1/map-0/bucket-0.arrow"), "{err}");
+    assert!(err.contains("stage-1/map-0.arrow"), "{err}");
 }
 
 #[tokio::test]

@@ -33,47 +33,48 @@ fn spec_for(table: &Path, shuffle: &Path) -> SessionSpec {
     .with_shuffle_dir(shuffle)
 }
 
-/// Nothing partial is published: every map with a marker has exactly the
-/// bucket files its marker lists, each of the size it records. Temp files a
-/// killed attempt left behind (it ran no destructor) do not count: no
-/// reader ever opens a name that is not final.
+/// Nothing partial is published: every map's marker describes its one file
+/// exactly (its size, and segments that tile it), and a map with no rows has
+/// no file. Temp files a killed attempt left behind (it ran no destructor)
+/// do not count: no reader ever opens a name that is not final.
 fn assert_published_whole(shuffle: &Path, result: &DistributedResult) {
     for stage in result.stage_ids() {
         let info = result.stage(stage).unwrap();
         for map in 0..info.maps {
             let marker = read_marker(&shuffle.join(format!("stage-{stage}/map-{map}.json")));
-            let map_dir = shuffle.join(format!("stage-{stage}/map-{map}"));
-            let mut listed = Vec::new();
+            let file = shuffle.join(format!("stage-{stage}/map-{map}.arrow"));
+            let mut segments: Vec<(u64, u64)> = Vec::new();
+            let mut rows = 0;
             for entry in marker["buckets"].as_array().unwrap() {
-                let (bucket, rows, bytes) = (
-                    entry["bucket"].as_u64().unwrap(),
-                    entry["rows"].as_u64().unwrap(),
-                    entry["bytes"].as_u64().unwrap(),
-                );
-                if rows == 0 {
-                    continue;
+                rows += entry["rows"].as_u64().unwrap();
+                for segment in entry["segments"].as_array().unwrap() {
+                    segments.push((
+                        segment["offset"].as_u64().unwrap(),
+                        segment["bytes"].as_u64().unwrap(),
+                    ));
                 }
-                let file = map_dir.join(format!("bucket-{bucket}.arrow"));
-                let size = std::fs::metadata(&file)
-                    .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
-                    .len();
-                assert_eq!(
-                    size,
-                    bytes,
-                    "{} is not what its marker says",
-                    file.display()
-                );
-                listed.push(format!("bucket-{bucket}.arrow"));
             }
-            let published: Vec<String> = if map_dir.exists() {
-                file_names(&map_dir)
-                    .into_iter()
-                    .filter(|n| n.ends_with(".arrow"))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            assert_eq!(published, listed, "stage {stage} map {map}");
+            if rows == 0 {
+                assert!(!file.exists(), "{} of a map without rows", file.display());
+                continue;
+            }
+            let size = std::fs::metadata(&file)
+                .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+                .len();
+            assert_eq!(
+                size,
+                marker["bytes"].as_u64().unwrap(),
+                "{} is not what its marker says",
+                file.display()
+            );
+            // The segments, in file order, cover it end to end.
+            segments.sort_unstable();
+            let mut at = 0;
+            for (offset, bytes) in segments {
+                assert_eq!(offset, at, "{}: a gap or an overlap", file.display());
+                at += bytes;
+            }
+            assert_eq!(at, size, "{}: bytes no segment holds", file.display());
         }
     }
 }
@@ -229,7 +230,7 @@ async fn a_full_disk_fails_the_query_after_its_attempts_with_nothing_published()
     );
     shut_down(&host).await;
     // The writers removed their temp files; no map that failed has a marker
-    // or a bucket file.
+    // or a map file.
     let left = files_below(&shuffle);
     assert!(
         left.iter().all(|f| !f.contains(".tmp")
@@ -237,8 +238,7 @@ async fn a_full_disk_fails_the_query_after_its_attempts_with_nothing_published()
         "{left:#?}"
     );
     for file in left.iter().filter(|f| f.ends_with(".arrow")) {
-        let map_dir = Path::new(file).parent().unwrap();
-        let marker = shuffle.join(format!("{}.json", map_dir.display()));
+        let marker = shuffle.join(Path::new(file).with_extension("json"));
         assert!(marker.exists(), "{file} published without its marker");
     }
 }

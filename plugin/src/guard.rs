@@ -19,7 +19,7 @@
 //! | the physical codec's `try_encode` / `try_decode` | [`catch`] around the body |
 //! | the query planner (which runs the split rule) | [`GuardedQueryPlanner`]: every poll of its future |
 //! | the root module's constructors, config included | [`catch`] (see `export.rs`) |
-//! | Arrow's IPC decoder on a bucket file | [`catch_decoder`]: a corrupt file, reported naming it |
+//! | Arrow's IPC decoder on a segment of a map file | [`catch_decoder`]: a corrupt file, reported naming it |
 //!
 //! A caught panic becomes `dfx plugin panicked in <where>: <message> (at
 //! <file>:<line>)`: the message is never swallowed, and it names dfx so a user
@@ -128,7 +128,7 @@ fn catch_raw<T>(body: impl FnOnce() -> T) -> std::result::Result<T, String> {
 ///
 /// Not a bug of dfx's: Arrow's IPC reader still panics on some corrupt
 /// streams (a buffer offset beyond the message body, found by fuzzing the
-/// bucket-file reader). A panic there means a corrupt file, and the caller
+/// map-file reader). A panic there means a corrupt file, and the caller
 /// reports it as one, naming the file, rather than as a dfx panic.
 ///
 /// # Errors

@@ -10,7 +10,7 @@
 //!   one partition of the stage's input and publishes it split into buckets.
 //! - **bucket**: the rows of one map destined for one consumer partition.
 //! - **exchange**: a writer/reader pair (hash, pass-through or broadcast).
-//! - **shuffle directory**: where map tasks publish bucket files and commit
+//! - **shuffle directory**: where map tasks publish map files and commit
 //!   markers (see [`paths`]) and readers find them.
 
 pub mod codec;

@@ -1,13 +1,19 @@
-//! Where stage output lives: stage ids, bucket files, commit markers, the glob.
+//! Where stage output lives: stage ids, map files, commit markers, the glob.
 //!
 //! The one definition of these conventions. Hosts never re-spell them: they
 //! call the plugin's exported functions, which call these.
 //!
 //! ```text
-//! <dir>/stage-<S>/map-<M>/bucket-<B>.arrow   rows of map M that fall in bucket B
-//!                                            (no file for an empty bucket)
-//! <dir>/stage-<S>/map-<M>.json               map M's commit marker, written last
+//! <dir>/stage-<S>/map-<M>.arrow   every bucket of map M, as segments (no file
+//!                                 when every bucket is empty)
+//! <dir>/stage-<S>/map-<M>.json    map M's commit marker, written last: which
+//!                                 byte ranges of the file hold which bucket
 //! ```
+//!
+//! One file per map rather than one per bucket: creating a file is the
+//! costly part of a local shuffle (a stage of N maps and N buckets made N²
+//! files and N directories; it now makes N files), and on S3 each object is
+//! a request.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,14 +37,17 @@ pub fn stage_dir(dir: &Path, stage_id: u64) -> PathBuf {
     dir.join(format!("stage-{stage_id}"))
 }
 
-/// The directory holding map `map`'s bucket files.
-pub fn map_dir(dir: &Path, stage_id: u64, map: usize) -> PathBuf {
-    stage_dir(dir, stage_id).join(format!("map-{map}"))
+/// The file holding every bucket of map `map` of stage `stage_id` under `dir`.
+pub fn map_path(dir: &Path, stage_id: u64, map: usize) -> PathBuf {
+    stage_dir(dir, stage_id).join(format!("map-{map}.arrow"))
 }
 
-/// The file of bucket `bucket` of map `map` of stage `stage_id` under `dir`.
-pub fn bucket_path(dir: &Path, stage_id: u64, map: usize, bucket: usize) -> PathBuf {
-    map_dir(dir, stage_id, map).join(format!("bucket-{bucket}.arrow"))
+/// The file holding bucket `bucket` of map `map`: the map's one file (its
+/// marker says which byte ranges are the bucket's). Kept, with the bucket in
+/// its signature, as the hosts' question "which file do I lose if bucket B
+/// of map M is lost?".
+pub fn bucket_path(dir: &Path, stage_id: u64, map: usize, _bucket: usize) -> PathBuf {
+    map_path(dir, stage_id, map)
 }
 
 /// The commit marker of map `map` of stage `stage_id` under `dir`.
@@ -71,8 +80,12 @@ mod tests {
         assert_eq!(stage_id(0), 1);
         assert_eq!(stage_id(3), 4);
         assert_eq!(
+            map_path(Path::new("/s"), 2, 7),
+            PathBuf::from("/s/stage-2/map-7.arrow")
+        );
+        assert_eq!(
             bucket_path(Path::new("/s"), 2, 7, 3),
-            PathBuf::from("/s/stage-2/map-7/bucket-3.arrow")
+            map_path(Path::new("/s"), 2, 7)
         );
         assert_eq!(
             marker_path(Path::new("/s"), 2, 7),
@@ -82,14 +95,14 @@ mod tests {
 
     #[test]
     fn temp_paths_are_unique_and_beside_the_final_file() {
-        let final_path = bucket_path(Path::new("/s"), 1, 0, 2);
+        let final_path = map_path(Path::new("/s"), 1, 0);
         let a = temp_path(&final_path);
         let b = temp_path(&final_path);
         assert_ne!(a, b);
         for t in [&a, &b] {
             let name = t.file_name().unwrap().to_string_lossy();
             assert!(name.ends_with(TEMP_SUFFIX), "{name}");
-            assert!(name.starts_with("bucket-2.arrow."), "{name}");
+            assert!(name.starts_with("map-0.arrow."), "{name}");
             assert_eq!(t.parent(), final_path.parent());
         }
     }

@@ -38,11 +38,11 @@ async fn the_directories_a_writer_creates_are_private() {
         dir.path().join("queries"),
         shuffle.clone(),
         shuffle.join("stage-1"),
-        shuffle.join("stage-1/map-0"),
     ] {
         assert_eq!(mode(&created), PRIVATE_DIR_MODE, "{}", created.display());
     }
     assert!(shuffle.join("stage-1/map-0.json").exists());
+    assert!(shuffle.join("stage-1/map-0.arrow").exists());
 }
 
 /// A directory owned by another user: as root, one chowned to `nobody`;

@@ -102,10 +102,16 @@ async fn a_map_publishes_its_buckets_then_its_marker() -> Result<()> {
         files.contains(&"stage-3/map-1.json".to_string()),
         "{files:?}"
     );
-    assert!(
-        files
-            .iter()
-            .all(|f| f.ends_with(".json") || f.contains("/bucket-")),
+    // One file and one marker per map, nothing else: no directory per map,
+    // no file per bucket.
+    assert_eq!(
+        files,
+        [
+            "stage-3/map-0.arrow",
+            "stage-3/map-0.json",
+            "stage-3/map-1.arrow",
+            "stage-3/map-1.json"
+        ],
         "{files:?}"
     );
     assert!(!files.iter().any(|f| f.ends_with(".tmp")), "{files:?}");
@@ -174,10 +180,12 @@ async fn a_map_dropped_half_way_publishes_nothing() -> Result<()> {
         Partitioning::Hash(vec![key], 2),
         vec![],
     )?;
-    let mut stream = writer.execute(0, SessionContext::new().task_ctx())?;
+    // One row per segment, so the four batches are written by now.
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_batch_size(1));
+    let mut stream = writer.execute(0, ctx.task_ctx())?;
     let polled = tokio::time::timeout(std::time::Duration::from_millis(200), stream.next()).await;
     assert!(polled.is_err(), "the stalled map cannot have finished");
-    // Four batches went into temp files by now; dropping must remove them.
+    // Four batches went into the temp file by now; dropping must remove it.
     assert!(
         tree(dir.path()).iter().any(|f| f.ends_with(".tmp")),
         "{:?}",
@@ -219,37 +227,43 @@ async fn a_missing_marker_is_lost_output_of_that_map() -> Result<()> {
 }
 
 #[tokio::test]
-async fn a_missing_bucket_file_is_named() -> Result<()> {
+async fn a_missing_map_file_is_named() -> Result<()> {
     damaged(
-        |dir| std::fs::remove_file(dir.join("stage-3/map-0/bucket-2.arrow")).unwrap(),
+        |dir| std::fs::remove_file(dir.join("stage-3/map-0.arrow")).unwrap(),
         &[
-            "dfx stage 3 map 0 bucket 2",
-            "missing",
-            "stage-3/map-0/bucket-2.arrow",
+            "dfx stage 3 map 0 bucket",
+            "lost output",
+            "the file is missing",
+            "stage-3/map-0.arrow",
         ],
     )
     .await
 }
 
 #[tokio::test]
-async fn a_truncated_bucket_file_is_named() -> Result<()> {
+async fn a_truncated_map_file_is_named() -> Result<()> {
     damaged(
         |dir| {
-            let path = dir.join("stage-3/map-1/bucket-0.arrow");
+            let path = dir.join("stage-3/map-1.arrow");
             let bytes = std::fs::read(&path).unwrap();
             std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
         },
-        &["dfx stage 3 map 1 bucket 0", "stage-3/map-1/bucket-0.arrow"],
+        &[
+            "dfx stage 3 map 1 bucket",
+            "but its marker promises",
+            "stage-3/map-1.arrow",
+        ],
     )
     .await
 }
 
 #[tokio::test]
-async fn a_bucket_file_with_foreign_fields_is_named() -> Result<()> {
+async fn a_segment_with_foreign_fields_is_named() -> Result<()> {
     damaged(
         |dir| {
-            // A valid Arrow IPC stream of another table.
-            let path = dir.join("stage-3/map-0/bucket-1.arrow");
+            // A valid Arrow IPC stream of another table, in place of map 0's
+            // file, and a marker (otherwise valid) saying it is bucket 1.
+            let path = dir.join("stage-3/map-0.arrow");
             let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
                 datafusion::arrow::datatypes::Field::new(
                     "other",
@@ -261,41 +275,71 @@ async fn a_bucket_file_with_foreign_fields_is_named() -> Result<()> {
             let mut w =
                 datafusion::arrow::ipc::writer::StreamWriter::try_new(file, &schema).unwrap();
             w.finish().unwrap();
-            // With the size its marker records, or the size check refuses
-            // it before its fields are read.
-            set_marker_bytes(dir, 0, 1, std::fs::metadata(&path).unwrap().len());
+            let len = std::fs::metadata(&path).unwrap().len();
+            let marker = dir.join("stage-3/map-0.json");
+            let mut json: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&marker).unwrap()).unwrap();
+            json["bytes"] = len.into();
+            for (bucket, entry) in json["buckets"]
+                .as_array_mut()
+                .unwrap()
+                .iter_mut()
+                .enumerate()
+            {
+                let rows: u64 = if bucket == 1 { 7 } else { 0 };
+                entry["rows"] = rows.into();
+                entry["bytes"] = (if bucket == 1 { len } else { 0 }).into();
+                entry["segments"] = if bucket == 1 {
+                    serde_json::json!([{ "offset": 0, "bytes": len, "rows": 7 }])
+                } else {
+                    serde_json::json!([])
+                };
+            }
+            std::fs::write(&marker, serde_json::to_vec(&json).unwrap()).unwrap();
         },
         &[
             "dfx stage 3 map 0 bucket 1",
             "other: Utf8",
-            "stage-3/map-0/bucket-1.arrow",
+            "stage-3/map-0.arrow",
         ],
     )
     .await
 }
 
-/// Record `bytes` as the size of bucket `bucket` in map `map`'s marker.
-fn set_marker_bytes(dir: &Path, map: usize, bucket: usize, bytes: u64) {
-    let marker = dir.join(format!("stage-3/map-{map}.json"));
-    let mut json: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&marker).unwrap()).unwrap();
-    json["buckets"][bucket]["bytes"] = bytes.into();
-    std::fs::write(&marker, serde_json::to_vec(&json).unwrap()).unwrap();
-}
-
 #[tokio::test]
-async fn a_bucket_file_of_another_size_than_its_marker_records_is_refused_unread() -> Result<()> {
+async fn a_map_file_of_another_size_than_its_marker_records_is_refused_unread() -> Result<()> {
     damaged(
         |dir| {
-            let path = dir.join("stage-3/map-1/bucket-0.arrow");
+            let path = dir.join("stage-3/map-1.arrow");
             let mut bytes = std::fs::read(&path).unwrap();
             bytes.extend_from_slice(b"appended later");
             std::fs::write(&path, bytes).unwrap();
         },
         &[
-            "dfx stage 3 map 1 bucket 0",
+            "dfx stage 3 map 1 bucket",
             "but its marker promises",
-            "stage-3/map-1/bucket-0.arrow",
+            "stage-3/map-1.arrow",
+        ],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_marker_whose_segments_overrun_the_file_is_refused() -> Result<()> {
+    damaged(
+        |dir| {
+            let marker = dir.join("stage-3/map-1.json");
+            let mut json: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&marker).unwrap()).unwrap();
+            let size = json["bytes"].as_u64().unwrap();
+            json["bytes"] = (size / 2).into();
+            std::fs::write(&marker, serde_json::to_vec(&json).unwrap()).unwrap();
+        },
+        &[
+            "dfx stage 3 map 1",
+            "the commit marker is not valid",
+            "beyond the file's",
+            "stage-3/map-1.json",
         ],
     )
     .await
@@ -307,7 +351,7 @@ async fn a_buffer_declaring_more_than_lz4_can_expand_is_refused_before_allocatio
     // allocation failed and the process aborted (found by fuzzing).
     damaged(
         |dir| {
-            let path = dir.join("stage-3/map-0/bucket-0.arrow");
+            let path = dir.join("stage-3/map-0.arrow");
             let mut bytes = std::fs::read(&path).unwrap();
             let lz4_magic = [0x04, 0x22, 0x4d, 0x18];
             let frame = bytes
@@ -319,10 +363,81 @@ async fn a_buffer_declaring_more_than_lz4_can_expand_is_refused_before_allocatio
             std::fs::write(&path, bytes).unwrap();
         },
         &[
-            "dfx stage 3 map 0 bucket 0",
+            "dfx stage 3 map 0 bucket",
             "not a readable Arrow IPC stream",
             "145135534866432 uncompressed byte(s)",
         ],
     )
     .await
+}
+
+#[tokio::test]
+async fn a_bucket_of_many_segments_reads_back_whole_and_in_order() -> Result<()> {
+    // Batches of 7 rows: each bucket of each map is many segments, written
+    // interleaved with the other buckets' in one file.
+    let dir = temp_dir();
+    let writer = hash_writer(dir.path(), 2, None);
+    let mut config = SessionConfig::new().with_batch_size(7);
+    config.options_mut().extensions.insert(DfxConfig::default());
+    let ctx = SessionContext::new_with_config(config);
+    for map in 0..2 {
+        let mut stream = writer.execute(map, ctx.task_ctx())?;
+        while let Some(batch) = stream.next().await {
+            batch?;
+        }
+    }
+    let marker: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("stage-3/map-0.json"))?).unwrap();
+    let segments: Vec<usize> = marker["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["segments"].as_array().unwrap().len())
+        .collect();
+    assert!(segments.iter().all(|&n| n > 1), "{segments:?}");
+    // Each hash partition holds exactly its keys, every row once, and
+    // within a map in the order the map produced them.
+    let reader = Arc::new(ShuffleReaderExec::try_new(
+        ReadMode::Hash,
+        Arc::clone(&writer) as Arc<dyn ExecutionPlan>,
+    )?);
+    let mut all = Vec::new();
+    for partition in 0..4 {
+        let batches =
+            datafusion::physical_plan::common::collect(reader.execute(partition, ctx.task_ctx())?)
+                .await?;
+        let keys: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<datafusion::arrow::array::Int64Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        all.extend(keys);
+    }
+    all.sort_unstable();
+    let mut expected: Vec<i64> = Vec::new();
+    for map in 0..2 {
+        let batches = datafusion::physical_plan::common::collect(
+            writer.input().execute(map, ctx.task_ctx())?,
+        )
+        .await?;
+        for b in &batches {
+            expected.extend(
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<datafusion::arrow::array::Int64Array>()
+                    .unwrap()
+                    .values()
+                    .iter(),
+            );
+        }
+    }
+    expected.sort_unstable();
+    assert_eq!(all, expected);
+    Ok(())
 }

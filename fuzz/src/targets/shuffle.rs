@@ -1,7 +1,7 @@
 //! The shuffle-file reader: a real `ShuffleReaderExec` reading a stage
 //! directory in which one file is the fuzzer's input, either a map's commit
-//! marker (`stage-1/map-0.json`) or a bucket file
-//! (`stage-1/map-0/bucket-0.arrow`). Seeds are files the real writer
+//! marker (`stage-1/map-0.json`) or a map file (`stage-1/map-0.arrow`),
+//! one segment long. Seeds are files the real writer
 //! published, LZ4-compressed and uncompressed.
 
 use std::path::{Path, PathBuf};
@@ -18,8 +18,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use dfx_plugin::exchange::marker::{BucketEntry, MapMarker};
-use dfx_plugin::paths::{bucket_path, marker_path};
+use dfx_plugin::exchange::marker::{BucketEntry, MapMarker, Segment};
+use dfx_plugin::paths::{map_path, marker_path};
 use dfx_plugin::{DfxConfig, ReadMode, ShuffleReaderExec, ShuffleWriterExec};
 use futures::StreamExt;
 
@@ -211,7 +211,9 @@ impl Target for MarkerTarget {
             "\"bucket\"",
             "\"rows\"",
             "\"bytes\"",
-            "{\"bucket\":1,\"rows\":0,\"bytes\":0}",
+            "\"segments\"",
+            "\"offset\"",
+            "{\"bucket\":1,\"rows\":0,\"bytes\":0,\"segments\":[]}",
         ] {
             tokens.push(key.as_bytes().to_vec());
         }
@@ -224,9 +226,9 @@ impl Target for MarkerTarget {
     }
 }
 
-/// A one-bucket stage whose bucket file is the input. Its marker promises
-/// the seed's rows and the input's size, so the reader's size check passes
-/// and the input reaches the Arrow IPC decoder.
+/// A one-bucket stage whose map file is the input. Its marker promises the
+/// seed's rows in one segment of the input's size, so the reader's size
+/// check passes and the input reaches the Arrow IPC decoder.
 pub struct BucketTarget {
     _dir: tempfile::TempDir,
     bucket: PathBuf,
@@ -238,7 +240,7 @@ pub struct BucketTarget {
 
 impl BucketTarget {
     /// Publish the stage twice with the real writer (LZ4, then
-    /// uncompressed); both bucket files are seeds.
+    /// uncompressed); both map files (one segment each) are seeds.
     ///
     /// # Errors
     ///
@@ -246,14 +248,14 @@ impl BucketTarget {
     pub fn new() -> Result<Self, String> {
         let dir = scratch()?;
         let writer = writer(dir.path(), Partitioning::UnknownPartitioning(1)).map_err(fail)?;
-        let bucket = bucket_path(dir.path(), STAGE, 0, 0);
+        let bucket = map_path(dir.path(), STAGE, 0);
         let mut seeds = Vec::new();
         for compression in ["none", "lz4"] {
             publish(&writer, compression).map_err(fail)?;
             seeds.push(std::fs::read(&bucket).map_err(fail)?);
         }
         if seeds[0] == seeds[1] {
-            return Err(fail("compression made no difference to the bucket file"));
+            return Err(fail("compression made no difference to the map file"));
         }
         let reader = ShuffleReaderExec::try_new(ReadMode::PassThrough, writer).map_err(fail)?;
         let marker = marker_path(dir.path(), STAGE, 0);
@@ -294,10 +296,16 @@ impl Target for BucketTarget {
             stage_id: STAGE,
             map: 0,
             attempt: 0,
+            bytes: input.len() as u64,
             buckets: vec![BucketEntry {
                 bucket: 0,
                 rows: ROWS as u64,
                 bytes: input.len() as u64,
+                segments: vec![Segment {
+                    offset: 0,
+                    bytes: input.len() as u64,
+                    rows: ROWS as u64,
+                }],
             }],
         };
         let marker = serde_json::to_vec(&marker).map_err(|e| format!("marker: {e}"))?;

@@ -210,8 +210,9 @@ impl Plugin {
         PathBuf::from(path.into_string())
     }
 
-    /// The file of bucket `bucket` of map `map` of stage `stage_id` under
-    /// `dir` (absent when the bucket is empty).
+    /// The file holding bucket `bucket` of map `map` of stage `stage_id`
+    /// under `dir`: the map's one file, shared by its buckets (absent when
+    /// every bucket of the map is empty).
     ///
     /// # Errors
     ///

@@ -137,7 +137,8 @@ pub struct DfxPlugin {
     pub encoded_stage_info: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStageInfo>,
 
     /// Path of the file holding bucket `bucket` of map `map` of `stage` under
-    /// `dir` (`stage-<S>/map-<M>/bucket-<B>.arrow`; absent for an empty bucket).
+    /// `dir`: the map's one file (`stage-<S>/map-<M>.arrow`; absent when every
+    /// bucket of the map is empty), whose marker indexes it by bucket.
     pub bucket_path: extern "C" fn(dir: RStr<'_>, stage: u64, map: u64, bucket: u64) -> RString,
 
     /// Name of the consumer node (`ShuffleReaderExec`), for hosts that mark

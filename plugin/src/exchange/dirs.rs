@@ -7,11 +7,10 @@
 //!
 //! - the shuffle directory, if it exists, must be a directory owned by this
 //!   process's user (it may be a symlink to one: configured paths often are);
-//! - `stage-<S>/` and `map-<M>/` inside it must be real directories (not
-//!   symlinks) owned by this user when they already exist (another map of
-//!   the stage made `stage-<S>/`);
+//! - `stage-<S>/` inside it must be a real directory (not a symlink) owned
+//!   by this user when it already exists (another map of the stage made it);
 //! - whatever the writer creates is mode 0700: other users can neither list
-//!   nor open the bucket files.
+//!   nor open the map files.
 //!
 //! The files themselves are created exclusively (see
 //! [`crate::exchange::files`]).
@@ -20,7 +19,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use crate::paths::{map_dir, stage_dir};
+use crate::paths::stage_dir;
 
 /// Mode of every directory a writer creates.
 pub const PRIVATE_DIR_MODE: u32 = 0o700;
@@ -32,14 +31,14 @@ pub fn effective_uid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// Create (or check) `<shuffle_dir>/stage-<stage>/map-<map>/` for a writer.
+/// Create (or check) `<shuffle_dir>/stage-<stage>/` for a writer.
 ///
 /// # Errors
 ///
 /// An existing directory on the way that belongs to another user, a
-/// `stage-*` or `map-*` entry that is a symlink or not a directory, or the
+/// `stage-*` entry that is a symlink or not a directory, or the
 /// I/O error of creating one; each names the path.
-pub fn prepare_map_dir(shuffle_dir: &Path, stage: u64, map: usize) -> io::Result<PathBuf> {
+pub fn prepare_stage_dir(shuffle_dir: &Path, stage: u64) -> io::Result<PathBuf> {
     let uid = effective_uid();
     if let Err(e) = std::fs::metadata(shuffle_dir) {
         if e.kind() != io::ErrorKind::NotFound {
@@ -50,25 +49,22 @@ pub fn prepare_map_dir(shuffle_dir: &Path, stage: u64, map: usize) -> io::Result
     // Checked after creating too: another process may have made it first.
     let meta = std::fs::metadata(shuffle_dir).map_err(|e| named(shuffle_dir, e))?;
     check_owned(shuffle_dir, &meta, uid)?;
-    let stage_dir = stage_dir(shuffle_dir, stage);
-    let map_dir = map_dir(shuffle_dir, stage, map);
-    for dir in [&stage_dir, &map_dir] {
-        match std::fs::symlink_metadata(dir) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "{} is a symlink: refusing to write through it",
-                        dir.display()
-                    ),
-                ));
-            }
-            Ok(meta) => check_owned(dir, &meta, uid)?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => create_private(dir, false)?,
-            Err(e) => return Err(named(dir, e)),
+    let dir = stage_dir(shuffle_dir, stage);
+    match std::fs::symlink_metadata(&dir) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a symlink: refusing to write through it",
+                    dir.display()
+                ),
+            ));
         }
+        Ok(meta) => check_owned(&dir, &meta, uid)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => create_private(&dir, false)?,
+        Err(e) => return Err(named(&dir, e)),
     }
-    Ok(map_dir)
+    Ok(dir)
 }
 
 /// `dir` is a directory and belongs to `uid`.

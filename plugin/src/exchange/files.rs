@@ -1,13 +1,13 @@
-//! Bucket files: Arrow IPC streams (LZ4-compressed unless the session turns
+//! Map files: segments of Arrow IPC (LZ4-compressed unless the session turns
 //! it off), written under a temp name and published by rename.
 //!
 //! File I/O happens inline, on the thread polling the stream, rather than on
 //! a blocking pool: the plugin has its own copy of tokio and no runtime of its
-//! own, so it cannot spawn onto the host's. Writes go through a `BufWriter`,
-//! one IPC message per coalesced batch, so there is no storm of small writes.
+//! own, so it cannot spawn onto the host's. Each write is one whole segment
+//! (a coalesced batch), so there is no storm of small writes.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Write};
+use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -19,7 +19,9 @@ use datafusion::arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use datafusion::arrow::record_batch::RecordBatch;
 use dfx_abi::IO_FAILURE;
 
+use super::ipc_check::check_stream_bytes;
 use crate::config::ShuffleCompression;
+use crate::guard;
 use crate::paths::temp_path;
 
 /// A temp file removed on drop unless it was published.
@@ -74,7 +76,7 @@ pub fn create_exclusive(path: &Path) -> std::io::Result<File> {
 
 /// Write `bytes` to a temp file beside `path`, then rename it to `path`.
 ///
-/// No fsync, here or for bucket files: the readers are processes on this
+/// No fsync, here or for map files: the readers are processes on this
 /// host, which see a renamed file whole through the page cache, and the
 /// rename is what makes the publish atomic. Durability across a machine
 /// crash is not a property of the shuffle (that query is run again), and a
@@ -87,90 +89,128 @@ pub fn publish_bytes(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     temp.publish(path)
 }
 
-/// One bucket's file while a map task writes it.
-pub struct BucketFile {
-    writer: StreamWriter<BufWriter<File>>,
-    temp: TempFile,
-    rows: u64,
+/// Encode `batch` as one segment: a self-contained Arrow IPC stream (schema,
+/// batch, end of stream), its buffers LZ4-compressed unless `compression`
+/// is none. Self-contained so a reader needs no other bytes of the file to
+/// decode it, dictionaries included.
+///
+/// # Errors
+///
+/// The encoder's failure.
+pub fn encode_segment(
+    schema: &SchemaRef,
+    batch: &RecordBatch,
+    compression: ShuffleCompression,
+) -> Result<Vec<u8>, String> {
+    let codec = match compression {
+        ShuffleCompression::Lz4 => Some(CompressionType::LZ4_FRAME),
+        ShuffleCompression::None => None,
+    };
+    let options = IpcWriteOptions::default()
+        .try_with_compression(codec)
+        .map_err(|e| format!("cannot enable LZ4 compression: {e}"))?;
+    let mut writer = StreamWriter::try_new_with_options(Vec::new(), schema, options)
+        .map_err(|e| format!("cannot encode a segment: {e}"))?;
+    writer
+        .write(batch)
+        .and_then(|()| writer.finish())
+        .map_err(|e| format!("cannot encode a segment: {e}"))?;
+    writer
+        .into_inner()
+        .map_err(|e| format!("cannot encode a segment: {e}"))
 }
 
-impl BucketFile {
-    /// Start the bucket file that will be published as `final_path`.
-    pub fn create(
-        final_path: &Path,
-        schema: &SchemaRef,
-        compression: ShuffleCompression,
-    ) -> Result<Self, String> {
+/// A map's file while its task writes it: segments appended under a temp
+/// name, published by rename. Each segment is written whole by one call, so
+/// there is no storm of small writes and no buffer to flush.
+pub struct MapFile {
+    file: File,
+    temp: TempFile,
+    bytes: u64,
+}
+
+impl MapFile {
+    /// Create the temp file that will be published as `final_path`.
+    ///
+    /// # Errors
+    ///
+    /// The file's creation, naming it and marked [`IO_FAILURE`].
+    pub fn create(final_path: &Path) -> Result<Self, String> {
         let temp = TempFile::new(temp_path(final_path));
         let file = create_exclusive(temp.path())
             .map_err(|e| format!("{IO_FAILURE}: cannot create {}: {e}", temp.path().display()))?;
-        let codec = match compression {
-            ShuffleCompression::Lz4 => Some(CompressionType::LZ4_FRAME),
-            ShuffleCompression::None => None,
-        };
-        let options = IpcWriteOptions::default()
-            .try_with_compression(codec)
-            .map_err(|e| format!("cannot enable LZ4 compression: {e}"))?;
-        let writer = StreamWriter::try_new_with_options(BufWriter::new(file), schema, options)
-            .map_err(|e| format!("{IO_FAILURE}: cannot start {}: {e}", temp.path().display()))?;
         Ok(Self {
-            writer,
+            file,
             temp,
-            rows: 0,
+            bytes: 0,
         })
     }
 
-    /// Append one batch.
-    pub fn write(&mut self, batch: &RecordBatch) -> Result<(), String> {
-        self.rows += batch.num_rows() as u64;
-        self.writer.write(batch).map_err(|e| {
+    /// Bytes written so far: where the next segment starts.
+    pub fn len(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Whether nothing is written yet.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Append one encoded segment.
+    ///
+    /// # Errors
+    ///
+    /// The write's failure (a full disk), naming the file.
+    pub fn append(&mut self, segment: &[u8]) -> Result<(), String> {
+        self.file.write_all(segment).map_err(|e| {
             format!(
                 "{IO_FAILURE}: cannot write {}: {e}",
                 self.temp.path().display()
             )
-        })
+        })?;
+        self.bytes += segment.len() as u64;
+        Ok(())
     }
 
-    /// Rows written so far.
-    pub fn rows(&self) -> u64 {
-        self.rows
-    }
-
-    /// Finish the stream, flush it to the file (not synced: see
-    /// [`publish_bytes`]) and rename it to `final_path`; returns the file's
-    /// size in bytes.
+    /// Publish the file as `final_path` (rename); returns its size.
+    ///
+    /// # Errors
+    ///
+    /// The rename's failure; the temp file is removed then.
     pub fn publish(mut self, final_path: &Path) -> Result<u64, String> {
-        let temp = self.temp.path().display().to_string();
-        self.writer
-            .finish()
-            .map_err(|e| format!("{IO_FAILURE}: cannot finish {temp}: {e}"))?;
-        let file = self
-            .writer
-            .into_inner()
-            .map_err(|e| format!("{IO_FAILURE}: cannot flush {temp}: {e}"))?
-            .into_inner()
-            .map_err(|e| format!("{IO_FAILURE}: cannot flush {temp}: {}", e.error()))?;
-        let bytes = file
-            .metadata()
-            .map_err(|e| format!("{IO_FAILURE}: cannot stat {temp}: {e}"))?
-            .len();
-        drop(file);
+        drop(self.file);
         self.temp.publish(final_path).map_err(|e| {
             format!(
-                "{IO_FAILURE}: cannot publish {temp} as {}: {e}",
+                "{IO_FAILURE}: cannot publish {} as {}: {e}",
+                self.temp.path().display(),
                 final_path.display()
             )
         })?;
-        Ok(bytes)
+        Ok(self.bytes)
     }
 }
 
-/// Open a published bucket file for reading.
-pub fn open_bucket(
-    path: &Path,
-) -> std::io::Result<Result<StreamReader<BufReader<File>>, ArrowError>> {
-    let file = File::open(path)?;
-    Ok(StreamReader::try_new(BufReader::new(file), None))
+/// Decode one segment (bytes a marker says hold `bucket`'s rows), checking
+/// its framing first (see `ipc_check`) and catching a decoder panic: both
+/// are a corrupt file, reported as the returned message.
+///
+/// # Errors
+///
+/// Why the bytes are not a readable Arrow IPC stream.
+pub fn decode_segment(bytes: Vec<u8>) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
+    check_stream_bytes(&bytes).map_err(|why| format!("not a readable Arrow IPC stream: {why}"))?;
+    // Arrow's IPC reader panics on some corrupt streams instead of failing
+    // (fuzzing found a buffer offset beyond the message body).
+    let decoded = guard::catch_decoder(move || -> Result<_, ArrowError> {
+        let reader = StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
+        let schema = reader.schema();
+        let batches = reader.collect::<Result<Vec<_>, _>>()?;
+        Ok((schema, batches))
+    })
+    .map_err(|panic| {
+        format!("not a readable Arrow IPC stream: the decoder failed on it ({panic})")
+    })?;
+    decoded.map_err(|e| format!("not a readable Arrow IPC stream: {e}"))
 }
 
 /// Field lists agree on names, types and nullability, in order. Metadata is

@@ -1,4 +1,4 @@
-//! A check of a bucket file's Arrow IPC framing, before Arrow decodes it.
+//! A check of a segment's Arrow IPC framing, before Arrow decodes it.
 //!
 //! Arrow's IPC reader trusts the sizes a stream declares: the metadata
 //! length, a message's body length and, in a compressed batch, each buffer's
@@ -22,10 +22,6 @@
 //! A dfx writer writes LZ4 frames or no compression: any other codec is a
 //! file dfx did not write, refused too.
 
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
-use std::path::Path;
-
 use datafusion::arrow::ipc::{CompressionType, MessageHeader, RecordBatch, root_as_message};
 
 /// IPC's continuation marker before a message's metadata length.
@@ -41,25 +37,14 @@ const LZ4_MAX_RATIO: u64 = 256;
 /// Room for the frame header and a block's worth of literals.
 const LZ4_SLACK: u64 = 1 << 16;
 
-/// Check the framing of the IPC stream in `path`, `len` bytes long.
+/// Check the framing of `data`, one segment (a whole Arrow IPC stream).
 ///
 /// # Errors
 ///
-/// What is wrong, for the caller to attach to the file's name: a size
-/// larger than the file, a malformed message, a codec dfx does not write,
-/// or an I/O error.
-pub fn check_stream(path: &Path, len: u64) -> Result<(), String> {
-    let mut file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
-    check_stream_file(&mut file, len)
-}
-
-/// [`check_stream`] over an open file (an object fetched into an unnamed
-/// one); leaves its position anywhere.
-///
-/// # Errors
-///
-/// Those of [`check_stream`].
-pub fn check_stream_file(file: &mut File, len: u64) -> Result<(), String> {
+/// The first declared size that does not fit, or framing that is not a
+/// dfx-written stream, said with its byte offset.
+pub fn check_stream_bytes(data: &[u8]) -> Result<(), String> {
+    let len = data.len() as u64;
     let mut at = 0u64;
     loop {
         let left = len.saturating_sub(at);
@@ -68,10 +53,10 @@ pub fn check_stream_file(file: &mut File, len: u64) -> Result<(), String> {
             return Ok(());
         }
         let mut word = [0u8; 4];
-        read_at(file, at, &mut word)?;
+        read_at(data, at, &mut word)?;
         at += 4;
         if word == CONTINUATION {
-            read_at(file, at, &mut word)?;
+            read_at(data, at, &mut word)?;
             at += 4;
         }
         let meta_len = i32::from_le_bytes(word);
@@ -85,7 +70,7 @@ pub fn check_stream_file(file: &mut File, len: u64) -> Result<(), String> {
             ));
         }
         let mut meta = vec![0u8; meta_len as usize];
-        read_at(file, at, &mut meta)?;
+        read_at(data, at, &mut meta)?;
         at += meta_len as u64;
         let message = root_as_message(&meta)
             .map_err(|e| format!("a message at byte {at} is malformed: {e}"))?;
@@ -104,7 +89,7 @@ pub fn check_stream_file(file: &mut File, len: u64) -> Result<(), String> {
             _ => None,
         };
         if let Some(batch) = batch {
-            check_buffers(file, at, body_len as u64, &batch)?;
+            check_buffers(data, at, body_len as u64, &batch)?;
         }
         at += body_len as u64;
     }
@@ -113,7 +98,7 @@ pub fn check_stream_file(file: &mut File, len: u64) -> Result<(), String> {
 /// Every buffer of `batch` lies within its body (at `body` in the file,
 /// `body_len` long), and no compressed one expands beyond what LZ4 can.
 fn check_buffers(
-    file: &mut File,
+    data: &[u8],
     body: u64,
     body_len: u64,
     batch: &RecordBatch<'_>,
@@ -142,7 +127,7 @@ fn check_buffers(
             continue;
         }
         let mut prefix = [0u8; 8];
-        read_at(file, body + offset as u64, &mut prefix)?;
+        read_at(data, body + offset as u64, &mut prefix)?;
         let uncompressed = i64::from_le_bytes(prefix);
         let frame = length as u64 - 8;
         let most = frame
@@ -159,8 +144,17 @@ fn check_buffers(
     Ok(())
 }
 
-fn read_at(file: &mut File, at: u64, buf: &mut [u8]) -> Result<(), String> {
-    file.seek(SeekFrom::Start(at))
-        .and_then(|_| file.read_exact(buf))
-        .map_err(|e| format!("cannot read {} byte(s) at {at}: {e}", buf.len()))
+fn read_at(data: &[u8], at: u64, buf: &mut [u8]) -> Result<(), String> {
+    let bytes = usize::try_from(at)
+        .ok()
+        .and_then(|at| data.get(at..at.checked_add(buf.len())?))
+        .ok_or_else(|| {
+            format!(
+                "cannot read {} byte(s) at {at}: the stream ends at {}",
+                buf.len(),
+                data.len()
+            )
+        })?;
+    buf.copy_from_slice(bytes);
+    Ok(())
 }

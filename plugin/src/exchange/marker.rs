@@ -1,9 +1,13 @@
 //! A map task's commit marker: `stage-<S>/map-<M>.json`, written last.
 //!
-//! Its presence means every non-empty bucket of the map was published; its
-//! content says how many rows and bytes each bucket holds, so a reader can
-//! tell a missing file from an empty bucket and a truncated file from a
-//! complete one.
+//! Its presence means the map's file (`stage-<S>/map-<M>.arrow`) was
+//! published whole. Its content is the file's index: its size, and for each
+//! bucket the rows it holds and the segments that hold them. A segment is
+//! one self-contained Arrow IPC stream (schema, batch, end) at a byte range
+//! of the file; a bucket's segments, read in order, are its rows in the
+//! order the map produced them. So a reader can tell a lost file from an
+//! all-empty map and a truncated or overwritten file from a complete one,
+//! and reads only its own bucket's bytes.
 
 use std::path::Path;
 
@@ -13,15 +17,28 @@ use serde::{Deserialize, Serialize};
 
 use super::files::publish_bytes;
 
-/// Rows and bytes of one bucket of one map.
+/// One Arrow IPC stream inside a map's file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    /// Where it starts in the file.
+    pub offset: u64,
+    /// Its length.
+    pub bytes: u64,
+    /// The rows it holds.
+    pub rows: u64,
+}
+
+/// Rows and bytes of one bucket of one map, and where they are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BucketEntry {
     /// The bucket.
     pub bucket: u64,
-    /// Rows written into it (0: no file).
+    /// Rows written into it (0: no segment).
     pub rows: u64,
-    /// Bytes of its file (0: no file).
+    /// Bytes of its segments.
     pub bytes: u64,
+    /// Its segments, in order.
+    pub segments: Vec<Segment>,
 }
 
 /// What a map task published.
@@ -33,6 +50,8 @@ pub struct MapMarker {
     pub map: u64,
     /// Which attempt of the map published this output (a retry overwrites).
     pub attempt: u64,
+    /// Size of the map's file (0: every bucket is empty and there is no file).
+    pub bytes: u64,
     /// One entry per bucket, in bucket order.
     pub buckets: Vec<BucketEntry>,
 }
@@ -126,6 +145,29 @@ impl MapMarker {
                 "the commit marker lists {} bucket(s), the reader expects {buckets}",
                 marker.buckets.len()
             )));
+        }
+        for entry in &marker.buckets {
+            let rows: u64 = entry.segments.iter().map(|s| s.rows).sum();
+            let bytes: u64 = entry.segments.iter().map(|s| s.bytes).sum();
+            let outside = entry.segments.iter().find(|s| {
+                s.offset
+                    .checked_add(s.bytes)
+                    .is_none_or(|end| end > marker.bytes)
+            });
+            if rows != entry.rows || bytes != entry.bytes {
+                return Err(fail(format!(
+                    "the commit marker is not valid: bucket {} promises {} row(s) in {} byte(s), \
+                     its segments hold {rows} in {bytes}",
+                    entry.bucket, entry.rows, entry.bytes
+                )));
+            }
+            if let Some(segment) = outside {
+                return Err(fail(format!(
+                    "the commit marker is not valid: bucket {} has a segment of {} byte(s) at \
+                     {}, beyond the file's {}",
+                    entry.bucket, segment.bytes, segment.offset, marker.bytes
+                )));
+            }
         }
         Ok(marker)
     }

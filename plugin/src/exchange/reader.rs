@@ -10,28 +10,29 @@
 //! ```
 //!
 //! Before streaming anything it checks the commit marker of every map it
-//! reads; then each file's fields against the stage's schema, and each
-//! file's row count against its marker. Every error names stage, map, bucket
-//! and file. Reading never computes: lost output is an error, not a rerun.
+//! reads. Then, for each map, it reads only its bucket's segments (byte
+//! ranges of the map's file, listed by the marker): the file's size against
+//! the marker's, each segment's framing, its fields against the stage's
+//! schema and its row count against the marker's. Every error names stage,
+//! map, bucket and file. Reading never computes: lost output is an error,
+//! not a rerun.
 //!
 //! From an `s3://` location the same checks run on the first poll rather
-//! than in `execute`: each marker is a GET, and each bucket object is
-//! streamed into an unnamed local file first (see `store`), then checked and
-//! decoded as a local file is. Requests run on the plugin's I/O runtime and
-//! are awaited, never blocked on, from the host's poll.
+//! than in `execute`: each marker is a GET, and each segment a ranged GET,
+//! decoded as a local one is. Requests run on the plugin's I/O runtime and
+//! are awaited, never blocked on, from the host's poll. A segment is one
+//! coalesced batch, so the bytes held at once stay small.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::fs::File;
-use std::io::BufReader;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::error::ArrowError;
-use datafusion::arrow::ipc::reader::StreamReader;
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
@@ -45,15 +46,14 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, Stream};
 use object_store::ObjectStore;
 
-use super::files::{describe_fields, open_bucket, same_fields};
-use super::ipc_check::{check_stream, check_stream_file};
-use super::marker::MapMarker;
-use super::store::{S3Location, S3Options, ShuffleLocation, fetch_to_file, get_bytes, s3_store};
+use super::files::{decode_segment, describe_fields, same_fields};
+use super::marker::{MapMarker, Segment};
+use super::store::{S3Location, S3Options, ShuffleLocation, get_bytes, get_range, s3_store};
 use super::writer::ShuffleWriterExec;
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
 use crate::guard::{self, GuardedStream};
-use crate::paths::{bucket_path, marker_path};
+use crate::paths::{map_path, marker_path};
 
 /// Name of the reader node.
 pub const READER_NODE_NAME: &str = "ShuffleReaderExec";
@@ -404,50 +404,53 @@ async fn read_markers(
     Ok(queue)
 }
 
-/// An S3 reader's requests: the markers (until read), then the bucket
-/// object being fetched.
+/// An S3 reader's requests: the markers (until read), then the segment
+/// being fetched.
 struct Remote {
     store: Arc<dyn ObjectStore>,
     location: S3Location,
     markers: Option<BoxFuture<'static, Result<VecDeque<Piece>>>>,
-    fetching: Option<(Piece, Fetch)>,
+    fetching: Option<Fetch>,
 }
 
-/// An object being streamed into an unnamed local file.
-type Fetch = BoxFuture<'static, std::result::Result<Option<(File, u64)>, String>>;
+/// A segment's byte range being fetched, with the object's size.
+type Fetch = BoxFuture<'static, std::result::Result<Option<(Vec<u8>, u64)>, String>>;
 
-/// One published bucket file to read, and the rows its marker promises.
+/// One bucket of one map to read: the segments its marker lists.
 struct Piece {
     map: usize,
     bucket: usize,
     rows: u64,
-    /// The file's size, as its marker records it.
-    bytes: u64,
+    /// The map file's size, as its marker records it.
+    file_bytes: u64,
+    segments: VecDeque<Segment>,
     path: PathBuf,
 }
 
 impl Piece {
-    /// Bucket `bucket` of the map `marker` describes, unless it is empty
-    /// (an empty bucket has no file).
+    /// Bucket `bucket` of the map `marker` describes, unless it is empty.
     fn of(marker: &MapMarker, root: &Path, bucket: usize) -> Option<Self> {
-        let entry = marker.buckets[bucket];
+        let entry = &marker.buckets[bucket];
         (entry.rows > 0).then(|| Piece {
             map: marker.map as usize,
             bucket,
             rows: entry.rows,
-            bytes: entry.bytes,
-            path: bucket_path(root, marker.stage_id, marker.map as usize, bucket),
+            file_bytes: marker.bytes,
+            segments: entry.segments.iter().copied().collect(),
+            path: map_path(root, marker.stage_id, marker.map as usize),
         })
     }
 }
 
+/// The piece being read: its file (when local), and the batches of its
+/// current segment not yet returned.
 struct OpenPiece {
     piece: Piece,
-    reader: StreamReader<BufReader<File>>,
-    rows_read: u64,
+    file: Option<File>,
+    batches: VecDeque<RecordBatch>,
 }
 
-/// Streams a queue of bucket files, one after the other.
+/// Streams a queue of pieces, one after the other, segment by segment.
 struct BucketStream {
     stage_id: u64,
     schema: SchemaRef,
@@ -463,42 +466,12 @@ impl BucketStream {
         piece_error(self.stage_id, piece, message)
     }
 
-    fn open(&self, piece: Piece) -> Result<OpenPiece> {
-        // The size first: a truncated or overwritten file is refused before
-        // a decoder sees it.
-        match std::fs::metadata(&piece.path) {
-            Ok(meta) if meta.len() != piece.bytes => {
-                return Err(self.error(
-                    &piece,
-                    format!(
-                        "holds {} byte(s) but its marker promises {} (truncated or overwritten?)",
-                        meta.len(),
-                        piece.bytes
-                    ),
-                ));
-            }
-            // Every size the stream declares fits in the file, before Arrow
-            // allocates it (see `ipc_check`).
-            Ok(_) => check_stream(&piece.path, piece.bytes).map_err(|why| {
-                self.error(&piece, format!("not a readable Arrow IPC stream: {why}"))
-            })?,
-            // A missing file is reported by the open below.
-            Err(_) => {}
-        }
-        // Arrow's IPC reader panics on some corrupt streams instead of
-        // failing (fuzzing found a buffer offset beyond the message body):
-        // that is a corrupt file, reported as one, naming it.
-        let opened = guard::catch_decoder(|| open_bucket(&piece.path)).map_err(|panic| {
-            self.error(
-                &piece,
-                format!("not a readable Arrow IPC stream: the decoder failed on it ({panic})"),
-            )
-        })?;
-        let reader = match opened {
-            Ok(Ok(reader)) => reader,
-            Ok(Err(e)) => {
-                return Err(self.error(&piece, format!("not a readable Arrow IPC stream: {e}")));
-            }
+    /// Open a local piece: its file, refused when missing or of another
+    /// size than its marker records (truncated or overwritten) before any
+    /// byte is decoded.
+    fn open_local(&self, piece: Piece) -> Result<OpenPiece> {
+        let file = match File::open(&piece.path) {
+            Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(self.error(
                     &piece,
@@ -510,178 +483,193 @@ impl BucketStream {
             }
             Err(e) => return Err(self.error(&piece, format!("cannot open: {e}"))),
         };
-        self.opened(piece, reader)
-    }
-
-    /// Check and open `piece` from `file`, the object fetched into an
-    /// unnamed local file (`len` bytes), with the checks `open` makes.
-    fn open_fetched(&self, piece: Piece, fetched: Option<(File, u64)>) -> Result<OpenPiece> {
-        let Some((mut file, len)) = fetched else {
-            return Err(self.error(
-                &piece,
-                format!(
-                    "lost output: the marker promises {} row(s) but the object is missing",
-                    piece.rows
-                ),
-            ));
-        };
-        if len != piece.bytes {
-            return Err(self.error(
-                &piece,
-                format!(
-                    "holds {len} byte(s) but its marker promises {} (truncated or overwritten?)",
-                    piece.bytes
-                ),
-            ));
-        }
-        check_stream_file(&mut file, len)
-            .map_err(|why| self.error(&piece, format!("not a readable Arrow IPC stream: {why}")))?;
-        use std::io::Seek;
-        file.rewind()
-            .map_err(|e| self.error(&piece, format!("cannot rewind: {e}")))?;
-        let opened = guard::catch_decoder(|| StreamReader::try_new(BufReader::new(file), None))
-            .map_err(|panic| {
-                self.error(
-                    &piece,
-                    format!("not a readable Arrow IPC stream: the decoder failed on it ({panic})"),
-                )
-            })?;
-        let reader = opened
-            .map_err(|e| self.error(&piece, format!("not a readable Arrow IPC stream: {e}")))?;
-        self.opened(piece, reader)
-    }
-
-    /// The fields check both opens end with.
-    fn opened(&self, piece: Piece, reader: StreamReader<BufReader<File>>) -> Result<OpenPiece> {
-        if !same_fields(reader.schema().fields(), self.schema.fields()) {
-            return Err(self.error(
-                &piece,
-                format!(
-                    "holds fields [{}] but the stage publishes [{}]",
-                    describe_fields(reader.schema().fields()),
-                    describe_fields(self.schema.fields())
-                ),
-            ));
-        }
+        let len = file
+            .metadata()
+            .map_err(|e| self.error(&piece, format!("cannot stat: {e}")))?
+            .len();
+        self.check_size(&piece, len)?;
         Ok(OpenPiece {
             piece,
-            reader,
-            rows_read: 0,
+            file: Some(file),
+            batches: VecDeque::new(),
         })
     }
 
-    /// Make sure a piece is open: for a local stage by opening the next
-    /// file; for a remote one by driving its requests. `Ready(None)`: the
-    /// queue is done.
-    fn poll_open(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<()>>> {
-        if self.current.is_some() {
-            return Poll::Ready(Some(Ok(())));
+    fn check_size(&self, piece: &Piece, len: u64) -> Result<()> {
+        if len != piece.file_bytes {
+            return Err(self.error(
+                piece,
+                format!(
+                    "holds {len} byte(s) but its marker promises {} (truncated or overwritten?)",
+                    piece.file_bytes
+                ),
+            ));
         }
-        let Some(remote) = self.remote.as_mut() else {
-            let Some(piece) = self.queue.pop_front() else {
-                return Poll::Ready(None);
-            };
-            return Poll::Ready(Some(self.open(piece).map(|open| {
-                self.current = Some(open);
-            })));
+        Ok(())
+    }
+
+    /// Decode `segment`'s bytes into the open piece's batches, checking
+    /// their fields and their row count against the marker.
+    fn decode(&mut self, segment: Segment, bytes: Vec<u8>) -> Result<()> {
+        let stage_id = self.stage_id;
+        let expected = Arc::clone(&self.schema);
+        let open = self.current.as_mut().expect("a piece is open");
+        let fail = |message: String| {
+            piece_error(
+                stage_id,
+                &open.piece,
+                format!("segment at byte {}: {message}", segment.offset),
+            )
         };
-        if let Some(markers) = remote.markers.as_mut() {
-            let ready = futures::ready!(markers.poll_unpin(cx));
-            remote.markers = None;
-            self.queue = ready?;
+        let (schema, batches) = decode_segment(bytes).map_err(fail)?;
+        if !same_fields(schema.fields(), expected.fields()) {
+            return Err(fail(format!(
+                "holds fields [{}] but the stage publishes [{}]",
+                describe_fields(schema.fields()),
+                describe_fields(expected.fields())
+            )));
         }
+        let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
+        if rows != segment.rows {
+            return Err(fail(format!(
+                "holds {rows} row(s) but its marker promises {} (truncated?)",
+                segment.rows
+            )));
+        }
+        // Same fields as the stage's: relabel with the stage's schema to
+        // keep its metadata. The row count travels explicitly: a batch may
+        // have no column at all (`count(*)` above a join).
+        for batch in batches {
+            let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+            let relabelled = RecordBatch::try_new_with_options(
+                Arc::clone(&expected),
+                batch.columns().to_vec(),
+                &options,
+            )
+            .map_err(|e| fail(e.to_string()))?;
+            open.batches.push_back(relabelled);
+        }
+        Ok(())
+    }
+
+    /// The next batch: from the open piece's decoded segment, else by
+    /// reading its next segment, else by opening the next piece.
+    /// `Ready(None)`: the queue is done.
+    fn poll_step(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<RecordBatch>>> {
+        loop {
+            if let Some(open) = self.current.as_mut() {
+                if let Some(batch) = open.batches.pop_front() {
+                    return Poll::Ready(Some(Ok(batch)));
+                }
+                if open.piece.segments.is_empty() {
+                    self.current = None;
+                    continue;
+                }
+            } else if let Some(remote) = self.remote.as_mut() {
+                if let Some(markers) = remote.markers.as_mut() {
+                    let ready = futures::ready!(markers.poll_unpin(cx));
+                    remote.markers = None;
+                    self.queue = ready?;
+                }
+                let Some(piece) = self.queue.pop_front() else {
+                    return Poll::Ready(None);
+                };
+                self.current = Some(OpenPiece {
+                    piece,
+                    file: None,
+                    batches: VecDeque::new(),
+                });
+                continue;
+            } else {
+                let Some(piece) = self.queue.pop_front() else {
+                    return Poll::Ready(None);
+                };
+                self.current = Some(self.open_local(piece)?);
+                continue;
+            }
+            let bytes = futures::ready!(self.poll_segment(cx))?;
+            let open = self.current.as_mut().expect("a piece is open");
+            let segment = open.piece.segments.pop_front().expect("checked above");
+            self.decode(segment, bytes)?;
+        }
+    }
+
+    /// The bytes of the open piece's next segment: read from its file, or
+    /// fetched from its object (checking the object's size first).
+    fn poll_segment(&mut self, cx: &mut Context<'_>) -> Poll<Result<Vec<u8>>> {
+        let stage_id = self.stage_id;
+        let open = self.current.as_mut().expect("a piece is open");
+        let segment = *open.piece.segments.front().expect("a segment is left");
+        let fail = |piece: &Piece, message: String| {
+            piece_error(
+                stage_id,
+                piece,
+                format!("segment at byte {}: {message}", segment.offset),
+            )
+        };
+        if let Some(file) = &open.file {
+            let mut bytes = vec![0u8; segment.bytes as usize];
+            return Poll::Ready(
+                file.read_exact_at(&mut bytes, segment.offset)
+                    .map(|()| bytes)
+                    .map_err(|e| fail(&open.piece, format!("cannot read: {e}"))),
+            );
+        }
+        let remote = self.remote.as_mut().expect("a remote piece");
         if remote.fetching.is_none() {
-            let Some(piece) = self.queue.pop_front() else {
-                return Poll::Ready(None);
-            };
-            let key = match remote.location.key(&piece.path) {
-                Ok(key) => key,
-                Err(e) => return Poll::Ready(Some(Err(self.error(&piece, e)))),
-            };
-            let fetch = fetch_to_file(Arc::clone(&remote.store), key).boxed();
-            remote.fetching = Some((piece, fetch));
+            let key = remote
+                .location
+                .key(&open.piece.path)
+                .map_err(|e| fail(&open.piece, e))?;
+            let fetch = get_range(
+                Arc::clone(&remote.store),
+                key,
+                segment.offset,
+                segment.bytes,
+            )
+            .boxed();
+            remote.fetching = Some(fetch);
         }
-        let (_, fetch) = remote.fetching.as_mut().expect("set above");
+        let fetch = remote.fetching.as_mut().expect("set above");
         let fetched = futures::ready!(fetch.poll_unpin(cx));
-        let (piece, _) = remote.fetching.take().expect("set above");
-        let opened = fetched
-            .map_err(|e| self.error(&piece, format!("cannot fetch: {e}")))
-            .and_then(|fetched| self.open_fetched(piece, fetched));
-        Poll::Ready(Some(opened.map(|open| {
-            self.current = Some(open);
-        })))
+        remote.fetching = None;
+        let fetched = fetched.map_err(|e| fail(&open.piece, format!("cannot fetch: {e}")))?;
+        let Some((bytes, size)) = fetched else {
+            return Poll::Ready(Err(piece_error(
+                stage_id,
+                &open.piece,
+                format!(
+                    "lost output: the marker promises {} row(s) but the object is missing",
+                    open.piece.rows
+                ),
+            )));
+        };
+        if size != open.piece.file_bytes || bytes.len() as u64 != segment.bytes {
+            return Poll::Ready(Err(piece_error(
+                stage_id,
+                &open.piece,
+                format!(
+                    "holds {size} byte(s) but its marker promises {} (truncated or overwritten?)",
+                    open.piece.file_bytes
+                ),
+            )));
+        }
+        Poll::Ready(Ok(bytes))
     }
 
     fn poll_batch(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<RecordBatch>>> {
-        loop {
-            match futures::ready!(self.poll_open(cx)) {
-                None => return Poll::Ready(None),
-                Some(Err(e)) => {
-                    self.queue.clear();
-                    self.remote = None;
-                    return Poll::Ready(Some(Err(e)));
-                }
-                Some(Ok(())) => {}
-            }
-            if let Some(item) = self.next_batch() {
-                return Poll::Ready(Some(item));
-            }
+        let polled = self.poll_step(cx);
+        if let Poll::Ready(Some(Err(_))) = &polled {
+            // An error ends the stream: nothing after it is read.
+            self.current = None;
+            self.queue.clear();
+            self.remote = None;
         }
-    }
-
-    /// The next batch of the open piece; `None` once it is read whole.
-    fn next_batch(&mut self) -> Option<Result<RecordBatch>> {
-        let open = self.current.as_mut()?;
-        let next = match guard::catch_decoder(|| open.reader.next()) {
-            Ok(next) => next,
-            // See `open`: a panic of the decoder is a corrupt file.
-            Err(panic) => Some(Err(ArrowError::IpcError(format!(
-                "the decoder failed on corrupt bytes ({panic})"
-            )))),
-        };
-        match next {
-            Some(Ok(batch)) => {
-                open.rows_read += batch.num_rows() as u64;
-                // Same fields as the stage's (checked at open): relabel
-                // with the stage's schema to keep its metadata.
-                // The row count travels explicitly: a batch may have no
-                // column at all (`count(*)` above a join).
-                let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-                let relabelled = RecordBatch::try_new_with_options(
-                    Arc::clone(&self.schema),
-                    batch.columns().to_vec(),
-                    &options,
-                )
-                .map_err(|e| piece_error(self.stage_id, &open.piece, format!("{e}")));
-                Some(relabelled)
-            }
-            Some(Err(e)) => {
-                let err = piece_error(self.stage_id, &open.piece, format!("cannot read: {e}"));
-                self.current = None;
-                self.queue.clear();
-                self.remote = None;
-                Some(Err(err))
-            }
-            None => {
-                let open = self.current.take().expect("checked above");
-                if open.rows_read != open.piece.rows {
-                    self.queue.clear();
-                    self.remote = None;
-                    return Some(Err(piece_error(
-                        self.stage_id,
-                        &open.piece,
-                        format!(
-                            "holds {} row(s) but its marker promises {} (truncated?)",
-                            open.rows_read, open.piece.rows
-                        ),
-                    )));
-                }
-                None
-            }
-        }
+        polled
     }
 }
 
+/// An error about `piece`, naming stage, map, bucket and file.
 fn piece_error(stage_id: u64, piece: &Piece, message: impl fmt::Display) -> DataFusionError {
     DataFusionError::Execution(format!(
         "dfx stage {stage_id} map {} bucket {}: {message} ({})",

@@ -2,15 +2,16 @@
 //!
 //! ```text
 //! /tmp/q1, file:///tmp/q1   local: temp file + rename, marker last (see `files`, `dirs`)
-//! s3://bucket/prefix        objects: each bucket uploaded while it is written
-//!                           (one PUT when small, a multipart upload past
-//!                           PART_SIZE), each appearing whole when complete;
-//!                           the map's marker PUT last
+//! s3://bucket/prefix        objects: each map's file uploaded while it is
+//!                           written (one PUT when small, a multipart upload
+//!                           past PART_SIZE), appearing whole when complete;
+//!                           the map's marker PUT last; readers GET the byte
+//!                           ranges of their bucket's segments
 //! ```
 //!
 //! The location travels as a string inside the encoded stage (the writer's
 //! and reader's `shuffle_dir`), so the names of [`crate::paths`] apply to
-//! both: `s3://bucket/prefix/stage-1/map-0/bucket-2.arrow` is both the name
+//! both: `s3://bucket/prefix/stage-1/map-0.arrow` is both the name
 //! in an error and, past `s3://bucket/`, the object's key.
 //!
 //! Endpoint, region and credentials come from the standard AWS environment
@@ -35,19 +36,10 @@
 //! single-threaded one).
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::future::Future;
-use std::io::{Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
-use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::ipc::CompressionType;
-use datafusion::arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
-use datafusion::arrow::record_batch::RecordBatch;
-use futures::StreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as ObjectPath;
 // The base trait's methods, not `ObjectStoreExt`'s: theirs are not known to
@@ -60,7 +52,7 @@ use tokio::task::JoinHandle;
 
 use dfx_abi::IO_FAILURE;
 
-use crate::config::{DfxConfig, ShuffleCompression};
+use crate::config::DfxConfig;
 
 /// Scheme of an S3 location.
 pub const S3_SCHEME: &str = "s3://";
@@ -369,139 +361,90 @@ pub async fn put_bytes(
     .map_err(|e| e.to_string())
 }
 
-/// Object `key` streamed into an unnamed local file (its name is removed at
-/// once; the open file keeps the bytes until dropped), rewound, with its
-/// length: a reader then checks and decodes it as it would a local bucket
-/// file, and no object is ever held whole in memory.
+/// Bytes `offset..offset + len` of object `key`, and the object's whole
+/// size (so a reader can check it against the marker); `None` when there is
+/// no such object.
 ///
 /// # Errors
 ///
-/// `Ok(None)` when there is no such object; the GET's or the spool file's
-/// failure otherwise.
-pub async fn fetch_to_file(
+/// Any other failure of the GET (a range past the object's end included),
+/// for the caller to name the object.
+pub async fn get_range(
     store: Arc<dyn ObjectStore>,
     key: ObjectPath,
-) -> Result<Option<(File, u64)>, String> {
+    offset: u64,
+    len: u64,
+) -> Result<Option<(Vec<u8>, u64)>, String> {
     on_io(async move {
-        let got = match store.get_opts(&key, GetOptions::default()).await {
+        let options = GetOptions {
+            range: Some((offset..offset + len).into()),
+            ..GetOptions::default()
+        };
+        let got = match store.get_opts(&key, options).await {
             Ok(got) => got,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(e),
         };
-        let mut file = spool_file()?;
-        let mut chunks = got.into_stream();
-        let mut len = 0u64;
-        while let Some(chunk) = chunks.next().await {
-            let chunk = chunk.map_err(|e| e.to_string())?;
-            len += chunk.len() as u64;
-            file.write_all(&chunk)
-                .map_err(|e| format!("{IO_FAILURE}: cannot spool the object locally: {e}"))?;
-        }
-        file.seek(SeekFrom::Start(0))
-            .map_err(|e| format!("{IO_FAILURE}: cannot rewind the spooled object: {e}"))?;
-        Ok(Some((file, len)))
+        let size = got.meta.size;
+        got.bytes().await.map(|b| Some((b.to_vec(), size)))
     })
     .await?
+    .map_err(|e| e.to_string())
 }
 
-/// An exclusive, already unlinked file in the temp directory.
-fn spool_file() -> Result<File, String> {
-    static SPOOLED: AtomicU64 = AtomicU64::new(0);
-    let n = SPOOLED.fetch_add(1, Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!(
-        "dfx-fetch-{}-{n}{}",
-        std::process::id(),
-        crate::paths::TEMP_SUFFIX
-    ));
-    // Exclusive and not through a link, as `files::create_exclusive`, but
-    // readable too: the reader decodes from it.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| format!("{IO_FAILURE}: cannot create {}: {e}", path.display()))?;
-    // Unlinked now: nothing is left behind however the reader ends.
-    let _ = std::fs::remove_file(&path);
-    Ok(file)
-}
-
-/// One bucket of a map task while it uploads: Arrow IPC encoded into a
-/// buffer that is sent as a part each time it reaches [`PART_SIZE`]. Dropped
+/// A map's object while its task uploads it: segments appended to a buffer
+/// that is sent as a part each time it reaches [`PART_SIZE`]. Dropped
 /// unpublished (an error, a cancelled task), its multipart upload is
 /// aborted: S3 shows no object for it.
-pub struct ObjectBucket {
+pub struct ObjectMap {
     store: Arc<dyn ObjectStore>,
     key: ObjectPath,
-    writer: Option<StreamWriter<Vec<u8>>>,
+    buffer: Vec<u8>,
     upload: Option<Box<dyn MultipartUpload>>,
     parts: std::collections::VecDeque<JoinHandle<object_store::Result<()>>>,
+    /// Bytes appended so far, sent or buffered.
     bytes: u64,
-    rows: u64,
 }
 
-impl ObjectBucket {
-    /// Start the bucket that will be published as object `key`.
-    ///
-    /// # Errors
-    ///
-    /// A compression the IPC writer refuses.
-    pub fn create(
-        store: Arc<dyn ObjectStore>,
-        key: ObjectPath,
-        schema: &SchemaRef,
-        compression: ShuffleCompression,
-    ) -> Result<Self, String> {
-        let codec = match compression {
-            ShuffleCompression::Lz4 => Some(CompressionType::LZ4_FRAME),
-            ShuffleCompression::None => None,
-        };
-        let options = IpcWriteOptions::default()
-            .try_with_compression(codec)
-            .map_err(|e| format!("cannot enable LZ4 compression: {e}"))?;
-        let writer = StreamWriter::try_new_with_options(Vec::new(), schema, options)
-            .map_err(|e| format!("{IO_FAILURE}: cannot start {key}: {e}"))?;
-        Ok(Self {
+impl ObjectMap {
+    /// Start the map's object, to be published as `key`.
+    pub fn create(store: Arc<dyn ObjectStore>, key: ObjectPath) -> Self {
+        Self {
             store,
             key,
-            writer: Some(writer),
+            buffer: Vec::new(),
             upload: None,
             parts: Default::default(),
             bytes: 0,
-            rows: 0,
-        })
+        }
     }
 
-    /// Rows written so far.
-    pub fn rows(&self) -> u64 {
-        self.rows
+    /// Bytes appended so far: where the next segment starts.
+    pub fn len(&self) -> u64 {
+        self.bytes
     }
 
-    /// Append one batch; sends a part once enough bytes are buffered.
+    /// Whether nothing is appended yet.
+    pub fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
+
+    /// Append one encoded segment; sends a part once enough is buffered.
     ///
     /// # Errors
     ///
-    /// The encoder's or the upload's failure.
-    pub async fn write(&mut self, batch: &RecordBatch) -> Result<(), String> {
-        let writer = self
-            .writer
-            .as_mut()
-            .ok_or("the bucket is already finished")?;
-        writer
-            .write(batch)
-            .map_err(|e| format!("cannot encode a batch: {e}"))?;
-        self.rows += batch.num_rows() as u64;
-        if writer.get_ref().len() >= PART_SIZE {
-            let part = std::mem::take(writer.get_mut());
+    /// The upload's failure.
+    pub async fn append(&mut self, segment: &[u8]) -> Result<(), String> {
+        self.buffer.extend_from_slice(segment);
+        self.bytes += segment.len() as u64;
+        if self.buffer.len() >= PART_SIZE {
+            let part = std::mem::take(&mut self.buffer);
             self.send_part(part).await?;
         }
         Ok(())
     }
 
     async fn send_part(&mut self, part: Vec<u8>) -> Result<(), String> {
-        self.bytes += part.len() as u64;
         if self.upload.is_none() {
             let (store, key) = (Arc::clone(&self.store), self.key.clone());
             let upload = on_io(async move {
@@ -531,23 +474,18 @@ impl ObjectBucket {
         Ok(())
     }
 
-    /// Finish the stream and publish the object (one PUT, or the last part
-    /// and the upload's completion); returns its size in bytes.
+    /// Publish the object (one PUT, or the last part and the upload's
+    /// completion); returns its size in bytes.
     ///
     /// # Errors
     ///
-    /// The encoder's or the upload's failure; nothing is published then.
+    /// The upload's failure; nothing is published then.
     pub async fn publish(mut self) -> Result<u64, String> {
-        let mut writer = self.writer.take().ok_or("the bucket is already finished")?;
-        writer
-            .finish()
-            .map_err(|e| format!("cannot finish the stream: {e}"))?;
-        let rest = writer
-            .into_inner()
-            .map_err(|e| format!("cannot finish the stream: {e}"))?;
+        let rest = std::mem::take(&mut self.buffer);
         if self.upload.is_none() {
-            self.bytes += rest.len() as u64;
-            put_bytes(Arc::clone(&self.store), self.key.clone(), rest).await?;
+            put_bytes(Arc::clone(&self.store), self.key.clone(), rest)
+                .await
+                .map_err(|e| format!("{IO_FAILURE}: {e}"))?;
             return Ok(self.bytes);
         }
         if !rest.is_empty() {
@@ -571,7 +509,7 @@ impl ObjectBucket {
     }
 }
 
-impl Drop for ObjectBucket {
+impl Drop for ObjectMap {
     fn drop(&mut self) {
         for part in self.parts.drain(..) {
             part.abort();
@@ -619,11 +557,8 @@ mod tests {
         let ShuffleLocation::S3(s3) = ShuffleLocation::parse(Path::new("s3://b/p")).unwrap() else {
             panic!("not s3");
         };
-        let name = crate::paths::bucket_path(&PathBuf::from(s3.url()), 2, 1, 0);
-        assert_eq!(
-            s3.key(&name).unwrap().as_ref(),
-            "p/stage-2/map-1/bucket-0.arrow"
-        );
+        let name = crate::paths::map_path(&PathBuf::from(s3.url()), 2, 1);
+        assert_eq!(s3.key(&name).unwrap().as_ref(), "p/stage-2/map-1.arrow");
         let ShuffleLocation::S3(root) = ShuffleLocation::parse(Path::new("s3://b")).unwrap() else {
             panic!("not s3");
         };

@@ -4,13 +4,14 @@
 //!   execute(map m)
 //!        │
 //!   input.execute(m) ──► each batch: split into buckets with DataFusion's own
-//!                        partitioner, coalesce per bucket, append to that
-//!                        bucket's temp file
-//!   end of input: publish each non-empty bucket (rename), then the marker
-//!   error or drop: every temp file removed, nothing published
-//!   (an s3:// location: each bucket uploads as it is written and appears
-//!   whole on completion, the marker is PUT last; an error or drop aborts
-//!   the uploads, see `store`)
+//!                        partitioner, coalesce per bucket; each full batch
+//!                        is one segment appended to the map's temp file
+//!   end of input: the rest of each bucket as a last segment, publish the
+//!   file (rename), then the marker, which indexes the segments by bucket
+//!   error or drop: the temp file removed, nothing published
+//!   (an s3:// location: the map's object uploads as it is written and
+//!   appears whole on completion, the marker is PUT last; an error or drop
+//!   aborts the upload, see `store`)
 //!        │
 //!   one summary batch: (bucket, rows, bytes) per bucket
 //! ```
@@ -19,7 +20,8 @@
 //! so bucket `b` of every map together hold exactly what partition `b` of
 //! the repartition it replaces would: a join or aggregate above the exchange
 //! sees the partitions it was planned for. Memory stays flat: each bucket
-//! holds at most one batch being coalesced.
+//! holds at most one batch being coalesced, and a segment is written as
+//! soon as it is encoded.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -45,15 +47,16 @@ use futures::StreamExt;
 
 use object_store::ObjectStore;
 
-use super::dirs::prepare_map_dir;
-use super::files::BucketFile;
-use super::marker::{BucketEntry, MapMarker};
-use super::store::{ObjectBucket, S3Location, S3Options, ShuffleLocation, put_bytes, s3_store};
+use super::dirs::prepare_stage_dir;
+use super::files::{MapFile, encode_segment};
+use super::marker::{BucketEntry, MapMarker, Segment};
+use super::store::{ObjectMap, S3Location, S3Options, ShuffleLocation, put_bytes, s3_store};
 use crate::config::{DfxConfig, ShuffleCompression};
 use crate::counters::LiveObject;
 use crate::guard::{self, GuardedStream};
-use crate::paths::{bucket_path, marker_path};
+use crate::paths::{map_path, marker_path};
 use crate::planner::isolated_task_context;
+use dfx_abi::IO_FAILURE;
 
 /// Name of the writer node, as hosts search for it.
 pub const WRITER_NODE_NAME: &str = "ShuffleWriterExec";
@@ -314,8 +317,8 @@ impl ShuffleWriterExec {
             ShuffleLocation::Local(dir) => {
                 // Private, and refused when another user controls a
                 // directory on the way (see `dirs`).
-                prepare_map_dir(dir, self.stage_id, map).map_err(|e| {
-                    self.error(map, format!("cannot prepare the map's directory: {e}"))
+                prepare_stage_dir(dir, self.stage_id).map_err(|e| {
+                    self.error(map, format!("cannot prepare the stage's directory: {e}"))
                 })?;
                 Target::Local
             }
@@ -340,6 +343,7 @@ impl ShuffleWriterExec {
             schema: self.data_schema(),
             partitioner: self.partitioner(map)?,
             buckets: (0..self.buckets()).map(|_| None).collect(),
+            sink: None,
             batch_size,
             compression,
             batches_written: 0,
@@ -364,32 +368,31 @@ enum Target {
     },
 }
 
-/// A bucket being written: a local temp file or an upload.
-enum BucketSink {
-    File(BucketFile),
-    Object(ObjectBucket),
+/// The map's one file while it is written.
+enum MapSink {
+    File(MapFile),
+    Object(ObjectMap),
 }
 
-impl BucketSink {
-    async fn write(&mut self, batch: &RecordBatch) -> std::result::Result<(), String> {
+impl MapSink {
+    fn len(&self) -> u64 {
         match self {
-            BucketSink::File(file) => file.write(batch),
-            BucketSink::Object(object) => object.write(batch).await,
+            MapSink::File(file) => file.len(),
+            MapSink::Object(object) => object.len(),
         }
     }
 
-    fn rows(&self) -> u64 {
+    async fn append(&mut self, segment: &[u8]) -> std::result::Result<(), String> {
         match self {
-            BucketSink::File(file) => file.rows(),
-            BucketSink::Object(object) => object.rows(),
+            MapSink::File(file) => file.append(segment),
+            MapSink::Object(object) => object.append(segment).await,
         }
     }
 
-    /// Publish as `path` (a file's final name; an object's name in errors).
     async fn publish(self, path: &Path) -> std::result::Result<u64, String> {
         match self {
-            BucketSink::File(file) => file.publish(path),
-            BucketSink::Object(object) => object
+            MapSink::File(file) => file.publish(path),
+            MapSink::Object(object) => object
                 .publish()
                 .await
                 .map_err(|e| format!("{}: {e}", path.display())),
@@ -397,15 +400,18 @@ impl BucketSink {
     }
 }
 
-/// One bucket while its map runs: rows coalesce here before each write.
+/// One bucket while its map runs: rows coalesce here before each segment
+/// is written; the segments written so far.
 struct OpenBucket {
     coalescer: BatchCoalescer,
-    file: BucketSink,
+    rows: u64,
+    bytes: u64,
+    segments: Vec<Segment>,
 }
 
 /// The work of one map task. Dropping it before `run` ends (an error, or the
-/// caller dropping the stream) drops every open bucket file, which removes
-/// its temp file: nothing is published.
+/// caller dropping the stream) drops the open map file, which removes its
+/// temp file (or aborts its upload): nothing is published.
 struct MapJob {
     stage_id: u64,
     map: usize,
@@ -415,9 +421,11 @@ struct MapJob {
     schema: SchemaRef,
     partitioner: BatchPartitioner,
     buckets: Vec<Option<OpenBucket>>,
+    /// The map's file, created with its first segment.
+    sink: Option<MapSink>,
     batch_size: usize,
     compression: ShuffleCompression,
-    /// Batches written into bucket files so far (for the test hooks).
+    /// Segments written so far (for the test hooks).
     batches_written: u64,
     _live: LiveObject,
 }
@@ -430,6 +438,7 @@ impl MapJob {
         ))
     }
 
+    /// Split every input batch into buckets, then publish.
     async fn run(mut self, mut input: SendableRecordBatchStream) -> Result<RecordBatch> {
         while let Some(batch) = input.next().await {
             let batch = batch?;
@@ -448,90 +457,120 @@ impl MapJob {
         self.publish().await
     }
 
+    /// Add `piece` to `bucket`, writing a segment for each full batch.
     async fn append(&mut self, bucket: usize, piece: RecordBatch) -> Result<()> {
         if piece.num_rows() == 0 {
             return Ok(());
         }
-        if self.buckets[bucket].is_none() {
-            let path = bucket_path(&self.root, self.stage_id, self.map, bucket);
-            let file = match &self.target {
-                Target::Local => {
-                    BucketFile::create(&path, &self.schema, self.compression).map(BucketSink::File)
-                }
-                Target::S3 { store, location } => location.key(&path).and_then(|key| {
-                    ObjectBucket::create(Arc::clone(store), key, &self.schema, self.compression)
-                        .map(BucketSink::Object)
-                }),
-            }
-            .map_err(|e| self.error(format!("bucket {bucket}: {e}")))?;
-            self.buckets[bucket] = Some(OpenBucket {
-                coalescer: BatchCoalescer::new(Arc::clone(&self.schema), self.batch_size),
-                file,
-            });
+        let open = self.buckets[bucket].get_or_insert_with(|| OpenBucket {
+            coalescer: BatchCoalescer::new(Arc::clone(&self.schema), self.batch_size),
+            rows: 0,
+            bytes: 0,
+            segments: Vec::new(),
+        });
+        open.coalescer.push_batch(piece).map_err(|e| {
+            DataFusionError::Execution(format!(
+                "dfx stage {} map {} bucket {bucket}: cannot coalesce: {e}",
+                self.stage_id, self.map
+            ))
+        })?;
+        while let Some(full) = self.buckets[bucket]
+            .as_mut()
+            .and_then(|open| open.coalescer.next_completed_batch())
+        {
+            self.write_segment(bucket, &full).await?;
         }
+        Ok(())
+    }
+
+    /// Encode `batch` and append it to the map's file as a segment of
+    /// `bucket` (creating the file with the first one).
+    async fn write_segment(&mut self, bucket: usize, batch: &RecordBatch) -> Result<()> {
         let (stage_id, map) = (self.stage_id, self.map);
-        let open = self.buckets[bucket].as_mut().expect("opened above");
         let fail = |e: String| {
             DataFusionError::Execution(format!(
                 "dfx stage {stage_id} map {map} bucket {bucket}: {e}"
             ))
         };
-        open.coalescer
-            .push_batch(piece)
-            .map_err(|e| fail(format!("cannot coalesce: {e}")))?;
-        while let Some(full) = open.coalescer.next_completed_batch() {
-            open.file.write(&full).await.map_err(fail)?;
-            self.batches_written += 1;
-            crate::test_hooks::batch_written(self.batches_written);
+        let segment = encode_segment(&self.schema, batch, self.compression).map_err(fail)?;
+        if self.sink.is_none() {
+            let path = map_path(&self.root, self.stage_id, self.map);
+            let sink = match &self.target {
+                Target::Local => MapFile::create(&path).map(MapSink::File),
+                Target::S3 { store, location } => location
+                    .key(&path)
+                    .map(|key| MapSink::Object(ObjectMap::create(Arc::clone(store), key))),
+            }
+            .map_err(|e| self.error(e))?;
+            self.sink = Some(sink);
         }
+        let sink = self.sink.as_mut().expect("created above");
+        let offset = sink.len();
+        sink.append(&segment).await.map_err(fail)?;
+        let open = self.buckets[bucket].as_mut().expect("opened by append");
+        let rows = batch.num_rows() as u64;
+        open.rows += rows;
+        open.bytes += segment.len() as u64;
+        open.segments.push(Segment {
+            offset,
+            bytes: segment.len() as u64,
+            rows,
+        });
+        self.batches_written += 1;
+        crate::test_hooks::batch_written(self.batches_written);
         Ok(())
     }
 
-    /// Flush every bucket, publish the non-empty ones, then the marker.
+    /// Flush every bucket, publish the map's file, then the marker.
     async fn publish(mut self) -> Result<RecordBatch> {
-        let mut entries = Vec::with_capacity(self.buckets.len());
-        let buckets = std::mem::take(&mut self.buckets);
-        for (bucket, open) in buckets.into_iter().enumerate() {
-            let Some(mut open) = open else {
-                entries.push(BucketEntry {
+        for bucket in 0..self.buckets.len() {
+            let Some(open) = self.buckets[bucket].as_mut() else {
+                continue;
+            };
+            open.coalescer.finish_buffered_batch().map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "dfx stage {} map {} bucket {bucket}: cannot coalesce: {e}",
+                    self.stage_id, self.map
+                ))
+            })?;
+            while let Some(rest) = self.buckets[bucket]
+                .as_mut()
+                .and_then(|open| open.coalescer.next_completed_batch())
+            {
+                self.write_segment(bucket, &rest).await?;
+            }
+        }
+        let path = map_path(&self.root, self.stage_id, self.map);
+        let bytes = match self.sink.take() {
+            Some(sink) => sink.publish(&path).await.map_err(|e| self.error(e))?,
+            None => 0,
+        };
+        let buckets = std::mem::take(&mut self.buckets)
+            .into_iter()
+            .enumerate()
+            .map(|(bucket, open)| match open {
+                Some(open) => BucketEntry {
+                    bucket: bucket as u64,
+                    rows: open.rows,
+                    bytes: open.bytes,
+                    segments: open.segments,
+                },
+                None => BucketEntry {
                     bucket: bucket as u64,
                     rows: 0,
                     bytes: 0,
-                });
-                continue;
-            };
-            // Not `self.error`: a borrow of the whole job would be held
-            // across the awaits below, and the job (an upload) is not `Sync`.
-            let (stage_id, map) = (self.stage_id, self.map);
-            let fail = move |e: String| {
-                DataFusionError::Execution(format!(
-                    "dfx stage {stage_id} map {map}: bucket {bucket}: {e}"
-                ))
-            };
-            open.coalescer
-                .finish_buffered_batch()
-                .map_err(|e| fail(format!("cannot coalesce: {e}")))?;
-            while let Some(rest) = open.coalescer.next_completed_batch() {
-                open.file.write(&rest).await.map_err(fail)?;
-                self.batches_written += 1;
-                crate::test_hooks::batch_written(self.batches_written);
-            }
-            let rows = open.file.rows();
-            let path = bucket_path(&self.root, self.stage_id, self.map, bucket);
-            let bytes = open.file.publish(&path).await.map_err(fail)?;
-            entries.push(BucketEntry {
-                bucket: bucket as u64,
-                rows,
-                bytes,
-            });
-        }
+                    segments: Vec::new(),
+                },
+            })
+            .collect();
         let marker = MapMarker {
             stage_id: self.stage_id,
             map: self.map as u64,
             attempt: 0,
-            buckets: entries,
+            bytes,
+            buckets,
         };
-        // Last: its presence says every bucket above is published.
+        // Last: its presence says the file above is published whole.
         let path = marker_path(&self.root, self.stage_id, self.map);
         match &self.target {
             Target::Local => marker.publish(&path)?,
@@ -540,7 +579,10 @@ impl MapJob {
                 put_bytes(Arc::clone(store), key, marker.encode()?)
                     .await
                     .map_err(|e| {
-                        self.error(format!("cannot publish the marker {}: {e}", path.display()))
+                        self.error(format!(
+                            "{IO_FAILURE}: cannot publish the marker {}: {e}",
+                            path.display()
+                        ))
                     })?;
             }
         }

@@ -168,11 +168,9 @@ extern "C" fn partition_path(dir: RStr<'_>, stage: u64, map: u64) -> RString {
     RString::from(format!("{dir}/stage-{stage}/map-{map}.json"))
 }
 
-extern "C" fn bucket_path(dir: RStr<'_>, stage: u64, map: u64, bucket: u64) -> RString {
+extern "C" fn bucket_path(dir: RStr<'_>, stage: u64, map: u64, _bucket: u64) -> RString {
     count();
-    RString::from(format!(
-        "{dir}/stage-{stage}/map-{map}/bucket-{bucket}.arrow"
-    ))
+    RString::from(format!("{dir}/stage-{stage}/map-{map}.arrow"))
 }
 
 extern "C" fn partition_glob() -> RStr<'static> {
