@@ -327,13 +327,30 @@ impl DfxSession {
     ///
     /// Bytes that are not a plan, or a node no codec of the session claims.
     pub fn decode(&self, bytes: &[u8]) -> Result<Arc<dyn ExecutionPlan>> {
-        physical_plan_from_bytes_with_extension_codec(
-            bytes,
-            &self.ctx.task_ctx(),
-            self.chain.as_ref(),
-        )
-        .context(|| format!("cannot decode a plan of {} bytes", bytes.len()))
+        let decode = || {
+            physical_plan_from_bytes_with_extension_codec(
+                bytes,
+                &self.ctx.task_ctx(),
+                self.chain.as_ref(),
+            )
+        };
+        // First with the plugin handed a lean context (see `LateTaskContext`);
+        // a plan whose dfx nodes need the session's functions (a writer
+        // hashing on a UDF) fails that way, and is decoded again with all.
+        let lean = LEAN_DECODE.with(|flag| {
+            flag.set(true);
+            let decoded = decode();
+            flag.set(false);
+            decoded
+        });
+        lean.or_else(|_| decode())
+            .context(|| format!("cannot decode a plan of {} bytes", bytes.len()))
     }
+}
+
+thread_local! {
+    /// Set while [`DfxSession::decode`] makes its lean attempt on this thread.
+    static LEAN_DECODE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// A task-context provider bound to its session after the session exists.
@@ -342,13 +359,25 @@ impl DfxSession {
 /// but the provider is the session the planner goes into. This breaks the
 /// cycle: the codecs get the provider first, the session is bound to it once
 /// built. A weak reference, so the provider never keeps the session alive.
+///
+/// The plugin's codec asks for a context each time it decodes one dfx node,
+/// and datafusion-ffi converts the whole context across the boundary each
+/// time: every function of the session and every config entry, both ways.
+/// A worker decodes its stage with every stage below it, so that was a
+/// tenth of a distributed query's CPU. A dfx node needs functions only when
+/// a writer hashes on one, so a decode first hands the plugin a lean
+/// context (no functions, default config; see [`DfxSession::decode`]).
 #[derive(Default)]
 struct LateTaskContext {
     session: OnceLock<Weak<SessionContext>>,
+    lean: OnceLock<Arc<TaskContext>>,
 }
 
 impl TaskContextProvider for LateTaskContext {
     fn task_ctx(&self) -> Arc<TaskContext> {
+        if LEAN_DECODE.with(std::cell::Cell::get) {
+            return Arc::clone(self.lean.get_or_init(|| Arc::new(TaskContext::default())));
+        }
         match self.session.get().and_then(Weak::upgrade) {
             Some(ctx) => ctx.task_ctx(),
             // Only reachable while the session is being built or after it is
