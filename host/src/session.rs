@@ -6,9 +6,9 @@
 //! config extension and functions. Driver and worker call the same function
 //! with the same spec, so a plan one encodes the other can decode.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::ListingOptions;
@@ -254,7 +254,12 @@ pub struct DfxSession {
     // live as long as the session or every decode on the plugin side fails
     // with "task context provider dropped".
     _provider: Arc<dyn TaskContextProvider>,
+    /// Encoded stages already vetted in this session (see [`Self::vet_once`]).
+    vetted: Mutex<HashSet<Vec<u8>>>,
 }
+
+/// Vetted stages a session remembers: enough for every stage of a query.
+const VETTED_STAGES: usize = 256;
 
 impl std::fmt::Debug for DfxSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -319,6 +324,36 @@ impl DfxSession {
         physical_plan_to_bytes_with_extension_codec(plan, self.chain.as_ref())
             .map(|bytes| bytes.to_vec())
             .context(|| format!("cannot encode the plan rooted at {name}"))
+    }
+
+    /// Run `vet` on the encoded stage `bytes` unless this session already
+    /// vetted the same bytes. The verdict depends only on the bytes and the
+    /// spec (its tables and shuffle location), and a serving worker runs
+    /// every map of a stage from the same bytes: vetting walks the whole
+    /// plan, so it is done once per stage, not once per map. The bytes
+    /// themselves are the key, compared whole: no hash collision can pass a
+    /// stage that was never vetted.
+    ///
+    /// # Errors
+    ///
+    /// `vet`'s refusal; a refused stage is not remembered.
+    pub fn vet_once<E>(
+        &self,
+        bytes: &[u8],
+        vet: impl FnOnce() -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let known = |vetted: &HashSet<Vec<u8>>| vetted.contains(bytes);
+        if self.vetted.lock().is_ok_and(|v| known(&v)) {
+            return Ok(());
+        }
+        vet()?;
+        if let Ok(mut vetted) = self.vetted.lock() {
+            if vetted.len() >= VETTED_STAGES {
+                vetted.clear();
+            }
+            vetted.insert(bytes.to_vec());
+        }
+        Ok(())
     }
 
     /// Decode a plan encoded by a session with the same codec ids.
@@ -523,6 +558,7 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
         spec: spec.clone(),
         plugin: plugin.clone(),
         _provider: provider,
+        vetted: Mutex::default(),
     })
 }
 

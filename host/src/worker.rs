@@ -268,8 +268,9 @@ pub fn decode_stage(
         .map(|dir| dir.display().to_string())
         .unwrap_or_default();
     session
-        .plugin()
-        .vet_stage(bytes, &tables, &shuffle_dir)
+        .vet_once(bytes, || {
+            session.plugin().vet_stage(bytes, &tables, &shuffle_dir)
+        })
         .map_err(|err| {
             HostError::Invalid(format!(
                 "{task}: plan {plan_file}: {}",

@@ -729,3 +729,31 @@ async fn a_plan_holding_a_sink_is_refused_by_the_worker_before_it_runs() {
     assert!(err.contains("it holds a sink (parquetSink"), "{err}");
     assert!(!out.exists(), "the sink wrote {}", out.display());
 }
+
+#[tokio::test]
+async fn a_session_vets_the_same_stage_once_and_never_remembers_a_refusal() {
+    let fixture = Fixture::new();
+    let session = build_session(&plugin(), &fixture.distributed_spec("shuffle"))
+        .await
+        .unwrap();
+    let stage = b"the bytes of one encoded stage".as_slice();
+    let mut calls = 0;
+    let refused: Result<(), String> = session.vet_once(stage, || {
+        calls += 1;
+        Err("refused".to_string())
+    });
+    assert_eq!(refused, Err("refused".to_string()));
+    // A refusal is not remembered: the same bytes are vetted again.
+    for _ in 0..3 {
+        let vetted: Result<(), String> = session.vet_once(stage, || {
+            calls += 1;
+            Ok(())
+        });
+        assert_eq!(vetted, Ok(()));
+    }
+    assert_eq!(calls, 2, "vetted again after the refusal, then remembered");
+    // Other bytes (even a prefix of vetted ones) are vetted on their own.
+    let other: Result<(), String> =
+        session.vet_once(&stage[..10], || Err("refused too".to_string()));
+    assert_eq!(other, Err("refused too".to_string()));
+}
