@@ -99,15 +99,23 @@ pub struct Report {
 
 thread_local! {
     static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+    static IN_TARGET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 static HOOK: Once = Once::new();
 
-/// Record panics for the report instead of printing them: a crash is
-/// reported once, with its input file, by [`run_one`]'s caller.
+/// Record panics of a target's run for the report instead of printing them:
+/// a crash is reported once, with its input file, by [`run_one`]'s caller.
+/// A panic anywhere else (a failed assertion in a test of the harness) goes
+/// to the hook that was there before, so it is still printed.
 fn install_hook() {
     HOOK.call_once(|| {
-        std::panic::set_hook(Box::new(|info: &PanicHookInfo<'_>| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
+            if !IN_TARGET.with(std::cell::Cell::get) {
+                previous(info);
+                return;
+            }
             let payload = info.payload();
             let mut message = payload
                 .downcast_ref::<&str>()
@@ -129,7 +137,10 @@ fn install_hook() {
 /// The panic's message, or the property the target reports broken.
 pub fn run_one(target: &mut dyn Target, input: &[u8]) -> Result<Outcome, String> {
     install_hook();
-    match catch_unwind(AssertUnwindSafe(|| target.run(input))) {
+    IN_TARGET.with(|flag| flag.set(true));
+    let outcome = catch_unwind(AssertUnwindSafe(|| target.run(input)));
+    IN_TARGET.with(|flag| flag.set(false));
+    match outcome {
         Ok(result) => result,
         Err(_) => Err(format!(
             "panicked: {}",

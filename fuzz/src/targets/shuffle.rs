@@ -93,12 +93,13 @@ fn writer(dir: &Path, partitioning: Partitioning) -> Result<Arc<ShuffleWriterExe
     )?))
 }
 
-/// Run map 0 of `writer` as a worker would, with small batches (several IPC
-/// messages per file) and the given compression (`lz4` or `none`).
-fn publish(writer: &Arc<ShuffleWriterExec>, compression: &str) -> Result<()> {
+/// Run map 0 of `writer` as a worker would, with batches of `batch_size`
+/// rows (each full batch of a bucket is a segment of its own) and the given
+/// compression (`lz4` or `none`).
+fn publish(writer: &Arc<ShuffleWriterExec>, compression: &str, batch_size: usize) -> Result<()> {
     let mut dfx = DfxConfig::default();
     dfx.shuffle_compression = compression.to_string();
-    let mut config = SessionConfig::new().with_batch_size(32);
+    let mut config = SessionConfig::new().with_batch_size(batch_size);
     config.options_mut().extensions.insert(dfx);
     let ctx = SessionContext::new_with_config(config);
     futures::executor::block_on(async {
@@ -178,7 +179,8 @@ impl MarkerTarget {
         let dir = scratch()?;
         let partitioning = Partitioning::Hash(vec![col("k", &schema()).map_err(fail)?], 2);
         let writer = writer(dir.path(), partitioning).map_err(fail)?;
-        publish(&writer, "lz4").map_err(fail)?;
+        // Small batches: the marker indexes several segments per bucket.
+        publish(&writer, "lz4", 32).map_err(fail)?;
         let marker = marker_path(dir.path(), STAGE, 0);
         let seed = std::fs::read(&marker).map_err(fail)?;
         let reader = ShuffleReaderExec::try_new(ReadMode::Hash, writer).map_err(fail)?;
@@ -251,7 +253,9 @@ impl BucketTarget {
         let bucket = map_path(dir.path(), STAGE, 0);
         let mut seeds = Vec::new();
         for compression in ["none", "lz4"] {
-            publish(&writer, compression).map_err(fail)?;
+            // Batches larger than the rows: the map file is one segment,
+            // as the marker written for each input says.
+            publish(&writer, compression, 2 * ROWS).map_err(fail)?;
             seeds.push(std::fs::read(&bucket).map_err(fail)?);
         }
         if seeds[0] == seeds[1] {
