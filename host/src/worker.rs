@@ -348,7 +348,7 @@ pub async fn run_map(
     envelope: &Envelope,
 ) -> Result<Published> {
     let task = task_name(envelope);
-    let ctx = session.ctx().task_ctx();
+    let ctx = session.stage_task_ctx();
     // With a memory limit, the stage's operators run with a pool (see
     // `crate::memory` for why below the root rather than at it).
     let (stage, ctx) = match session.spec().memory_limit {
