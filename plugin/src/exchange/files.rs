@@ -11,10 +11,11 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::datatypes::{Fields, SchemaRef};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::ipc::CompressionType;
-use datafusion::arrow::ipc::reader::StreamReader;
+use datafusion::arrow::ipc::reader::StreamDecoder;
 use datafusion::arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use datafusion::arrow::record_batch::RecordBatch;
 use dfx_abi::IO_FAILURE;
@@ -202,9 +203,19 @@ pub fn decode_segment(bytes: Vec<u8>) -> Result<(SchemaRef, Vec<RecordBatch>), S
     // Arrow's IPC reader panics on some corrupt streams instead of failing
     // (fuzzing found a buffer offset beyond the message body).
     let decoded = guard::catch_decoder(move || -> Result<_, ArrowError> {
-        let reader = StreamReader::try_new(std::io::Cursor::new(bytes), None)?;
-        let schema = reader.schema();
-        let batches = reader.collect::<Result<Vec<_>, _>>()?;
+        // Decoded in place: an uncompressed batch's arrays are slices of
+        // `bytes`, where a reader over a cursor would copy every message
+        // body into a buffer of its own first.
+        let mut buffer = Buffer::from_vec(bytes);
+        let mut decoder = StreamDecoder::new();
+        let mut batches = Vec::new();
+        while let Some(batch) = decoder.decode(&mut buffer)? {
+            batches.push(batch);
+        }
+        decoder.finish()?;
+        let schema = decoder
+            .schema()
+            .ok_or_else(|| ArrowError::IpcError("the stream holds no schema".to_string()))?;
         Ok((schema, batches))
     })
     .map_err(|panic| {

@@ -26,7 +26,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -608,10 +608,8 @@ impl BucketStream {
             )
         };
         if let Some(file) = &open.file {
-            let mut bytes = vec![0u8; segment.bytes as usize];
             return Poll::Ready(
-                file.read_exact_at(&mut bytes, segment.offset)
-                    .map(|()| bytes)
+                read_range(file, segment.offset, segment.bytes)
                     .map_err(|e| fail(&open.piece, format!("cannot read: {e}"))),
             );
         }
@@ -667,6 +665,21 @@ impl BucketStream {
         }
         polled
     }
+}
+
+/// `len` bytes of `file` from `offset`, into a buffer that is not zeroed
+/// first (the read fills it).
+fn read_range(mut file: &File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.seek(SeekFrom::Start(offset))?;
+    file.take(len).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 != len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("the file ends {} byte(s) into the segment", bytes.len()),
+        ));
+    }
+    Ok(bytes)
 }
 
 /// An error about `piece`, naming stage, map, bucket and file.
