@@ -110,8 +110,14 @@ pub fn encode_segment(
     let options = IpcWriteOptions::default()
         .try_with_compression(codec)
         .map_err(|e| format!("cannot enable LZ4 compression: {e}"))?;
-    let mut writer = StreamWriter::try_new_with_options(Vec::new(), schema, options)
-        .map_err(|e| format!("cannot encode a segment: {e}"))?;
+    // Sized for the batch up front (a coalesced batch owns its buffers, so
+    // its memory size is about its encoded size), so that the encoder does
+    // not copy what it wrote each time the buffer grows. The schema and
+    // message headers are small beside it.
+    let capacity = batch.get_array_memory_size() + 4096;
+    let mut writer =
+        StreamWriter::try_new_with_options(Vec::with_capacity(capacity), schema, options)
+            .map_err(|e| format!("cannot encode a segment: {e}"))?;
     writer
         .write(batch)
         .and_then(|()| writer.finish())
