@@ -218,6 +218,15 @@ const OTHERS: &[Query] = &[
         "SELECT v, sum(v) OVER (ORDER BY v ROWS BETWEEN 2 PRECEDING AND CURRENT ROW) AS s3, \
          rank() OVER (ORDER BY k) AS r FROM a",
     ),
+    q(
+        // Each of these reads its literal offset when planned, which a
+        // function wrapped across FFI could not give (see the planner's
+        // `with_native_functions`).
+        "windows with literal arguments (lag, lead, ntile, nth_value)",
+        "SELECT v, lag(v, 2) OVER (ORDER BY v) AS l2, lead(v, 1, -1) OVER (ORDER BY v) AS l1, \
+         ntile(4) OVER (ORDER BY v) AS quartile, \
+         nth_value(v, 2) OVER (PARTITION BY k ORDER BY v) AS second FROM a",
+    ),
     q("UNION", "SELECT k FROM a UNION SELECT k FROM b"),
     q("UNION ALL", "SELECT k FROM a UNION ALL SELECT k FROM b"),
     q(

@@ -10,9 +10,11 @@ use async_trait::async_trait;
 use datafusion::catalog::Session;
 use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::execution::context::QueryPlanner;
-use datafusion::execution::{SessionStateBuilder, TaskContext};
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::execution::{SessionState, SessionStateBuilder, TaskContext};
+use datafusion::logical_expr::registry::FunctionRegistry;
+use datafusion::logical_expr::{Expr, LogicalPlan, WindowFunctionDefinition};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
@@ -56,11 +58,18 @@ impl QueryPlanner for DfxQueryPlanner {
         if shuffle_dir.is_some() {
             isolate_partitions(config.options_mut());
         }
-        let state = SessionStateBuilder::new()
+        let mut state = SessionStateBuilder::new()
             .with_config(config)
             .with_runtime_env(Arc::clone(session.runtime_env()))
             .with_default_features()
             .build();
+        for udf in crate::functions::scalar_udfs() {
+            state.register_udf(udf)?;
+        }
+        for udaf in crate::functions::aggregate_udfs() {
+            state.register_udaf(udaf)?;
+        }
+        let logical_plan = &with_native_functions(logical_plan.clone(), &state)?;
         // Optimized again under the settings above: the host optimized the
         // plan under its own, which may leave uncorrelated scalar subqueries
         // for a `ScalarSubqueryExec` (see `isolate_partitions`).
@@ -79,6 +88,68 @@ impl QueryPlanner for DfxQueryPlanner {
                 Ok(plan)
             }
         }
+    }
+}
+
+/// `plan` with every function it calls by a name the plugin's own session
+/// also has (DataFusion's built-ins, dfx's functions) replaced by the
+/// plugin's implementation of it.
+///
+/// Why: the host hands the plan over as protobuf, decoded against the
+/// host's session, so each function arrives as an FFI wrapper. Some
+/// functions inspect their arguments' physical expressions when planned
+/// (`lag(x, 2)`, `lead(x, 1, 0)`, `ntile(4)`, `nth_value(x, 2)` look for a
+/// literal offset), and a literal wrapped across FFI is not one: the plan
+/// failed with "only support Literal types". The plugin links the same
+/// DataFusion as the plan's functions, so its own are the same functions.
+/// A function only the host has (a Python UDF, say) stays as it came.
+fn with_native_functions(plan: LogicalPlan, state: &SessionState) -> Result<LogicalPlan> {
+    plan.transform_up_with_subqueries(|node| {
+        node.map_expressions(|expr| expr.transform_up(|expr| Ok(native_function(expr, state))))
+    })
+    .data()
+}
+
+/// `expr` calling the plugin's own implementation of its function, when
+/// the plugin's session has one by that name.
+fn native_function(expr: Expr, state: &SessionState) -> Transformed<Expr> {
+    match expr {
+        Expr::ScalarFunction(mut call) => match state.scalar_functions().get(call.func.name()) {
+            Some(native) => {
+                call.func = Arc::clone(native);
+                Transformed::yes(Expr::ScalarFunction(call))
+            }
+            None => Transformed::no(Expr::ScalarFunction(call)),
+        },
+        Expr::AggregateFunction(mut call) => {
+            match state.aggregate_functions().get(call.func.name()) {
+                Some(native) => {
+                    call.func = Arc::clone(native);
+                    Transformed::yes(Expr::AggregateFunction(call))
+                }
+                None => Transformed::no(Expr::AggregateFunction(call)),
+            }
+        }
+        Expr::WindowFunction(mut window) => {
+            let native = match &window.fun {
+                WindowFunctionDefinition::WindowUDF(udwf) => state
+                    .window_functions()
+                    .get(udwf.name())
+                    .map(|f| WindowFunctionDefinition::WindowUDF(Arc::clone(f))),
+                WindowFunctionDefinition::AggregateUDF(udaf) => state
+                    .aggregate_functions()
+                    .get(udaf.name())
+                    .map(|f| WindowFunctionDefinition::AggregateUDF(Arc::clone(f))),
+            };
+            match native {
+                Some(fun) => {
+                    window.fun = fun;
+                    Transformed::yes(Expr::WindowFunction(window))
+                }
+                None => Transformed::no(Expr::WindowFunction(window)),
+            }
+        }
+        other => Transformed::no(other),
     }
 }
 

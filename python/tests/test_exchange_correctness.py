@@ -133,6 +133,11 @@ UNORDERED = {
         "rank() OVER (PARTITION BY k ORDER BY v DESC) AS r, "
         "count(*) OVER (PARTITION BY k) AS c FROM a"
     ),
+    "window_literal_arguments": (
+        "SELECT v, lag(v, 2) OVER (ORDER BY v) AS l2, "
+        "lead(v, 1, -1) OVER (ORDER BY v) AS l1, ntile(4) OVER (ORDER BY v) AS q, "
+        "nth_value(v, 2) OVER (PARTITION BY k ORDER BY v) AS second FROM a"
+    ),
     "union": "SELECT k FROM a UNION SELECT k FROM b",
     "union_all": "SELECT k FROM a UNION ALL SELECT k FROM b",
     "intersect": "SELECT k FROM a INTERSECT SELECT k FROM b",
