@@ -294,16 +294,17 @@ impl DfxSession {
     /// the nodes that list functions at run time (information_schema's
     /// tables) have no protobuf encoding, so they never reach a worker.
     pub fn stage_task_ctx(&self) -> Arc<TaskContext> {
-        let full = self.ctx.task_ctx();
+        // Built from the session's parts: `task_ctx()` would copy every
+        // function map only for this to drop them, once per task.
         Arc::new(TaskContext::new(
-            full.task_id(),
-            full.session_id(),
-            full.session_config().clone(),
+            None,
+            self.ctx.session_id(),
+            self.ctx.copied_config(),
             Default::default(),
             Default::default(),
             Default::default(),
             Default::default(),
-            full.runtime_env(),
+            self.ctx.runtime_env(),
         ))
     }
 
