@@ -112,44 +112,43 @@ fn with_native_functions(plan: LogicalPlan, state: &SessionState) -> Result<Logi
 
 /// `expr` calling the plugin's own implementation of its function, when
 /// the plugin's session has one by that name.
-fn native_function(expr: Expr, state: &SessionState) -> Transformed<Expr> {
-    match expr {
-        Expr::ScalarFunction(mut call) => match state.scalar_functions().get(call.func.name()) {
-            Some(native) => {
-                call.func = Arc::clone(native);
-                Transformed::yes(Expr::ScalarFunction(call))
+fn native_function(mut expr: Expr, state: &SessionState) -> Transformed<Expr> {
+    let swapped = match &mut expr {
+        Expr::ScalarFunction(call) => {
+            let native = state.scalar_functions().get(call.func.name());
+            swap(&mut call.func, native)
+        }
+        Expr::AggregateFunction(call) => {
+            let native = state.aggregate_functions().get(call.func.name());
+            swap(&mut call.func, native)
+        }
+        Expr::WindowFunction(window) => match &mut window.fun {
+            WindowFunctionDefinition::WindowUDF(func) => {
+                let native = state.window_functions().get(func.name());
+                swap(func, native)
             }
-            None => Transformed::no(Expr::ScalarFunction(call)),
+            WindowFunctionDefinition::AggregateUDF(func) => {
+                let native = state.aggregate_functions().get(func.name());
+                swap(func, native)
+            }
         },
-        Expr::AggregateFunction(mut call) => {
-            match state.aggregate_functions().get(call.func.name()) {
-                Some(native) => {
-                    call.func = Arc::clone(native);
-                    Transformed::yes(Expr::AggregateFunction(call))
-                }
-                None => Transformed::no(Expr::AggregateFunction(call)),
-            }
+        _ => false,
+    };
+    if swapped {
+        Transformed::yes(expr)
+    } else {
+        Transformed::no(expr)
+    }
+}
+
+/// Point `func` at `native` when there is one; whether it did.
+fn swap<F>(func: &mut Arc<F>, native: Option<&Arc<F>>) -> bool {
+    match native {
+        Some(native) => {
+            *func = Arc::clone(native);
+            true
         }
-        Expr::WindowFunction(mut window) => {
-            let native = match &window.fun {
-                WindowFunctionDefinition::WindowUDF(udwf) => state
-                    .window_functions()
-                    .get(udwf.name())
-                    .map(|f| WindowFunctionDefinition::WindowUDF(Arc::clone(f))),
-                WindowFunctionDefinition::AggregateUDF(udaf) => state
-                    .aggregate_functions()
-                    .get(udaf.name())
-                    .map(|f| WindowFunctionDefinition::AggregateUDF(Arc::clone(f))),
-            };
-            match native {
-                Some(fun) => {
-                    window.fun = fun;
-                    Transformed::yes(Expr::WindowFunction(window))
-                }
-                None => Transformed::no(Expr::WindowFunction(window)),
-            }
-        }
-        other => Transformed::no(other),
+        None => false,
     }
 }
 
