@@ -8,10 +8,11 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -58,12 +59,20 @@ fn moto_venv() -> &'static Path {
     })
 }
 
-/// A port nothing listens on right now.
+/// A port nothing listens on right now, never one handed out before in
+/// this process: the tests run in parallel, and the kernel may give a port
+/// just released by one test's probe to the next test's probe.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        if HANDED_OUT.lock().expect("port set").insert(port) {
+            return port;
+        }
+    }
 }
 
 /// A running `moto_server`, killed and reaped on drop.
@@ -77,26 +86,42 @@ impl Moto {
     /// keys it does not know (all of them: it has no IAM users).
     fn start(check_keys: bool) -> Self {
         let venv = moto_venv();
-        let port = free_port();
-        let mut command = Command::new(venv.join("bin/moto_server"));
-        command
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        if check_keys {
-            command.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
+        // A server that cannot bind its port exits; whatever else holds the
+        // port would then answer in its place and vanish under the test.
+        // So a listening port counts only while our own child still runs.
+        for _ in 0..5 {
+            let port = free_port();
+            let mut command = Command::new(venv.join("bin/moto_server"));
+            command
+                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            if check_keys {
+                command.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
+            }
+            let child = command.spawn().expect("moto_server starts");
+            let mut moto = Self {
+                child,
+                endpoint: format!("http://127.0.0.1:{port}"),
+            };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if moto.child.try_wait().expect("moto_server status").is_some() {
+                    break;
+                }
+                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    // Give a server that lost the port a moment to exit.
+                    std::thread::sleep(Duration::from_millis(200));
+                    if moto.child.try_wait().expect("moto_server status").is_none() {
+                        return moto;
+                    }
+                    break;
+                }
+                assert!(Instant::now() < deadline, "moto_server did not listen");
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
-        let child = command.spawn().expect("moto_server starts");
-        let moto = Self {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "moto_server did not listen");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        moto
+        panic!("moto_server exited five times before listening: no port it could hold")
     }
 
     /// Run a boto3 snippet against this server; `s3` is its client, `args`

@@ -448,6 +448,10 @@ def s3_server(*, check_keys: bool = False) -> Iterator[S3Server]:
                 break
             assert time.monotonic() < deadline, "moto_server did not listen"
             time.sleep(0.1)
+        # A server that lost its port to another process exits: whatever
+        # answered would vanish under the tests, so look again.
+        time.sleep(0.2)
+        assert process.poll() is None, f"moto_server exited: port {port} is held"
         yield S3Server(f"http://127.0.0.1:{port}")
     finally:
         process.kill()
