@@ -6,7 +6,7 @@
 //! config extension and functions. Driver and worker call the same function
 //! with the same spec, so a plan one encodes the other can decode.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -256,6 +256,18 @@ pub struct DfxSession {
     _provider: Arc<dyn TaskContextProvider>,
     /// Encoded stages already vetted in this session (see [`Self::vet_once`]).
     vetted: Mutex<HashSet<Vec<u8>>>,
+    /// The stage decoded last, kept for the next map of it (see
+    /// [`Self::decode_stage_for_map`]).
+    kept_stage: Mutex<Option<KeptStage>>,
+}
+
+/// A decoded stage a serving worker keeps for its next map.
+struct KeptStage {
+    /// The encoded stage it was decoded from: the whole bytes are the key.
+    bytes: Vec<u8>,
+    plan: Arc<dyn ExecutionPlan>,
+    /// The maps already run from `plan`.
+    maps_run: BTreeSet<usize>,
 }
 
 /// Vetted stages a session remembers: enough for every stage of a query.
@@ -381,6 +393,50 @@ impl DfxSession {
             vetted.insert(bytes.to_vec());
         }
         Ok(())
+    }
+
+    /// The stage encoded as `bytes`, to run its map `map`: the plan decoded
+    /// for the previous task when that was the same stage and this map has
+    /// not run from it yet, otherwise a new decode, kept in its place.
+    ///
+    /// A serving worker runs map after map of a stage from the same bytes,
+    /// and a DataFusion plan is made to run each of its partitions from one
+    /// instance. Running them from one instance, as one process would, saves
+    /// the decode (a stage carries every stage below it) and builds once
+    /// what the plan shares between partitions: the collected build side of
+    /// a broadcast join is read and hashed once per worker, not once per map.
+    /// A map already run from the plan gets a fresh decode, so no operator is
+    /// ever asked to run one partition twice. Only one stage is kept: at most
+    /// one stage's shared state outlives its task. After a failed task the
+    /// worker calls [`Self::forget_stage`], so nothing a failure left behind
+    /// serves a retry.
+    ///
+    /// # Errors
+    ///
+    /// What [`Self::decode`] reports.
+    pub fn decode_stage_for_map(&self, bytes: &[u8], map: usize) -> Result<Arc<dyn ExecutionPlan>> {
+        if let Ok(mut kept) = self.kept_stage.lock()
+            && let Some(stage) = kept.as_mut().filter(|stage| stage.bytes == bytes)
+            && stage.maps_run.insert(map)
+        {
+            return Ok(Arc::clone(&stage.plan));
+        }
+        let plan = self.decode(bytes)?;
+        if let Ok(mut kept) = self.kept_stage.lock() {
+            *kept = Some(KeptStage {
+                bytes: bytes.to_vec(),
+                plan: Arc::clone(&plan),
+                maps_run: BTreeSet::from([map]),
+            });
+        }
+        Ok(plan)
+    }
+
+    /// Let go of the stage [`Self::decode_stage_for_map`] kept.
+    pub fn forget_stage(&self) {
+        if let Ok(mut kept) = self.kept_stage.lock() {
+            kept.take();
+        }
     }
 
     /// Decode a plan encoded by a session with the same codec ids.
@@ -586,6 +642,7 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
         plugin: plugin.clone(),
         _provider: provider,
         vetted: Mutex::default(),
+        kept_stage: Mutex::default(),
     })
 }
 

@@ -81,8 +81,11 @@ async fn run_in_session(
     started: Instant,
 ) -> Result<WorkerReport> {
     let bytes = read_plan(session, envelope)?;
-    let stage = decode_stage(session, envelope, &bytes)?;
-    let published = run_map(session, &stage, envelope).await?;
+    let published = match decode_stage(session, envelope, &bytes) {
+        Ok(stage) => run_map(session, &stage, envelope).await,
+        Err(err) => Err(err),
+    };
+    let published = published.inspect_err(|_| session.forget_stage())?;
     Ok(WorkerReport {
         stage_id: envelope.stage_id,
         partition: envelope.partition,
@@ -277,9 +280,13 @@ pub fn decode_stage(
                 err.strip_backtrace()
             ))
         })?;
-    let stage = session
-        .decode(bytes)
-        .map_err(|err| HostError::Invalid(format!("{task}: plan {plan_file}: {err}")))?;
+    // Under a memory limit each task's pool must account for all its task
+    // holds, so no task inherits a build side another task's pool reserved.
+    let stage = match spec.memory_limit {
+        None => session.decode_stage_for_map(bytes, envelope.partition),
+        Some(_) => session.decode(bytes),
+    }
+    .map_err(|err| HostError::Invalid(format!("{task}: plan {plan_file}: {err}")))?;
     check_stage(session, envelope, &stage)?;
     Ok(stage)
 }

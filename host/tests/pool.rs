@@ -510,3 +510,47 @@ fn bench_overhead_puts_process_and_pool_side_by_side() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_serving_session_runs_each_map_of_a_stage_from_one_decode_and_no_map_twice() {
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("kept");
+    let plugin = plugin();
+    let session = build_session(&plugin, &spec).await.unwrap();
+    let plan = session.physical_plan(BY_FLAG).await.unwrap();
+    let found = stages(&plugin, &plan).unwrap();
+    assert!(found.len() >= 2, "BY_FLAG has a stage below the root stage");
+    let encoded: Vec<Vec<u8>> = found
+        .iter()
+        .map(|stage| session.encode(Arc::clone(&stage.plan)).unwrap())
+        .collect();
+    let (one, other) = (&encoded[0], &encoded[1]);
+
+    let map_0 = session.decode_stage_for_map(one, 0).unwrap();
+    let map_1 = session.decode_stage_for_map(one, 1).unwrap();
+    assert!(
+        Arc::ptr_eq(&map_0, &map_1),
+        "the next map of the same stage runs from the kept plan"
+    );
+    let map_0_again = session.decode_stage_for_map(one, 0).unwrap();
+    assert!(
+        !Arc::ptr_eq(&map_0, &map_0_again),
+        "a map already run from the kept plan gets a fresh decode"
+    );
+    let other_0 = session.decode_stage_for_map(other, 0).unwrap();
+    assert!(
+        !Arc::ptr_eq(&map_0_again, &other_0),
+        "another stage decodes"
+    );
+    let one_1 = session.decode_stage_for_map(one, 1).unwrap();
+    assert!(
+        !Arc::ptr_eq(&map_0_again, &one_1),
+        "only the last stage is kept: coming back to the first decodes it again"
+    );
+    session.forget_stage();
+    let after = session.decode_stage_for_map(one, 2).unwrap();
+    assert!(
+        !Arc::ptr_eq(&one_1, &after),
+        "a forgotten stage is decoded anew"
+    );
+}

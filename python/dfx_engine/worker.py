@@ -37,6 +37,7 @@ worker; end of input does, with status 0.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import pathlib
@@ -51,7 +52,7 @@ from dfx_engine import _internal
 from dfx_engine.session import SessionSpec, build_session, codec_ids_of
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
 
     from datafusion import SessionContext
     from datafusion.record_batch import RecordBatch
@@ -95,6 +96,7 @@ class SessionCache:
         self._sessions: collections.OrderedDict[str, SessionContext] = (
             collections.OrderedDict()
         )
+        self._kept: _KeptStage | None = None
 
     def get(self, spec_json: dict[str, Any], spec: SessionSpec) -> SessionContext:
         """The session of ``spec`` (whose JSON is ``spec_json``), built if new."""
@@ -108,6 +110,53 @@ class SessionCache:
         else:
             self._sessions.move_to_end(key)
         return ctx
+
+    def kept_stage(
+        self, ctx: SessionContext, plan_bytes: bytes, map_index: int
+    ) -> ExecutionPlan | None:
+        """The stage decoded for the previous task, to run map ``map_index``.
+
+        Returned when that task ran the same encoded stage in the same
+        session and this map has not run from it yet; ``None`` otherwise.
+        The Rust worker keeps its last stage by the same rule (a plan runs
+        each of its partitions from one instance, so the next map skips the
+        decode and shares what the plan built once, such as a broadcast
+        join's build side; no map runs twice from one instance).
+        """
+        kept = self._kept
+        if (
+            kept is None
+            or kept.ctx is not ctx
+            or kept.plan_bytes != plan_bytes
+            or map_index in kept.maps_run
+        ):
+            return None
+        kept.maps_run.add(map_index)
+        return kept.plan
+
+    def keep_stage(
+        self,
+        ctx: SessionContext,
+        plan_bytes: bytes,
+        map_index: int,
+        plan: ExecutionPlan,
+    ) -> None:
+        """Keep ``plan``, just decoded to run ``map_index``, in place of any other."""
+        self._kept = _KeptStage(ctx, plan_bytes, plan, {map_index})
+
+    def forget_stage(self) -> None:
+        """Let go of the kept stage: a failed task's plan serves no retry."""
+        self._kept = None
+
+
+@dataclasses.dataclass
+class _KeptStage:
+    """A decoded stage a serving worker keeps for its next map."""
+
+    ctx: SessionContext
+    plan_bytes: bytes
+    plan: ExecutionPlan
+    maps_run: set[int]
 
 
 def _read_envelope(path: pathlib.Path) -> dict[str, Any]:
@@ -214,27 +263,25 @@ def run_task(
     if not 0 <= map_index < info.maps:
         reason = f"the stage has {info.maps} maps, so map {map_index} does not exist"
         raise fail(reason)
-    # An envelope is code: the plugin checks the stage reads only the spec's
-    # tables and shuffle location and writes only through its writer.
-    try:
-        _internal.vet_stage(plan_bytes, list(spec.tables.values()), spec.shuffle_dir)
-    except ValueError as err:
-        raise fail(str(err)) from err
-
-    try:
-        stage = ExecutionPlan.from_bytes(ctx, plan_bytes)
-    except Exception as err:
-        raise fail(f"cannot decode {plan_path}: {err}") from err
-    writer = _internal.stage_node_name()
-    if writer not in stage.display():
-        reason = f"the decoded plan's root is {stage.display()!r}, not a {writer}"
-        raise fail(reason)
+    # A kept stage came from these very bytes in this session, so it was
+    # vetted and checked when it was decoded.
+    stage = (
+        None if sessions is None else sessions.kept_stage(ctx, plan_bytes, map_index)
+    )
+    if stage is None:
+        stage = _decode_stage(ctx, spec, plan_path, plan_bytes, fail)
+        if sessions is not None:
+            sessions.keep_stage(ctx, plan_bytes, map_index, stage)
 
     try:
         rows, size = _published(ctx.execute(stage, map_index))
     except TaskError as err:
+        if sessions is not None:
+            sessions.forget_stage()
         raise fail(str(err)) from err
     except Exception as err:
+        if sessions is not None:
+            sessions.forget_stage()
         raise fail(f"execution failed: {err}") from err
     return {
         "stage_id": stage_id,
@@ -243,6 +290,31 @@ def run_task(
         "bytes": size,
         "elapsed_ms": (time.perf_counter() - started) * 1000.0,
     }
+
+
+def _decode_stage(
+    ctx: SessionContext,
+    spec: SessionSpec,
+    plan_path: pathlib.Path,
+    plan_bytes: bytes,
+    fail: Callable[[str], TaskError],
+) -> ExecutionPlan:
+    """Vet the encoded stage, decode it and check its root is a writer."""
+    # An envelope is code: the plugin checks the stage reads only the spec's
+    # tables and shuffle location and writes only through its writer.
+    try:
+        _internal.vet_stage(plan_bytes, list(spec.tables.values()), spec.shuffle_dir)
+    except ValueError as err:
+        raise fail(str(err)) from err
+    try:
+        stage = ExecutionPlan.from_bytes(ctx, plan_bytes)
+    except Exception as err:
+        raise fail(f"cannot decode {plan_path}: {err}") from err
+    writer = _internal.stage_node_name()
+    if writer not in stage.display():
+        reason = f"the decoded plan's root is {stage.display()!r}, not a {writer}"
+        raise fail(reason)
+    return stage
 
 
 def _published(summary: Iterable[RecordBatch]) -> tuple[int, int]:
