@@ -56,6 +56,25 @@ impl std::fmt::Display for WorkerMode {
     }
 }
 
+/// The variable glibc reads its malloc settings from at process start.
+pub const MALLOC_TUNABLES_VAR: &str = "GLIBC_TUNABLES";
+
+/// The malloc settings a serving worker starts with, unless the driver's
+/// environment (or the command, [`WorkerCommand::env`]) sets
+/// [`MALLOC_TUNABLES_VAR`]; other C libraries ignore the variable.
+///
+/// A serving worker runs task after task, each allocating its batches and
+/// tables afresh. By default glibc gives every block past a threshold that
+/// adapts at run time its own mapping and unmaps it when freed, and trims
+/// the heap's free top, so the next task faults the same memory in again,
+/// page by page, zeroed. A fixed threshold of 4 MiB and a trim threshold of
+/// 32 MiB keep that memory in the heap between tasks. Measured on TPC-H q9
+/// at scale 1 with 8 partitions: about a tenth less CPU over the workers,
+/// peak RSS of the largest worker up a fifth, and for q18 with 2 partitions
+/// no change in peak RSS.
+pub const SERVING_MALLOC_TUNABLES: &str =
+    "glibc.malloc.mmap_threshold=4194304:glibc.malloc.trim_threshold=33554432";
+
 /// The command a worker is started with; the envelope path is appended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerCommand {
@@ -126,6 +145,11 @@ impl WorkerCommand {
     /// `program args... --serve`, every stream piped: a pooled worker.
     pub(crate) fn serve_command(&self) -> tokio::process::Command {
         let mut command = tokio::process::Command::new(&self.program);
+        // Before the command's own variables, so that one set with
+        // [`Self::env`] wins; one in the driver's environment is inherited.
+        if std::env::var_os(MALLOC_TUNABLES_VAR).is_none() {
+            command.env(MALLOC_TUNABLES_VAR, SERVING_MALLOC_TUNABLES);
+        }
         command
             .args(&self.args)
             .arg("--serve")
@@ -483,4 +507,41 @@ struct NoProgress;
 impl NoProgress {
     fn inc(&self, _delta: u64) {}
     fn finish_and_clear(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(command: &tokio::process::Command, key: &str) -> Option<OsString> {
+        command
+            .as_std()
+            .get_envs()
+            .filter(|(k, _)| *k == OsStr::new(key))
+            .last()
+            .and_then(|(_, v)| v.map(OsStr::to_os_string))
+    }
+
+    #[test]
+    fn a_serving_worker_gets_the_malloc_settings_unless_its_command_sets_its_own() {
+        // The driver's own environment is the test runner's: only when it
+        // leaves the variable unset does the default apply.
+        if std::env::var_os(MALLOC_TUNABLES_VAR).is_some() {
+            return;
+        }
+        let plain = WorkerCommand::dfx("dfx").serve_command();
+        assert_eq!(
+            env_of(&plain, MALLOC_TUNABLES_VAR),
+            Some(OsString::from(SERVING_MALLOC_TUNABLES))
+        );
+        let own = WorkerCommand::dfx("dfx")
+            .env(MALLOC_TUNABLES_VAR, "glibc.malloc.arena_max=1")
+            .serve_command();
+        assert_eq!(
+            env_of(&own, MALLOC_TUNABLES_VAR),
+            Some(OsString::from("glibc.malloc.arena_max=1"))
+        );
+        let one_shot = WorkerCommand::dfx("dfx").command(Path::new("task.json"));
+        assert_eq!(env_of(&one_shot, MALLOC_TUNABLES_VAR), None);
+    }
 }
