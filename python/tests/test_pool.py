@@ -32,7 +32,14 @@ from conftest import (
 from datafusion import udf
 from test_worker import encode_stage, write_envelope
 
-from dfx_engine.driver import WorkerPool, run_distributed, run_local
+from dfx_engine.driver import (
+    MALLOC_TUNABLES_VAR,
+    SERVING_MALLOC_TUNABLES,
+    WorkerPool,
+    _serving_worker_env,
+    run_distributed,
+    run_local,
+)
 from dfx_engine.worker import SessionCache
 
 if TYPE_CHECKING:
@@ -172,6 +179,29 @@ def test_one_pool_answers_query_after_query_like_one_process(
         assert all(alive(pid) for pid in started)
     assert [pid for pid in started if alive(pid)] == []
     assert_revenue(as_rows(run_local(REVENUE_SQL, make_spec())))
+
+
+def test_serving_workers_start_with_the_malloc_settings_unless_the_driver_has_its_own(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    expected = os.environ.get(MALLOC_TUNABLES_VAR, SERVING_MALLOC_TUNABLES)
+    assert _serving_worker_env()[MALLOC_TUNABLES_VAR] == expected
+    with WorkerPool(max_workers=2) as pool:
+        run_distributed(SQL_ONLY, make_spec(), pool=pool)
+        pids = pool.pids()
+        assert pids
+        for pid in pids:
+            environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            settings = [
+                entry.split(b"=", 1)[1].decode()
+                for entry in environ
+                if entry.startswith(MALLOC_TUNABLES_VAR.encode() + b"=")
+            ]
+            # glibc splits the variable in place as it parses it, so the
+            # process's own copy ends at the first setting's end.
+            assert len(settings) == 1, (pid, settings)
+            assert settings[0], pid
+            assert expected.startswith(settings[0]), (pid, settings)
 
 
 def test_process_mode_agrees_with_pool_mode(
