@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::SystemTime;
 
 use datafusion::datasource::file_format::parquet::ParquetFormat;
 use datafusion::datasource::listing::ListingOptions;
@@ -263,8 +264,14 @@ pub struct DfxSession {
 
 /// A decoded stage a serving worker keeps for its next map.
 struct KeptStage {
-    /// The encoded stage it was decoded from: the whole bytes are the key.
+    /// The encoded stage it was decoded from: the whole bytes are the key,
+    /// with `written`.
     bytes: Vec<u8>,
+    /// When the driver wrote the plan file: a later query reusing the same
+    /// shuffle directory writes the same bytes to the same path, but its
+    /// upstream stages published anew, and what the kept plan built from
+    /// their output (a broadcast build side) belongs to the earlier query.
+    written: SystemTime,
     plan: Arc<dyn ExecutionPlan>,
     /// The maps already run from `plan`.
     maps_run: BTreeSet<usize>,
@@ -395,9 +402,11 @@ impl DfxSession {
         Ok(())
     }
 
-    /// The stage encoded as `bytes`, to run its map `map`: the plan decoded
-    /// for the previous task when that was the same stage and this map has
-    /// not run from it yet, otherwise a new decode, kept in its place.
+    /// The stage encoded as `bytes`, read from a plan file the driver wrote
+    /// at `written`, to run its map `map`: the plan decoded for the previous
+    /// task when that was the same stage from the same plan file and this
+    /// map has not run from it yet, otherwise a new decode, kept in its
+    /// place (never kept without `written`).
     ///
     /// A serving worker runs map after map of a stage from the same bytes,
     /// and a DataFusion plan is made to run each of its partitions from one
@@ -414,9 +423,21 @@ impl DfxSession {
     /// # Errors
     ///
     /// What [`Self::decode`] reports.
-    pub fn decode_stage_for_map(&self, bytes: &[u8], map: usize) -> Result<Arc<dyn ExecutionPlan>> {
+    pub fn decode_stage_for_map(
+        &self,
+        bytes: &[u8],
+        written: Option<SystemTime>,
+        map: usize,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let Some(written) = written else {
+            // No way to tell this query's plan file from an earlier one's.
+            self.forget_stage();
+            return self.decode(bytes);
+        };
         if let Ok(mut kept) = self.kept_stage.lock()
-            && let Some(stage) = kept.as_mut().filter(|stage| stage.bytes == bytes)
+            && let Some(stage) = kept
+                .as_mut()
+                .filter(|stage| stage.written == written && stage.bytes == bytes)
             && stage.maps_run.insert(map)
         {
             return Ok(Arc::clone(&stage.plan));
@@ -425,6 +446,7 @@ impl DfxSession {
         if let Ok(mut kept) = self.kept_stage.lock() {
             *kept = Some(KeptStage {
                 bytes: bytes.to_vec(),
+                written,
                 plan: Arc::clone(&plan),
                 maps_run: BTreeSet::from([map]),
             });

@@ -283,7 +283,12 @@ pub fn decode_stage(
     // Under a memory limit each task's pool must account for all its task
     // holds, so no task inherits a build side another task's pool reserved.
     let stage = match spec.memory_limit {
-        None => session.decode_stage_for_map(bytes, envelope.partition),
+        None => {
+            let written = std::fs::metadata(&envelope.plan)
+                .and_then(|meta| meta.modified())
+                .ok();
+            session.decode_stage_for_map(bytes, written, envelope.partition)
+        }
         Some(_) => session.decode(bytes),
     }
     .map_err(|err| HostError::Invalid(format!("{task}: plan {plan_file}: {err}")))?;

@@ -526,31 +526,44 @@ async fn a_serving_session_runs_each_map_of_a_stage_from_one_decode_and_no_map_t
         .collect();
     let (one, other) = (&encoded[0], &encoded[1]);
 
-    let map_0 = session.decode_stage_for_map(one, 0).unwrap();
-    let map_1 = session.decode_stage_for_map(one, 1).unwrap();
+    let at = Some(std::time::SystemTime::now());
+    let map_0 = session.decode_stage_for_map(one, at, 0).unwrap();
+    let map_1 = session.decode_stage_for_map(one, at, 1).unwrap();
     assert!(
         Arc::ptr_eq(&map_0, &map_1),
         "the next map of the same stage runs from the kept plan"
     );
-    let map_0_again = session.decode_stage_for_map(one, 0).unwrap();
+    let map_0_again = session.decode_stage_for_map(one, at, 0).unwrap();
     assert!(
         !Arc::ptr_eq(&map_0, &map_0_again),
         "a map already run from the kept plan gets a fresh decode"
     );
-    let other_0 = session.decode_stage_for_map(other, 0).unwrap();
+    let other_0 = session.decode_stage_for_map(other, at, 0).unwrap();
     assert!(
         !Arc::ptr_eq(&map_0_again, &other_0),
         "another stage decodes"
     );
-    let one_1 = session.decode_stage_for_map(one, 1).unwrap();
+    let one_1 = session.decode_stage_for_map(one, at, 1).unwrap();
     assert!(
         !Arc::ptr_eq(&map_0_again, &one_1),
         "only the last stage is kept: coming back to the first decodes it again"
     );
     session.forget_stage();
-    let after = session.decode_stage_for_map(one, 2).unwrap();
+    let after = session.decode_stage_for_map(one, at, 2).unwrap();
     assert!(
         !Arc::ptr_eq(&one_1, &after),
         "a forgotten stage is decoded anew"
+    );
+    let later = at.map(|t| t + std::time::Duration::from_secs(1));
+    let rewritten = session.decode_stage_for_map(one, later, 3).unwrap();
+    assert!(
+        !Arc::ptr_eq(&after, &rewritten),
+        "the same bytes in a plan file written later (a later query) decode anew"
+    );
+    let unknown = session.decode_stage_for_map(one, None, 4).unwrap();
+    let unknown_again = session.decode_stage_for_map(one, None, 5).unwrap();
+    assert!(
+        !Arc::ptr_eq(&unknown, &unknown_again),
+        "without the plan file's time nothing is kept"
     );
 }

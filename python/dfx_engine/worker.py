@@ -112,12 +112,16 @@ class SessionCache:
         return ctx
 
     def kept_stage(
-        self, ctx: SessionContext, plan_bytes: bytes, map_index: int
+        self, ctx: SessionContext, plan: _PlanFile, map_index: int
     ) -> ExecutionPlan | None:
         """The stage decoded for the previous task, to run map ``map_index``.
 
-        Returned when that task ran the same encoded stage in the same
-        session and this map has not run from it yet; ``None`` otherwise.
+        Returned when that task ran the same encoded stage from the same
+        plan file (bytes and the time it was written: a later query reusing
+        the shuffle directory writes the same bytes anew, and what the kept
+        plan built from its upstream output belongs to the earlier query) in
+        the same session, and this map has not run from it yet; ``None``
+        otherwise.
         The Rust worker keeps its last stage by the same rule (a plan runs
         each of its partitions from one instance, so the next map skips the
         decode and shares what the plan built once, such as a broadcast
@@ -127,7 +131,7 @@ class SessionCache:
         if (
             kept is None
             or kept.ctx is not ctx
-            or kept.plan_bytes != plan_bytes
+            or kept.plan_file != plan
             or map_index in kept.maps_run
         ):
             return None
@@ -137,12 +141,12 @@ class SessionCache:
     def keep_stage(
         self,
         ctx: SessionContext,
-        plan_bytes: bytes,
+        plan_file: _PlanFile,
         map_index: int,
         plan: ExecutionPlan,
     ) -> None:
         """Keep ``plan``, just decoded to run ``map_index``, in place of any other."""
-        self._kept = _KeptStage(ctx, plan_bytes, plan, {map_index})
+        self._kept = _KeptStage(ctx, plan_file, plan, {map_index})
 
     def forget_stage(self) -> None:
         """Let go of the kept stage: a failed task's plan serves no retry."""
@@ -154,9 +158,17 @@ class _KeptStage:
     """A decoded stage a serving worker keeps for its next map."""
 
     ctx: SessionContext
-    plan_bytes: bytes
+    plan_file: _PlanFile
     plan: ExecutionPlan
     maps_run: set[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class _PlanFile:
+    """An encoded stage as read, and when the driver wrote its file."""
+
+    written_ns: int
+    plan_bytes: bytes
 
 
 def _read_envelope(path: pathlib.Path) -> dict[str, Any]:
@@ -238,6 +250,7 @@ def run_task(
 
     plan_path = pathlib.Path(envelope["plan"])
     try:
+        written_ns = plan_path.stat().st_mtime_ns
         plan_bytes = plan_path.read_bytes()
     except OSError as err:
         raise fail(f"cannot read the encoded stage: {err}") from err
@@ -265,13 +278,12 @@ def run_task(
         raise fail(reason)
     # A kept stage came from these very bytes in this session, so it was
     # vetted and checked when it was decoded.
-    stage = (
-        None if sessions is None else sessions.kept_stage(ctx, plan_bytes, map_index)
-    )
+    plan_file = _PlanFile(written_ns, plan_bytes)
+    stage = None if sessions is None else sessions.kept_stage(ctx, plan_file, map_index)
     if stage is None:
         stage = _decode_stage(ctx, spec, plan_path, plan_bytes, fail)
         if sessions is not None:
-            sessions.keep_stage(ctx, plan_bytes, map_index, stage)
+            sessions.keep_stage(ctx, plan_file, map_index, stage)
 
     try:
         rows, size = _published(ctx.execute(stage, map_index))

@@ -40,7 +40,7 @@ from dfx_engine.driver import (
     run_distributed,
     run_local,
 )
-from dfx_engine.worker import SessionCache
+from dfx_engine.worker import SessionCache, _PlanFile
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -136,6 +136,30 @@ def test_serve_answers_each_request_and_survives_task_errors(
     # End of input is a clean exit, and nothing but responses was on stdout.
     assert status == 0
     assert rest == ""
+
+
+def test_session_cache_keeps_the_last_stage_for_maps_not_run_from_it(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    cache = SessionCache()
+    spec = make_spec()
+    ctx = cache.get(spec.to_json(), spec)
+    plan = ctx.sql("SELECT 1 AS one").execution_plan()
+    stage = _PlanFile(written_ns=1, plan_bytes=b"stage")
+    assert cache.kept_stage(ctx, stage, 0) is None
+    cache.keep_stage(ctx, stage, 0, plan)
+    assert cache.kept_stage(ctx, _PlanFile(1, b"stage"), 1) is plan
+    # A map already run from it, other bytes, a plan file written later (a
+    # later query reusing the directory) or another session: not kept.
+    assert cache.kept_stage(ctx, stage, 0) is None
+    assert cache.kept_stage(ctx, _PlanFile(1, b"other"), 2) is None
+    assert cache.kept_stage(ctx, _PlanFile(2, b"stage"), 2) is None
+    other_spec = make_spec()
+    other_ctx = cache.get(other_spec.to_json(), other_spec)
+    assert cache.kept_stage(other_ctx, stage, 2) is None
+    assert cache.kept_stage(ctx, stage, 2) is plan
+    cache.forget_stage()
+    assert cache.kept_stage(ctx, stage, 3) is None
 
 
 def test_session_cache_keeps_the_newest_specs(
