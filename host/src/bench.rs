@@ -294,8 +294,8 @@ pub async fn timed_task(plugin_path: Option<&Path>, envelope: &Path) -> Result<(
     steps.session_build_us = micros(t);
 
     let t = Instant::now();
-    let bytes = crate::worker::read_plan(&session, &envelope)?;
-    let stage = crate::worker::decode_stage(&session, &envelope, &bytes)?;
+    let plan = crate::worker::read_plan(&session, &envelope)?;
+    let stage = crate::worker::decode_stage(&session, &envelope, &plan)?;
     steps.decode_us = micros(t);
 
     let t = Instant::now();

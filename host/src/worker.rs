@@ -24,10 +24,10 @@
 //! plugin is loaded once, and the last sessions built stay warm for the next
 //! tasks of the same query.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use datafusion::arrow::array::{Array, UInt64Array};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -80,8 +80,8 @@ async fn run_in_session(
     envelope: &Envelope,
     started: Instant,
 ) -> Result<WorkerReport> {
-    let bytes = read_plan(session, envelope)?;
-    let published = match decode_stage(session, envelope, &bytes) {
+    let plan = read_plan(session, envelope)?;
+    let published = match decode_stage(session, envelope, &plan) {
         Ok(stage) => run_map(session, &stage, envelope).await,
         Err(err) => Err(err),
     };
@@ -233,7 +233,7 @@ fn task_name(envelope: &Envelope) -> String {
 ///
 /// Codec ids that differ (named, before any byte is decoded) or a plan file
 /// that cannot be read.
-pub fn read_plan(session: &DfxSession, envelope: &Envelope) -> Result<Vec<u8>> {
+pub fn read_plan(session: &DfxSession, envelope: &Envelope) -> Result<PlanFile> {
     if session.codec_ids() != envelope.spec.codec_ids {
         return Err(HostError::Invalid(format!(
             "{}: refusing to decode {}: it was encoded with codec ids {:?} but this worker's \
@@ -244,7 +244,24 @@ pub fn read_plan(session: &DfxSession, envelope: &Envelope) -> Result<Vec<u8>> {
             session.codec_ids()
         )));
     }
-    std::fs::read(&envelope.plan).map_err(|e| HostError::io("cannot read plan", &envelope.plan, e))
+    let read = || -> std::io::Result<PlanFile> {
+        let mut file = std::fs::File::open(&envelope.plan)?;
+        let written = file.metadata().and_then(|meta| meta.modified()).ok();
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        Ok(PlanFile { bytes, written })
+    };
+    read().map_err(|e| HostError::io("cannot read plan", &envelope.plan, e))
+}
+
+/// An encoded stage as read from its plan file.
+#[derive(Debug, Clone)]
+pub struct PlanFile {
+    /// The encoded stage.
+    pub bytes: Vec<u8>,
+    /// When the driver wrote the file, if the file system says (see
+    /// [`DfxSession::decode_stage_for_map`]).
+    pub written: Option<SystemTime>,
 }
 
 /// Decode the stage and check it against the envelope (steps 3 and 4).
@@ -256,8 +273,9 @@ pub fn read_plan(session: &DfxSession, envelope: &Envelope) -> Result<Vec<u8>> {
 pub fn decode_stage(
     session: &DfxSession,
     envelope: &Envelope,
-    bytes: &[u8],
+    plan: &PlanFile,
 ) -> Result<Arc<dyn ExecutionPlan>> {
+    let bytes = plan.bytes.as_slice();
     let task = task_name(envelope);
     let plan_file = envelope.plan.display();
     // An envelope is code: before anything is built from it, the plugin
@@ -283,12 +301,7 @@ pub fn decode_stage(
     // Under a memory limit each task's pool must account for all its task
     // holds, so no task inherits a build side another task's pool reserved.
     let stage = match spec.memory_limit {
-        None => {
-            let written = std::fs::metadata(&envelope.plan)
-                .and_then(|meta| meta.modified())
-                .ok();
-            session.decode_stage_for_map(bytes, written, envelope.partition)
-        }
+        None => session.decode_stage_for_map(bytes, plan.written, envelope.partition),
         Some(_) => session.decode(bytes),
     }
     .map_err(|err| HostError::Invalid(format!("{task}: plan {plan_file}: {err}")))?;

@@ -106,7 +106,10 @@ class SessionCache:
             ctx, _engine = build_session(spec)
             self._sessions[key] = ctx
             while len(self._sessions) > self.size:
-                self._sessions.popitem(last=False)
+                _, dropped = self._sessions.popitem(last=False)
+                # A kept stage must not keep a dropped session alive.
+                if self._kept is not None and self._kept.ctx is dropped:
+                    self._kept = None
         else:
             self._sessions.move_to_end(key)
         return ctx
@@ -250,8 +253,9 @@ def run_task(
 
     plan_path = pathlib.Path(envelope["plan"])
     try:
-        written_ns = plan_path.stat().st_mtime_ns
-        plan_bytes = plan_path.read_bytes()
+        with plan_path.open("rb") as plan_file_handle:
+            written_ns = os.fstat(plan_file_handle.fileno()).st_mtime_ns
+            plan_bytes = plan_file_handle.read()
     except OSError as err:
         raise fail(f"cannot read the encoded stage: {err}") from err
 
@@ -288,12 +292,8 @@ def run_task(
     try:
         rows, size = _published(ctx.execute(stage, map_index))
     except TaskError as err:
-        if sessions is not None:
-            sessions.forget_stage()
         raise fail(str(err)) from err
     except Exception as err:
-        if sessions is not None:
-            sessions.forget_stage()
         raise fail(f"execution failed: {err}") from err
     return {
         "stage_id": stage_id,
@@ -363,10 +363,17 @@ def _answer(request: str, sessions: SessionCache) -> dict[str, Any]:
         return {"stage_id": None, "partition": None, "error": message}
     try:
         return run_task(pathlib.Path(path), sessions)
-    except TaskError as err:
-        # In the response only: stderr is for what the response cannot say.
-        return {"stage_id": err.stage_id, "partition": err.partition, "error": str(err)}
     except Exception as err:
+        # Whatever failed, the kept stage may hold what the failure left
+        # behind (a build side that failed): no later task runs from it.
+        sessions.forget_stage()
+        if isinstance(err, TaskError):
+            # In the response only: stderr is for what the response cannot say.
+            return {
+                "stage_id": err.stage_id,
+                "partition": err.partition,
+                "error": str(err),
+            }
         # A bug, not a refusal: the traceback goes to stderr for the driver to
         # attach, and the worker stays up for the next task.
         traceback.print_exc()
