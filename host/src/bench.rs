@@ -520,6 +520,7 @@ async fn pooled(
         stage_id: task.stage_id,
         map: 0,
         envelope: task.envelope.clone(),
+        inline: None,
     };
     pool.run(&task, 1)
         .await

@@ -21,10 +21,11 @@ use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
 
 use futures::StreamExt;
 
-use crate::envelope::WorkerReport;
+use crate::envelope::{Envelope, WorkerReport};
 use crate::error::{HostError, Result, Retry, TaskFailure};
 use crate::pool::WorkerPool;
 use crate::retry::{Attempts, DEFAULT_MAX_ATTEMPTS, run_with_attempts};
@@ -171,8 +172,14 @@ pub struct Task {
     pub stage_id: u64,
     /// The map (the stage's input partition the worker runs).
     pub map: usize,
-    /// The envelope file the worker is given.
+    /// The envelope file the worker is given. With `inline` set, the name
+    /// the file would have (messages name the task by it) and nothing on
+    /// disk.
     pub envelope: PathBuf,
+    /// The envelope itself, sent in the request to a pooled worker instead
+    /// of a file; `None` for a task whose envelope is a file (process mode
+    /// always: a process is given a path).
+    pub inline: Option<Arc<Envelope>>,
 }
 
 /// How to run the fan-out.
@@ -402,6 +409,19 @@ async fn run_one(
         stderr,
         retry,
     };
+    // A process is given a path: an envelope that travels inline is written
+    // out first.
+    if let Some(envelope) = &task.inline
+        && !task.envelope.exists()
+    {
+        envelope.write(&task.envelope).map_err(|err| {
+            fail(
+                format!("could not write its envelope: {err}"),
+                String::new(),
+                Retry::No,
+            )
+        })?;
+    }
     let child = command.command(&task.envelope).spawn().map_err(|err| {
         fail(
             format!("could not start {}: {err}", command.program.display()),

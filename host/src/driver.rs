@@ -340,9 +340,6 @@ impl Host {
         })
     }
 
-    /// Encode every stage and write its plan file and one envelope per map
-    /// into `task_dir`; returns the tasks in pre-order of their stages, maps
-    /// ascending.
     /// The plugin's check of the spec's shuffle `location` (see the
     /// plugin's probe): on a blocking thread, since an S3 probe waits on the
     /// network for up to its timeout.
@@ -358,6 +355,9 @@ impl Host {
             .map_err(HostError::Invalid)
     }
 
+    /// Encode every stage and write its plan file into `task_dir`, and one
+    /// envelope per map (a file in process mode, in memory for the pool);
+    /// returns the tasks in pre-order of their stages, maps ascending.
     fn write_tasks(
         &self,
         session: &DfxSession,
@@ -395,11 +395,20 @@ impl Host {
                     attempt: 0,
                 };
                 let path = envelope_path(task_dir, stage_id, map);
-                envelope.write(&path)?;
+                // A pooled worker is sent the envelope itself; a process is
+                // given a path, so its envelope is a file.
+                let inline = match self.mode {
+                    WorkerMode::Pool => Some(Arc::new(envelope)),
+                    WorkerMode::Process => {
+                        envelope.write(&path)?;
+                        None
+                    }
+                };
                 tasks.push(Task {
                     stage_id,
                     map,
                     envelope: path,
+                    inline,
                 });
             }
         }

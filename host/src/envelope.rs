@@ -9,7 +9,8 @@
 //! driver ◄── last non-empty stdout line ─────────────── dfx worker      (WorkerReport)
 //!
 //! pool mode: one long-lived `dfx worker --serve` per slot, many tasks each
-//! driver ── stdin:  {"envelope": "<path>"}\n ─────────► dfx worker --serve   (ServeRequest)
+//! driver ── stdin:  {"task": {<envelope>}}\n ────────► dfx worker --serve   (ServeRequest)
+//!                   or {"envelope": "<path>"}\n
 //! driver ◄── stdout: one response line per request ──── dfx worker --serve   (ServeResponse)
 //! ```
 //!
@@ -34,7 +35,9 @@
 //! # Serve protocol (pool mode)
 //!
 //! `<worker command> --serve` loads the plugin once, then reads requests from
-//! stdin, one JSON object per line: `{"envelope": "<path>"}`. For each it runs
+//! stdin, one JSON object per line: `{"envelope": "<path>"}` (an envelope
+//! file), or `{"task": {...}}` holding the envelope itself (what the Rust
+//! driver's pool sends: it writes no envelope files). For each it runs
 //! the task exactly as process mode does (same checks, same order) and
 //! writes exactly one JSON line to stdout:
 //!
@@ -203,20 +206,49 @@ impl WorkerReport {
     }
 }
 
-/// One request to a serving worker (`--serve`): run the task in `envelope`.
+/// One request to a serving worker (`--serve`): run one task, named by its
+/// envelope file or carried whole.
+///
+/// The Rust driver's pool sends the envelope itself, so a query's tasks need
+/// no file each (creating one is a few hundred microseconds of the driver's
+/// CPU, more on a file system without a journal that was just cleaned up);
+/// process mode and the Python driver use files. A worker of either host
+/// takes both forms.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServeRequest {
-    /// The envelope file of the task.
-    pub envelope: PathBuf,
+#[serde(untagged)]
+pub enum ServeRequest {
+    /// `{"envelope": "<path>"}`: the task's envelope file.
+    File {
+        /// The envelope file of the task.
+        envelope: PathBuf,
+    },
+    /// `{"task": {<envelope>}}`: the envelope itself.
+    Inline {
+        /// The task's envelope, as its file would hold it.
+        task: Box<Envelope>,
+    },
 }
 
 impl ServeRequest {
     /// The request as one JSON line, newline included.
     pub fn to_line(&self) -> String {
-        // Cannot fail: one path (a non-UTF-8 one is an error we map to "").
+        // Cannot fail: a path (a non-UTF-8 one is an error we map to "") or
+        // an envelope, whose every field serializes.
         let mut line = serde_json::to_string(self).unwrap_or_default();
         line.push('\n');
         line
+    }
+
+    /// The envelope the request names or carries.
+    ///
+    /// # Errors
+    ///
+    /// An envelope file that cannot be read or does not parse.
+    pub fn envelope(self) -> Result<Envelope> {
+        match self {
+            Self::File { envelope } => Envelope::read(&envelope),
+            Self::Inline { task } => Ok(*task),
+        }
     }
 }
 
@@ -350,12 +382,40 @@ mod tests {
         );
         let bad = ServeResponse::parse_line("{\"rows\": \"many\"}").unwrap();
         assert!(bad.unwrap_err().contains("unreadable response"));
-        let request = ServeRequest {
+        let request = ServeRequest::File {
             envelope: "/s/tasks/task-1-0.json".into(),
         };
         assert_eq!(
             request.to_line(),
             "{\"envelope\":\"/s/tasks/task-1-0.json\"}\n"
         );
+    }
+
+    #[test]
+    fn an_inline_request_carries_the_envelope_its_file_would_hold() {
+        let envelope = Envelope {
+            spec: SessionSpec::default(),
+            plan: "/s/tasks/stage-2.plan".into(),
+            stage_id: 2,
+            partition: 5,
+            attempt: 1,
+        };
+        let request = ServeRequest::Inline {
+            task: Box::new(envelope.clone()),
+        };
+        let line = request.to_line();
+        assert!(line.starts_with("{\"task\":{"), "{line}");
+        let parsed: ServeRequest = serde_json::from_str(line.trim()).unwrap();
+        assert_eq!(parsed.envelope().unwrap(), envelope);
+        // The file form still parses as the file form.
+        let file: ServeRequest = serde_json::from_str("{\"envelope\": \"/s/t.json\"}").unwrap();
+        assert_eq!(
+            file,
+            ServeRequest::File {
+                envelope: "/s/t.json".into()
+            }
+        );
+        // Neither form: refused.
+        assert!(serde_json::from_str::<ServeRequest>("{\"task\": 3}").is_err());
     }
 }

@@ -42,7 +42,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use crate::dispatch::{Task, TaskReport, WorkerCommand, describe_exit};
-use crate::envelope::{ServeRequest, ServeResponse};
+use crate::envelope::{Envelope, ServeRequest, ServeResponse};
 use crate::error::{Retry, TaskFailure};
 
 /// Lines of stderr kept per worker: enough to explain a failure, bounded so
@@ -333,8 +333,13 @@ impl Drop for PooledWorker {
 impl PooledWorker {
     async fn run(&mut self, task: &Task) -> Result<crate::WorkerReport, Failed> {
         let mark = lock(&self.tail).total;
-        let request = ServeRequest {
-            envelope: task.envelope.clone(),
+        let request = match &task.inline {
+            Some(envelope) => ServeRequest::Inline {
+                task: Box::new(Envelope::clone(envelope)),
+            },
+            None => ServeRequest::File {
+                envelope: task.envelope.clone(),
+            },
         };
         let sent = async {
             let stdin = self.stdin.as_mut().ok_or_else(|| {

@@ -16,7 +16,6 @@
 //! attempt, and one rerun mends a loss for every task that saw it.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,9 +35,9 @@ type Key = (u64, usize);
 /// happened, and the reruns of maps whose output was lost.
 #[derive(Debug)]
 pub struct Attempts {
-    /// The first envelope of every task of the query, the ones a lost map
-    /// can be run again from.
-    envelopes: BTreeMap<Key, PathBuf>,
+    /// The first attempt of every task of the query (its envelope file, or
+    /// the envelope itself), the ones a lost map can be run again from.
+    envelopes: BTreeMap<Key, Task>,
     max_attempts: u32,
     state: Mutex<State>,
 }
@@ -66,7 +65,7 @@ impl Attempts {
         Self {
             envelopes: tasks
                 .iter()
-                .map(|t| ((t.stage_id, t.map), t.envelope.clone()))
+                .map(|t| ((t.stage_id, t.map), t.clone()))
                 .collect(),
             max_attempts: max_attempts.max(1),
             state: Mutex::new(State::default()),
@@ -106,25 +105,38 @@ impl Attempts {
             *made += 1;
             *made - 1
         };
-        let first = self.envelopes.get(&key).unwrap_or(&task.envelope);
-        let path = attempt_path(first, attempt);
-        if attempt > 0 {
-            let fail = |err: crate::HostError| TaskFailure {
-                stage_id: task.stage_id,
-                map: task.map,
-                reason: format!(
-                    "cannot write the envelope of attempt {attempt} from {}: {err}",
-                    first.display()
-                ),
-                stderr: String::new(),
-                retry: Retry::No,
-            };
-            let mut envelope = Envelope::read(first).map_err(fail)?;
-            envelope.attempt = attempt;
-            envelope.write(&path).map_err(fail)?;
-        }
+        let first = self.envelopes.get(&key).unwrap_or(task);
+        let path = attempt_path(&first.envelope, attempt);
+        let inline = match &first.inline {
+            // Attempt 0 is the driver's envelope; a later one a copy with its
+            // number, in memory for a task that travels inline.
+            Some(envelope) if attempt > 0 => Some(Arc::new(Envelope {
+                attempt,
+                ..Envelope::clone(envelope)
+            })),
+            Some(envelope) => Some(Arc::clone(envelope)),
+            None => {
+                if attempt > 0 {
+                    let fail = |err: crate::HostError| TaskFailure {
+                        stage_id: task.stage_id,
+                        map: task.map,
+                        reason: format!(
+                            "cannot write the envelope of attempt {attempt} from {}: {err}",
+                            first.envelope.display()
+                        ),
+                        stderr: String::new(),
+                        retry: Retry::No,
+                    };
+                    let mut envelope = Envelope::read(&first.envelope).map_err(fail)?;
+                    envelope.attempt = attempt;
+                    envelope.write(&path).map_err(fail)?;
+                }
+                None
+            }
+        };
         let attempted = Task {
             envelope: path,
+            inline,
             ..task.clone()
         };
         Ok((attempt, attempted))
@@ -217,7 +229,7 @@ async fn restore(
         stderr: String::new(),
         retry: Retry::No,
     };
-    let Some(envelope) = attempts.envelopes.get(&lost) else {
+    let Some(first) = attempts.envelopes.get(&lost) else {
         return Err(fail(format!(
             "failed: the output of stage {lost_stage} map {lost_map} is lost, and this query \
              has no such task to run again"
@@ -228,11 +240,7 @@ async fn restore(
     if attempts.lock().rerun_at.get(&lost).copied().unwrap_or(0) > began {
         return Ok(());
     }
-    let upstream = Task {
-        stage_id: lost_stage,
-        map: lost_map,
-        envelope: envelope.clone(),
-    };
+    let upstream = first.clone();
     let report = run_with_attempts(workers, attempts, &upstream, limit, timeout)
         .await
         .map_err(|err| {

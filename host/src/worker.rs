@@ -157,12 +157,13 @@ pub async fn serve_one(plugin: &Plugin, cache: &mut SessionCache, line: &str) ->
         Ok(request) => request,
         Err(err) => {
             return unknown(format!(
-                "cannot read the request {:?}: {err}; expected {{\"envelope\": \"<path>\"}}",
+                "cannot read the request {:.200?}: {err}; expected {{\"envelope\": \"<path>\"}} \
+                 or {{\"task\": {{<envelope>}}}}",
                 line.trim()
             ));
         }
     };
-    let envelope = match Envelope::read(&request.envelope) {
+    let envelope = match request.envelope() {
         Ok(envelope) => envelope,
         Err(err) => return unknown(err.to_string()),
     };

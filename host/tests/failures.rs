@@ -355,6 +355,7 @@ async fn dropping_the_fan_out_kills_every_worker() {
                 stage_id: 1,
                 map,
                 envelope,
+                inline: None,
             }
         })
         .collect();
@@ -402,6 +403,7 @@ async fn the_default_bound_keeps_workers_to_the_cores() {
             stage_id: 1,
             map,
             envelope: envelope_path(&dir, 1, map),
+            inline: None,
         })
         .collect();
     // Each worker notes its start, waits, and notes its end: at no time are

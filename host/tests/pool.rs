@@ -97,6 +97,7 @@ async fn leaf_task(spec: &SessionSpec, sql: &str) -> Task {
         stage_id: stage.stage_id(),
         map: 0,
         envelope: path,
+        inline: None,
     }
 }
 
@@ -133,6 +134,19 @@ async fn pool_mode_answers_as_local_with_workers_reused_across_waves_and_queries
     assert!(result.tasks.len() > 2, "{:?}", result.tasks);
     assert!(pids.len() <= 2, "{pids:?}");
     assert!(host.pool().started() <= 2, "{}", host.pool().started());
+    // A pooled worker is sent each envelope in its request: the driver
+    // wrote the stages' plans and no envelope file.
+    let q1_tasks = fixture.shuffle_dir("q1").join(TASK_DIR);
+    let mut written: Vec<String> = std::fs::read_dir(&q1_tasks)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    written.sort();
+    assert!(!written.is_empty());
+    assert!(
+        written.iter().all(|name| name.ends_with(".plan")),
+        "{written:?}"
+    );
 
     // A second query (another shuffle directory, so another session) runs
     // on the same processes.
@@ -157,6 +171,15 @@ async fn pool_mode_answers_as_local_with_workers_reused_across_waves_and_queries
         .await
         .unwrap();
     assert_eq!(rows(&process.batches), rows(&local));
+    let q3_tasks = fixture.shuffle_dir("q3").join(TASK_DIR);
+    let envelopes = std::fs::read_dir(&q3_tasks)
+        .unwrap()
+        .filter(|e| {
+            let name = e.as_ref().unwrap().file_name();
+            name.to_string_lossy().starts_with("task-")
+        })
+        .count();
+    assert_eq!(envelopes, process.tasks.len(), "a file per process task");
     let mut process_pids: Vec<u32> = process
         .task_reports
         .values()
@@ -177,6 +200,7 @@ async fn a_pooled_worker_killed_mid_task_fails_that_task_and_is_replaced() {
         stage_id: 7,
         map: 3,
         envelope: fifo(&scratch.join("task-7-3.json")),
+        inline: None,
     };
     let tasks = [task.clone()];
     let one = options(1);
@@ -243,12 +267,14 @@ async fn a_task_error_in_serve_mode_is_reported_and_the_same_worker_serves_the_n
         stage_id: good.stage_id,
         map: 1,
         envelope: path,
+        inline: None,
     };
     // The envelope itself is missing: stage and map unknown to the worker.
     let missing_envelope = Task {
         stage_id: good.stage_id,
         map: 2,
         envelope: fixture.shuffle_dir("nowhere.json"),
+        inline: None,
     };
 
     let pool = Workers::Pool(host.pool());
@@ -342,6 +368,7 @@ async fn dropping_a_pooled_run_mid_task_kills_its_worker() {
         stage_id: 1,
         map: 0,
         envelope: fifo(&scratch.join("task-1-0.json")),
+        inline: None,
     }];
     let one = options(1);
     let run = run_tasks(Workers::Pool(host.pool()), &tasks, &one);
@@ -390,6 +417,7 @@ kill -KILL $$"#;
             stage_id: 1,
             map,
             envelope: envelope_path(&scratch, 1, map),
+            inline: None,
         })
         .collect();
     let err = run_tasks(Workers::Pool(host.pool()), &tasks, &options(1))

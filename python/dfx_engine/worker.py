@@ -27,7 +27,8 @@ Every refusal exits with status 1 and one line on stderr naming the stage,
 the map and the envelope.
 
 The serve protocol, which the Rust host's ``dfx worker --serve`` speaks too:
-one request per line on stdin, ``{"envelope": "<path>"}``; for each, exactly
+one request per line on stdin, ``{"envelope": "<path>"}`` or, carrying the
+envelope itself (the Rust driver's pool), ``{"task": {...}}``; for each, exactly
 one response line on stdout, either the report above or
 ``{"stage_id": S, "partition": M, "error": "<message>"}`` (both ids ``null``
 when the envelope could not be read). A failed task does not end the
@@ -174,28 +175,40 @@ class _PlanFile:
     plan_bytes: bytes
 
 
-def _read_envelope(path: pathlib.Path) -> dict[str, Any]:
-    try:
-        envelope = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        message = f"cannot read task envelope {path}: {err}"
-        raise TaskError(message) from err
+def _read_envelope(source: pathlib.Path | dict[str, Any]) -> dict[str, Any]:
+    """The envelope in the file ``source``, or ``source`` itself, checked.
+
+    ``source`` is a dict when a serve request carries the envelope.
+    """
+    if isinstance(source, dict):
+        envelope: Any = source
+        where = "the request's envelope"
+    else:
+        try:
+            envelope = json.loads(source.read_text())
+        except (OSError, ValueError) as err:
+            message = f"cannot read task envelope {source}: {err}"
+            raise TaskError(message) from err
+        where = f"task envelope {source}"
     if not isinstance(envelope, dict):
-        message = f"task envelope {path} is not a JSON object: {envelope!r:.80}"
+        message = f"{where} is not a JSON object: {envelope!r:.80}"
         raise TaskError(message)
     missing = [
         k for k in ("spec", "plan", "stage_id", "partition") if k not in envelope
     ]
     if missing:
-        message = f"task envelope {path} lacks {missing}"
+        message = f"{where} lacks {missing}"
         raise TaskError(message)
     return envelope
 
 
 def run_task(
-    envelope_path: pathlib.Path, sessions: SessionCache | None = None
+    source: pathlib.Path | dict[str, Any], sessions: SessionCache | None = None
 ) -> dict[str, Any]:
-    """Run the task ``envelope_path`` describes; its report.
+    """Run the task ``source`` describes; its report.
+
+    ``source`` is an envelope file, or the envelope itself as a serve request
+    carries it.
 
     ``sessions`` lets a long-lived worker reuse the session of an earlier
     task with the same spec; without it every call builds its own.
@@ -204,12 +217,13 @@ def run_task(
         TaskError: For every refusal and failure, naming stage and map.
     """
     started = time.perf_counter()
-    envelope = _read_envelope(envelope_path)
+    envelope = _read_envelope(source)
+    where = "inline envelope" if isinstance(source, dict) else str(source)
     stage_id, map_index = envelope["stage_id"], envelope["partition"]
 
     def fail(reason: str) -> TaskError:
         return TaskError(
-            f"stage {stage_id} map {map_index} ({envelope_path}): {reason}",
+            f"stage {stage_id} map {map_index} ({where}): {reason}",
             stage_id,
             map_index,
         )
@@ -353,16 +367,24 @@ def _published(summary: Iterable[RecordBatch]) -> tuple[int, int]:
 
 def _answer(request: str, sessions: SessionCache) -> dict[str, Any]:
     """The response to one request line of the serve protocol."""
+    source: pathlib.Path | dict[str, Any]
     try:
         parsed = json.loads(request)
-        path = parsed["envelope"]
-        if not isinstance(path, str):
-            raise TypeError(path)
+        if isinstance(parsed, dict) and isinstance(parsed.get("task"), dict):
+            source = parsed["task"]
+        else:
+            path = parsed["envelope"]
+            if not isinstance(path, str):
+                raise TypeError(path)
+            source = pathlib.Path(path)
     except (ValueError, KeyError, TypeError):
-        message = f'not a request (want {{"envelope": "<path>"}}): {request!r:.200}'
+        message = (
+            'not a request (want {"envelope": "<path>"} or {"task": {<envelope>}}): '
+            f"{request!r:.200}"
+        )
         return {"stage_id": None, "partition": None, "error": message}
     try:
-        return run_task(pathlib.Path(path), sessions)
+        return run_task(source, sessions)
     except Exception as err:
         # Whatever failed, the kept stage may hold what the failure left
         # behind (a build side that failed): no later task runs from it.
@@ -377,7 +399,8 @@ def _answer(request: str, sessions: SessionCache) -> dict[str, Any]:
         # A bug, not a refusal: the traceback goes to stderr for the driver to
         # attach, and the worker stays up for the next task.
         traceback.print_exc()
-        message = f"{path}: unexpected {type(err).__name__}: {err}"
+        where = "inline envelope" if isinstance(source, dict) else source
+        message = f"{where}: unexpected {type(err).__name__}: {err}"
         return {"stage_id": None, "partition": None, "error": message}
 
 

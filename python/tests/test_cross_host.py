@@ -205,6 +205,10 @@ def test_rust_driver_python_workers(
             str(shuffle_dir),
             "--split",
             split,
+            # Process mode: its envelopes are files, which the Python
+            # workers below are given (the pool sends them inline).
+            "--worker-mode",
+            "process",
             "--format",
             "json",
             SQL_ONLY,
@@ -255,3 +259,47 @@ def test_rust_driver_python_workers(
     ctx, _engine = build_session(spec)
     plan = ctx.sql(SQL_ONLY).execution_plan()
     assert as_rows(execute_plan(ctx, plan)) == rust_answer
+
+
+@pytest.mark.parametrize("split", ["exchange", "aggregate"])
+def test_rust_driver_pool_of_python_serving_workers(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, split: str
+) -> None:
+    # The Rust driver's pool sends each envelope inside its request; Python
+    # serving workers run them and answer as Rust ones do.
+    spec = make_spec(split=split)
+    shuffle_dir = pathlib.Path(spec.shuffle_dir)
+    done = subprocess.run(
+        [
+            str(DFX),
+            "run",
+            "--plugin",
+            _internal.plugin_path(),
+            "--table",
+            f"lineitem={spec.tables['lineitem']}",
+            "--partitions",
+            str(spec.target_partitions),
+            "--shuffle-dir",
+            str(shuffle_dir),
+            "--split",
+            split,
+            "--worker",
+            sys.executable,
+            "--worker-arg",
+            "-m",
+            "--worker-arg",
+            "dfx_engine.worker",
+            "--format",
+            "json",
+            SQL_ONLY,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == HAND_ANSWER
+    # Every map was published, and no envelope was written for it.
+    assert list(shuffle_dir.glob(_internal.partition_glob()))
+    assert not list((shuffle_dir / "tasks").glob("task-*.json"))

@@ -138,6 +138,36 @@ def test_serve_answers_each_request_and_survives_task_errors(
     assert rest == ""
 
 
+def test_serve_runs_an_envelope_carried_in_the_request_as_its_file(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    spec = make_spec()
+    plan, info = encode_stage(spec, REVENUE_SQL, tmp_path / "scratch")
+    s = info.stage_id
+    envelope = json.loads(
+        write_envelope(tmp_path / "e.json", spec.to_json(), plan, 1, s).read_text()
+    )
+    worker = Serving()
+    try:
+        # What the Rust driver's pool sends: the envelope itself, no file.
+        report = worker.ask(json.dumps({"task": envelope}))
+        assert (report["stage_id"], report["partition"]) == (s, 1), report
+        marker = read_marker(spec.shuffle_dir, s, 1)
+        assert report["rows"] == sum(b["rows"] for b in marker["buckets"])
+        # Refusals name the task as they do for a file.
+        missing = worker.ask(json.dumps({"task": {"plan": str(plan)}}))
+        assert (missing["stage_id"], missing["partition"]) == (None, None)
+        assert "the request's envelope lacks" in missing["error"], missing
+        beyond = worker.ask(json.dumps({"task": {**envelope, "partition": 99}}))
+        assert (beyond["stage_id"], beyond["partition"]) == (s, 99)
+        assert "inline envelope" in beyond["error"], beyond
+        assert f"the stage has {info.maps} maps" in beyond["error"]
+    finally:
+        assert worker.process.stdin is not None
+        worker.process.stdin.close()
+        assert worker.process.wait() == 0
+
+
 def test_session_cache_keeps_the_last_stage_for_maps_not_run_from_it(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
