@@ -185,39 +185,30 @@ def test_a_killed_rust_pooled_worker_fails_its_task_and_is_replaced(
     assert not alive(replacement)
 
 
+def dfx_run(
+    spec: SessionSpec, split: str, cwd: pathlib.Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``dfx run`` of ``SQL_ONLY`` with the Rust driver, over ``spec``.
+
+    Its lineitem table, partitions and shuffle directory; JSON on stdout.
+    """
+    command = [str(DFX), "run", "--plugin", _internal.plugin_path()]
+    command += ["--table", f"lineitem={spec.tables['lineitem']}"]
+    command += ["--partitions", str(spec.target_partitions)]
+    command += ["--shuffle-dir", str(spec.shuffle_dir), "--split", split]
+    command += [*extra, "--format", "json", SQL_ONLY]
+    return subprocess.run(command, capture_output=True, text=True, check=False, cwd=cwd)
+
+
 @pytest.mark.parametrize("split", ["exchange", "aggregate"])
 def test_rust_driver_python_workers(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, split: str
 ) -> None:
     spec = make_spec(split=split)
     shuffle_dir = pathlib.Path(spec.shuffle_dir)
-    done = subprocess.run(
-        [
-            str(DFX),
-            "run",
-            "--plugin",
-            _internal.plugin_path(),
-            "--table",
-            f"lineitem={spec.tables['lineitem']}",
-            "--partitions",
-            str(spec.target_partitions),
-            "--shuffle-dir",
-            str(shuffle_dir),
-            "--split",
-            split,
-            # Process mode: its envelopes are files, which the Python
-            # workers below are given (the pool sends them inline).
-            "--worker-mode",
-            "process",
-            "--format",
-            "json",
-            SQL_ONLY,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=tmp_path,
-    )
+    # Process mode: its envelopes are files, which the Python workers below
+    # are given (the pool sends them inline).
+    done = dfx_run(spec, split, tmp_path, "--worker-mode", "process")
     assert done.returncode == 0, done.stderr
     rust_answer = json.loads(done.stdout)
     assert rust_answer == HAND_ANSWER
@@ -269,35 +260,9 @@ def test_rust_driver_pool_of_python_serving_workers(
     # serving workers run them and answer as Rust ones do.
     spec = make_spec(split=split)
     shuffle_dir = pathlib.Path(spec.shuffle_dir)
-    done = subprocess.run(
-        [
-            str(DFX),
-            "run",
-            "--plugin",
-            _internal.plugin_path(),
-            "--table",
-            f"lineitem={spec.tables['lineitem']}",
-            "--partitions",
-            str(spec.target_partitions),
-            "--shuffle-dir",
-            str(shuffle_dir),
-            "--split",
-            split,
-            "--worker",
-            sys.executable,
-            "--worker-arg",
-            "-m",
-            "--worker-arg",
-            "dfx_engine.worker",
-            "--format",
-            "json",
-            SQL_ONLY,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=tmp_path,
-    )
+    python_worker = ["--worker", sys.executable, "--worker-arg", "-m"]
+    python_worker += ["--worker-arg", "dfx_engine.worker"]
+    done = dfx_run(spec, split, tmp_path, *python_worker)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == HAND_ANSWER
     # Every map was published, and no envelope was written for it.
