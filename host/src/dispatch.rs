@@ -411,9 +411,7 @@ async fn run_one(
     };
     // A process is given a path: an envelope that travels inline is written
     // out first.
-    if let Some(envelope) = &task.inline
-        && !task.envelope.exists()
-    {
+    if let Some(envelope) = &task.inline {
         envelope.write(&task.envelope).map_err(|err| {
             fail(
                 format!("could not write its envelope: {err}"),

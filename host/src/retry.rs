@@ -37,7 +37,7 @@ type Key = (u64, usize);
 pub struct Attempts {
     /// The first attempt of every task of the query (its envelope file, or
     /// the envelope itself), the ones a lost map can be run again from.
-    envelopes: BTreeMap<Key, Task>,
+    first_tasks: BTreeMap<Key, Task>,
     max_attempts: u32,
     state: Mutex<State>,
 }
@@ -63,7 +63,7 @@ impl Attempts {
     /// envelopes), each task at most `max_attempts` times (at least once).
     pub fn new(tasks: &[Task], max_attempts: u32) -> Self {
         Self {
-            envelopes: tasks
+            first_tasks: tasks
                 .iter()
                 .map(|t| ((t.stage_id, t.map), t.clone()))
                 .collect(),
@@ -105,35 +105,35 @@ impl Attempts {
             *made += 1;
             *made - 1
         };
-        let first = self.envelopes.get(&key).unwrap_or(task);
+        let first = self.first_tasks.get(&key).unwrap_or(task);
         let path = attempt_path(&first.envelope, attempt);
-        let inline = match &first.inline {
-            // Attempt 0 is the driver's envelope; a later one a copy with its
-            // number, in memory for a task that travels inline.
-            Some(envelope) if attempt > 0 => Some(Arc::new(Envelope {
-                attempt,
-                ..Envelope::clone(envelope)
-            })),
-            Some(envelope) => Some(Arc::clone(envelope)),
-            None => {
-                if attempt > 0 {
-                    let fail = |err: crate::HostError| TaskFailure {
-                        stage_id: task.stage_id,
-                        map: task.map,
-                        reason: format!(
-                            "cannot write the envelope of attempt {attempt} from {}: {err}",
-                            first.envelope.display()
-                        ),
-                        stderr: String::new(),
-                        retry: Retry::No,
-                    };
-                    let mut envelope = Envelope::read(&first.envelope).map_err(fail)?;
-                    envelope.attempt = attempt;
-                    envelope.write(&path).map_err(fail)?;
-                }
-                None
+        // Attempt 0 is the driver's envelope; a later one a copy with its
+        // number: in memory for a task that travels inline, else a file.
+        let inline = first.inline.as_ref().map(|envelope| {
+            if attempt == 0 {
+                Arc::clone(envelope)
+            } else {
+                Arc::new(Envelope {
+                    attempt,
+                    ..Envelope::clone(envelope)
+                })
             }
-        };
+        });
+        if inline.is_none() && attempt > 0 {
+            let fail = |err: crate::HostError| TaskFailure {
+                stage_id: task.stage_id,
+                map: task.map,
+                reason: format!(
+                    "cannot write the envelope of attempt {attempt} from {}: {err}",
+                    first.envelope.display()
+                ),
+                stderr: String::new(),
+                retry: Retry::No,
+            };
+            let mut envelope = Envelope::read(&first.envelope).map_err(fail)?;
+            envelope.attempt = attempt;
+            envelope.write(&path).map_err(fail)?;
+        }
         let attempted = Task {
             envelope: path,
             inline,
@@ -229,7 +229,7 @@ async fn restore(
         stderr: String::new(),
         retry: Retry::No,
     };
-    let Some(first) = attempts.envelopes.get(&lost) else {
+    let Some(first) = attempts.first_tasks.get(&lost) else {
         return Err(fail(format!(
             "failed: the output of stage {lost_stage} map {lost_map} is lost, and this query \
              has no such task to run again"

@@ -175,6 +175,11 @@ class _PlanFile:
     plan_bytes: bytes
 
 
+def _source_name(source: pathlib.Path | dict[str, Any]) -> str:
+    """How messages name a task's envelope: its file, or the request's."""
+    return "inline envelope" if isinstance(source, dict) else str(source)
+
+
 def _read_envelope(source: pathlib.Path | dict[str, Any]) -> dict[str, Any]:
     """The envelope in the file ``source``, or ``source`` itself, checked.
 
@@ -218,7 +223,7 @@ def run_task(
     """
     started = time.perf_counter()
     envelope = _read_envelope(source)
-    where = "inline envelope" if isinstance(source, dict) else str(source)
+    where = _source_name(source)
     stage_id, map_index = envelope["stage_id"], envelope["partition"]
 
     def fail(reason: str) -> TaskError:
@@ -399,8 +404,7 @@ def _answer(request: str, sessions: SessionCache) -> dict[str, Any]:
         # A bug, not a refusal: the traceback goes to stderr for the driver to
         # attach, and the worker stays up for the next task.
         traceback.print_exc()
-        where = "inline envelope" if isinstance(source, dict) else source
-        message = f"{where}: unexpected {type(err).__name__}: {err}"
+        message = f"{_source_name(source)}: unexpected {type(err).__name__}: {err}"
         return {"stage_id": None, "partition": None, "error": message}
 
 
