@@ -171,6 +171,12 @@ fn hostname() -> String {
 fn why(e: &object_store::Error) -> String {
     let text = e.to_string();
     let has = |s: &str| text.contains(s);
+    // A status code as a word of its own: "403" also occurs inside the
+    // elapsed time object_store prints ("in 105.403377ms").
+    let has_word = |w: &str| {
+        text.split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|word| word == w)
+    };
     let no_keys = std::env::var_os("AWS_ACCESS_KEY_ID").is_none();
     let what = if has("NoSuchBucket") || has("bucket does not exist") {
         "the bucket does not exist"
@@ -182,7 +188,7 @@ fn why(e: &object_store::Error) -> String {
     } else if has("InvalidAccessKeyId")
         || has("SignatureDoesNotMatch")
         || has("AccessDenied")
-        || has("403")
+        || has_word("403")
         || has("credential")
     {
         "the S3 endpoint refused the credentials"
@@ -220,4 +226,35 @@ fn probe_client(bucket: &str, options: &S3Options) -> Result<impl ObjectStore, S
     builder
         .build()
         .map_err(|e| format!("cannot configure S3: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::why;
+
+    fn generic(message: &str) -> object_store::Error {
+        object_store::Error::Generic {
+            store: "S3",
+            source: message.into(),
+        }
+    }
+
+    #[test]
+    fn a_connection_failure_is_unreachable_even_when_its_time_holds_403() {
+        let failed = generic(
+            "Error performing list request: Error performing GET http://127.0.0.1:1/b in \
+             105.403377ms, after 1 retries - HTTP error: error sending request",
+        );
+        assert!(
+            why(&failed).starts_with("cannot reach the S3 endpoint"),
+            "{}",
+            why(&failed)
+        );
+        let denied = generic("Client error with status 403 Forbidden: <Error/>");
+        assert!(
+            why(&denied).starts_with("the S3 endpoint refused the credentials"),
+            "{}",
+            why(&denied)
+        );
+    }
 }
