@@ -78,8 +78,9 @@ pub fn vet_encoded_stage(plan_bytes: &[u8], allowed: &Allowed) -> Result<(), Str
         allowed,
         roots,
         findings: Vec::new(),
+        path: Vec::new(),
     };
-    walk.value(&value, "plan");
+    walk.value(&value);
     if walk.findings.is_empty() {
         return Ok(());
     }
@@ -122,65 +123,98 @@ struct Walk<'a> {
     allowed: &'a Allowed,
     roots: TableRoots,
     findings: Vec<String>,
+    /// Where the walk is: object keys and array indices from the root. It is
+    /// rendered (`plan.extension.inputs[0]`) only for a finding, since a
+    /// stage carries every stage below it and most nodes are fine.
+    path: Vec<Step<'a>>,
 }
 
-impl Walk<'_> {
-    fn value(&mut self, value: &Value, at: &str) {
+/// One step of [`Walk::path`].
+#[derive(Clone, Copy)]
+enum Step<'v> {
+    Key(&'v str),
+    Index(usize),
+}
+
+impl<'v> Walk<'v> {
+    /// The current position, as `plan.a.b[2].c`.
+    fn at(&self) -> String {
+        let mut at = String::from("plan");
+        for step in &self.path {
+            match step {
+                Step::Key(key) => {
+                    at.push('.');
+                    at.push_str(key);
+                }
+                Step::Index(i) => at.push_str(&format!("[{i}]")),
+            }
+        }
+        at
+    }
+
+    fn value(&mut self, value: &'v Value) {
         match value {
             Value::Object(fields) => {
                 for (key, field) in fields {
-                    let here = format!("{at}.{key}");
-                    self.field(key, field, &here);
+                    self.path.push(Step::Key(key));
+                    self.field(key, field);
+                    self.path.pop();
                 }
             }
             Value::Array(items) => {
                 for (i, item) in items.iter().enumerate() {
-                    self.value(item, &format!("{at}[{i}]"));
+                    self.path.push(Step::Index(i));
+                    self.value(item);
+                    self.path.pop();
                 }
             }
             _ => {}
         }
     }
 
-    fn field(&mut self, key: &str, field: &Value, at: &str) {
+    fn field(&mut self, key: &str, field: &'v Value) {
         if key.ends_with("Sink") {
-            self.findings
-                .push(format!("it holds a sink ({key}, at {at})"));
+            let finding = format!("it holds a sink ({key}, at {})", self.at());
+            self.findings.push(finding);
             return;
         }
         match key {
-            "extension" => self.extension(field, at),
+            "extension" => self.extension(field),
             "objectStoreUrl" => {
                 let url = field.as_str().unwrap_or_default();
                 if !url.starts_with("file://") {
-                    self.findings.push(format!(
-                        "it scans the object store {url:?} (at {at}); tables are local files"
-                    ));
+                    let finding = format!(
+                        "it scans the object store {url:?} (at {}); tables are local files",
+                        self.at()
+                    );
+                    self.findings.push(finding);
                 }
             }
             "fileGroups" => {
-                self.file_paths(field, at);
-                self.value(field, at);
+                self.file_paths(field);
+                self.value(field);
             }
-            _ => self.value(field, at),
+            _ => self.value(field),
         }
     }
 
     /// Every `path` under a scan's file groups must lie under a table root.
-    fn file_paths(&mut self, groups: &Value, at: &str) {
+    fn file_paths(&mut self, groups: &Value) {
         let mut paths = Vec::new();
         collect_paths(groups, &mut paths);
         for path in paths {
             if !self.roots.holds(path) {
-                self.findings.push(format!(
-                    "it reads /{path} (at {at}), which is under none of the spec's tables {:?}",
+                let finding = format!(
+                    "it reads /{path} (at {}), which is under none of the spec's tables {:?}",
+                    self.at(),
                     self.allowed.tables
-                ));
+                );
+                self.findings.push(finding);
             }
         }
     }
 
-    fn extension(&mut self, node: &Value, at: &str) {
+    fn extension(&mut self, node: &'v Value) {
         let payload = node
             .get("node")
             .and_then(Value::as_str)
@@ -189,20 +223,30 @@ impl Walk<'_> {
         match dfx_payload(&payload) {
             Some(Payload::Writer(writer)) => {
                 if !same_location(&writer.shuffle_dir, &self.allowed.shuffle_dir) {
-                    self.findings.push(format!(
-                        "stage {} (at {at}) publishes into {}, not the spec's shuffle location {}",
-                        writer.stage_id, writer.shuffle_dir, self.allowed.shuffle_dir
-                    ));
+                    let finding = format!(
+                        "stage {} (at {}) publishes into {}, not the spec's shuffle location {}",
+                        writer.stage_id,
+                        self.at(),
+                        writer.shuffle_dir,
+                        self.allowed.shuffle_dir
+                    );
+                    self.findings.push(finding);
                 }
             }
             Some(Payload::Reader(_)) => {}
-            None => self.findings.push(format!(
-                "it holds an extension node that is not dfx's (at {at}), so what it does \
-                 cannot be checked"
-            )),
+            None => {
+                let finding = format!(
+                    "it holds an extension node that is not dfx's (at {}), so what it does \
+                     cannot be checked",
+                    self.at()
+                );
+                self.findings.push(finding);
+            }
         }
         if let Some(inputs) = node.get("inputs") {
-            self.value(inputs, &format!("{at}.inputs"));
+            self.path.push(Step::Key("inputs"));
+            self.value(inputs);
+            self.path.pop();
         }
     }
 }
