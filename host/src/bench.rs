@@ -49,7 +49,7 @@ use crate::error::HostError;
 use crate::pool::WorkerPool;
 use crate::tpch::TpchError;
 use crate::tpch::report::median;
-use crate::{Plugin, SessionSpec, WorkerReport, build_session, load_plugin};
+use crate::{Plugin, SessionSpec, WorkerReport, build_session, build_worker_session, load_plugin};
 
 /// Environment variable carrying the driver's spawn time (ns since the Unix
 /// epoch) to the timed worker.
@@ -109,7 +109,7 @@ pub struct StepTimes {
     pub process_start_us: f64,
     /// `load_plugin`: open the file, abi_stable checks, dfx ABI and major checks.
     pub plugin_load_us: f64,
-    /// Read the envelope and `build_session` (planner, codecs, config, functions, tables).
+    /// Read the envelope and `build_worker_session` (planner, codecs, config, functions).
     pub session_build_us: f64,
     /// Read the plan file and decode it with the session's codecs.
     pub decode_us: f64,
@@ -290,7 +290,7 @@ pub async fn timed_task(plugin_path: Option<&Path>, envelope: &Path) -> Result<(
 
     let t = Instant::now();
     let envelope = Envelope::read(envelope)?;
-    let session = build_session(&plugin, &envelope.spec).await?;
+    let session = build_worker_session(&plugin, &envelope.spec).await?;
     steps.session_build_us = micros(t);
 
     let t = Instant::now();

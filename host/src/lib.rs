@@ -57,6 +57,6 @@ pub use driver::{DistributedResult, Host};
 pub use envelope::{Envelope, ServeRequest, ServeResponse, WorkerReport};
 pub use error::{HostError, Result, Retry, TaskFailure};
 pub use loader::{load_plugin, locate_plugin};
-pub use session::{DfxSession, SessionSpec, build_session};
+pub use session::{DfxSession, SessionSpec, build_session, build_worker_session};
 pub use stages::find_stages;
 pub use worker::run_task;

@@ -530,15 +530,45 @@ impl TaskContextProvider for LateTaskContext {
 /// Build the session `spec` describes, with `plugin`'s planner, codec, config
 /// extension and functions, and every table registered.
 ///
-/// Used by the driver and by every worker, so both decode and encode with the
-/// same chain. When `spec.codec_ids` is not empty, the session's codec ids
-/// must equal it.
+/// Used by the driver and by every worker (a worker's without its tables,
+/// [`build_worker_session`]), so both decode and encode with the same chain.
+/// When `spec.codec_ids` is not empty, the session's codec ids must equal it.
 ///
 /// # Errors
 ///
 /// A plugin constructor that fails, a table directory that cannot be listed
 /// or registered, or codec ids that differ from the spec's.
 pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSession> {
+    build(plugin, spec, Tables::Register).await
+}
+
+/// [`build_session`] for a worker: the same session, config and codecs, but
+/// the spec's tables are not registered.
+///
+/// An encoded stage carries its scans whole (files, schema, statistics), so
+/// decoding and running it never looks a table up, while registering one
+/// lists its directory and reads every file's footer: for TPC-H's eight
+/// tables on eight files, about as much CPU as the rest of a small task.
+/// The tables still bound what a stage may read (the vet reads them from the
+/// spec), and still set the session's partitions.
+///
+/// # Errors
+///
+/// As [`build_session`], but for registering a table.
+pub async fn build_worker_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSession> {
+    build(plugin, spec, Tables::Skip).await
+}
+
+/// Whether a session registers its spec's tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tables {
+    /// In its catalog, for SQL (a driver, a local run).
+    Register,
+    /// Not at all: it only decodes and runs stages (a worker).
+    Skip,
+}
+
+async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<DfxSession> {
     let plugin_what = |what: &str| format!("dfx plugin {}: {what}", plugin.path().display());
     let late = Arc::new(LateTaskContext::default());
     let provider: Arc<dyn TaskContextProvider> = late.clone();
@@ -653,8 +683,10 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
     {
         ctx.register_udaf(udaf);
     }
-    for (name, dir) in &spec.tables {
-        register_parquet_dir(&ctx, name, dir).await?;
+    if tables == Tables::Register {
+        for (name, dir) in &spec.tables {
+            register_parquet_dir(&ctx, name, dir).await?;
+        }
     }
 
     Ok(DfxSession {

@@ -2,7 +2,8 @@
 //!
 //! Steps, in the order DESIGN.md fixes (each check before the work it guards):
 //!
-//! 1. build the session from the envelope's spec (the driver's factory);
+//! 1. build the session from the envelope's spec (the driver's factory,
+//!    without registering the tables: a stage carries its scans whole);
 //! 2. check the session's codec ids equal the envelope's — *before* decoding,
 //!    since bytes decoded by the wrong codecs are misread, not rejected;
 //! 3. have the plugin vet the encoded stage (no sink, no file outside the
@@ -38,7 +39,7 @@ use crate::Plugin;
 use crate::envelope::{Envelope, ServeRequest, ServeResponse, TaskError, WorkerReport};
 use crate::error::{DataFusionContext, HostError, Result};
 use crate::memory::{bind_below_root, limited_context};
-use crate::session::{DfxSession, build_session};
+use crate::session::{DfxSession, build_worker_session};
 use crate::stages::node_display;
 
 /// Name of the column of a writer's summary batch holding each bucket's rows.
@@ -69,7 +70,7 @@ pub struct Published {
 /// while executing carries DataFusion's or the plugin's message.
 pub async fn run_task(plugin: &Plugin, envelope: &Envelope) -> Result<WorkerReport> {
     let started = Instant::now();
-    let session = build_session(plugin, &envelope.spec).await?;
+    let session = build_worker_session(plugin, &envelope.spec).await?;
     run_in_session(&session, envelope, started).await
 }
 
@@ -109,7 +110,7 @@ impl SessionCache {
     ///
     /// # Errors
     ///
-    /// What [`build_session`] reports.
+    /// What [`build_worker_session`] reports.
     pub async fn session(
         &mut self,
         plugin: &Plugin,
@@ -120,7 +121,7 @@ impl SessionCache {
         let key = serde_json::to_string(spec).unwrap_or_default();
         let entry = match self.warm.iter().position(|(k, _)| *k == key) {
             Some(at) => self.warm.remove(at),
-            None => (key, build_session(plugin, spec).await?),
+            None => (key, build_worker_session(plugin, spec).await?),
         };
         self.warm.push(entry);
         if self.warm.len() > WARM_SESSIONS {

@@ -41,7 +41,12 @@ from dfx_engine._internal import (
     stage_id,
     stage_node_name,
 )
-from dfx_engine.session import SessionSpec, build_session, expected_codec_ids
+from dfx_engine.session import (
+    SessionSpec,
+    build_session,
+    build_worker_session,
+    expected_codec_ids,
+)
 
 __all__ = [
     "DfxEngineConfig",
@@ -50,6 +55,7 @@ __all__ = [
     "StageInfo",
     "bucket_path",
     "build_session",
+    "build_worker_session",
     "encoded_stage_info",
     "expected_codec_ids",
     "marker_path",

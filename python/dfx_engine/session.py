@@ -24,6 +24,7 @@ __all__ = [
     "STORE_OPTION_KEYS",
     "SessionSpec",
     "build_session",
+    "build_worker_session",
     "effective_target_partitions",
     "expected_codec_ids",
 ]
@@ -260,6 +261,8 @@ def effective_target_partitions(spec: SessionSpec) -> int:
 
 def build_session(
     spec: SessionSpec,
+    *,
+    register_tables: bool = True,
 ) -> tuple[SessionContext, _internal.DfxEngineExtension]:
     """A session with dfx installed, the plugin's functions and the spec's tables.
 
@@ -276,7 +279,8 @@ def build_session(
        the plugin's functions (they travel in a plan by name, so every
        session that decodes a plan needs them; the extension does it, so a
        user's own session has them too).
-    3. Each table is registered as Parquet over its directory.
+    3. Each table is registered as Parquet over its directory, unless
+       ``register_tables`` is false (see :func:`build_worker_session`).
     4. The session's codec ids are checked against :func:`expected_codec_ids`.
 
     Returns:
@@ -316,8 +320,9 @@ def build_session(
     engine = _internal.DfxEngineExtension()
     ctx = SessionContext(config).with_extensions(engine)
 
-    for name, directory in sorted(spec.tables.items()):
-        ctx.register_parquet(name, directory)
+    if register_tables:
+        for name, directory in sorted(spec.tables.items()):
+            ctx.register_parquet(name, directory)
 
     found = ctx.physical_extension_codec_ids()
     expected = expected_codec_ids()
@@ -328,3 +333,17 @@ def build_session(
         )
         raise RuntimeError(message)
     return ctx, engine
+
+
+def build_worker_session(
+    spec: SessionSpec,
+) -> tuple[SessionContext, _internal.DfxEngineExtension]:
+    """:func:`build_session` for a worker: the same session, without the tables.
+
+    An encoded stage carries its scans whole (files, schema, statistics), so
+    decoding and running it never looks a table up, while registering one
+    lists its directory and reads every file's footer. The tables still bound
+    what a stage may read (the vet takes them from the spec) and still set
+    the session's partitions.
+    """
+    return build_session(spec, register_tables=False)

@@ -8,7 +8,8 @@ task per request (see :func:`serve`).
 
 The steps, in the order that keeps a bad task from doing harm:
 
-1. read the envelope and build the session its spec describes;
+1. read the envelope and build the session its spec describes (without
+   registering its tables: a stage carries its scans whole);
 2. compare the envelope's codec ids with this session's, *before decoding*:
    a plan written by a codec this session lacks would be misread;
 3. read what the encoded stage says about itself (the plugin reads its own
@@ -50,7 +51,7 @@ from typing import IO, TYPE_CHECKING, Any
 from datafusion.plan import ExecutionPlan
 
 from dfx_engine import _internal
-from dfx_engine.session import SessionSpec, build_session, codec_ids_of
+from dfx_engine.session import SessionSpec, build_worker_session, codec_ids_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -104,7 +105,7 @@ class SessionCache:
         key = json.dumps(spec_json, sort_keys=True)
         ctx = self._sessions.get(key)
         if ctx is None:
-            ctx, _engine = build_session(spec)
+            ctx, _engine = build_worker_session(spec)
             self._sessions[key] = ctx
             while len(self._sessions) > self.size:
                 _, dropped = self._sessions.popitem(last=False)
@@ -257,7 +258,7 @@ def run_task(
         )
         raise fail(reason)
     if sessions is None:
-        ctx, _engine = build_session(spec)
+        ctx, _engine = build_worker_session(spec)
     else:
         ctx = sessions.get(envelope["spec"], spec)
 
