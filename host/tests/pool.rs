@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::*;
 use dfx_host::dispatch::{FanOutOptions, Task, WorkerCommand, Workers, run_tasks};
 use dfx_host::envelope::{Envelope, TASK_DIR, envelope_path, plan_path};
-use dfx_host::session::{SessionSpec, build_session};
+use dfx_host::session::{SessionSpec, build_session, build_worker_session};
 use dfx_host::stages::stages;
 use dfx_host::{Host, HostError, WorkerMode};
 
@@ -248,6 +248,33 @@ async fn a_pooled_worker_killed_mid_task_fails_that_task_and_is_replaced() {
         .unwrap();
     assert_eq!(rows(&result.batches), by_flag_expected());
     assert_eq!(host.pool().started(), 3);
+}
+
+/// A worker's session is the driver's without the tables: same codecs and
+/// partitions, nothing in its catalog (a stage carries its scans whole), and
+/// a stage the driver encoded runs in it.
+#[tokio::test]
+async fn a_worker_session_registers_no_table_and_still_runs_a_stage() {
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("worker-session");
+    let plugin = plugin();
+    let driver = build_session(&plugin, &spec).await.unwrap();
+    let worker = build_worker_session(&plugin, &spec).await.unwrap();
+    assert!(driver.ctx().table_exist("lineitem").unwrap());
+    assert!(!worker.ctx().table_exist("lineitem").unwrap());
+    assert_eq!(worker.codec_ids(), driver.codec_ids());
+    assert_eq!(
+        worker.ctx().copied_config().target_partitions(),
+        driver.ctx().copied_config().target_partitions()
+    );
+
+    let task = leaf_task(&spec, BY_FLAG).await;
+    let envelope = Envelope::read(&task.envelope).unwrap();
+    let report = dfx_host::run_task(&plugin, &envelope).await.unwrap();
+    assert_eq!(report.stage_id, task.stage_id);
+    // Map 0 scanned its file and published what it made of it.
+    assert!(report.rows > 0, "{report:?}");
+    assert!(report.bytes.is_some_and(|bytes| bytes > 0), "{report:?}");
 }
 
 #[tokio::test]

@@ -9,12 +9,14 @@ from typing import TYPE_CHECKING
 import pytest
 from datafusion import SessionConfig, SessionContext
 from datafusion.extensions import SessionComponentsExportable, SessionPlannerExportable
+from datafusion.plan import ExecutionPlan
 
 from dfx_engine import DfxEngineConfig, DfxEngineExtension, _internal
 from dfx_engine.driver import find_stage, find_stages
 from dfx_engine.session import (
     SessionSpec,
     build_session,
+    build_worker_session,
     codec_ids_of,
     expected_codec_ids,
 )
@@ -134,6 +136,26 @@ def test_missing_table_directory_is_named(tmp_path: pathlib.Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(FileNotFoundError, match="nope"):
         build_session(SessionSpec(tables={"t": str(missing)}))
+
+
+def test_a_worker_session_has_no_table_and_decodes_the_drivers_stage(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    spec = make_spec()
+    driver, _ = build_session(spec)
+    worker, _ = build_worker_session(spec)
+    assert driver.table_exist("lineitem")
+    assert not worker.table_exist("lineitem")
+    assert worker.physical_extension_codec_ids() == expected_codec_ids()
+    plan = driver.sql("SELECT sum(l_quantity) FROM lineitem").execution_plan()
+    stage = find_stage(plan)
+    assert stage is not None
+    # The scan travels whole inside the stage: no catalog lookup is needed.
+    decoded = ExecutionPlan.from_bytes(worker, stage.to_bytes(driver))
+    assert decoded.display() == stage.display()
+    # A missing table directory is still named, tables registered or not.
+    with pytest.raises(FileNotFoundError, match="nope"):
+        build_worker_session(SessionSpec(tables={"t": str(spec.shuffle_dir) + "/nope"}))
 
 
 def test_the_extension_speaks_both_bundle_hooks() -> None:
