@@ -603,6 +603,35 @@ async fn a_spec_with_zero_target_partitions_is_refused() {
 }
 
 #[tokio::test]
+async fn a_recursive_query_reading_outside_the_specs_tables_is_refused_inside_its_seal() {
+    // The recursive query travels sealed, as one payload of the plugin's
+    // own: the vet must open it and walk it as it walks a stage.
+    let sql = "WITH RECURSIVE r(k) AS (SELECT 1 UNION ALL SELECT r.k + 1 FROM r \
+               JOIN lineitem ON lineitem.l_orderkey = r.k WHERE r.k < 5) SELECT count(*) FROM r";
+    let fixture = Fixture::new();
+    let plugin = plugin();
+    let spec = fixture.distributed_spec("shuffle");
+    let task_dir = fixture.shuffle_dir("scratch");
+    let (_, plan_file, _) = encoded_leaf_stage(&spec, sql, &task_dir).await;
+    let bytes = std::fs::read(&plan_file).unwrap();
+    let shuffle = spec.shuffle_dir.as_deref().unwrap().display().to_string();
+    let tables: Vec<std::path::PathBuf> = spec.tables.values().cloned().collect();
+    plugin.vet_stage(&bytes, &tables, &shuffle).unwrap();
+
+    let other = fixture.shuffle_dir("other-table");
+    let err = plugin
+        .vet_stage(&bytes, std::slice::from_ref(&other), &shuffle)
+        .unwrap_err()
+        .strip_backtrace();
+    assert!(err.contains("refusing the stage"), "{err}");
+    assert!(
+        err.contains("in the sealed recursive query at plan."),
+        "{err}"
+    );
+    assert!(err.contains("under none of the spec's tables"), "{err}");
+}
+
+#[tokio::test]
 async fn a_stage_reading_outside_the_specs_tables_is_refused_before_it_runs() {
     let fixture = Fixture::new();
     let plugin = plugin();

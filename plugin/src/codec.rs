@@ -1,7 +1,8 @@
 //! The physical extension codec for `ShuffleWriterExec` and
-//! `ShuffleReaderExec`.
+//! `ShuffleReaderExec`, and for the two nodes of a recursive query that
+//! datafusion-proto cannot encode (`RecursiveQueryExec`, `WorkTableExec`).
 //!
-//! Claims only dfx's two nodes; every other node belongs to the host's chain,
+//! Claims only those nodes; every other node belongs to the host's chain,
 //! which also encodes each node's child (the codec sees the node, never its
 //! subtree). The payload is framed so that bytes from elsewhere are refused
 //! with a reason instead of being misread (integers little endian, strings
@@ -13,7 +14,20 @@
 //!                  | shuffle dir str | partitioning display str
 //!                  | partitioning blob (datafusion-proto `Partitioning`)
 //! reader (kind 2): read mode u8
+//! recursive query (kind 3): distinct u8 | CTE name str | output schema blob
+//!                  (datafusion-proto `Schema`); inputs: static term, recursive term
+//! work table (kind 4): CTE name str | schema blob (datafusion-proto `Schema`)
+//! sealed recursive query (kind 5): plan blob (datafusion-proto
+//!                  `PhysicalPlanNode` of the whole recursive query, this codec
+//!                  for kinds 3 and 4); no inputs
 //! ```
+//!
+//! A recursive query's work table is shared, in memory, between the query
+//! node and the work table node below it. Decoding the query node links the
+//! two again (`RecursiveQueryExec::try_new` hands its table to the one
+//! `WorkTableExec` of its recursive term), which is why both are dfx's: the
+//! whole recursive query then runs in the process that decoded it. Hosts
+//! only meet the sealed form (see [`crate::recursive`]).
 //!
 //! Everything a driver needs to schedule a stage sits in the writer's payload,
 //! so a host that cannot decode a plan (or must not yet) reads it from the
@@ -22,10 +36,16 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::Partitioning;
+use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
+use datafusion::physical_plan::work_table::WorkTableExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use datafusion_proto::bytes::{
+    physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
+};
 use datafusion_proto::physical_plan::from_proto::parse_protobuf_partitioning;
 use datafusion_proto::physical_plan::to_proto::serialize_partitioning;
 use datafusion_proto::physical_plan::{
@@ -39,6 +59,7 @@ use prost::Message;
 use crate::counters::{self, LiveObject};
 use crate::exchange::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
 use crate::guard;
+use crate::recursive::{SEALED_NODE_NAME, SealedRecursiveQueryExec};
 
 /// The codec's id, as hosts list it among their session's codecs: one id per
 /// payload version, so a plan encoded by another version is refused by id
@@ -53,6 +74,9 @@ pub const PAYLOAD_VERSION: u16 = 2;
 
 const KIND_WRITER: u8 = 1;
 const KIND_READER: u8 = 2;
+const KIND_RECURSIVE: u8 = 3;
+const KIND_WORK_TABLE: u8 = 4;
+const KIND_SEALED: u8 = 5;
 
 /// What a writer carries across a process boundary: its stage's description
 /// and how it splits rows (as encoded protobuf, decoded against its input).
@@ -81,6 +105,28 @@ pub enum Payload {
     Writer(WriterPayload),
     /// A `ShuffleReaderExec` in this mode.
     Reader(ReadMode),
+    /// A `RecursiveQueryExec`; its inputs are the static and the recursive term.
+    Recursive {
+        /// The CTE's name, which its work table shares.
+        name: String,
+        /// `UNION` rather than `UNION ALL`.
+        distinct: bool,
+        /// The output schema, as encoded datafusion-proto bytes.
+        schema: Vec<u8>,
+    },
+    /// A `WorkTableExec` reading the whole work table (no projection).
+    WorkTable {
+        /// The CTE's name.
+        name: String,
+        /// The work table's schema, as encoded datafusion-proto bytes.
+        schema: Vec<u8>,
+    },
+    /// A `SealedRecursiveQueryExec`: its recursive query as encoded
+    /// datafusion-proto bytes.
+    Sealed {
+        /// The `PhysicalPlanNode` of the sealed query.
+        plan: Vec<u8>,
+    },
 }
 
 fn fail(what: impl std::fmt::Display) -> DataFusionError {
@@ -153,6 +199,26 @@ fn put_blob(buf: &mut Vec<u8>, bytes: &[u8], what: &str) -> Result<()> {
 }
 
 impl Payload {
+    /// The name of the node this payload encodes.
+    pub fn node_name(&self) -> &'static str {
+        match self {
+            Payload::Writer(_) => "ShuffleWriterExec",
+            Payload::Reader(_) => "ShuffleReaderExec",
+            Payload::Recursive { .. } => "RecursiveQueryExec",
+            Payload::WorkTable { .. } => "WorkTableExec",
+            Payload::Sealed { .. } => SEALED_NODE_NAME,
+        }
+    }
+
+    /// How many inputs the node this payload encodes has.
+    fn inputs(&self) -> usize {
+        match self {
+            Payload::Writer(_) | Payload::Reader(_) => 1,
+            Payload::Recursive { .. } => 2,
+            Payload::WorkTable { .. } | Payload::Sealed { .. } => 0,
+        }
+    }
+
     /// Append the framed bytes to `buf`.
     pub fn encode(&self, buf: &mut Vec<u8>) -> Result<()> {
         buf.extend_from_slice(&PAYLOAD_MAGIC);
@@ -180,6 +246,25 @@ impl Payload {
             Payload::Reader(mode) => {
                 buf.push(KIND_READER);
                 buf.push(mode.code());
+            }
+            Payload::Recursive {
+                name,
+                distinct,
+                schema,
+            } => {
+                buf.push(KIND_RECURSIVE);
+                buf.push(u8::from(*distinct));
+                put_blob(buf, name.as_bytes(), "CTE name")?;
+                put_blob(buf, schema, "schema")?;
+            }
+            Payload::WorkTable { name, schema } => {
+                buf.push(KIND_WORK_TABLE);
+                put_blob(buf, name.as_bytes(), "CTE name")?;
+                put_blob(buf, schema, "schema")?;
+            }
+            Payload::Sealed { plan } => {
+                buf.push(KIND_SEALED);
+                put_blob(buf, plan, "sealed plan")?;
             }
         }
         Ok(())
@@ -238,6 +323,25 @@ impl Payload {
                         .ok_or_else(|| fail(format!("unknown read mode {code}")))?,
                 )
             }
+            KIND_RECURSIVE => {
+                let distinct = match cursor.u8("distinct")? {
+                    0 => false,
+                    1 => true,
+                    other => return Err(fail(format!("distinct is {other}, not 0 or 1"))),
+                };
+                Payload::Recursive {
+                    distinct,
+                    name: cursor.string("CTE name")?,
+                    schema: cursor.blob("schema")?.to_vec(),
+                }
+            }
+            KIND_WORK_TABLE => Payload::WorkTable {
+                name: cursor.string("CTE name")?,
+                schema: cursor.blob("schema")?.to_vec(),
+            },
+            KIND_SEALED => Payload::Sealed {
+                plan: cursor.blob("sealed plan")?.to_vec(),
+            },
             other => return Err(fail(format!("unknown node kind {other}"))),
         };
         if !cursor.buf.is_empty() {
@@ -274,15 +378,41 @@ pub fn read_encoded_stage(plan_bytes: &[u8]) -> Result<WriterPayload> {
     for start in (0..bytes.len().saturating_sub(3)).filter(|&i| bytes[i..i + 4] == PAYLOAD_MAGIC) {
         match Payload::decode(&bytes[start..]) {
             Ok(Payload::Writer(writer)) => return Ok(writer),
-            Ok(Payload::Reader(_)) => {
-                return Err(fail(
-                    "the encoded plan's root is a ShuffleReaderExec, not a stage's writer",
-                ));
+            Ok(other) => {
+                return Err(fail(format!(
+                    "the encoded plan's root is a {}, not a stage's writer",
+                    other.node_name()
+                )));
             }
             Err(err) => last_error = Some(err),
         }
     }
     Err(last_error.unwrap_or_else(|| fail(not_ours(bytes))))
+}
+
+/// A schema as datafusion-proto bytes, for the recursive query `cte`.
+fn encode_schema(schema: &Schema, cte: &str) -> Result<Vec<u8>> {
+    let proto = protobuf::Schema::try_from(schema).map_err(|e| {
+        fail(format!(
+            "recursive query {cte:?}: cannot encode its schema: {e}"
+        ))
+    })?;
+    Ok(proto.encode_to_vec())
+}
+
+/// The schema `bytes` encode, for the recursive query `cte`.
+fn decode_schema(bytes: &[u8], cte: &str) -> Result<SchemaRef> {
+    let proto = protobuf::Schema::decode(bytes).map_err(|e| {
+        fail(format!(
+            "recursive query {cte:?}: its schema is not valid protobuf: {e}"
+        ))
+    })?;
+    let schema = Schema::try_from(&proto).map_err(|e| {
+        fail(format!(
+            "recursive query {cte:?}: its schema does not decode: {e}"
+        ))
+    })?;
+    Ok(Arc::new(schema))
 }
 
 fn not_ours(buf: &[u8]) -> String {
@@ -389,18 +519,45 @@ impl DfxPhysicalCodec {
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let payload = Payload::decode(buf)?;
-        let [input] = inputs else {
+        if inputs.len() != payload.inputs() {
             return Err(fail(format!(
-                "a dfx node needs exactly one input, the plan gave {}",
+                "a {} needs {} input(s), the plan gave {}",
+                payload.node_name(),
+                payload.inputs(),
                 inputs.len()
             )));
-        };
+        }
         match payload {
-            Payload::Writer(writer) => self.decode_writer(writer, input, ctx, proto_converter),
+            Payload::Writer(writer) => self.decode_writer(writer, &inputs[0], ctx, proto_converter),
             Payload::Reader(mode) => Ok(Arc::new(ShuffleReaderExec::try_new(
                 mode,
-                Arc::clone(input),
+                Arc::clone(&inputs[0]),
             )?)),
+            Payload::Recursive {
+                name,
+                distinct,
+                schema,
+            } => {
+                let schema = decode_schema(&schema, &name)?;
+                Ok(Arc::new(RecursiveQueryExec::try_new(
+                    name,
+                    schema,
+                    Arc::clone(&inputs[0]),
+                    Arc::clone(&inputs[1]),
+                    distinct,
+                )?))
+            }
+            Payload::WorkTable { name, schema } => {
+                let schema = decode_schema(&schema, &name)?;
+                Ok(Arc::new(WorkTableExec::new(name, schema, None)?))
+            }
+            Payload::Sealed { plan } => {
+                let query = physical_plan_from_bytes_with_extension_codec(&plan, ctx, self)
+                    .map_err(|e| {
+                        fail(format!("the sealed recursive query does not decode: {e}"))
+                    })?;
+                Ok(Arc::new(SealedRecursiveQueryExec::new(query)))
+            }
         }
     }
 
@@ -413,9 +570,38 @@ impl DfxPhysicalCodec {
         if let Some(reader) = node.downcast_ref::<ShuffleReaderExec>() {
             return Payload::Reader(reader.mode()).encode(buf);
         }
+        if let Some(sealed) = node.downcast_ref::<SealedRecursiveQueryExec>() {
+            // Encoded here, by the plugin, so that no host meets the nodes
+            // decoding a recursive query creates (see `crate::recursive`).
+            let plan =
+                physical_plan_to_bytes_with_extension_codec(Arc::clone(sealed.query()), self)?;
+            return Payload::Sealed {
+                plan: plan.to_vec(),
+            }
+            .encode(buf);
+        }
+        if let Some(query) = node.downcast_ref::<RecursiveQueryExec>() {
+            return Payload::Recursive {
+                name: query.name().to_string(),
+                distinct: query.is_distinct(),
+                schema: encode_schema(&query.schema(), query.name())?,
+            }
+            .encode(buf);
+        }
+        if let Some(work_table) = node.downcast_ref::<WorkTableExec>() {
+            // The planner gave every work table read its whole table (see
+            // `recursive::whole_work_tables`): a node cannot say which columns
+            // it projects, so a projected one would decode reading them all.
+            return Payload::WorkTable {
+                name: work_table.name().to_string(),
+                schema: encode_schema(&work_table.schema(), work_table.name())?,
+            }
+            .encode(buf);
+        }
         let Some(writer) = node.downcast_ref::<ShuffleWriterExec>() else {
             return Err(DataFusionError::NotImplemented(format!(
-                "dfx codec encodes only ShuffleWriterExec and ShuffleReaderExec, not {}",
+                "dfx codec encodes only ShuffleWriterExec, ShuffleReaderExec, \
+                 {SEALED_NODE_NAME}, RecursiveQueryExec and WorkTableExec, not {}",
                 node.name()
             )));
         };
@@ -461,6 +647,43 @@ mod tests {
         .encode(&mut buf)
         .unwrap();
         buf
+    }
+
+    #[test]
+    fn the_recursive_query_kinds_round_trip_and_refuse_truncation() {
+        let payloads = [
+            Payload::Recursive {
+                name: "r".into(),
+                distinct: true,
+                schema: vec![1, 2, 3],
+            },
+            Payload::WorkTable {
+                name: "r".into(),
+                schema: vec![4, 5],
+            },
+            Payload::Sealed { plan: vec![9; 7] },
+        ];
+        for payload in payloads {
+            let mut buf = Vec::new();
+            payload.encode(&mut buf).unwrap();
+            assert_eq!(Payload::decode(&buf).unwrap(), payload);
+            for len in 0..buf.len() {
+                let err = Payload::decode(&buf[..len]).unwrap_err().to_string();
+                assert!(err.contains("truncated payload"), "{len}: {err}");
+            }
+        }
+        // Only 0 and 1 say whether a recursive query is distinct.
+        let mut buf = Vec::new();
+        Payload::Recursive {
+            name: "r".into(),
+            distinct: false,
+            schema: Vec::new(),
+        }
+        .encode(&mut buf)
+        .unwrap();
+        buf[7] = 2;
+        let err = Payload::decode(&buf).unwrap_err().to_string();
+        assert!(err.contains("distinct is 2"), "{err}");
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod functions;
 pub mod guard;
 pub mod paths;
 pub mod planner;
+pub mod recursive;
 pub mod split;
 pub mod test_hooks;
 pub mod vet;

@@ -20,6 +20,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
 use crate::config::DfxConfig;
 use crate::counters::{self, LiveObject};
+use crate::recursive::seal_recursive_queries;
 use crate::split::insert_stages;
 
 /// dfx's query planner.
@@ -80,6 +81,8 @@ impl QueryPlanner for DfxQueryPlanner {
         let plan = DefaultPhysicalPlanner::default()
             .create_physical_plan(logical_plan, &state)
             .await?;
+        // Every plan crosses to the host encoded, so also one without stages.
+        let plan = seal_recursive_queries(plan)?;
         match shuffle_dir {
             None => Ok(plan),
             Some(dir) => {

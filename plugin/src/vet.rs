@@ -69,6 +69,19 @@ impl Allowed {
 /// Bytes that are not a protobuf physical plan, or one error naming each
 /// node refused and where it sits in the plan.
 pub fn vet_encoded_stage(plan_bytes: &[u8], allowed: &Allowed) -> Result<(), String> {
+    let findings = plan_findings(plan_bytes, allowed)?;
+    if findings.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "refusing the stage: {}. A worker runs only stages that read its query's tables and \
+         shuffle location and publish through dfx's writer",
+        findings.join("; ")
+    ))
+}
+
+/// Everything refused in the encoded plan `plan_bytes`, each naming where.
+fn plan_findings(plan_bytes: &[u8], allowed: &Allowed) -> Result<Vec<String>, String> {
     let plan = PhysicalPlanNode::decode(plan_bytes)
         .map_err(|e| format!("not an encoded physical plan: {e}"))?;
     let value =
@@ -81,14 +94,7 @@ pub fn vet_encoded_stage(plan_bytes: &[u8], allowed: &Allowed) -> Result<(), Str
         path: Vec::new(),
     };
     walk.value(&value);
-    if walk.findings.is_empty() {
-        return Ok(());
-    }
-    Err(format!(
-        "refusing the stage: {}. A worker runs only stages that read its query's tables and \
-         shuffle location and publish through dfx's writer",
-        walk.findings.join("; ")
-    ))
+    Ok(walk.findings)
 }
 
 /// Each table root in the spellings a file scan may use: as written made
@@ -233,7 +239,21 @@ impl<'v> Walk<'v> {
                     self.findings.push(finding);
                 }
             }
-            Some(Payload::Reader(_)) => {}
+            // A plan of its own: walked as a whole stage is.
+            Some(Payload::Sealed { plan }) => match plan_findings(&plan, self.allowed) {
+                Ok(inner) => {
+                    let at = self.at();
+                    for finding in inner {
+                        let finding = format!("in the sealed recursive query at {at}, {finding}");
+                        self.findings.push(finding);
+                    }
+                }
+                Err(e) => {
+                    let finding = format!("its sealed recursive query (at {}) is {e}", self.at());
+                    self.findings.push(finding);
+                }
+            },
+            Some(Payload::Reader(_) | Payload::Recursive { .. } | Payload::WorkTable { .. }) => {}
             None => {
                 let finding = format!(
                     "it holds an extension node that is not dfx's (at {}), so what it does \

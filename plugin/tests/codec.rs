@@ -76,7 +76,7 @@ async fn without_dfx_in_the_chain_a_stage_cannot_be_encoded() -> Result<()> {
 }
 
 #[test]
-fn dfx_claims_nothing_but_stages() {
+fn dfx_claims_nothing_but_its_nodes() {
     let ctx = datafusion::prelude::SessionContext::new();
     let plan: Arc<dyn ExecutionPlan> =
         Arc::new(datafusion::physical_plan::empty::EmptyExec::new(kv_schema()));
@@ -90,7 +90,10 @@ fn dfx_claims_nothing_but_stages() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("dfx codec encodes only ShuffleWriterExec and ShuffleReaderExec"),
+        err.contains(
+            "dfx codec encodes only ShuffleWriterExec, ShuffleReaderExec, \
+             SealedRecursiveQueryExec, RecursiveQueryExec and WorkTableExec, not EmptyExec"
+        ),
         "{err}"
     );
     assert!(buf.is_empty());

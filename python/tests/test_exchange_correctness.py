@@ -6,7 +6,8 @@ the same query run in one process. The shapes are the ones an exchange can get
 wrong: joins of every type with equi and non-equi conditions (NULL keys on
 both sides), semi and anti joins (``EXISTS``, ``IN``, the null-aware
 ``NOT IN``), a cross join, windows with and without ``PARTITION BY``, set
-operations, ``ORDER BY`` with ``LIMIT`` and scalar subqueries.
+operations, ``ORDER BY`` with ``LIMIT``, scalar subqueries and recursive
+CTEs.
 
 The fixture, two tables of four Parquet files each::
 
@@ -149,6 +150,16 @@ UNORDERED = {
     "correlated_scalar_subquery": (
         "SELECT v, (SELECT count(*) FROM b WHERE b.k = a.k) AS matches FROM a"
     ),
+    # A recursive CTE is sealed by the planner and runs whole in one task.
+    "recursive_cte_joined_to_a_table": (
+        "WITH RECURSIVE r(k, d) AS (SELECT k, 0 FROM a WHERE k < 10 UNION "
+        "SELECT b.k, r.d + 1 FROM r JOIN b ON b.k = r.k + 3 WHERE r.d < 4) "
+        "SELECT k, d FROM r"
+    ),
+    "recursive_cte_with_a_projected_work_table_read": (
+        "WITH RECURSIVE r(x, y, z) AS (SELECT 1, 2, 3 UNION ALL "
+        "SELECT z, x + 1, y FROM r WHERE x < 30) SELECT x FROM r"
+    ),
 }
 """Queries whose row order is not defined: compared as sorted rows."""
 
@@ -232,3 +243,20 @@ def test_the_fixture_exercises_null_keys_and_both_join_outcomes(
     pairs = count("SELECT count(*) FROM a JOIN b ON a.k > b.k + 40")
     full = count("SELECT count(*) FROM a FULL JOIN b ON a.k > b.k + 40")
     assert 0 < pairs < full
+
+
+@pytest.mark.parametrize("split", ["exchange", "aggregate"])
+def test_a_recursive_query_answers_as_worked_out_by_hand(
+    spec_for: Callable[[str], SessionSpec], split: str
+) -> None:
+    # 1 + 2 + ... + 20, over 20 rows.
+    sql = (
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r "
+        "WHERE n < 20) SELECT sum(n) AS s, count(*) AS c FROM r"
+    )
+    spec = spec_for(split)
+    result = run_distributed(sql, spec)
+    assert result.stages, f"{split}: no stage"
+    assert pa.Table.from_batches(result.batches).to_pylist() == [{"s": 210, "c": 20}]
+    local = run_local(sql, spec)
+    assert pa.Table.from_batches(local).to_pylist() == [{"s": 210, "c": 20}]

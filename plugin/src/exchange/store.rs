@@ -281,7 +281,9 @@ where
 }
 
 /// The plugin's I/O runtime (see the module's doc for why it has one).
-fn io_runtime() -> Result<&'static Runtime, String> {
+/// The plugin's own runtime (see the module doc); a sealed recursive query
+/// also runs on it (see `crate::recursive`).
+pub(crate) fn io_runtime() -> Result<&'static Runtime, String> {
     static RUNTIME: LazyLock<Result<Runtime, String>> = LazyLock::new(|| {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(IO_THREADS)
