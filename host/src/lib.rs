@@ -43,6 +43,7 @@ pub mod error;
 pub mod loader;
 pub mod memory;
 pub mod pool;
+pub mod query_planner;
 pub mod retry;
 pub mod session;
 pub mod stages;

@@ -31,6 +31,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::codec_chain::CodecChain;
 use crate::error::{DataFusionContext, HostError, Result};
+use crate::query_planner::PluginQueryPlanner;
 
 /// Partitions a session plans for unless told otherwise. Pinned rather than
 /// the core count, so a plan's shape does not depend on the machine it was
@@ -665,7 +666,7 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
     let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(config)
-        .with_query_planner(Arc::new(ForeignQueryPlanner(planner)))
+        .with_query_planner(Arc::new(PluginQueryPlanner(ForeignQueryPlanner(planner))))
         .build();
     let ctx = Arc::new(SessionContext::new_with_state(state));
     // Cannot fail: `late` was created above and bound nowhere else.

@@ -452,6 +452,42 @@ async fn windows_set_operations_limits_and_subqueries_answer_as_in_one_process()
     );
 }
 
+/// What the optimizer turns into an empty relation (`WHERE false`,
+/// `LIMIT 0`) still has its columns when the plan crosses into the plugin:
+/// answers worked out by hand, in one process and in both splits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_over_an_empty_relation_answer_by_hand() {
+    let cases = [
+        (
+            "SELECT count(*) AS c, sum(a.v) AS s FROM a WHERE 1 = 0",
+            vec!["0 | "],
+        ),
+        (
+            "SELECT count(*) AS c, max(x.v) AS m FROM (SELECT * FROM a LIMIT 0) x",
+            vec!["0 | "],
+        ),
+        (
+            "SELECT count(*) AS c FROM a LEFT JOIN (SELECT k FROM b WHERE false) e ON a.k = e.k \
+             WHERE e.k IS NULL",
+            vec!["48"],
+        ),
+    ];
+    let tables = Tables::new();
+    let host = host();
+    for (n, (sql, expected)) in cases.iter().enumerate() {
+        let local = host.run_local(sql, &tables.spec()).await.unwrap();
+        assert_eq!(sorted_rows(&local), *expected, "local: {sql}");
+        for split in SPLITS {
+            let spec = tables
+                .spec()
+                .with_split(split)
+                .with_shuffle_dir(tables.shuffle_dir(split, 1100 + n));
+            let result = host.run_distributed(sql, &spec).await.unwrap();
+            assert_eq!(sorted_rows(&result.batches), *expected, "[{split}] {sql}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recursive_queries_answer_by_hand_and_as_in_one_process() {
     // 1 + 2 + ... + 20, and 20 rows, worked out by hand.
