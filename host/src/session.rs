@@ -26,7 +26,7 @@ use datafusion_proto::bytes::{
 };
 use datafusion_proto::logical_plan::DefaultLogicalExtensionCodec;
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
-use dfx_abi::Plugin;
+use dfx_abi::{PARQUET_FOOTER_HINT, Plugin};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::codec_chain::CodecChain;
@@ -736,10 +736,11 @@ pub fn effective_target_partitions(spec: &SessionSpec) -> Result<usize> {
     Ok(partitions)
 }
 
-/// Register `dir` as table `name`, one partition per Parquet file.
+/// Register `dir` as table `name`, one partition per Parquet file, footers
+/// read with [`PARQUET_FOOTER_HINT`].
 async fn register_parquet_dir(ctx: &SessionContext, name: &str, dir: &Path) -> Result<()> {
-    let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
-        .with_file_extension(PARQUET_EXTENSION);
+    let format = ParquetFormat::default().with_metadata_size_hint(Some(PARQUET_FOOTER_HINT));
+    let options = ListingOptions::new(Arc::new(format)).with_file_extension(PARQUET_EXTENSION);
     let dir = std::path::absolute(dir).map_err(|e| HostError::io("cannot resolve", dir, e))?;
     // A trailing slash makes the URL a directory, not a file.
     let url = format!("{}/", dir.display());

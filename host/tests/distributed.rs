@@ -7,7 +7,10 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::*;
-use dfx_host::session::Split;
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::ListingTable;
+use dfx_abi::PARQUET_FOOTER_HINT;
+use dfx_host::session::{Split, build_session};
 
 #[tokio::test]
 async fn distributed_equals_local_equals_the_hand_checked_answer_in_both_split_modes() {
@@ -228,6 +231,31 @@ async fn every_map_publishes_its_buckets_and_marker_and_nothing_else() {
             );
         }
     }
+}
+
+/// A table reads Parquet footers with dfx's hint for local files, not
+/// DataFusion's object-store default: the scan's format is what every stage's
+/// scan node is planned from, so the workers that decode it use it too.
+#[tokio::test]
+async fn a_table_reads_parquet_footers_with_the_local_hint() {
+    let fixture = Fixture::new();
+    let session = build_session(&plugin(), &fixture.spec()).await.unwrap();
+    let table = session.ctx().table_provider("lineitem").await.unwrap();
+    let listing = table
+        .downcast_ref::<ListingTable>()
+        .expect("a directory of Parquet files is a listing table");
+    let format = listing
+        .options()
+        .format
+        .downcast_ref::<ParquetFormat>()
+        .expect("read as Parquet");
+    assert_eq!(format.metadata_size_hint(), Some(PARQUET_FOOTER_HINT));
+    // Smaller than DataFusion's own default, or the setting would be moot.
+    let default = ParquetFormat::default().metadata_size_hint();
+    assert!(
+        default.is_some_and(|hint| hint > PARQUET_FOOTER_HINT),
+        "{default:?}"
+    );
 }
 
 #[tokio::test]

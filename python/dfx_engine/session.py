@@ -35,6 +35,9 @@ WORK_STEALING = "datafusion.execution.enable_file_stream_work_stealing"
 REPARTITION_FILE_SCANS = "datafusion.optimizer.repartition_file_scans"
 """DataFusion's splitting of files into byte ranges across partitions."""
 
+PARQUET_METADATA_SIZE_HINT = "datafusion.execution.parquet.metadata_size_hint"
+"""How many bytes from a Parquet file's end DataFusion reads for its footer."""
+
 SPLIT_MODES = ("exchange", "aggregate")
 """Where the planner cuts a plan into stages (``dfx_engine.split``), default first.
 
@@ -307,6 +310,9 @@ def build_session(
         # reads it whole: at TPC-H scale 0.1 one map of each scan stage read
         # every row while its sibling read none.
         .set(REPARTITION_FILE_SCANS, "false")
+        # The Rust host's footer read size for local tables, not DataFusion's
+        # object-store default (the constant says why).
+        .set(PARQUET_METADATA_SIZE_HINT, str(_internal.parquet_footer_hint()))
         .with_extension(
             _internal.DfxEngineConfig(shuffle_dir=spec.shuffle_dir, split=split)
         )

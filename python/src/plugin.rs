@@ -131,6 +131,13 @@ pub fn config_prefix(py: Python<'_>) -> PyResult<&'static str> {
     Ok(plugin(py)?.config_prefix())
 }
 
+/// How many bytes from a Parquet file's end a table reads at once (the
+/// Rust host's value, so both hosts read footers alike).
+#[pyfunction]
+pub fn parquet_footer_hint() -> usize {
+    dfx_abi::PARQUET_FOOTER_HINT
+}
+
 /// The id of the plugin's physical codec (`dfx_engine.physical.v2`).
 #[pyfunction]
 pub fn physical_codec_id(py: Python<'_>) -> PyResult<&'static str> {
