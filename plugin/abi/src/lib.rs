@@ -55,8 +55,7 @@ pub const IO_FAILURE: &str = "I/O failure";
 /// table here is a directory of local files, whose footers are a few KiB.
 /// Every worker opens the files of its map afresh (its metadata cache has
 /// never seen them), so at 512 KiB each open read and allocated half a
-/// megabyte to parse a few KiB: at TPC-H scale 1 with 8 partitions, about a
-/// tenth of the workers' CPU for q9.
+/// megabyte to parse a few KiB.
 pub const PARQUET_FOOTER_HINT: usize = 64 * 1024;
 
 pub use compat::{DFX_ABI_VERSION, LoadCheck, LoadError, host_datafusion_ffi_major};
