@@ -311,7 +311,7 @@ def build_session(
         # every row while its sibling read none.
         .set(REPARTITION_FILE_SCANS, "false")
         # The Rust host's footer read size for local tables, not DataFusion's
-        # object-store default (the constant says why).
+        # object-store default (`PARQUET_FOOTER_HINT` in dfx-abi says why).
         .set(PARQUET_METADATA_SIZE_HINT, str(_internal.parquet_footer_hint()))
         .with_extension(
             _internal.DfxEngineConfig(shuffle_dir=spec.shuffle_dir, split=split)
