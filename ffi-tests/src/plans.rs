@@ -4,9 +4,8 @@
 //! A stage is a subtree rooted at a `ShuffleWriterExec`; its consumer reads it
 //! through a `ShuffleReaderExec` whose only child is that writer, so stages
 //! nest and the plan stays one tree. Executing map `m` of a writer publishes
-//! `stage-S/map-m.arrow` (every non-empty bucket's segments, no file when
-//! all are empty) and the marker `stage-S/map-m.json`, and yields one
-//! summary batch
+//! `stage-S/map-m.arrow` (every non-empty bucket's segments, closed by the
+//! map's commit marker), and yields one summary batch
 //! `(bucket, rows, bytes)`. A reader never executes its writer: every stage a
 //! plan reads must have run before the plan's root is executed.
 
@@ -299,9 +298,9 @@ pub async fn run_query(
     run_to_table(plan, task_ctx).await
 }
 
-/// The files a stage run must have published: the marker of every map and
-/// the file holding each non-empty bucket (its map's), as the plugin's path
-/// functions name them.
+/// The files a stage run must have published: the one holding the marker of
+/// every map and the one holding each non-empty bucket (both the map's file),
+/// as the plugin's path functions name them.
 ///
 /// # Errors
 ///
@@ -353,7 +352,8 @@ pub fn published_files(shuffle_dir: &Path) -> Result<BTreeSet<PathBuf>> {
     Ok(out.into_iter().filter(|p| !p.starts_with(&tasks)).collect())
 }
 
-/// A map task's commit marker (`stage-S/map-m.json`), as the plugin writes it.
+/// A map task's commit marker (closing `stage-S/map-m.arrow`), as the plugin
+/// writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Marker {
     /// The stage.
@@ -362,20 +362,32 @@ pub struct Marker {
     pub map: u64,
     /// The attempt that published it.
     pub attempt: u64,
+    /// Bytes of the segments before it.
+    pub bytes: u64,
     /// Rows and bytes per bucket.
     pub buckets: Vec<BucketSummary>,
 }
 
-/// Read and parse the marker at `path`.
+/// Read and parse the commit marker closing the map file at `path`.
 ///
 /// # Errors
 ///
 /// An unreadable file or a field missing, each naming the file.
 pub fn read_marker(path: &Path) -> Result<Marker> {
     let fail = |what: String| DataFusionError::Execution(format!("{}: {what}", path.display()));
-    let text = std::fs::read_to_string(path).map_err(|err| fail(err.to_string()))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|err| fail(format!("not JSON: {err}")))?;
+    let bytes = std::fs::read(path).map_err(|err| fail(err.to_string()))?;
+    // The file's footer: the marker's length, then the magic.
+    let footer = bytes
+        .len()
+        .checked_sub(dfx_abi::MAP_FOOTER_BYTES as usize)
+        .filter(|&at| &bytes[at + 8..] == dfx_abi::MAP_FOOTER_MAGIC)
+        .ok_or_else(|| fail("does not end with a commit marker's footer".to_string()))?;
+    let len = u64::from_le_bytes(bytes[footer..footer + 8].try_into().expect("8 bytes"));
+    let start = footer
+        .checked_sub(len as usize)
+        .ok_or_else(|| fail(format!("a marker of {len} byte(s) overruns the file")))?;
+    let json: serde_json::Value = serde_json::from_slice(&bytes[start..footer])
+        .map_err(|err| fail(format!("not JSON: {err}")))?;
     let number = |value: &serde_json::Value, key: &str| {
         value[key]
             .as_u64()
@@ -397,6 +409,7 @@ pub fn read_marker(path: &Path) -> Result<Marker> {
         stage_id: number(&json, "stage_id")?,
         map: number(&json, "map")?,
         attempt: number(&json, "attempt")?,
+        bytes: number(&json, "bytes")?,
         buckets,
     })
 }

@@ -33,16 +33,16 @@ async fn a_corrupt_bucket_file_reaches_the_host_with_its_message_intact() {
     let corrupt = plugin()
         .bucket_path(&shuffle, stage.info.stage_id, map, bucket)
         .unwrap();
-    // Garbage of the file's own size: the size its marker records passes,
-    // so the error is about the content.
-    let size = std::fs::metadata(&corrupt).unwrap().len() as usize;
-    let garbage: Vec<u8> = b"these bytes are not an Arrow IPC stream "
-        .iter()
-        .copied()
-        .cycle()
-        .take(size)
-        .collect();
-    std::fs::write(&corrupt, garbage).unwrap();
+    // Garbage over the segments, the marker closing the file left whole:
+    // the sizes it records pass, so the error is about the content.
+    let mut bytes = std::fs::read(&corrupt).unwrap();
+    let footer = bytes.len() - dfx_abi::MAP_FOOTER_BYTES as usize;
+    let marker_len = u64::from_le_bytes(bytes[footer..footer + 8].try_into().unwrap()) as usize;
+    let garbage = b"these bytes are not an Arrow IPC stream ".iter().cycle();
+    for (byte, junk) in bytes[..footer - marker_len].iter_mut().zip(garbage) {
+        *byte = *junk;
+    }
+    std::fs::write(&corrupt, bytes).unwrap();
     let error = run_to_table(&plan, session.ctx.task_ctx())
         .await
         .unwrap_err()

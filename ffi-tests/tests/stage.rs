@@ -115,8 +115,8 @@ async fn a_writer_publishes_its_buckets_and_marker_and_returns_one_summary() {
                 (0..stage.info.buckets).collect::<Vec<_>>(),
                 "stage {id} map {map}"
             );
-            // The map's one file is exactly its buckets' segments; a map
-            // whose buckets are all empty has none.
+            // The map's one file is its buckets' segments, then the marker
+            // (alone, when every bucket is empty).
             let file = plugin().bucket_path(&shuffle, id, map, 0).unwrap();
             let total: u64 = run.summary.iter().map(|b| b.bytes).sum();
             for bucket in &run.summary {
@@ -128,16 +128,12 @@ async fn a_writer_publishes_its_buckets_and_marker_and_returns_one_summary() {
                     "every bucket of a map is in the map's file"
                 );
             }
-            if run.summary.iter().all(|b| b.rows == 0) {
-                assert!(!file.exists(), "{} of an empty map", file.display());
-            } else {
-                let len = std::fs::metadata(&file)
-                    .unwrap_or_else(|err| panic!("{}: {err}", file.display()))
-                    .len();
-                assert_eq!(len, total, "{}", file.display());
-            }
+            assert_eq!(plugin().marker_path(&shuffle, id, map), file);
             // The marker tells the same story as the summary.
-            let marker = read_marker(&plugin().marker_path(&shuffle, id, map)).unwrap();
+            let marker = read_marker(&file).unwrap();
+            assert_eq!(marker.bytes, total, "{}", file.display());
+            let len = std::fs::metadata(&file).unwrap().len();
+            assert!(len > total, "{} holds no marker", file.display());
             assert_eq!(
                 (marker.stage_id, marker.map),
                 (id, map as u64),

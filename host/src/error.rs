@@ -276,7 +276,7 @@ mod tests {
     #[test]
     fn lost_output_names_the_upstream_map() {
         let marker = "stage 1 map 0 failed: cannot execute: dfx stage 2 map 3: lost output: the \
-                      map's commit marker is missing (/s/stage-2/map-3.json)";
+                      map's file is missing (/s/stage-2/map-3.arrow)";
         assert_eq!(lost_output(marker), Some((2, 3)));
         let bucket = "dfx reader of stage 1 partition 0: dfx stage 12 map 0 bucket 4: lost \
                       output: the marker promises 7 row(s) but the file is missing";

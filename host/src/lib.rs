@@ -9,8 +9,8 @@
 //!   (`ShuffleReaderExec`). Stages nest; each reads the stages it **deps** on.
 //! - **task**: one `(stage, map)`: a **worker** process runs partition `map`
 //!   of the stage's input and publishes its **buckets** into the query's
-//!   **shuffle directory** (`stage-S/map-M/bucket-B.arrow`, then the marker
-//!   `stage-S/map-M.json`).
+//!   **shuffle directory** (one file per map, `stage-S/map-M.arrow`, closed
+//!   by its commit marker).
 //! - **pool**: long-lived serving workers (`dfx worker --serve`) that run
 //!   task after task with the plugin loaded once; the default. Process mode
 //!   starts one worker per task instead ([`dispatch::WorkerMode`]).

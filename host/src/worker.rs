@@ -15,8 +15,8 @@
 //!    directory (a plan cannot make a worker write outside its query's
 //!    directory) and that the map is one it has;
 //! 5. execute the map and drain it: the writer reads its upstream buckets,
-//!    runs the stage, publishes `stage-S/map-M/bucket-B.arrow` and the marker
-//!    `stage-S/map-M.json`, and yields one summary batch;
+//!    runs the stage, publishes `stage-S/map-M.arrow` (its buckets, closed by
+//!    the commit marker), and yields one summary batch;
 //! 6. report `{"stage_id", "partition", "rows", "bytes", "elapsed_ms"}`,
 //!    rows and bytes summed over the summary's buckets.
 //!

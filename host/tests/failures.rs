@@ -55,8 +55,8 @@ async fn encoded_leaf_stage(
 #[tokio::test]
 async fn a_deleted_bucket_file_fails_the_final_read_naming_stage_map_bucket_and_file() {
     let fixture = Fixture::new();
-    // Stage 1 map 0 runs for real, then its file is deleted: its marker
-    // says its buckets hold rows, so the reader must fail, not recompute.
+    // Stage 1 map 0 runs for real, then its file is deleted: the map's
+    // output is lost, so the reader must fail, not recompute.
     let host = host_with_script(
         r#""$DFX" worker "$1" || exit $?
 case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/map-0.arrow ;; esac"#,
@@ -571,7 +571,7 @@ async fn a_worker_reports_on_its_last_stdout_line() {
                 .as_deref()
                 .unwrap()
                 .join(format!("stage-{}", stage.stage_id()))
-                .join("map-2.json"),
+                .join("map-2.arrow"),
         );
         let marker_bytes: u64 = marker["buckets"]
             .as_array()

@@ -33,16 +33,16 @@ fn spec_for(table: &Path, shuffle: &Path) -> SessionSpec {
     .with_shuffle_dir(shuffle)
 }
 
-/// Nothing partial is published: every map's marker describes its one file
-/// exactly (its size, and segments that tile it), and a map with no rows has
-/// no file. Temp files a killed attempt left behind (it ran no destructor)
+/// Nothing partial is published: every map's one file ends with its marker,
+/// which describes the segments before it exactly (segments that tile
+/// them). Temp files a killed attempt left behind (it ran no destructor)
 /// do not count: no reader ever opens a name that is not final.
 fn assert_published_whole(shuffle: &Path, result: &DistributedResult) {
     for stage in result.stage_ids() {
         let info = result.stage(stage).unwrap();
         for map in 0..info.maps {
-            let marker = read_marker(&shuffle.join(format!("stage-{stage}/map-{map}.json")));
             let file = shuffle.join(format!("stage-{stage}/map-{map}.arrow"));
+            let (data, marker) = split_map_file(&file);
             let mut segments: Vec<(u64, u64)> = Vec::new();
             let mut rows = 0;
             for entry in marker["buckets"].as_array().unwrap() {
@@ -55,14 +55,11 @@ fn assert_published_whole(shuffle: &Path, result: &DistributedResult) {
                 }
             }
             if rows == 0 {
-                assert!(!file.exists(), "{} of a map without rows", file.display());
+                assert!(data.is_empty(), "{} of a map without rows", file.display());
                 continue;
             }
-            let size = std::fs::metadata(&file)
-                .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
-                .len();
             assert_eq!(
-                size,
+                data.len() as u64,
                 marker["bytes"].as_u64().unwrap(),
                 "{} is not what its marker says",
                 file.display()
@@ -74,7 +71,12 @@ fn assert_published_whole(shuffle: &Path, result: &DistributedResult) {
                 assert_eq!(offset, at, "{}: a gap or an overlap", file.display());
                 at += bytes;
             }
-            assert_eq!(at, size, "{}: bytes no segment holds", file.display());
+            assert_eq!(
+                at,
+                data.len() as u64,
+                "{}: bytes no segment holds",
+                file.display()
+            );
         }
     }
 }
@@ -229,8 +231,8 @@ async fn a_full_disk_fails_the_query_after_its_attempts_with_nothing_published()
         "{err}"
     );
     shut_down(&host).await;
-    // The writers removed their temp files; no map that failed has a marker
-    // or a map file.
+    // The writers removed their temp files; every map file left is whole
+    // (a map that failed has none).
     let left = files_below(&shuffle);
     assert!(
         left.iter().all(|f| !f.contains(".tmp")
@@ -238,7 +240,7 @@ async fn a_full_disk_fails_the_query_after_its_attempts_with_nothing_published()
         "{left:#?}"
     );
     for file in left.iter().filter(|f| f.ends_with(".arrow")) {
-        let marker = shuffle.join(Path::new(file).with_extension("json"));
-        assert!(marker.exists(), "{file} published without its marker");
+        // Panics unless the file ends with its marker.
+        split_map_file(&shuffle.join(file));
     }
 }

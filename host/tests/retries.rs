@@ -55,7 +55,7 @@ exec "$DFX" worker "$1""#
             .shuffle_dir
             .as_deref()
             .unwrap()
-            .join(format!("stage-{s}/map-1.json")),
+            .join(format!("stage-{s}/map-1.arrow")),
     );
     assert_eq!(marker["map"], 1, "{marker}");
 }
@@ -167,17 +167,17 @@ async fn lost_upstream_output_is_run_again_then_the_task() {
         .unwrap();
     let (u, r) = (leaf.stage_id(), reader.stage_id());
     let dir = spec.shuffle_dir.clone().unwrap();
-    let marker = dir.join(format!("stage-{u}/map-0.json"));
-    // The reader's first attempt removes the marker of upstream map 0 first.
+    let map_file = dir.join(format!("stage-{u}/map-0.arrow"));
+    // The reader's first attempt removes the file of upstream map 0 first.
     let host = host_with_script(&format!(
-        r#"case "$1" in */task-{r}-0.json) rm -f {marker} ;; esac
+        r#"case "$1" in */task-{r}-0.json) rm -f {map_file} ;; esac
 exec "$DFX" worker "$1""#,
-        marker = marker.display()
+        map_file = map_file.display()
     ));
     let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), by_flag_expected());
-    assert!(marker.is_file(), "the rerun published the map again");
-    assert_eq!(read_marker(&marker)["map"], 0);
+    assert!(map_file.is_file(), "the rerun published the map again");
+    assert_eq!(read_marker(&map_file)["map"], 0);
     assert_eq!(result.attempts[&(u, 0)], 2, "{:?}", result.attempts);
     // A reader that saw the loss ran twice.
     assert!(

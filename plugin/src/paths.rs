@@ -4,16 +4,15 @@
 //! call the plugin's exported functions, which call these.
 //!
 //! ```text
-//! <dir>/stage-<S>/map-<M>.arrow   every bucket of map M, as segments (no file
-//!                                 when every bucket is empty)
-//! <dir>/stage-<S>/map-<M>.json    map M's commit marker, written last: which
-//!                                 byte ranges of the file hold which bucket
+//! <dir>/stage-<S>/map-<M>.arrow   every bucket of map M, as segments, closed
+//!                                 by its commit marker (which byte ranges hold
+//!                                 which bucket); published whole, by rename
 //! ```
 //!
-//! One file per map rather than one per bucket: creating a file is the
-//! costly part of a local shuffle (a stage of N maps and N buckets made N²
-//! files and N directories; it now makes N files), and on S3 each object is
-//! a request.
+//! One file per map, marker included, rather than one per bucket and a
+//! marker beside them: creating a file is the costly part of a local shuffle
+//! (a stage of N maps and N buckets made N² files and N directories, then
+//! 2N; it now makes N), and on S3 each object is a request.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,9 +49,11 @@ pub fn bucket_path(dir: &Path, stage_id: u64, map: usize, _bucket: usize) -> Pat
     map_path(dir, stage_id, map)
 }
 
-/// The commit marker of map `map` of stage `stage_id` under `dir`.
+/// The file holding the commit marker of map `map` of stage `stage_id`
+/// under `dir`: the map's one file, which the marker closes. Kept as the
+/// hosts' question "which file says map M was published?".
 pub fn marker_path(dir: &Path, stage_id: u64, map: usize) -> PathBuf {
-    stage_dir(dir, stage_id).join(format!("map-{map}.json"))
+    map_path(dir, stage_id, map)
 }
 
 /// A temp name beside `final_path`, unique to this writer: the pid separates
@@ -89,7 +90,7 @@ mod tests {
         );
         assert_eq!(
             marker_path(Path::new("/s"), 2, 7),
-            PathBuf::from("/s/stage-2/map-7.json")
+            map_path(Path::new("/s"), 2, 7)
         );
     }
 

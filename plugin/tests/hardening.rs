@@ -12,7 +12,7 @@ use datafusion::common::Result;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use dfx_plugin::exchange::dirs::{PRIVATE_DIR_MODE, effective_uid};
-use dfx_plugin::exchange::files::{create_exclusive, publish_bytes};
+use dfx_plugin::exchange::files::{MapFile, create_exclusive};
 use futures::StreamExt;
 
 /// Run map 0 of a one-bucket stage 1 publishing into `shuffle`.
@@ -41,7 +41,7 @@ async fn the_directories_a_writer_creates_are_private() {
     ] {
         assert_eq!(mode(&created), PRIVATE_DIR_MODE, "{}", created.display());
     }
-    assert!(shuffle.join("stage-1/map-0.json").exists());
+    assert!(shuffle.join("stage-1/map-0.arrow").exists());
     assert!(shuffle.join("stage-1/map-0.arrow").exists());
 }
 
@@ -102,7 +102,7 @@ async fn an_existing_stage_directory_of_this_user_is_written_into() {
     let shuffle = dir.path().join("shuffle");
     std::fs::create_dir_all(shuffle.join("stage-1")).unwrap();
     run_map(&shuffle).await.unwrap();
-    assert!(shuffle.join("stage-1/map-0.json").exists());
+    assert!(shuffle.join("stage-1/map-0.arrow").exists());
     assert_eq!(
         std::fs::metadata(shuffle.join("stage-1")).unwrap().uid(),
         effective_uid()
@@ -138,15 +138,17 @@ fn publishing_over_a_symlink_replaces_the_link_not_its_target() {
     let dir = temp_dir();
     let victim = dir.path().join("victim");
     std::fs::write(&victim, b"precious").unwrap();
-    let marker = dir.path().join("map-0.json");
-    std::os::unix::fs::symlink(&victim, &marker).unwrap();
-    publish_bytes(&marker, b"{}").unwrap();
+    let published = dir.path().join("map-0.arrow");
+    std::os::unix::fs::symlink(&victim, &published).unwrap();
+    let mut file = MapFile::create(&published).unwrap();
+    file.append(b"segments").unwrap();
+    file.publish(&published).unwrap();
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     assert!(
-        !std::fs::symlink_metadata(&marker)
+        !std::fs::symlink_metadata(&published)
             .unwrap()
             .file_type()
             .is_symlink()
     );
-    assert_eq!(std::fs::read(&marker).unwrap(), b"{}");
+    assert_eq!(std::fs::read(&published).unwrap(), b"segments");
 }

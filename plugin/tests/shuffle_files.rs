@@ -88,38 +88,27 @@ async fn read_all(writer: &Arc<ShuffleWriterExec>, mode: ReadMode) -> Result<usi
 }
 
 #[tokio::test]
-async fn a_map_publishes_its_buckets_then_its_marker() -> Result<()> {
+async fn a_map_publishes_one_file_closed_by_its_marker() -> Result<()> {
     let dir = temp_dir();
     let writer = hash_writer(dir.path(), 2, None);
     assert_eq!(run_map(&writer, 0).await?, 500);
     assert_eq!(run_map(&writer, 1).await?, 500);
     let files = tree(dir.path());
-    assert!(
-        files.contains(&"stage-3/map-0.json".to_string()),
-        "{files:?}"
-    );
-    assert!(
-        files.contains(&"stage-3/map-1.json".to_string()),
-        "{files:?}"
-    );
-    // One file and one marker per map, nothing else: no directory per map,
-    // no file per bucket.
+    // One file per map, nothing else: no directory per map, no file per
+    // bucket, no marker beside it, no temp file left.
     assert_eq!(
         files,
-        [
-            "stage-3/map-0.arrow",
-            "stage-3/map-0.json",
-            "stage-3/map-1.arrow",
-            "stage-3/map-1.json"
-        ],
+        ["stage-3/map-0.arrow", "stage-3/map-1.arrow"],
         "{files:?}"
     );
-    assert!(!files.iter().any(|f| f.ends_with(".tmp")), "{files:?}");
     // Hash: bucket b of both maps; every row lands in exactly one bucket.
     assert_eq!(read_all(&writer, ReadMode::Hash).await?, 1000);
-    // The marker is JSON with rows per bucket summing to the map's rows.
-    let marker: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("stage-3/map-0.json"))?).unwrap();
+    // The marker closing the file is JSON with rows per bucket summing to
+    // the map's rows, and segments exactly filling the bytes before it.
+    let (segments, marker) = split_map_file(&dir.path().join("stage-3/map-0.arrow"));
+    assert_eq!(marker["bytes"], segments.len() as u64, "{marker}");
+    assert_eq!(marker["stage_id"], 3, "{marker}");
+    assert_eq!(marker["map"], 0, "{marker}");
     let rows: u64 = marker["buckets"]
         .as_array()
         .unwrap()
@@ -127,6 +116,31 @@ async fn a_map_publishes_its_buckets_then_its_marker() -> Result<()> {
         .map(|b| b["rows"].as_u64().unwrap())
         .sum();
     assert_eq!(rows, 500);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_map_with_every_bucket_empty_publishes_its_marker_alone() -> Result<()> {
+    let dir = temp_dir();
+    let input = generated_plan(1, 0, 100, None);
+    let key = col("k", &kv_schema())?;
+    let writer = Arc::new(ShuffleWriterExec::try_new(
+        3,
+        dir.path().to_path_buf(),
+        input,
+        Partitioning::Hash(vec![key], 4),
+        vec![],
+    )?);
+    assert_eq!(run_map(&writer, 0).await?, 0);
+    let (segments, marker) = split_map_file(&dir.path().join("stage-3/map-0.arrow"));
+    assert!(segments.is_empty());
+    assert_eq!(marker["bytes"], 0, "{marker}");
+    assert_eq!(marker["buckets"].as_array().unwrap().len(), 4, "{marker}");
+    // An empty map reads as no rows; a lost one is an error.
+    assert_eq!(read_all(&writer, ReadMode::Hash).await?, 0);
+    std::fs::remove_file(dir.path().join("stage-3/map-0.arrow"))?;
+    let err = read_all(&writer, ReadMode::Hash).await.unwrap_err();
+    assert!(err.to_string().contains("lost output"), "{err}");
     Ok(())
 }
 
@@ -218,23 +232,13 @@ async fn damaged(damage: impl Fn(&Path), expect: &[&str]) -> Result<()> {
 }
 
 #[tokio::test]
-async fn a_missing_marker_is_lost_output_of_that_map() -> Result<()> {
+async fn a_missing_map_file_is_lost_output_of_that_map() -> Result<()> {
     damaged(
-        |dir| std::fs::remove_file(dir.join("stage-3/map-1.json")).unwrap(),
-        &["dfx stage 3 map 1", "lost output", "stage-3/map-1.json"],
-    )
-    .await
-}
-
-#[tokio::test]
-async fn a_missing_map_file_is_named() -> Result<()> {
-    damaged(
-        |dir| std::fs::remove_file(dir.join("stage-3/map-0.arrow")).unwrap(),
+        |dir| std::fs::remove_file(dir.join("stage-3/map-1.arrow")).unwrap(),
         &[
-            "dfx stage 3 map 0 bucket",
-            "lost output",
-            "the file is missing",
-            "stage-3/map-0.arrow",
+            "dfx stage 3 map 1 bucket",
+            "lost output: the map's file is missing",
+            "stage-3/map-1.arrow",
         ],
     )
     .await
@@ -242,15 +246,28 @@ async fn a_missing_map_file_is_named() -> Result<()> {
 
 #[tokio::test]
 async fn a_truncated_map_file_is_named() -> Result<()> {
+    for keep in [0.5, 0.999] {
+        damaged(
+            |dir| {
+                let path = dir.join("stage-3/map-1.arrow");
+                let bytes = std::fs::read(&path).unwrap();
+                let len = (bytes.len() as f64 * keep) as usize;
+                std::fs::write(&path, &bytes[..len]).unwrap();
+            },
+            &[
+                "dfx stage 3 map 1 bucket",
+                "does not end with the commit marker's footer",
+                "truncated",
+                "stage-3/map-1.arrow",
+            ],
+        )
+        .await?;
+    }
     damaged(
-        |dir| {
-            let path = dir.join("stage-3/map-1.arrow");
-            let bytes = std::fs::read(&path).unwrap();
-            std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
-        },
+        |dir| std::fs::write(dir.join("stage-3/map-1.arrow"), b"short").unwrap(),
         &[
             "dfx stage 3 map 1 bucket",
-            "but its marker promises",
+            "too few for the commit marker's footer",
             "stage-3/map-1.arrow",
         ],
     )
@@ -261,8 +278,8 @@ async fn a_truncated_map_file_is_named() -> Result<()> {
 async fn a_segment_with_foreign_fields_is_named() -> Result<()> {
     damaged(
         |dir| {
-            // A valid Arrow IPC stream of another table, in place of map 0's
-            // file, and a marker (otherwise valid) saying it is bucket 1.
+            // A valid Arrow IPC stream of another table in place of map 0's
+            // segments, and a marker (otherwise valid) saying it is bucket 1.
             let path = dir.join("stage-3/map-0.arrow");
             let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
                 datafusion::arrow::datatypes::Field::new(
@@ -271,14 +288,12 @@ async fn a_segment_with_foreign_fields_is_named() -> Result<()> {
                     true,
                 ),
             ]));
-            let file = std::fs::File::create(&path).unwrap();
             let mut w =
-                datafusion::arrow::ipc::writer::StreamWriter::try_new(file, &schema).unwrap();
+                datafusion::arrow::ipc::writer::StreamWriter::try_new(Vec::new(), &schema).unwrap();
             w.finish().unwrap();
-            let len = std::fs::metadata(&path).unwrap().len();
-            let marker = dir.join("stage-3/map-0.json");
-            let mut json: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(&marker).unwrap()).unwrap();
+            let stream = w.into_inner().unwrap();
+            let len = stream.len() as u64;
+            let (_, mut json) = split_map_file(&path);
             json["bytes"] = len.into();
             for (bucket, entry) in json["buckets"]
                 .as_array_mut()
@@ -295,7 +310,7 @@ async fn a_segment_with_foreign_fields_is_named() -> Result<()> {
                     serde_json::json!([])
                 };
             }
-            std::fs::write(&marker, serde_json::to_vec(&json).unwrap()).unwrap();
+            write_map_file(&path, &stream, &json);
         },
         &[
             "dfx stage 3 map 0 bucket 1",
@@ -317,7 +332,23 @@ async fn a_map_file_of_another_size_than_its_marker_records_is_refused_unread() 
         },
         &[
             "dfx stage 3 map 1 bucket",
-            "but its marker promises",
+            "does not end with the commit marker's footer",
+            "stage-3/map-1.arrow",
+        ],
+    )
+    .await?;
+    // A whole marker after the segments, but not where its own count of
+    // segment bytes says it starts.
+    damaged(
+        |dir| {
+            let path = dir.join("stage-3/map-1.arrow");
+            let (mut segments, json) = split_map_file(&path);
+            segments.extend_from_slice(b"inserted later");
+            write_map_file(&path, &segments, &json);
+        },
+        &[
+            "dfx stage 3 map 1 bucket",
+            "but its commit marker promises",
             "stage-3/map-1.arrow",
         ],
     )
@@ -328,18 +359,36 @@ async fn a_map_file_of_another_size_than_its_marker_records_is_refused_unread() 
 async fn a_marker_whose_segments_overrun_the_file_is_refused() -> Result<()> {
     damaged(
         |dir| {
-            let marker = dir.join("stage-3/map-1.json");
-            let mut json: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(&marker).unwrap()).unwrap();
-            let size = json["bytes"].as_u64().unwrap();
-            json["bytes"] = (size / 2).into();
-            std::fs::write(&marker, serde_json::to_vec(&json).unwrap()).unwrap();
+            let path = dir.join("stage-3/map-1.arrow");
+            let (segments, mut json) = split_map_file(&path);
+            let half = segments.len() / 2;
+            json["bytes"] = half.into();
+            write_map_file(&path, &segments[..half], &json);
         },
         &[
-            "dfx stage 3 map 1",
+            "dfx stage 3 map 1 bucket",
             "the commit marker is not valid",
-            "beyond the file's",
-            "stage-3/map-1.json",
+            "beyond the segments'",
+            "stage-3/map-1.arrow",
+        ],
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_marker_of_another_map_is_refused() -> Result<()> {
+    damaged(
+        |dir| {
+            std::fs::copy(
+                dir.join("stage-3/map-0.arrow"),
+                dir.join("stage-3/map-1.arrow"),
+            )
+            .unwrap();
+        },
+        &[
+            "dfx stage 3 map 1 bucket",
+            "the commit marker belongs to stage 3 map 0",
+            "stage-3/map-1.arrow",
         ],
     )
     .await
@@ -386,8 +435,7 @@ async fn a_bucket_of_many_segments_reads_back_whole_and_in_order() -> Result<()>
             batch?;
         }
     }
-    let marker: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.path().join("stage-3/map-0.json"))?).unwrap();
+    let marker = read_marker(&dir.path().join("stage-3/map-0.arrow"));
     let segments: Vec<usize> = marker["buckets"]
         .as_array()
         .unwrap()

@@ -425,8 +425,8 @@ def show_session(
     print(f"tasks:     {len(result.tasks)}, retries: {len(result.retries)}")
     print(f"rows:      {row_count(result.batches)} (the answer, read by the driver)")
 
-    # What the tasks left on S3: only stage output (bucket files and the
-    # marker each map publishes last) and the driver's lock; the envelopes
+    # What the tasks left on S3: only stage output (one object per map, its
+    # buckets closed by its marker) and the driver's lock; the envelopes
     # and plans reached the Ray tasks by value, never through the bucket.
     objects = endpoint.objects(path)
     base = endpoint.key(path) + "/"
@@ -441,19 +441,18 @@ def show_session(
         print(f"  {size:>10}  {key.removeprefix(base)}")
     if len(shown) < len(objects):
         print(f"  ... and {len(objects) - len(shown)} more")
-    # Per stage: its maps' markers (.json), bucket files (.arrow), anything
-    # else; "other" is outside every stage (the driver's lock).
-    per_stage: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
+    # Per stage: its maps' files (.arrow), anything else; "other" is outside
+    # every stage (the driver's lock).
+    per_stage: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for key, size in objects:
         match = STAGE_KEY.match(key.removeprefix(base))
         counts = per_stage[f"stage {match.group(1)}" if match else "other"]
-        kind = 0 if key.endswith(".json") else 1 if key.endswith(".arrow") else 2
-        counts[kind] += 1
-        counts[3] += size
-    print("  per stage   markers  buckets  other       bytes")
+        counts[0 if key.endswith(".arrow") else 1] += 1
+        counts[2] += size
+    print("  per stage   maps  other       bytes")
     for group in sorted(per_stage, key=lambda g: (g == "other", len(g), g)):
-        markers, buckets, other, size = per_stage[group]
-        print(f"  {group:<10} {markers:>7} {buckets:>8} {other:>6} {human(size):>11}")
+        maps, other, size = per_stage[group]
+        print(f"  {group:<10} {maps:>4} {other:>6} {human(size):>11}")
     print(flush=True)
 
 

@@ -20,10 +20,9 @@ node; stages nest, a consumer reading an upstream stage through a
 ``ShuffleReaderExec`` whose only child is that stage's writer. A *map* is one
 partition of a stage's input, run by one worker (a *task* is a
 ``(stage_id, map)``); it splits its rows into *buckets*. The *shuffle
-directory* is where a map publishes ``stage-<S>/map-<M>.arrow`` (every
-bucket, as segments) and then its commit marker ``stage-<S>/map-<M>.json``,
-which indexes the segments by bucket, and where readers (in later stages and
-in the driver) find them.
+directory* is where a map publishes ``stage-<S>/map-<M>.arrow``: every
+bucket, as segments, closed by its commit marker, which indexes the segments
+by bucket. Readers (in later stages and in the driver) find them there.
 """
 
 from dfx_engine._internal import (

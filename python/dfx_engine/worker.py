@@ -18,8 +18,8 @@ The steps, in the order that keeps a bad task from doing harm:
    worker write outside its query's directory), and the map must exist;
 4. decode the stage with the session's codecs; its root must be a writer;
 5. execute the map and drain it: the writer publishes
-   ``stage-<S>/map-<M>.arrow`` (every bucket, as segments) and then the marker
-   ``stage-<S>/map-<M>.json``, and yields one summary row per bucket;
+   ``stage-<S>/map-<M>.arrow`` (every bucket, as segments, closed by the
+   commit marker), and yields one summary row per bucket;
 6. print ``{"stage_id", "partition", "rows", "bytes", "elapsed_ms"}`` as the
    last line of stdout, ``rows`` and ``bytes`` being the summary's columns
    summed over the buckets, ``elapsed_ms`` the task's time in this process.

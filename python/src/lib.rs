@@ -48,6 +48,7 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plugin::config_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::physical_codec_id, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::parquet_footer_hint, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::map_footer, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::stage_id, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::marker_path, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::bucket_path, m)?)?;

@@ -138,6 +138,14 @@ pub fn parquet_footer_hint() -> usize {
     dfx_abi::PARQUET_FOOTER_HINT
 }
 
+/// The last bytes of every published map file, and the length of the
+/// footer they end (the commit marker's length, then the magic): what a
+/// reader of a shuffle directory needs to find a map's marker.
+#[pyfunction]
+pub fn map_footer() -> (&'static [u8], u64) {
+    (dfx_abi::MAP_FOOTER_MAGIC, dfx_abi::MAP_FOOTER_BYTES)
+}
+
 /// The id of the plugin's physical codec (`dfx_engine.physical.v2`).
 #[pyfunction]
 pub fn physical_codec_id(py: Python<'_>) -> PyResult<&'static str> {

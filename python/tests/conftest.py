@@ -218,11 +218,21 @@ def assert_same_rows(
                 assert x == y, f"{label} row {index}: {a} vs {b}"
 
 
+def split_map_file(path: pathlib.Path) -> tuple[bytes, dict[str, Any]]:
+    """A published map file's segments and its commit marker, by its footer."""
+    magic, footer_len = _internal.map_footer()
+    data = path.read_bytes()
+    footer = len(data) - footer_len
+    assert data[footer + 8 :] == magic, f"{path} does not end with a marker"
+    index = footer - int.from_bytes(data[footer : footer + 8], "little")
+    marker: dict[str, Any] = json.loads(data[index:footer])
+    return data[:index], marker
+
+
 def read_marker(shuffle_dir: str, stage: int, map_index: int) -> dict[str, Any]:
-    """The commit marker a map published (the plugin names its path)."""
+    """The commit marker closing a map's file (the plugin names its path)."""
     path = pathlib.Path(_internal.marker_path(shuffle_dir, stage, map_index))
-    marker: dict[str, Any] = json.loads(path.read_text())
-    return marker
+    return split_map_file(path)[1]
 
 
 def published_files(shuffle_dir: str) -> set[pathlib.Path]:

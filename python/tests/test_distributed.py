@@ -21,6 +21,7 @@ from conftest import (
     assert_same_columns,
     published_files,
     read_marker,
+    split_map_file,
 )
 
 from dfx_engine import _internal
@@ -49,21 +50,19 @@ def stage_entries(shuffle_dir: str) -> list[str]:
 
 
 def expected_files(spec: SessionSpec, result: DistributedResult) -> set[pathlib.Path]:
-    """Every file the run should have published, by the markers' own account.
+    """Every file the run should have published.
 
-    One marker per map, one file per map with a non-empty bucket.
+    One per map, shared by its buckets and closed by its marker.
     """
     files: set[pathlib.Path] = set()
     for stage, map_index in result.tasks:
-        files.add(
-            pathlib.Path(_internal.marker_path(spec.shuffle_dir, stage, map_index))
-        )
+        marker = pathlib.Path(_internal.marker_path(spec.shuffle_dir, stage, map_index))
+        files.add(marker)
         for bucket in read_marker(spec.shuffle_dir, stage, map_index)["buckets"]:
-            if bucket["rows"] > 0:
-                path = _internal.bucket_path(
-                    spec.shuffle_dir, stage, map_index, bucket["bucket"]
-                )
-                files.add(pathlib.Path(path))
+            path = _internal.bucket_path(
+                spec.shuffle_dir, stage, map_index, bucket["bucket"]
+            )
+            assert pathlib.Path(path) == marker
     return files
 
 
@@ -82,15 +81,12 @@ def assert_layout(spec: SessionSpec, result: DistributedResult) -> None:
         marker = read_marker(spec.shuffle_dir, stage, map_index)
         assert (marker["stage_id"], marker["map"]) == (stage, map_index)
         assert sum(b["rows"] for b in marker["buckets"]) == rows
+        path = pathlib.Path(_internal.marker_path(spec.shuffle_dir, stage, map_index))
+        data, _ = split_map_file(path)
+        assert len(data) == marker["bytes"]
+        assert rows or not data
         read = 0
         for bucket in marker["buckets"]:
-            path = pathlib.Path(
-                _internal.bucket_path(
-                    spec.shuffle_dir, stage, map_index, bucket["bucket"]
-                )
-            )
-            data = path.read_bytes() if path.is_file() else b""
-            assert len(data) == (marker["bytes"] if rows else 0)
             for segment in bucket["segments"]:
                 # pyarrow reads each segment of the plugin's file as it is:
                 # a whole Arrow IPC stream.

@@ -1,8 +1,10 @@
 //! The shuffle-file reader: a real `ShuffleReaderExec` reading a stage
-//! directory in which one file is the fuzzer's input, either a map's commit
-//! marker (`stage-1/map-0.json`) or a map file (`stage-1/map-0.arrow`),
-//! one segment long. Seeds are files the real writer
-//! published, LZ4-compressed and uncompressed.
+//! directory in which part of the one map file (`stage-1/map-0.arrow`) is
+//! the fuzzer's input: either the commit marker closing it (the file's
+//! segments stay as the real writer published them, the footer gives the
+//! input's length), or its one segment (closed by a marker promising it).
+//! Seeds are what the real writer published, LZ4-compressed and
+//! uncompressed.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,8 +20,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use dfx_plugin::exchange::marker::{BucketEntry, MapMarker, Segment};
-use dfx_plugin::paths::{map_path, marker_path};
+use dfx_plugin::exchange::marker::{BucketEntry, FOOTER_BYTES, FOOTER_MAGIC, MapMarker, Segment};
+use dfx_plugin::paths::map_path;
 use dfx_plugin::{DfxConfig, ReadMode, ShuffleReaderExec, ShuffleWriterExec};
 use futures::StreamExt;
 
@@ -160,10 +162,36 @@ fn judge(result: Result<usize>) -> Result<Outcome, String> {
     }
 }
 
+/// A map file of `segments` closed by the marker `marker`, as the writer
+/// lays it out.
+fn map_file(segments: &[u8], marker: &[u8]) -> Vec<u8> {
+    let mut bytes = segments.to_vec();
+    bytes.extend_from_slice(marker);
+    bytes.extend_from_slice(&(marker.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(FOOTER_MAGIC);
+    bytes
+}
+
+/// A published map file's segments and the marker closing them.
+fn split_map_file(file: &[u8]) -> Result<(&[u8], Vec<u8>), String> {
+    let footer = file
+        .len()
+        .checked_sub(FOOTER_BYTES as usize)
+        .ok_or_else(|| fail("the published map file has no footer"))?;
+    let len = u64::from_le_bytes(file[footer..footer + 8].try_into().map_err(fail)?);
+    let start = footer
+        .checked_sub(len as usize)
+        .ok_or_else(|| fail("the published map file's footer overruns it"))?;
+    Ok((&file[..start], file[start..footer].to_vec()))
+}
+
 /// A hash stage of one map and two buckets whose marker is the input.
 pub struct MarkerTarget {
     _dir: tempfile::TempDir,
-    marker: PathBuf,
+    /// The map file.
+    path: PathBuf,
+    /// The segments the real writer published before its marker.
+    segments: Vec<u8>,
     reader: ShuffleReaderExec,
     ctx: Arc<TaskContext>,
     seeds: Vec<Vec<u8>>,
@@ -181,12 +209,14 @@ impl MarkerTarget {
         let writer = writer(dir.path(), partitioning).map_err(fail)?;
         // Small batches: the marker indexes several segments per bucket.
         publish(&writer, "lz4", 32).map_err(fail)?;
-        let marker = marker_path(dir.path(), STAGE, 0);
-        let seed = std::fs::read(&marker).map_err(fail)?;
+        let path = map_path(dir.path(), STAGE, 0);
+        let file = std::fs::read(&path).map_err(fail)?;
+        let (segments, seed) = split_map_file(&file)?;
         let reader = ShuffleReaderExec::try_new(ReadMode::Hash, writer).map_err(fail)?;
         Ok(Self {
             _dir: dir,
-            marker,
+            path,
+            segments: segments.to_vec(),
             reader,
             ctx: SessionContext::new().task_ctx(),
             seeds: vec![seed],
@@ -223,18 +253,19 @@ impl Target for MarkerTarget {
     }
 
     fn run(&mut self, input: &[u8]) -> Result<Outcome, String> {
-        std::fs::write(&self.marker, input).map_err(|e| format!("cannot write the input: {e}"))?;
+        std::fs::write(&self.path, map_file(&self.segments, input))
+            .map_err(|e| format!("cannot write the input: {e}"))?;
         judge(read_all(&self.reader, &self.ctx))
     }
 }
 
-/// A one-bucket stage whose map file is the input. Its marker promises the
-/// seed's rows in one segment of the input's size, so the reader's size
-/// check passes and the input reaches the Arrow IPC decoder.
+/// A one-bucket stage whose map file's one segment is the input. The
+/// marker closing it promises the seed's rows in one segment of the input's
+/// size, so the reader's size checks pass and the input reaches the Arrow
+/// IPC decoder.
 pub struct BucketTarget {
     _dir: tempfile::TempDir,
     bucket: PathBuf,
-    marker: PathBuf,
     reader: ShuffleReaderExec,
     ctx: Arc<TaskContext>,
     seeds: Vec<Vec<u8>>,
@@ -256,17 +287,16 @@ impl BucketTarget {
             // Batches larger than the rows: the map file is one segment,
             // as the marker written for each input says.
             publish(&writer, compression, 2 * ROWS).map_err(fail)?;
-            seeds.push(std::fs::read(&bucket).map_err(fail)?);
+            let file = std::fs::read(&bucket).map_err(fail)?;
+            seeds.push(split_map_file(&file)?.0.to_vec());
         }
         if seeds[0] == seeds[1] {
             return Err(fail("compression made no difference to the map file"));
         }
         let reader = ShuffleReaderExec::try_new(ReadMode::PassThrough, writer).map_err(fail)?;
-        let marker = marker_path(dir.path(), STAGE, 0);
         Ok(Self {
             _dir: dir,
             bucket,
-            marker,
             reader,
             ctx: SessionContext::new().task_ctx(),
             seeds,
@@ -295,7 +325,6 @@ impl Target for BucketTarget {
     }
 
     fn run(&mut self, input: &[u8]) -> Result<Outcome, String> {
-        std::fs::write(&self.bucket, input).map_err(|e| format!("cannot write the input: {e}"))?;
         let marker = MapMarker {
             stage_id: STAGE,
             map: 0,
@@ -313,8 +342,8 @@ impl Target for BucketTarget {
             }],
         };
         let marker = serde_json::to_vec(&marker).map_err(|e| format!("marker: {e}"))?;
-        std::fs::write(&self.marker, marker)
-            .map_err(|e| format!("cannot write the marker: {e}"))?;
+        std::fs::write(&self.bucket, map_file(input, &marker))
+            .map_err(|e| format!("cannot write the input: {e}"))?;
         judge(read_all(&self.reader, &self.ctx))
     }
 }

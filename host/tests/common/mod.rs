@@ -372,11 +372,27 @@ pub fn sorted_rows(batches: &[RecordBatch]) -> Vec<String> {
 /// Both split modes, exchange (the default) first.
 pub const SPLITS: [Split; 2] = Split::ALL;
 
-/// The marker of a map task, parsed.
+/// A published map file split into its segments and its commit marker
+/// (parsed), by its footer's account.
+pub fn split_map_file(path: &Path) -> (Vec<u8>, serde_json::Value) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("map file {}: {e}", path.display()));
+    let footer = bytes.len() - dfx_abi::MAP_FOOTER_BYTES as usize;
+    assert_eq!(
+        &bytes[footer + 8..],
+        dfx_abi::MAP_FOOTER_MAGIC,
+        "{}",
+        path.display()
+    );
+    let len = u64::from_le_bytes(bytes[footer..footer + 8].try_into().unwrap()) as usize;
+    let index = footer - len;
+    let marker = serde_json::from_slice(&bytes[index..footer])
+        .unwrap_or_else(|e| panic!("marker of {}: {e}", path.display()));
+    (bytes[..index].to_vec(), marker)
+}
+
+/// The commit marker closing a published map file, parsed.
 pub fn read_marker(path: &Path) -> serde_json::Value {
-    let text =
-        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("marker {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("marker {}: {e}", path.display()))
+    split_map_file(path).1
 }
 
 /// Every file below `dir`, relative to it, sorted.

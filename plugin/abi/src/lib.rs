@@ -58,6 +58,20 @@ pub const IO_FAILURE: &str = "I/O failure";
 /// megabyte to parse a few KiB.
 pub const PARQUET_FOOTER_HINT: usize = 64 * 1024;
 
+/// The last 8 bytes of every published map file (`stage-<S>/map-<M>.arrow`).
+///
+/// A map file is the map's segments (each a whole Arrow IPC stream), then
+/// its commit marker (JSON: stage, map, and per bucket its rows and the byte
+/// ranges of its segments), then a footer of [`MAP_FOOTER_BYTES`]: the
+/// marker's length as a little-endian u64, then this magic. The plugin
+/// writes and reads it; it is here so that anything reading a shuffle
+/// directory by hand (tests, tools) finds the layout in one place.
+pub const MAP_FOOTER_MAGIC: &[u8; 8] = b"DFXMAP01";
+
+/// Bytes of a map file's footer: the commit marker's length, then
+/// [`MAP_FOOTER_MAGIC`].
+pub const MAP_FOOTER_BYTES: u64 = 16;
+
 pub use compat::{DFX_ABI_VERSION, LoadCheck, LoadError, host_datafusion_ffi_major};
 pub use lock::DriverLock;
 pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
@@ -214,7 +228,8 @@ impl Plugin {
         (self.module.stage_id())(index as u64)
     }
 
-    /// The commit marker of map task `map` of stage `stage_id` under `dir`.
+    /// The file whose presence says map task `map` of stage `stage_id` under
+    /// `dir` is published: the map's one file, closed by its commit marker.
     pub fn marker_path(&self, dir: &Path, stage_id: u64, map: usize) -> PathBuf {
         let dir = dir.to_string_lossy();
         let path = (self.module.partition_path())(RStr::from_str(&dir), stage_id, map as u64);
@@ -222,8 +237,7 @@ impl Plugin {
     }
 
     /// The file holding bucket `bucket` of map `map` of stage `stage_id`
-    /// under `dir`: the map's one file, shared by its buckets (absent when
-    /// every bucket of the map is empty).
+    /// under `dir`: the map's one file, shared by its buckets.
     ///
     /// # Errors
     ///

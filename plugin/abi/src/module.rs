@@ -104,8 +104,10 @@ pub struct DfxPlugin {
     /// Id of the `index`-th stage in pre-order (`FIRST_STAGE_ID + index`).
     pub stage_id: extern "C" fn(index: u64) -> u64,
 
-    /// Path of the commit marker of map task `map` of `stage` under `dir`
-    /// (`stage-<S>/map-<M>.json`): the map's output is published once it exists.
+    /// Path of the file holding the commit marker of map task `map` of
+    /// `stage` under `dir`: the map's output is published once it exists.
+    /// Since the marker closes the map's one file, that file
+    /// (`stage-<S>/map-<M>.arrow`).
     pub partition_path: extern "C" fn(dir: RStr<'_>, stage: u64, map: u64) -> RString,
 
     /// Glob (relative to a shuffle directory) matching any stage output entry
@@ -137,8 +139,8 @@ pub struct DfxPlugin {
     pub encoded_stage_info: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStageInfo>,
 
     /// Path of the file holding bucket `bucket` of map `map` of `stage` under
-    /// `dir`: the map's one file (`stage-<S>/map-<M>.arrow`; absent when every
-    /// bucket of the map is empty), whose marker indexes it by bucket.
+    /// `dir`: the map's one file (`stage-<S>/map-<M>.arrow`), whose marker
+    /// indexes it by bucket.
     pub bucket_path: extern "C" fn(dir: RStr<'_>, stage: u64, map: u64, bucket: u64) -> RString,
 
     /// Name of the consumer node (`ShuffleReaderExec`), for hosts that mark

@@ -1,5 +1,6 @@
 //! Map files: segments of Arrow IPC (LZ4-compressed unless the session turns
-//! it off), written under a temp name and published by rename.
+//! it off) closed by the commit marker, written under a temp name and
+//! published by rename.
 //!
 //! File I/O happens inline, on the thread polling the stream, rather than on
 //! a blocking pool: the plugin has its own copy of tokio and no runtime of its
@@ -73,21 +74,6 @@ pub fn create_exclusive(path: &Path) -> std::io::Result<File> {
         .create_new(true)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
-}
-
-/// Write `bytes` to a temp file beside `path`, then rename it to `path`.
-///
-/// No fsync, here or for map files: the readers are processes on this
-/// host, which see a renamed file whole through the page cache, and the
-/// rename is what makes the publish atomic. Durability across a machine
-/// crash is not a property of the shuffle (that query is run again), and a
-/// sync per file was most of an empty task's time.
-pub fn publish_bytes(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let mut temp = TempFile::new(temp_path(path));
-    let mut file = create_exclusive(temp.path())?;
-    file.write_all(bytes)?;
-    drop(file);
-    temp.publish(path)
 }
 
 /// Encode `batch` as one segment: a self-contained Arrow IPC stream (schema,
@@ -180,6 +166,12 @@ impl MapFile {
     }
 
     /// Publish the file as `final_path` (rename); returns its size.
+    ///
+    /// No fsync: the readers are processes on this host, which see a
+    /// renamed file whole through the page cache, and the rename is what
+    /// makes the publish atomic. Durability across a machine crash is not a
+    /// property of the shuffle (that query is run again), and a sync per
+    /// file was most of an empty task's time.
     ///
     /// # Errors
     ///

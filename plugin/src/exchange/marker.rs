@@ -1,21 +1,28 @@
-//! A map task's commit marker: `stage-<S>/map-<M>.json`, written last.
+//! A map task's commit marker: the index closing its file
+//! `stage-<S>/map-<M>.arrow`.
 //!
-//! Its presence means the map's file (`stage-<S>/map-<M>.arrow`) was
-//! published whole. Its content is the file's index: its size, and for each
-//! bucket the rows it holds and the segments that hold them. A segment is
-//! one self-contained Arrow IPC stream (schema, batch, end) at a byte range
-//! of the file; a bucket's segments, read in order, are its rows in the
-//! order the map produced them. So a reader can tell a lost file from an
-//! all-empty map and a truncated or overwritten file from a complete one,
-//! and reads only its own bucket's bytes.
+//! The file is the map's segments, then this index (JSON), then a footer of
+//! 16 bytes: the index's length (u64, little-endian) and [`FOOTER_MAGIC`]
+//! (both defined in `dfx_abi`, for whoever reads a shuffle by hand).
+//! A segment is one self-contained Arrow IPC stream (schema, batch, end) at
+//! a byte range of the file; a bucket's segments, read in order, are its
+//! rows in the order the map produced them. The file is written under a
+//! temp name and renamed into place whole, so the rename is the commit: a
+//! file at the published name ends with its index. A map whose buckets are
+//! all empty still publishes a file (the index alone), so a reader can tell
+//! a lost map from an empty one, a truncated or overwritten file from a
+//! complete one, and reads only its own bucket's bytes.
+//!
+//! The index once was a file of its own, written after the data; one file
+//! per map halves the files a query creates, and creating a file is the
+//! costly part of a local shuffle.
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use datafusion::common::{DataFusionError, Result};
-use dfx_abi::IO_FAILURE;
 use serde::{Deserialize, Serialize};
-
-use super::files::publish_bytes;
 
 /// One Arrow IPC stream inside a map's file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,83 +57,174 @@ pub struct MapMarker {
     pub map: u64,
     /// Which attempt of the map published this output (a retry overwrites).
     pub attempt: u64,
-    /// Size of the map's file (0: every bucket is empty and there is no file).
+    /// Bytes of the map's segments: where the index starts in the file.
     pub bytes: u64,
     /// One entry per bucket, in bucket order.
     pub buckets: Vec<BucketEntry>,
 }
 
-impl MapMarker {
-    /// Publish the marker at `path` (temp file, then rename).
-    pub fn publish(&self, path: &Path) -> Result<()> {
-        let bytes = self.encode()?;
-        publish_bytes(path, &bytes).map_err(|e| {
-            DataFusionError::Execution(format!(
-                "dfx stage {} map {}: {IO_FAILURE}: cannot publish the marker {}: {e}",
-                self.stage_id,
-                self.map,
-                path.display()
-            ))
-        })
-    }
+/// The last 8 bytes of every map file.
+pub use dfx_abi::MAP_FOOTER_MAGIC as FOOTER_MAGIC;
 
-    /// The marker's JSON.
+/// Bytes of the footer: the index's length, then [`FOOTER_MAGIC`].
+pub use dfx_abi::MAP_FOOTER_BYTES as FOOTER_BYTES;
+
+/// How many of a file's last bytes a remote reader asks for first: enough
+/// for the footer and the index of any map with a few hundred segments, so
+/// that one request usually finds both.
+pub const TAIL_GUESS: u64 = 64 * 1024;
+
+/// The map file a reader opens: where it is, which map of which stage it
+/// must be, how many buckets it must have, and the bucket wanted from it
+/// first. Every error names them.
+#[derive(Debug, Clone, Copy)]
+pub struct MapFileRef<'a> {
+    /// The file (or object) name.
+    pub path: &'a Path,
+    /// The stage.
+    pub stage_id: u64,
+    /// The map.
+    pub map: usize,
+    /// The bucket the reader wants first.
+    pub bucket: usize,
+    /// Buckets per map of the stage.
+    pub buckets: usize,
+}
+
+impl MapFileRef<'_> {
+    /// An error about this map file, naming stage, map, bucket and file.
+    pub fn error(&self, what: impl std::fmt::Display) -> DataFusionError {
+        DataFusionError::Execution(format!(
+            "dfx stage {} map {} bucket {}: {what} ({})",
+            self.stage_id,
+            self.map,
+            self.bucket,
+            self.path.display()
+        ))
+    }
+}
+
+/// A published map file, open, and the marker closing it.
+#[derive(Debug)]
+pub struct OpenMap {
+    /// Its marker, checked.
+    pub marker: MapMarker,
+    /// The file.
+    pub file: File,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// Where a map file's index is, as its footer says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexRange {
+    /// Its first byte in the file.
+    pub offset: u64,
+    /// Its length.
+    pub len: u64,
+}
+
+impl MapMarker {
+    /// The bytes closing the map's file: the index, then the footer.
     ///
     /// # Errors
     ///
     /// Never in practice (plain numbers); named by stage and map if it did.
-    pub fn encode(&self) -> Result<Vec<u8>> {
-        serde_json::to_vec(self).map_err(|e| {
+    pub fn trailer(&self) -> Result<Vec<u8>> {
+        let mut bytes = serde_json::to_vec(self).map_err(|e| {
             DataFusionError::Execution(format!(
-                "dfx stage {} map {}: cannot encode the marker: {e}",
+                "dfx stage {} map {}: cannot encode the commit marker: {e}",
                 self.stage_id, self.map
             ))
-        })
+        })?;
+        let len = bytes.len() as u64;
+        bytes.extend_from_slice(&len.to_le_bytes());
+        bytes.extend_from_slice(FOOTER_MAGIC);
+        Ok(bytes)
     }
 
-    /// Read and check the marker of map `map` of stage `stage_id` at `path`,
-    /// which must describe `buckets` buckets.
+    /// Read and check the marker closing the map file `at`. Returns the
+    /// open file too: the reader reads the segments from the same file, so
+    /// a retry renaming another over it cannot mix two attempts.
     ///
     /// # Errors
     ///
-    /// A missing marker (the map's output was never published or was lost),
-    /// an unreadable one, or one describing another map or bucket count; each
-    /// names the stage, the map and the file.
-    pub fn read(path: &Path, stage_id: u64, map: usize, buckets: usize) -> Result<Self> {
-        Self::check(std::fs::read(path), path, stage_id, map, buckets)
-    }
-
-    /// Check the marker whose bytes `read` returned (a local file or an
-    /// object, named `path` in every error), as [`MapMarker::read`] does.
-    ///
-    /// # Errors
-    ///
-    /// Those of [`MapMarker::read`]; an `io::ErrorKind::NotFound` is lost output.
-    pub fn check(
-        read: std::io::Result<Vec<u8>>,
-        path: &Path,
-        stage_id: u64,
-        map: usize,
-        buckets: usize,
-    ) -> Result<Self> {
-        let fail = |what: String| {
-            DataFusionError::Execution(format!(
-                "dfx stage {stage_id} map {map}: {what} ({})",
-                path.display()
-            ))
-        };
-        let bytes = read.map_err(|e| {
+    /// A missing file (the map's output was never published or was lost),
+    /// an unreadable or truncated one, or one describing another map or
+    /// bucket count; each names the stage, the map and the file.
+    /// A missing file is lost output ([`LOST`]).
+    pub fn read(at: &MapFileRef<'_>) -> Result<OpenMap> {
+        let fail = |what: String| at.error(what);
+        let file = File::open(at.path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
-                fail(
-                    "lost output: the map's commit marker is missing, so its output was never \
-                     published or has been removed"
-                        .to_string(),
-                )
+                fail(LOST.to_string())
             } else {
-                fail(format!("cannot read the commit marker: {e}"))
+                fail(format!("cannot open the map's file: {e}"))
             }
         })?;
-        let marker: MapMarker = serde_json::from_slice(&bytes)
+        let size = file
+            .metadata()
+            .map_err(|e| fail(format!("cannot stat the map's file: {e}")))?
+            .len();
+        let read_at = |offset: u64, len: u64| -> Result<Vec<u8>> {
+            let mut bytes = vec![0; len as usize];
+            file.read_exact_at(&mut bytes, offset)
+                .map_err(|e| fail(format!("cannot read the commit marker: {e}")))?;
+            Ok(bytes)
+        };
+        if size < FOOTER_BYTES {
+            return Err(fail(short_file(size)));
+        }
+        let footer = read_at(size - FOOTER_BYTES, FOOTER_BYTES)?;
+        let range = Self::index_range(&footer, size, at)?;
+        let index = read_at(range.offset, range.len)?;
+        let marker = Self::check(&index, size, at)?;
+        Ok(OpenMap { marker, file, size })
+    }
+
+    /// Where the index is in a file of `size` bytes whose last bytes are
+    /// `tail` (at least the footer).
+    ///
+    /// # Errors
+    ///
+    /// A tail shorter than the footer, a footer without the magic (a
+    /// truncated file, or not a map file) or an index longer than the file.
+    pub fn index_range(tail: &[u8], size: u64, at: &MapFileRef<'_>) -> Result<IndexRange> {
+        let fail = |what: String| at.error(what);
+        let footer_start = tail
+            .len()
+            .checked_sub(FOOTER_BYTES as usize)
+            .ok_or_else(|| fail(short_file(size)))?;
+        let footer = &tail[footer_start..];
+        if &footer[8..] != FOOTER_MAGIC {
+            return Err(fail(format!(
+                "the map's file does not end with the commit marker's footer ({size} byte(s): \
+                 truncated, or not a map file)"
+            )));
+        }
+        let len = u64::from_le_bytes(footer[..8].try_into().expect("8 bytes"));
+        let offset = size
+            .checked_sub(FOOTER_BYTES)
+            .and_then(|end| end.checked_sub(len))
+            .ok_or_else(|| {
+                fail(format!(
+                    "the commit marker is not valid: its footer promises an index of {len} \
+                     byte(s) in a file of {size}"
+                ))
+            })?;
+        Ok(IndexRange { offset, len })
+    }
+
+    /// Check the marker `bytes` closing the map file (or object) `at` of
+    /// `size` bytes, as [`MapMarker::read`] does.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`MapMarker::read`].
+    pub fn check(bytes: &[u8], size: u64, at: &MapFileRef<'_>) -> Result<Self> {
+        let (stage_id, map, buckets) = (at.stage_id, at.map, at.buckets);
+        let fail = |what: String| at.error(what);
+        let marker: MapMarker = serde_json::from_slice(bytes)
             .map_err(|e| fail(format!("the commit marker is not valid: {e}")))?;
         if marker.stage_id != stage_id || marker.map != map as u64 {
             return Err(fail(format!(
@@ -144,6 +242,17 @@ impl MapMarker {
             return Err(fail(format!(
                 "the commit marker lists {} bucket(s), the reader expects {buckets}",
                 marker.buckets.len()
+            )));
+        }
+        let expected = marker
+            .bytes
+            .checked_add(bytes.len() as u64)
+            .and_then(|n| n.checked_add(FOOTER_BYTES));
+        if expected != Some(size) {
+            return Err(fail(format!(
+                "the map's file holds {size} byte(s) but its commit marker promises {} of \
+                 segments before it (truncated or overwritten?)",
+                marker.bytes
             )));
         }
         for entry in &marker.buckets {
@@ -164,11 +273,103 @@ impl MapMarker {
             if let Some(segment) = outside {
                 return Err(fail(format!(
                     "the commit marker is not valid: bucket {} has a segment of {} byte(s) at \
-                     {}, beyond the file's {}",
+                     {}, beyond the segments' {}",
                     entry.bucket, segment.bytes, segment.offset, marker.bytes
                 )));
             }
         }
         Ok(marker)
+    }
+}
+
+/// Why a missing map file is lost output (the hosts match "lost output").
+pub const LOST: &str = "lost output: the map's file is missing, so its output was never \
+                        published or has been removed";
+
+fn short_file(size: u64) -> String {
+    format!(
+        "the map's file holds {size} byte(s), too few for the commit marker's footer \
+         (truncated?)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marker() -> MapMarker {
+        MapMarker {
+            stage_id: 2,
+            map: 1,
+            attempt: 0,
+            bytes: 10,
+            buckets: vec![
+                BucketEntry {
+                    bucket: 0,
+                    rows: 3,
+                    bytes: 10,
+                    segments: vec![Segment {
+                        offset: 0,
+                        bytes: 10,
+                        rows: 3,
+                    }],
+                },
+                BucketEntry {
+                    bucket: 1,
+                    rows: 0,
+                    bytes: 0,
+                    segments: vec![],
+                },
+            ],
+        }
+    }
+
+    fn at(path: &Path) -> MapFileRef<'_> {
+        MapFileRef {
+            path,
+            stage_id: 2,
+            map: 1,
+            bucket: 0,
+            buckets: 2,
+        }
+    }
+
+    #[test]
+    fn a_trailer_reads_back_from_the_tail_of_its_file() {
+        let path = Path::new("/s/stage-2/map-1.arrow");
+        let mut file = vec![7u8; 10];
+        file.extend(marker().trailer().unwrap());
+        let size = file.len() as u64;
+        let range = MapMarker::index_range(&file[file.len() - 16..], size, &at(path)).unwrap();
+        assert_eq!(range.offset, 10);
+        assert_eq!(range.offset + range.len + FOOTER_BYTES, size);
+        let index = &file[range.offset as usize..(range.offset + range.len) as usize];
+        assert_eq!(MapMarker::check(index, size, &at(path)).unwrap(), marker());
+        // The same bytes in a file one byte longer do not add up.
+        let err = MapMarker::check(index, size + 1, &at(path)).unwrap_err();
+        assert!(
+            err.to_string().contains("truncated or overwritten"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_footer_that_is_not_one_is_named() {
+        let path = Path::new("/s/stage-2/map-1.arrow");
+        let err = MapMarker::index_range(&[0; 16], 16, &at(path)).unwrap_err();
+        let message = err.to_string();
+        for part in [
+            "dfx stage 2 map 1 bucket 0",
+            "footer",
+            "/s/stage-2/map-1.arrow",
+        ] {
+            assert!(message.contains(part), "{part:?} not in {message}");
+        }
+        let err = MapMarker::index_range(&[0; 3], 3, &at(path)).unwrap_err();
+        assert!(err.to_string().contains("too few"), "{err}");
+        let mut footer = 100u64.to_le_bytes().to_vec();
+        footer.extend_from_slice(FOOTER_MAGIC);
+        let err = MapMarker::index_range(&footer, 20, &at(path)).unwrap_err();
+        assert!(err.to_string().contains("index of 100 byte(s)"), "{err}");
     }
 }

@@ -9,20 +9,21 @@
 //! broadcast     partition 0 = every bucket of every map    (a CollectLeft build side)
 //! ```
 //!
-//! Before streaming anything it checks the commit marker of every map it
-//! reads. Then, for each map, it reads only its bucket's segments (byte
-//! ranges of the map's file, listed by the marker): the file's size against
-//! the marker's, each segment's framing, its fields against the stage's
-//! schema and its row count against the marker's. Every error names stage,
-//! map, bucket and file. Reading never computes: lost output is an error,
-//! not a rerun.
+//! Before streaming anything it reads and checks the commit marker (the
+//! index closing the file) of every map it reads, and the file's size
+//! against it. Then, for each map, it reads only its bucket's segments (byte
+//! ranges of the map's file, listed by the marker): each segment's framing,
+//! its fields against the stage's schema and its row count against the
+//! marker's. Every error names stage, map, bucket and file. Reading never
+//! computes: lost output is an error, not a rerun.
 //!
 //! From an `s3://` location the same checks run on the first poll rather
-//! than in `execute`: each marker is a GET, and each segment a ranged GET,
-//! decoded as a local one is. Requests run on the plugin's I/O runtime and
+//! than in `execute`: each marker is a GET of the object's tail, and each
+//! segment a ranged GET, decoded as a local one is. Requests run on the plugin's I/O runtime and
 //! are awaited, never blocked on, from the host's poll. A segment is one
 //! coalesced batch, so the bytes held at once stay small.
 
+use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use std::fmt;
 use std::fs::File;
@@ -47,13 +48,13 @@ use futures::{FutureExt, Stream};
 use object_store::ObjectStore;
 
 use super::files::{decode_segment, describe_fields, same_fields};
-use super::marker::{MapMarker, Segment};
-use super::store::{S3Location, S3Options, ShuffleLocation, get_bytes, get_range, s3_store};
+use super::marker::{FOOTER_BYTES, LOST, MapFileRef, MapMarker, Segment, TAIL_GUESS};
+use super::store::{S3Location, S3Options, ShuffleLocation, get_range, get_tail, s3_store};
 use super::writer::ShuffleWriterExec;
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
 use crate::guard::{self, GuardedStream};
-use crate::paths::{map_path, marker_path};
+use crate::paths::map_path;
 
 /// Name of the reader node.
 pub const READER_NODE_NAME: &str = "ShuffleReaderExec";
@@ -355,16 +356,22 @@ impl ShuffleReaderExec {
             return Ok(Box::pin(stream));
         }
         // Every marker first: a lost map fails the read before any row flows.
-        let mut markers: Vec<Option<MapMarker>> = vec![None; self.maps];
+        let mut maps: BTreeMap<usize, (MapMarker, u64, Arc<File>)> = BTreeMap::new();
         for (map, bucket) in pieces {
-            if markers[map].is_none() {
-                let path = marker_path(&root, self.stage_id, map);
-                markers[map] = Some(MapMarker::read(&path, self.stage_id, map, self.buckets)?);
+            if let std::collections::btree_map::Entry::Vacant(slot) = maps.entry(map) {
+                let path = map_path(&root, self.stage_id, map);
+                let open = MapMarker::read(&MapFileRef {
+                    path: &path,
+                    stage_id: self.stage_id,
+                    map,
+                    bucket,
+                    buckets: self.buckets,
+                })?;
+                slot.insert((open.marker, open.size, Arc::new(open.file)));
             }
-            if let Some(piece) = markers[map]
-                .as_ref()
-                .and_then(|m| Piece::of(m, &root, bucket))
-            {
+            let (marker, size, file) = &maps[&map];
+            if let Some(mut piece) = Piece::of(marker, *size, &root, bucket) {
+                piece.file = Some(Arc::clone(file));
                 stream.queue.push_back(piece);
             }
         }
@@ -372,8 +379,9 @@ impl ShuffleReaderExec {
     }
 }
 
-/// The pieces of an S3 reader's partition, after reading (GET) and checking
-/// the marker of every map it reads, as a local reader does in `execute`.
+/// The pieces of an S3 reader's partition, after reading (GET of each
+/// object's tail) and checking the marker of every map it reads, as a local
+/// reader does in `execute`.
 async fn read_markers(
     store: Arc<dyn ObjectStore>,
     location: S3Location,
@@ -382,26 +390,59 @@ async fn read_markers(
     buckets: usize,
     pieces: Vec<(usize, usize)>,
 ) -> Result<VecDeque<Piece>> {
-    let mut markers: std::collections::BTreeMap<usize, MapMarker> = Default::default();
+    let mut maps: BTreeMap<usize, (MapMarker, u64)> = BTreeMap::new();
     let mut queue = VecDeque::new();
     for (map, bucket) in pieces {
-        if let std::collections::btree_map::Entry::Vacant(slot) = markers.entry(map) {
-            let path = marker_path(&root, stage_id, map);
-            let read = match location.key(&path) {
-                Ok(key) => match get_bytes(Arc::clone(&store), key).await {
-                    Ok(Some(bytes)) => Ok(bytes),
-                    Ok(None) => Err(std::io::Error::from(std::io::ErrorKind::NotFound)),
-                    Err(e) => Err(std::io::Error::other(e)),
-                },
-                Err(e) => Err(std::io::Error::other(e)),
+        if let std::collections::btree_map::Entry::Vacant(slot) = maps.entry(map) {
+            let path = map_path(&root, stage_id, map);
+            let at = MapFileRef {
+                path: &path,
+                stage_id,
+                map,
+                bucket,
+                buckets,
             };
-            slot.insert(MapMarker::check(read, &path, stage_id, map, buckets)?);
+            slot.insert(read_remote_marker(&store, &location, &at).await?);
         }
-        if let Some(piece) = markers.get(&map).and_then(|m| Piece::of(m, &root, bucket)) {
+        let (marker, size) = &maps[&map];
+        if let Some(piece) = Piece::of(marker, *size, &root, bucket) {
             queue.push_back(piece);
         }
     }
     Ok(queue)
+}
+
+/// The marker closing the object at `path`: its tail, and, for an index
+/// longer than the first guess, the rest of it.
+async fn read_remote_marker(
+    store: &Arc<dyn ObjectStore>,
+    location: &S3Location,
+    at: &MapFileRef<'_>,
+) -> Result<(MapMarker, u64)> {
+    let fail = |what: String| at.error(what);
+    let key = location.key(at.path).map_err(fail)?;
+    let (tail, size) = get_tail(Arc::clone(store), key.clone(), TAIL_GUESS)
+        .await
+        .map_err(|e| fail(format!("cannot fetch the commit marker: {e}")))?
+        .ok_or_else(|| fail(LOST.to_string()))?;
+    let range = MapMarker::index_range(&tail, size, at)?;
+    let in_tail = tail.len() as u64 - FOOTER_BYTES;
+    let index = if range.len <= in_tail {
+        let start = (in_tail - range.len) as usize;
+        tail[start..in_tail as usize].to_vec()
+    } else {
+        let (index, now) = get_range(Arc::clone(store), key, range.offset, range.len)
+            .await
+            .map_err(|e| fail(format!("cannot fetch the commit marker: {e}")))?
+            .ok_or_else(|| fail(LOST.to_string()))?;
+        if now != size {
+            return Err(fail(format!(
+                "the map's object changed while it was read ({size} byte(s), then {now})"
+            )));
+        }
+        index
+    };
+    Ok((MapMarker::check(&index, size, at)?, size))
 }
 
 /// An S3 reader's requests: the markers (until read), then the segment
@@ -421,32 +462,35 @@ struct Piece {
     map: usize,
     bucket: usize,
     rows: u64,
-    /// The map file's size, as its marker records it.
-    file_bytes: u64,
     segments: VecDeque<Segment>,
     path: PathBuf,
+    /// The map file's whole size, as its marker was read from it.
+    size: u64,
+    /// The map's file, open since its marker was read (when local).
+    file: Option<Arc<File>>,
 }
 
 impl Piece {
-    /// Bucket `bucket` of the map `marker` describes, unless it is empty.
-    fn of(marker: &MapMarker, root: &Path, bucket: usize) -> Option<Self> {
+    /// Bucket `bucket` of the map `marker` describes (closing a file of
+    /// `size` bytes), unless it is empty.
+    fn of(marker: &MapMarker, size: u64, root: &Path, bucket: usize) -> Option<Self> {
         let entry = &marker.buckets[bucket];
         (entry.rows > 0).then(|| Piece {
             map: marker.map as usize,
             bucket,
             rows: entry.rows,
-            file_bytes: marker.bytes,
             segments: entry.segments.iter().copied().collect(),
             path: map_path(root, marker.stage_id, marker.map as usize),
+            size,
+            file: None,
         })
     }
 }
 
-/// The piece being read: its file (when local), and the batches of its
-/// current segment not yet returned.
+/// The piece being read, and the batches of its current segment not yet
+/// returned.
 struct OpenPiece {
     piece: Piece,
-    file: Option<File>,
     batches: VecDeque<RecordBatch>,
 }
 
@@ -462,52 +506,6 @@ struct BucketStream {
 }
 
 impl BucketStream {
-    fn error(&self, piece: &Piece, message: impl fmt::Display) -> DataFusionError {
-        piece_error(self.stage_id, piece, message)
-    }
-
-    /// Open a local piece: its file, refused when missing or of another
-    /// size than its marker records (truncated or overwritten) before any
-    /// byte is decoded.
-    fn open_local(&self, piece: Piece) -> Result<OpenPiece> {
-        let file = match File::open(&piece.path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(self.error(
-                    &piece,
-                    format!(
-                        "lost output: the marker promises {} row(s) but the file is missing",
-                        piece.rows
-                    ),
-                ));
-            }
-            Err(e) => return Err(self.error(&piece, format!("cannot open: {e}"))),
-        };
-        let len = file
-            .metadata()
-            .map_err(|e| self.error(&piece, format!("cannot stat: {e}")))?
-            .len();
-        self.check_size(&piece, len)?;
-        Ok(OpenPiece {
-            piece,
-            file: Some(file),
-            batches: VecDeque::new(),
-        })
-    }
-
-    fn check_size(&self, piece: &Piece, len: u64) -> Result<()> {
-        if len != piece.file_bytes {
-            return Err(self.error(
-                piece,
-                format!(
-                    "holds {len} byte(s) but its marker promises {} (truncated or overwritten?)",
-                    piece.file_bytes
-                ),
-            ));
-        }
-        Ok(())
-    }
-
     /// Decode `segment`'s bytes into the open piece's batches, checking
     /// their fields and their row count against the marker.
     fn decode(&mut self, segment: Segment, bytes: Vec<u8>) -> Result<()> {
@@ -565,8 +563,10 @@ impl BucketStream {
                     self.current = None;
                     continue;
                 }
-            } else if let Some(remote) = self.remote.as_mut() {
-                if let Some(markers) = remote.markers.as_mut() {
+            } else {
+                if let Some(remote) = self.remote.as_mut()
+                    && let Some(markers) = remote.markers.as_mut()
+                {
                     let ready = futures::ready!(markers.poll_unpin(cx));
                     remote.markers = None;
                     self.queue = ready?;
@@ -576,15 +576,8 @@ impl BucketStream {
                 };
                 self.current = Some(OpenPiece {
                     piece,
-                    file: None,
                     batches: VecDeque::new(),
                 });
-                continue;
-            } else {
-                let Some(piece) = self.queue.pop_front() else {
-                    return Poll::Ready(None);
-                };
-                self.current = Some(self.open_local(piece)?);
                 continue;
             }
             let bytes = futures::ready!(self.poll_segment(cx))?;
@@ -607,7 +600,7 @@ impl BucketStream {
                 format!("segment at byte {}: {message}", segment.offset),
             )
         };
-        if let Some(file) = &open.file {
+        if let Some(file) = &open.piece.file {
             return Poll::Ready(
                 read_range(file, segment.offset, segment.bytes)
                     .map_err(|e| fail(&open.piece, format!("cannot read: {e}"))),
@@ -637,18 +630,18 @@ impl BucketStream {
                 stage_id,
                 &open.piece,
                 format!(
-                    "lost output: the marker promises {} row(s) but the object is missing",
+                    "lost output: the marker promised {} row(s) but the object is gone",
                     open.piece.rows
                 ),
             )));
         };
-        if size != open.piece.file_bytes || bytes.len() as u64 != segment.bytes {
+        if size != open.piece.size || bytes.len() as u64 != segment.bytes {
             return Poll::Ready(Err(piece_error(
                 stage_id,
                 &open.piece,
                 format!(
-                    "holds {size} byte(s) but its marker promises {} (truncated or overwritten?)",
-                    open.piece.file_bytes
+                    "holds {size} byte(s) but its marker promised {} (overwritten?)",
+                    open.piece.size
                 ),
             )));
         }
@@ -668,7 +661,8 @@ impl BucketStream {
 }
 
 /// `len` bytes of `file` from `offset`, into a buffer that is not zeroed
-/// first (the read fills it).
+/// first (the read fills it). The file's offset is shared only by the
+/// pieces of one stream, which read one after the other.
 fn read_range(mut file: &File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::with_capacity(len as usize);
     file.seek(SeekFrom::Start(offset))?;

@@ -1,12 +1,13 @@
 //! Where a shuffle lives: a local directory, or a prefix in an S3 bucket.
 //!
 //! ```text
-//! /tmp/q1, file:///tmp/q1   local: temp file + rename, marker last (see `files`, `dirs`)
+//! /tmp/q1, file:///tmp/q1   local: temp file + rename (see `files`, `dirs`)
 //! s3://bucket/prefix        objects: each map's file uploaded while it is
 //!                           written (one PUT when small, a multipart upload
-//!                           past PART_SIZE), appearing whole when complete;
-//!                           the map's marker PUT last; readers GET the byte
-//!                           ranges of their bucket's segments
+//!                           past PART_SIZE), its marker last, appearing
+//!                           whole when complete; readers GET its tail (the
+//!                           marker), then the byte ranges of their bucket's
+//!                           segments
 //! ```
 //!
 //! The location travels as a string inside the encoded stage (the writer's
@@ -45,7 +46,7 @@ use object_store::path::Path as ObjectPath;
 // The base trait's methods, not `ObjectStoreExt`'s: theirs are not known to
 // be `Send`, and every request is spawned onto the I/O runtime.
 use object_store::{
-    GetOptions, MultipartUpload, ObjectStore, PutMultipartOptions, PutOptions, PutPayload,
+    GetOptions, GetRange, MultipartUpload, ObjectStore, PutMultipartOptions, PutOptions, PutPayload,
 };
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
@@ -323,24 +324,19 @@ async fn join<T>(handle: JoinHandle<T>) -> Result<T, String> {
         .map_err(|e| format!("an S3 request did not finish: {e}"))
 }
 
-/// The bytes of object `key`, or `None` when there is none.
+/// Up to the last `len` bytes of object `key` (all of it when it is
+/// shorter), and the object's whole size; `None` when there is no such
+/// object.
 ///
 /// # Errors
 ///
 /// Any other failure of the GET, for the caller to name the object.
-pub async fn get_bytes(
+pub async fn get_tail(
     store: Arc<dyn ObjectStore>,
     key: ObjectPath,
-) -> Result<Option<Vec<u8>>, String> {
-    on_io(async move {
-        match store.get_opts(&key, GetOptions::default()).await {
-            Ok(got) => got.bytes().await.map(|b| Some(b.to_vec())),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
-    })
-    .await?
-    .map_err(|e| e.to_string())
+    len: u64,
+) -> Result<Option<(Vec<u8>, u64)>, String> {
+    get_part(store, key, GetRange::Suffix(len)).await
 }
 
 /// PUT `bytes` as object `key`: it appears whole or not at all.
@@ -377,9 +373,17 @@ pub async fn get_range(
     offset: u64,
     len: u64,
 ) -> Result<Option<(Vec<u8>, u64)>, String> {
+    get_part(store, key, GetRange::Bounded(offset..offset + len)).await
+}
+
+async fn get_part(
+    store: Arc<dyn ObjectStore>,
+    key: ObjectPath,
+    range: GetRange,
+) -> Result<Option<(Vec<u8>, u64)>, String> {
     on_io(async move {
         let options = GetOptions {
-            range: Some((offset..offset + len).into()),
+            range: Some(range),
             ..GetOptions::default()
         };
         let got = match store.get_opts(&key, options).await {
@@ -564,8 +568,8 @@ mod tests {
         let ShuffleLocation::S3(root) = ShuffleLocation::parse(Path::new("s3://b")).unwrap() else {
             panic!("not s3");
         };
-        let name = crate::paths::marker_path(&PathBuf::from(root.url()), 1, 0);
-        assert_eq!(root.key(&name).unwrap().as_ref(), "stage-1/map-0.json");
+        let name = crate::paths::map_path(&PathBuf::from(root.url()), 1, 0);
+        assert_eq!(root.key(&name).unwrap().as_ref(), "stage-1/map-0.arrow");
         assert!(root.key(Path::new("s3://other/x")).is_err());
     }
 }

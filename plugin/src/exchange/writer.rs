@@ -6,12 +6,13 @@
 //!   input.execute(m) ──► each batch: split into buckets with DataFusion's own
 //!                        partitioner, coalesce per bucket; each full batch
 //!                        is one segment appended to the map's temp file
-//!   end of input: the rest of each bucket as a last segment, publish the
-//!   file (rename), then the marker, which indexes the segments by bucket
+//!   end of input: the rest of each bucket as a last segment, then the
+//!   commit marker (the index of the segments by bucket), then publish the
+//!   file (rename)
 //!   error or drop: the temp file removed, nothing published
 //!   (an s3:// location: the map's object uploads as it is written and
-//!   appears whole on completion, the marker is PUT last; an error or drop
-//!   aborts the upload, see `store`)
+//!   appears whole on completion; an error or drop aborts the upload, see
+//!   `store`)
 //!        │
 //!   one summary batch: (bucket, rows, bytes) per bucket
 //! ```
@@ -50,13 +51,12 @@ use object_store::ObjectStore;
 use super::dirs::prepare_stage_dir;
 use super::files::{MapFile, encode_segment};
 use super::marker::{BucketEntry, MapMarker, Segment};
-use super::store::{ObjectMap, S3Location, S3Options, ShuffleLocation, put_bytes, s3_store};
+use super::store::{ObjectMap, S3Location, S3Options, ShuffleLocation, s3_store};
 use crate::config::{DfxConfig, ShuffleCompression};
 use crate::counters::LiveObject;
 use crate::guard::{self, GuardedStream};
-use crate::paths::{map_path, marker_path};
+use crate::paths::map_path;
 use crate::planner::isolated_task_context;
-use dfx_abi::IO_FAILURE;
 
 /// Name of the writer node, as hosts search for it.
 pub const WRITER_NODE_NAME: &str = "ShuffleWriterExec";
@@ -494,15 +494,7 @@ impl MapJob {
         };
         let segment = encode_segment(&self.schema, batch, self.compression).map_err(fail)?;
         if self.sink.is_none() {
-            let path = map_path(&self.root, self.stage_id, self.map);
-            let sink = match &self.target {
-                Target::Local => MapFile::create(&path).map(MapSink::File),
-                Target::S3 { store, location } => location
-                    .key(&path)
-                    .map(|key| MapSink::Object(ObjectMap::create(Arc::clone(store), key))),
-            }
-            .map_err(|e| self.error(e))?;
-            self.sink = Some(sink);
+            self.sink = Some(self.create_sink()?);
         }
         let sink = self.sink.as_mut().expect("created above");
         let offset = sink.len();
@@ -521,7 +513,19 @@ impl MapJob {
         Ok(())
     }
 
-    /// Flush every bucket, publish the map's file, then the marker.
+    /// Start the map's file (a temp file, or an upload).
+    fn create_sink(&self) -> Result<MapSink> {
+        let path = map_path(&self.root, self.stage_id, self.map);
+        match &self.target {
+            Target::Local => MapFile::create(&path).map(MapSink::File),
+            Target::S3 { store, location } => location
+                .key(&path)
+                .map(|key| MapSink::Object(ObjectMap::create(Arc::clone(store), key))),
+        }
+        .map_err(|e| self.error(e))
+    }
+
+    /// Flush every bucket, close the map's file with its marker, publish it.
     async fn publish(mut self) -> Result<RecordBatch> {
         for bucket in 0..self.buckets.len() {
             let Some(open) = self.buckets[bucket].as_mut() else {
@@ -540,11 +544,6 @@ impl MapJob {
                 self.write_segment(bucket, &rest).await?;
             }
         }
-        let path = map_path(&self.root, self.stage_id, self.map);
-        let bytes = match self.sink.take() {
-            Some(sink) => sink.publish(&path).await.map_err(|e| self.error(e))?,
-            None => 0,
-        };
         let buckets = std::mem::take(&mut self.buckets)
             .into_iter()
             .enumerate()
@@ -563,29 +562,25 @@ impl MapJob {
                 },
             })
             .collect();
+        let mut sink = match self.sink.take() {
+            Some(sink) => sink,
+            // Every bucket is empty: the file is the marker alone.
+            None => self.create_sink()?,
+        };
         let marker = MapMarker {
             stage_id: self.stage_id,
             map: self.map as u64,
             attempt: 0,
-            bytes,
+            bytes: sink.len(),
             buckets,
         };
-        // Last: its presence says the file above is published whole.
-        let path = marker_path(&self.root, self.stage_id, self.map);
-        match &self.target {
-            Target::Local => marker.publish(&path)?,
-            Target::S3 { store, location } => {
-                let key = location.key(&path).map_err(|e| self.error(e))?;
-                put_bytes(Arc::clone(store), key, marker.encode()?)
-                    .await
-                    .map_err(|e| {
-                        self.error(format!(
-                            "{IO_FAILURE}: cannot publish the marker {}: {e}",
-                            path.display()
-                        ))
-                    })?;
-            }
-        }
+        // Last: the file is published (renamed, or its upload completed)
+        // only once it ends with the marker, so its presence is the commit.
+        sink.append(&marker.trailer()?)
+            .await
+            .map_err(|e| self.error(e))?;
+        let path = map_path(&self.root, self.stage_id, self.map);
+        sink.publish(&path).await.map_err(|e| self.error(e))?;
         summary_batch(&marker.buckets)
     }
 }

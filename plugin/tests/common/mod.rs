@@ -275,3 +275,33 @@ pub fn codec_chain() -> datafusion_proto::physical_plan::ComposedPhysicalExtensi
         Arc::new(dfx_plugin::DfxPhysicalCodec::default()),
     ])
 }
+
+/// A published map file split into its segments and its commit marker
+/// (parsed), read by the footer's account.
+pub fn split_map_file(path: &Path) -> (Vec<u8>, serde_json::Value) {
+    use dfx_plugin::exchange::marker::{FOOTER_BYTES, FOOTER_MAGIC};
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let footer = bytes.len() - FOOTER_BYTES as usize;
+    assert_eq!(&bytes[footer + 8..], FOOTER_MAGIC, "{}", path.display());
+    let len = u64::from_le_bytes(bytes[footer..footer + 8].try_into().unwrap()) as usize;
+    let index = footer - len;
+    let marker = serde_json::from_slice(&bytes[index..footer])
+        .unwrap_or_else(|e| panic!("marker of {}: {e}", path.display()));
+    (bytes[..index].to_vec(), marker)
+}
+
+/// The commit marker closing a published map file, parsed.
+pub fn read_marker(path: &Path) -> serde_json::Value {
+    split_map_file(path).1
+}
+
+/// Write a map file of `segments` closed by `marker`, as a writer would.
+pub fn write_map_file(path: &Path, segments: &[u8], marker: &serde_json::Value) {
+    use dfx_plugin::exchange::marker::FOOTER_MAGIC;
+    let index = serde_json::to_vec(marker).unwrap();
+    let mut bytes = segments.to_vec();
+    bytes.extend_from_slice(&index);
+    bytes.extend_from_slice(&(index.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(FOOTER_MAGIC);
+    std::fs::write(path, bytes).unwrap();
+}
