@@ -376,18 +376,10 @@ pub struct Marker {
 pub fn read_marker(path: &Path) -> Result<Marker> {
     let fail = |what: String| DataFusionError::Execution(format!("{}: {what}", path.display()));
     let bytes = std::fs::read(path).map_err(|err| fail(err.to_string()))?;
-    // The file's footer: the marker's length, then the magic.
-    let footer = bytes
-        .len()
-        .checked_sub(dfx_abi::MAP_FOOTER_BYTES as usize)
-        .filter(|&at| &bytes[at + 8..] == dfx_abi::MAP_FOOTER_MAGIC)
+    let range = dfx_abi::map_marker_range(&bytes)
         .ok_or_else(|| fail("does not end with a commit marker's footer".to_string()))?;
-    let len = u64::from_le_bytes(bytes[footer..footer + 8].try_into().expect("8 bytes"));
-    let start = footer
-        .checked_sub(len as usize)
-        .ok_or_else(|| fail(format!("a marker of {len} byte(s) overruns the file")))?;
-    let json: serde_json::Value = serde_json::from_slice(&bytes[start..footer])
-        .map_err(|err| fail(format!("not JSON: {err}")))?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&bytes[range]).map_err(|err| fail(format!("not JSON: {err}")))?;
     let number = |value: &serde_json::Value, key: &str| {
         value[key]
             .as_u64()

@@ -36,10 +36,9 @@ async fn a_corrupt_bucket_file_reaches_the_host_with_its_message_intact() {
     // Garbage over the segments, the marker closing the file left whole:
     // the sizes it records pass, so the error is about the content.
     let mut bytes = std::fs::read(&corrupt).unwrap();
-    let footer = bytes.len() - dfx_abi::MAP_FOOTER_BYTES as usize;
-    let marker_len = u64::from_le_bytes(bytes[footer..footer + 8].try_into().unwrap()) as usize;
+    let segments = dfx_abi::map_marker_range(&bytes).unwrap().start;
     let garbage = b"these bytes are not an Arrow IPC stream ".iter().cycle();
-    for (byte, junk) in bytes[..footer - marker_len].iter_mut().zip(garbage) {
+    for (byte, junk) in bytes[..segments].iter_mut().zip(garbage) {
         *byte = *junk;
     }
     std::fs::write(&corrupt, bytes).unwrap();

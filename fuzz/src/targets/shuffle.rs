@@ -20,7 +20,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::prelude::{SessionConfig, SessionContext};
-use dfx_plugin::exchange::marker::{BucketEntry, FOOTER_BYTES, FOOTER_MAGIC, MapMarker, Segment};
+use dfx_plugin::exchange::marker::{BucketEntry, FOOTER_MAGIC, MapMarker, Segment};
 use dfx_plugin::paths::map_path;
 use dfx_plugin::{DfxConfig, ReadMode, ShuffleReaderExec, ShuffleWriterExec};
 use futures::StreamExt;
@@ -174,15 +174,9 @@ fn map_file(segments: &[u8], marker: &[u8]) -> Vec<u8> {
 
 /// A published map file's segments and the marker closing them.
 fn split_map_file(file: &[u8]) -> Result<(&[u8], Vec<u8>), String> {
-    let footer = file
-        .len()
-        .checked_sub(FOOTER_BYTES as usize)
-        .ok_or_else(|| fail("the published map file has no footer"))?;
-    let len = u64::from_le_bytes(file[footer..footer + 8].try_into().map_err(fail)?);
-    let start = footer
-        .checked_sub(len as usize)
-        .ok_or_else(|| fail("the published map file's footer overruns it"))?;
-    Ok((&file[..start], file[start..footer].to_vec()))
+    let range = dfx_abi::map_marker_range(file)
+        .ok_or_else(|| fail("the published map file does not end with a marker"))?;
+    Ok((&file[..range.start], file[range].to_vec()))
 }
 
 /// A hash stage of one map and two buckets whose marker is the input.

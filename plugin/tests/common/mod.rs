@@ -279,15 +279,12 @@ pub fn codec_chain() -> datafusion_proto::physical_plan::ComposedPhysicalExtensi
 /// A published map file split into its segments and its commit marker
 /// (parsed), read by the footer's account.
 pub fn split_map_file(path: &Path) -> (Vec<u8>, serde_json::Value) {
-    use dfx_plugin::exchange::marker::{FOOTER_BYTES, FOOTER_MAGIC};
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let footer = bytes.len() - FOOTER_BYTES as usize;
-    assert_eq!(&bytes[footer + 8..], FOOTER_MAGIC, "{}", path.display());
-    let len = u64::from_le_bytes(bytes[footer..footer + 8].try_into().unwrap()) as usize;
-    let index = footer - len;
-    let marker = serde_json::from_slice(&bytes[index..footer])
+    let range = dfx_abi::map_marker_range(&bytes)
+        .unwrap_or_else(|| panic!("{} does not end with a marker", path.display()));
+    let marker = serde_json::from_slice(&bytes[range.clone()])
         .unwrap_or_else(|e| panic!("marker of {}: {e}", path.display()));
-    (bytes[..index].to_vec(), marker)
+    (bytes[..range.start].to_vec(), marker)
 }
 
 /// The commit marker closing a published map file, parsed.
