@@ -6,8 +6,8 @@
 //! worker process of its own, started for it and ended with it (below).
 //!
 //! ```text
-//!            ┌─► worker task-2-0.json ─► stage-2/map-0/bucket-*.arrow, stage-2/map-0.json
-//! driver ────┼─► worker task-2-1.json ─► stage-2/map-1/bucket-*.arrow, stage-2/map-1.json
+//!            ┌─► worker task-2-0.json ─► stage-2/map-0.arrow (its buckets, then its marker)
+//! driver ────┼─► worker task-2-1.json ─► stage-2/map-1.arrow
 //!            └─► ...                      (last stdout line: report)
 //! ```
 //!

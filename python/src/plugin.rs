@@ -159,8 +159,9 @@ pub fn stage_id(py: Python<'_>, index: usize) -> PyResult<u64> {
     Ok(plugin(py)?.stage_id(index))
 }
 
-/// The commit marker of map task `map` of stage `stage` under `dir`
-/// (`stage-S/map-M.json`): the map's buckets are published once it exists.
+/// The file holding the commit marker of map task `map` of stage `stage`
+/// under `dir`: the map's one file (`stage-S/map-M.arrow`), which the marker
+/// closes; the map's buckets are published once it exists.
 #[pyfunction]
 pub fn marker_path(py: Python<'_>, dir: PathBuf, stage: u64, map: usize) -> PyResult<String> {
     Ok(plugin(py)?
