@@ -489,3 +489,40 @@ async fn a_bucket_of_many_segments_reads_back_whole_and_in_order() -> Result<()>
     assert_eq!(all, expected);
     Ok(())
 }
+
+/// How many of this process's open files are under `dir`.
+fn open_files_under(dir: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter(|target| target.starts_with(dir))
+        .count()
+}
+
+#[tokio::test]
+async fn a_reader_of_many_maps_holds_one_map_file_open_at_a_time() -> Result<()> {
+    // A reader partition reads a bucket of every map: holding each map's
+    // file from its marker's check to its segments would be one descriptor
+    // per map, and the driver runs every partition of its readers at once.
+    let dir = temp_dir();
+    let maps = 24;
+    let writer = hash_writer(dir.path(), maps, None);
+    for map in 0..maps {
+        run_map(&writer, map).await?;
+    }
+    let reader = Arc::new(ShuffleReaderExec::try_new(
+        ReadMode::Hash,
+        Arc::clone(&writer) as Arc<dyn ExecutionPlan>,
+    )?);
+    let mut stream = reader.execute(0, SessionContext::new().task_ctx())?;
+    // Every marker is checked by now; no file is held for it.
+    assert_eq!(open_files_under(dir.path()), 0);
+    let mut rows = 0;
+    while let Some(batch) = stream.next().await {
+        rows += batch?.num_rows();
+        assert!(open_files_under(dir.path()) <= 1);
+    }
+    assert!(rows > 0);
+    Ok(())
+}

@@ -104,17 +104,6 @@ impl MapFileRef<'_> {
     }
 }
 
-/// A published map file, open, and the marker closing it.
-#[derive(Debug)]
-pub struct OpenMap {
-    /// Its marker, checked.
-    pub marker: MapMarker,
-    /// The file.
-    pub file: File,
-    /// Its size in bytes.
-    pub size: u64,
-}
-
 /// Where a map file's index is, as its footer says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexRange {
@@ -143,9 +132,10 @@ impl MapMarker {
         Ok(bytes)
     }
 
-    /// Read and check the marker closing the map file `at`. Returns the
-    /// open file too: the reader reads the segments from the same file, so
-    /// a retry renaming another over it cannot mix two attempts.
+    /// Read and check the marker closing the map file `at`; returns it and
+    /// the file's size (which the reader checks again when it reopens the
+    /// file for its segments: the file is closed in between, so that a
+    /// reader of many maps holds one open file at a time, not one per map).
     ///
     /// # Errors
     ///
@@ -153,7 +143,7 @@ impl MapMarker {
     /// an unreadable or truncated one, or one describing another map or
     /// bucket count; each names the stage, the map and the file.
     /// A missing file is lost output ([`LOST`]).
-    pub fn read(at: &MapFileRef<'_>) -> Result<OpenMap> {
+    pub fn read(at: &MapFileRef<'_>) -> Result<(Self, u64)> {
         let fail = |what: String| at.error(what);
         let file = File::open(at.path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
@@ -178,8 +168,7 @@ impl MapMarker {
         let footer = read_at(size - FOOTER_BYTES, FOOTER_BYTES)?;
         let range = Self::index_range(&footer, size, at)?;
         let index = read_at(range.offset, range.len)?;
-        let marker = Self::check(&index, size, at)?;
-        Ok(OpenMap { marker, file, size })
+        Ok((Self::check(&index, size, at)?, size))
     }
 
     /// Where the index is in a file of `size` bytes whose last bytes are

@@ -356,22 +356,20 @@ impl ShuffleReaderExec {
             return Ok(Box::pin(stream));
         }
         // Every marker first: a lost map fails the read before any row flows.
-        let mut maps: BTreeMap<usize, (MapMarker, u64, Arc<File>)> = BTreeMap::new();
+        let mut maps: BTreeMap<usize, (MapMarker, u64)> = BTreeMap::new();
         for (map, bucket) in pieces {
             if let std::collections::btree_map::Entry::Vacant(slot) = maps.entry(map) {
                 let path = map_path(&root, self.stage_id, map);
-                let open = MapMarker::read(&MapFileRef {
+                slot.insert(MapMarker::read(&MapFileRef {
                     path: &path,
                     stage_id: self.stage_id,
                     map,
                     bucket,
                     buckets: self.buckets,
-                })?;
-                slot.insert((open.marker, open.size, Arc::new(open.file)));
+                })?);
             }
-            let (marker, size, file) = &maps[&map];
-            if let Some(mut piece) = Piece::of(marker, *size, &root, bucket) {
-                piece.file = Some(Arc::clone(file));
+            let (marker, size) = &maps[&map];
+            if let Some(piece) = Piece::of(marker, *size, &root, bucket) {
                 stream.queue.push_back(piece);
             }
         }
@@ -466,8 +464,8 @@ struct Piece {
     path: PathBuf,
     /// The map file's whole size, as its marker was read from it.
     size: u64,
-    /// The map's file, open since its marker was read (when local).
-    file: Option<Arc<File>>,
+    /// The map's file, once open (when local).
+    file: Option<File>,
 }
 
 impl Piece {
@@ -506,6 +504,34 @@ struct BucketStream {
 }
 
 impl BucketStream {
+    /// Open a local piece's file, refused when it is gone or of another
+    /// size than when its marker was read (overwritten) before any byte of
+    /// it is decoded.
+    fn open_local(&self, piece: &Piece) -> Result<File> {
+        let fail = |message: String| piece_error(self.stage_id, piece, message);
+        let file = File::open(&piece.path).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                fail(format!(
+                    "lost output: the marker promised {} row(s) but the file is gone",
+                    piece.rows
+                ))
+            } else {
+                fail(format!("cannot open: {e}"))
+            }
+        })?;
+        let size = file
+            .metadata()
+            .map_err(|e| fail(format!("cannot stat: {e}")))?
+            .len();
+        if size != piece.size {
+            return Err(fail(format!(
+                "holds {size} byte(s) but its marker promised {} (overwritten?)",
+                piece.size
+            )));
+        }
+        Ok(file)
+    }
+
     /// Decode `segment`'s bytes into the open piece's batches, checking
     /// their fields and their row count against the marker.
     fn decode(&mut self, segment: Segment, bytes: Vec<u8>) -> Result<()> {
@@ -571,9 +597,12 @@ impl BucketStream {
                     remote.markers = None;
                     self.queue = ready?;
                 }
-                let Some(piece) = self.queue.pop_front() else {
+                let Some(mut piece) = self.queue.pop_front() else {
                     return Poll::Ready(None);
                 };
+                if self.remote.is_none() {
+                    piece.file = Some(self.open_local(&piece)?);
+                }
                 self.current = Some(OpenPiece {
                     piece,
                     batches: VecDeque::new(),
@@ -661,8 +690,7 @@ impl BucketStream {
 }
 
 /// `len` bytes of `file` from `offset`, into a buffer that is not zeroed
-/// first (the read fills it). The file's offset is shared only by the
-/// pieces of one stream, which read one after the other.
+/// first (the read fills it).
 fn read_range(mut file: &File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
     let mut bytes = Vec::with_capacity(len as usize);
     file.seek(SeekFrom::Start(offset))?;
