@@ -74,6 +74,19 @@ pub use dfx_abi::MAP_FOOTER_BYTES as FOOTER_BYTES;
 /// that one request usually finds both.
 pub const TAIL_GUESS: u64 = 64 * 1024;
 
+/// The same for a local file: one read, sized for the markers of a few
+/// dozen segments, as a query's maps mostly have.
+const LOCAL_TAIL_GUESS: u64 = 4096;
+
+/// Where a map file's marker is, given the file's last bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Located<'a> {
+    /// Whole within those bytes.
+    InTail(&'a [u8]),
+    /// Partly before them: these bytes of the file are to be read.
+    At(IndexRange),
+}
+
 /// The map file a reader opens: where it is, which map of which stage it
 /// must be, how many buckets it must have, and the bucket wanted from it
 /// first. Every error names them.
@@ -162,13 +175,29 @@ impl MapMarker {
                 .map_err(|e| fail(format!("cannot read the commit marker: {e}")))?;
             Ok(bytes)
         };
-        if size < FOOTER_BYTES {
-            return Err(fail(short_file(size)));
-        }
-        let footer = read_at(size - FOOTER_BYTES, FOOTER_BYTES)?;
-        let range = Self::index_range(&footer, size, at)?;
-        let index = read_at(range.offset, range.len)?;
-        Ok((Self::check(&index, size, at)?, size))
+        let tail_len = size.min(LOCAL_TAIL_GUESS);
+        let tail = read_at(size - tail_len, tail_len)?;
+        let marker = match Self::locate(&tail, size, at)? {
+            Located::InTail(index) => Self::check(index, size, at)?,
+            Located::At(range) => Self::check(&read_at(range.offset, range.len)?, size, at)?,
+        };
+        Ok((marker, size))
+    }
+
+    /// Where the marker is in a file of `size` bytes whose last bytes are
+    /// `tail`: within them, or at a range still to be read.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`MapMarker::index_range`].
+    pub fn locate<'a>(tail: &'a [u8], size: u64, at: &MapFileRef<'_>) -> Result<Located<'a>> {
+        let range = Self::index_range(tail, size, at)?;
+        let in_tail = tail.len() as u64 - FOOTER_BYTES;
+        Ok(if range.len <= in_tail {
+            Located::InTail(&tail[(in_tail - range.len) as usize..in_tail as usize])
+        } else {
+            Located::At(range)
+        })
     }
 
     /// Where the index is in a file of `size` bytes whose last bytes are

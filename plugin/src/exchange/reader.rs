@@ -48,7 +48,7 @@ use futures::{FutureExt, Stream};
 use object_store::ObjectStore;
 
 use super::files::{decode_segment, describe_fields, same_fields};
-use super::marker::{FOOTER_BYTES, LOST, MapFileRef, MapMarker, Segment, TAIL_GUESS};
+use super::marker::{LOST, Located, MapFileRef, MapMarker, Segment, TAIL_GUESS};
 use super::store::{S3Location, S3Options, ShuffleLocation, get_range, get_tail, s3_store};
 use super::writer::ShuffleWriterExec;
 use crate::config::DfxConfig;
@@ -423,23 +423,19 @@ async fn read_remote_marker(
         .await
         .map_err(|e| fail(format!("cannot fetch the commit marker: {e}")))?
         .ok_or_else(|| fail(LOST.to_string()))?;
-    let range = MapMarker::index_range(&tail, size, at)?;
-    let in_tail = tail.len() as u64 - FOOTER_BYTES;
-    let index = if range.len <= in_tail {
-        let start = (in_tail - range.len) as usize;
-        tail[start..in_tail as usize].to_vec()
-    } else {
-        let (index, now) = get_range(Arc::clone(store), key, range.offset, range.len)
-            .await
-            .map_err(|e| fail(format!("cannot fetch the commit marker: {e}")))?
-            .ok_or_else(|| fail(LOST.to_string()))?;
-        if now != size {
-            return Err(fail(format!(
-                "the map's object changed while it was read ({size} byte(s), then {now})"
-            )));
-        }
-        index
+    let range = match MapMarker::locate(&tail, size, at)? {
+        Located::InTail(index) => return Ok((MapMarker::check(index, size, at)?, size)),
+        Located::At(range) => range,
     };
+    let (index, now) = get_range(Arc::clone(store), key, range.offset, range.len)
+        .await
+        .map_err(|e| fail(format!("cannot fetch the commit marker: {e}")))?
+        .ok_or_else(|| fail(LOST.to_string()))?;
+    if now != size {
+        return Err(fail(format!(
+            "the map's object changed while it was read ({size} byte(s), then {now})"
+        )));
+    }
     Ok((MapMarker::check(&index, size, at)?, size))
 }
 
