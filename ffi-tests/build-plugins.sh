@@ -8,8 +8,9 @@
 # - the same plugin built with its `test-hooks` feature (the panic probe
 #   panics), kept as target/<profile>/test-hooks/libdfx_plugin.so;
 # - the test-only plugins of ffi-tests/plugins/ (wrong ABI version, wrong
-#   DataFusion major, wrong root-module layout, not a plugin at all, round
-#   1's older root module, a newer root module with one more field).
+#   DataFusion major, wrong root-module layout, not a plugin at all, the
+#   older root module of ABI version 1, a newer root module with one more
+#   field).
 #
 # `--plugin-only PROFILE` builds only the first two, in cargo profile PROFILE
 # (CI's `ci-release`), for a host of another profile to load: the test-only

@@ -55,7 +55,7 @@ impl TaskContextProvider for LateTaskContext {
 
 /// The split modes of `dfx_engine.split`.
 pub const SPLIT_EXCHANGE: &str = "exchange";
-/// Round 1's rule: every topmost partial aggregate is a stage.
+/// The aggregate split: every topmost partial aggregate is a stage.
 pub const SPLIT_AGGREGATE: &str = "aggregate";
 
 /// What a test session is built from.

@@ -99,7 +99,7 @@ async fn the_split_mode_set_on_the_host_reaches_the_planner() {
         .await,
         2
     );
-    // Round 1's rule: the partial aggregate is the one stage.
+    // The aggregate split: the partial aggregate is the one stage.
     assert_eq!(
         stages_after(
             &dir.path().join("aggregate"),

@@ -43,7 +43,7 @@ fn real_plugin_loads_and_declares_its_versions() {
     assert_eq!(plugin.reader_node_name(), Some("ShuffleReaderExec"));
     assert_eq!(plugin.codec_id(), "dfx_engine.physical.v2");
     assert_eq!(plugin.config_prefix(), "dfx_engine");
-    // The exchange's exports are all present (appended after round 1's).
+    // The exchange's exports are all present (appended after ABI version 1's).
     let module = plugin.module();
     assert!(module.stage_info().is_some(), "no stage_info");
     assert!(
@@ -166,12 +166,13 @@ fn refusing_twice_gives_the_same_answer() {
 
 #[test]
 fn an_older_root_module_from_round_one_is_refused_without_calling_in() {
-    // Round 1's prefix: ABI version 1, no `bucket_path` and no
+    // The prefix of ABI version 1: no `bucket_path` and no
     // `reader_node_name`, `partition_path` naming its last argument
-    // `partition`, `encoded_stage_info` returning round 1's
+    // `partition`, `encoded_stage_info` returning that version's
     // `DfxStagePayload`. abi_stable's prefix-type check refuses a root module
-    // with fewer fields than the host's (19, not 21) and names each field whose
-    // type changed, all before the declared ABI version 1 is even read.
+    // with fewer fields than the host's (19, against every field of the
+    // current module) and names each field whose type changed, all before
+    // the declared ABI version 1 is even read.
     let path = test_library("dfx_test_older_root");
     let err = refused(&path);
     assert_names(

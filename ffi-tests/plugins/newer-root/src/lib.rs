@@ -1,6 +1,6 @@
 //! A test-only dfx plugin declaring a *newer* root module: every field of the
 //! current one, same versions, plus one field appended after
-//! `probe_location`, as a later round would add an export.
+//! `probe_location`, as a later version may append an export.
 //!
 //! A current host must load it and use every field it knows. The functions
 //! here do no query work (the constructors of DataFusion objects return an
@@ -110,7 +110,7 @@ pub struct DfxPlugin {
         extern "C" fn(plan_bytes: RSlice<'_, u8>, allowed_json: RStr<'_>) -> FfiResult<()>,
     /// The shuffle location probe.
     pub probe_location: extern "C" fn(location: RStr<'_>, options_json: RStr<'_>) -> FfiResult<()>,
-    /// The appended field: an export a later round might add.
+    /// The appended field: an export a later version might add.
     pub newer_field: extern "C" fn() -> u64,
 }
 

@@ -1,5 +1,5 @@
-//! A test-only dfx plugin declaring round 1's root module: dfx ABI version 1,
-//! the fields up to and including `encoded_stage_info` with round 1's types
+//! A test-only dfx plugin declaring the root module of dfx ABI version 1:
+//! the fields up to and including `encoded_stage_info` with that version's types
 //! (`encoded_stage_info` returned a `DfxStagePayload`, `stage_info` a
 //! `DfxStageInfo` with a partition count), and neither `bucket_path` nor
 //! `reader_node_name`.
@@ -26,7 +26,7 @@ use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use datafusion_ffi::query_planner::FFI_QueryPlanner;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
-// Unchanged since round 1, so shared with the current root module.
+// Unchanged since ABI version 1, so shared with the current root module.
 use dfx_abi::{DfxCounters, FfiResult};
 
 /// Runs of the root-module initializer.
@@ -37,10 +37,10 @@ pub static DFX_TEST_ROOT_CALLS: AtomicU64 = AtomicU64::new(0);
 #[unsafe(no_mangle)]
 pub static DFX_TEST_CONSTRUCTOR_CALLS: AtomicU64 = AtomicU64::new(0);
 
-/// The dfx ABI version of round 1.
+/// The dfx ABI version this root module declares.
 const ROUND_ONE_ABI_VERSION: u32 = 1;
 
-/// Round 1's root module, field for field (doc comments shortened).
+/// The root module of ABI version 1, field for field (doc comments shortened).
 #[repr(C)]
 #[derive(StableAbi)]
 #[sabi(kind(Prefix(prefix_ref = DfxPluginRef)))]
@@ -54,9 +54,9 @@ pub struct DfxPlugin {
     pub plugin_name: RStr<'static>,
     /// The package version.
     pub plugin_version: RStr<'static>,
-    /// Round 1's stage node, `ShuffleStageExec`.
+    /// ABI version 1's one stage node, `ShuffleStageExec`.
     pub stage_node_name: RStr<'static>,
-    /// `dfx_engine.physical.v1`.
+    /// ABI version 1's codec id, `dfx_engine.physical.v1`.
     pub codec_id: RStr<'static>,
     /// `dfx_engine`.
     pub config_prefix: RStr<'static>,
@@ -82,7 +82,7 @@ pub struct DfxPlugin {
     pub aggregate_udfs: extern "C" fn() -> FfiResult<RVec<FFI_AggregateUDF>>,
     /// Id of the `index`-th stage.
     pub stage_id: extern "C" fn(index: u64) -> u64,
-    /// Round 1's file of one partition of a stage.
+    /// ABI version 1's file of one partition of a stage.
     pub partition_path: extern "C" fn(dir: RStr<'_>, stage: u64, partition: u64) -> RString,
     /// Glob of the stage files.
     pub partition_glob: extern "C" fn() -> RStr<'static>,
@@ -91,14 +91,14 @@ pub struct DfxPlugin {
     pub counters: extern "C" fn() -> DfxCounters,
     /// The panic probe.
     pub panic_probe: extern "C" fn() -> FfiResult<u64>,
-    /// Round 1's description of a stage node.
+    /// ABI version 1's description of a stage node.
     #[sabi(unsafe_opaque_field)]
     pub stage_info: extern "C" fn(plan: FFI_ExecutionPlan) -> FfiResult<DfxStageInfo>,
-    /// Round 1's reading of an encoded stage: id and directory only.
+    /// ABI version 1's reading of an encoded stage: id and directory only.
     pub encoded_stage_info: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStagePayload>,
 }
 
-/// Round 1's `encoded_stage_info` answer.
+/// ABI version 1's `encoded_stage_info` answer.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
 pub struct DfxStagePayload {
@@ -108,7 +108,7 @@ pub struct DfxStagePayload {
     pub shuffle_dir: RString,
 }
 
-/// Round 1's `stage_info` answer.
+/// ABI version 1's `stage_info` answer.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
 pub struct DfxStageInfo {
@@ -192,7 +192,7 @@ extern "C" fn encoded_stage_info(_plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxSt
     called()
 }
 
-/// The root module as round 1 exported it.
+/// The root module as a plugin of ABI version 1 exported it.
 #[export_root_module]
 pub fn root_module() -> DfxPluginRef {
     DFX_TEST_ROOT_CALLS.fetch_add(1, Ordering::SeqCst);
