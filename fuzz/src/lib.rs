@@ -3,8 +3,8 @@
 //! There is no nightly toolchain here, so no `cargo fuzz`: this crate is a
 //! small, deterministic, seedable mutational fuzzer instead. Each target
 //! starts from a seed corpus of *real* inputs (payloads the plugin's codec
-//! encoded, bucket files and markers its writer published, envelopes and
-//! reports the host writes), mutates them (bit flips, byte sets, interesting
+//! encoded, map files and markers its writer published, envelopes and
+//! reports drivers and workers exchange), mutates them (bit flips, byte sets, interesting
 //! integers, truncation, splicing, insertion, deletion, dictionary tokens) and
 //! runs each input under `catch_unwind`. An input that panics, or breaks the
 //! target's stated property, is a crash: it is written to a file and the run

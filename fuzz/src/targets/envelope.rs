@@ -1,4 +1,4 @@
-//! The host's driver/worker contract: the task envelope and the worker's
+//! The driver/worker contract: the task envelope and the worker's
 //! report line. Both are read from files and pipes another process wrote.
 
 use dfx_host::{Envelope, WorkerReport};

@@ -5,10 +5,10 @@
 //! | `codec-payload` | the plugin codec's payload parser and `try_decode` | an accepted payload re-encodes to the same bytes; every error names dfx |
 //! | `stage-info` | reading a stage description from encoded plan bytes (`encoded_stage_info`) | every error names dfx |
 //! | `vet-stage` | a worker's check of an encoded stage (`vet_stage`: protobuf walked as JSON) | every refusal says what it refuses |
-//! | `envelope` | the host's task envelope (serde) | an accepted envelope survives write and read unchanged |
-//! | `worker-report` | the host's `WorkerReport::parse` | an accepted report survives `to_line` and `parse` |
-//! | `marker` | a `ShuffleReaderExec` reading a stage whose commit marker is the input | every error names the stage; no panic caught by the plugin's guard |
-//! | `bucket` | a `ShuffleReaderExec` reading a bucket file that is the input | the same |
+//! | `envelope` | the task envelope (serde) | an accepted envelope survives write and read unchanged |
+//! | `worker-report` | a worker's report (`WorkerReport::parse`) | an accepted report survives `to_line` and `parse` |
+//! | `marker` | a `ShuffleReaderExec` reading a map file closed by the input as its commit marker | every error names the stage; no panic caught by the plugin's guard |
+//! | `bucket` | a `ShuffleReaderExec` reading a map file whose one segment is the input | the same |
 
 mod codec;
 mod envelope;
