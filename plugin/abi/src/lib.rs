@@ -21,6 +21,7 @@
 //! ```
 
 pub mod compat;
+pub mod failure;
 pub mod lock;
 pub mod module;
 pub mod stages;
@@ -87,6 +88,7 @@ pub fn map_marker_range(file: &[u8]) -> Option<std::ops::Range<usize>> {
 }
 
 pub use compat::{DFX_ABI_VERSION, LoadCheck, LoadError, host_datafusion_ffi_major};
+pub use failure::FailureClass;
 pub use lock::DriverLock;
 pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 
