@@ -18,7 +18,7 @@
 //! still end in `Sink`, its files still sit in `fileGroups`), where a match
 //! over today's node types would pass it unseen.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use base64::Engine;
 use datafusion_proto::protobuf::PhysicalPlanNode;
@@ -27,6 +27,7 @@ use prost::Message;
 use serde_json::Value;
 
 use crate::codec::{PAYLOAD_MAGIC, Payload};
+use crate::exchange::store::canonical_location;
 
 /// What a worker may touch: its spec's tables and its shuffle location.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -294,35 +295,14 @@ fn collect_paths<'v>(value: &'v Value, out: &mut Vec<&'v str>) {
     }
 }
 
-/// Whether two shuffle locations are the same: `file:///x` is `/x`, and a
-/// trailing `/` does not count.
+/// Whether two shuffle locations are the same (see [`canonical_location`]).
 fn same_location(a: &str, b: &str) -> bool {
-    fn canonical(location: &str) -> String {
-        let local = location.strip_prefix("file://").unwrap_or(location);
-        if local.contains("://") {
-            return local.trim_end_matches('/').to_string();
-        }
-        Path::new(local)
-            .components()
-            .collect::<PathBuf>()
-            .display()
-            .to_string()
-    }
-    canonical(a) == canonical(b)
+    canonical_location(a) == canonical_location(b)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn locations_compare_as_urls() {
-        assert!(same_location("/tmp/x/", "/tmp/x"));
-        assert!(same_location("file:///tmp/x", "/tmp/x"));
-        assert!(same_location("s3://b/p/", "s3://b/p"));
-        assert!(!same_location("s3://b/p", "s3://b/q"));
-        assert!(!same_location("/tmp/x", "/tmp/y"));
-    }
 
     #[test]
     fn a_table_root_holds_its_files_and_nothing_beside_it() {

@@ -140,6 +140,23 @@ impl ShuffleLocation {
     }
 }
 
+/// The one spelling of a shuffle location, for telling whether two name the
+/// same one: `file:///x` is `/x`, and a trailing `/` (or a `.` component)
+/// does not count, so `/x/`, `/x` and `file:///x/` are one location, and
+/// `s3://b/p/` is `s3://b/p`. Nothing is resolved on disk: a relative path
+/// stays relative.
+pub fn canonical_location(location: &str) -> String {
+    let local = location.strip_prefix(FILE_SCHEME).unwrap_or(location);
+    if local.contains("://") {
+        return local.trim_end_matches('/').to_string();
+    }
+    Path::new(local)
+        .components()
+        .collect::<PathBuf>()
+        .display()
+        .to_string()
+}
+
 impl S3Location {
     /// `s3://bucket/prefix` (no trailing `/`).
     pub fn url(&self) -> String {
@@ -556,6 +573,18 @@ mod tests {
             let err = ShuffleLocation::parse(Path::new(bad)).unwrap_err();
             assert!(err.contains(bad), "{err}");
         }
+    }
+
+    #[test]
+    fn locations_compare_as_urls() {
+        let same = |a: &str, b: &str| canonical_location(a) == canonical_location(b);
+        assert!(same("/tmp/x/", "/tmp/x"));
+        assert!(same("file:///tmp/x", "/tmp/x"));
+        assert!(same("file:///tmp/x/", "/tmp/./x"));
+        assert!(same("s3://b/p/", "s3://b/p"));
+        assert!(!same("s3://b/p", "s3://b/q"));
+        assert!(!same("/tmp/x", "/tmp/y"));
+        assert!(!same("s3://b/p", "/b/p"));
     }
 
     #[test]
