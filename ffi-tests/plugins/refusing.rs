@@ -111,6 +111,11 @@ extern "C" fn probe_location(_location: RStr<'_>, _options_json: RStr<'_>) -> Ff
     called()
 }
 
+extern "C" fn take_failures(_location: RStr<'_>) -> RString {
+    DFX_TEST_CONSTRUCTOR_CALLS.fetch_add(1, Ordering::SeqCst);
+    RString::from("[]")
+}
+
 /// A dfx root module that declares `dfx_abi_version` and
 /// `datafusion_ffi_major` as given, every function of which only counts.
 pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPluginRef {
@@ -139,6 +144,7 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         reader_node_name: RStr::from_str("ShuffleReaderExec"),
         vet_stage,
         probe_location,
+        take_failures,
     }
     .leak_into_prefix()
 }

@@ -31,7 +31,7 @@ use crate::exchange::{READER_NODE_NAME, ShuffleWriterExec, WRITER_NODE_NAME};
 use crate::guard::{self, GuardedQueryPlanner};
 use crate::planner::DfxQueryPlanner;
 use crate::vet::{Allowed, vet_encoded_stage};
-use crate::{counters, functions, paths};
+use crate::{counters, failures, functions, paths};
 
 /// The plugin's root module, as `abi_stable` exports it.
 #[export_root_module]
@@ -60,6 +60,7 @@ pub fn root_module() -> DfxPluginRef {
         reader_node_name: RStr::from_str(READER_NODE_NAME),
         vet_stage,
         probe_location,
+        take_failures,
     }
     .leak_into_prefix()
 }
@@ -214,5 +215,19 @@ extern "C" fn probe_location(location: RStr<'_>, options_json: RStr<'_>) -> FfiR
         Ok(()) => ROk(()),
         Err(DataFusionError::Execution(message)) => RErr(RString::from(message)),
         Err(other) => RErr(RString::from(other.strip_backtrace())),
+    }
+}
+
+/// The failure classes recorded for `location`, taken, as a JSON array. A
+/// caught panic answers its message, which a host cannot parse as one and
+/// reports as an error: it must not read as "nothing failed".
+extern "C" fn take_failures(location: RStr<'_>) -> RString {
+    let taken = guard::catch("take_failures", || {
+        serde_json::to_string(&failures::take(location.as_str()))
+            .map_err(|e| DataFusionError::Execution(format!("cannot encode failure classes: {e}")))
+    });
+    match taken {
+        Ok(json) => RString::from(json),
+        Err(err) => RString::from(err.strip_backtrace()),
     }
 }

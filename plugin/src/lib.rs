@@ -10,14 +10,18 @@
 //!   one partition of the stage's input and publishes it split into buckets.
 //! - **bucket**: the rows of one map destined for one consumer partition.
 //! - **exchange**: a writer/reader pair (hash, pass-through or broadcast).
-//! - **shuffle directory**: where map tasks publish map files and commit
-//!   markers (see [`paths`]) and readers find them.
+//! - **shuffle location**: the local directory or `s3://bucket/prefix` where
+//!   map tasks publish their map files, each closed by its commit marker
+//!   (see [`paths`]), and readers find them.
+//! - **failure class**: how a failed task may be retried, recorded where the
+//!   error is made (see [`failures`]).
 
 pub mod codec;
 pub mod config;
 pub mod counters;
 pub mod exchange;
 pub mod export;
+pub mod failures;
 pub mod functions;
 pub mod guard;
 pub mod paths;

@@ -140,7 +140,7 @@ fn publishing_over_a_symlink_replaces_the_link_not_its_target() {
     std::fs::write(&victim, b"precious").unwrap();
     let published = dir.path().join("map-0.arrow");
     std::os::unix::fs::symlink(&victim, &published).unwrap();
-    let mut file = MapFile::create(&published).unwrap();
+    let mut file = MapFile::create(dir.path(), &published).unwrap();
     file.append(b"segments").unwrap();
     file.publish(&published).unwrap();
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");

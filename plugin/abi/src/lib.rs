@@ -43,9 +43,10 @@ use datafusion_ffi::query_planner::FFI_QueryPlanner;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
 
-/// Words in every error of a failed read or write of shuffle storage (a
-/// full disk, a dropped connection), as a worker reports it: a driver runs
-/// such a task again, where an error about the task itself would recur.
+/// Words in every error of a failed write of shuffle storage (a full disk, a
+/// dropped connection), for the person reading it. Hosts do not look for
+/// them: the plugin records [`FailureClass::Io`] where it makes such an
+/// error, and a host takes the class with [`Plugin::take_failures`].
 pub const IO_FAILURE: &str = "I/O failure";
 
 /// How many bytes from a Parquet file's end a host's tables read at once,
@@ -445,6 +446,26 @@ impl Plugin {
         }
     }
 
+    /// The failure classes the plugin recorded for the shuffle `location`
+    /// since they were last taken, oldest first; taking them forgets them.
+    /// `location` is compared as the plugin compares locations: `/q`,
+    /// `/q/` and `file:///q` are one location, `s3://b/p/` is `s3://b/p`.
+    /// Pick a task's class from them with [`FailureClass::most_telling`].
+    ///
+    /// A plugin built before the export records nothing: an empty list.
+    ///
+    /// # Errors
+    ///
+    /// An answer that is not a JSON array of classes (a caught panic's
+    /// message, or a plugin of another spelling), naming the plugin file.
+    pub fn take_failures(&self, location: &str) -> std::result::Result<Vec<FailureClass>, String> {
+        let Some(take) = self.module.take_failures() else {
+            return Ok(Vec::new());
+        };
+        let answer = take(RStr::from_str(location));
+        parse_failures(&self.path, location, answer.as_str())
+    }
+
     fn result<T>(&self, what: &str, result: FfiResult<T>) -> Result<T> {
         match result {
             RResult::ROk(value) => Ok(value),
@@ -456,9 +477,45 @@ impl Plugin {
     }
 }
 
+/// The classes in the answer of `plugin`'s `take_failures` for `location`.
+fn parse_failures(
+    plugin: &Path,
+    location: &str,
+    answer: &str,
+) -> std::result::Result<Vec<FailureClass>, String> {
+    serde_json::from_str(answer).map_err(|err| {
+        format!(
+            "dfx plugin {}: take_failures for {location} answered {answer:?}, not a JSON array \
+             of failure classes: {err}",
+            plugin.display()
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_that_is_not_failure_classes_is_an_error_naming_the_plugin() {
+        let plugin = Path::new("/p/libdfx_plugin.so");
+        assert_eq!(
+            parse_failures(plugin, "/q", r#"["io", {"lost": [2, 3]}]"#),
+            Ok(vec![FailureClass::Io, FailureClass::Lost([2, 3])])
+        );
+        assert_eq!(parse_failures(plugin, "/q", "[]"), Ok(vec![]));
+        for answer in [
+            "dfx plugin panicked in take_failures: boom",
+            "",
+            r#"["retry"]"#,
+        ] {
+            let err = parse_failures(plugin, "/q", answer).unwrap_err();
+            let quoted = format!("{answer:?}");
+            for part in ["/p/libdfx_plugin.so", "take_failures for /q", &quoted] {
+                assert!(err.contains(part), "{part:?} not in {err}");
+            }
+        }
+    }
 
     #[test]
     fn a_map_file_splits_at_its_footer() {

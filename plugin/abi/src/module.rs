@@ -161,6 +161,17 @@ pub struct DfxPlugin {
     /// creates its lock object. `options_json` holds the spec's store
     /// options (`{"s3_endpoint": ..., "s3_region": ..., "s3_allow_http": ...}`).
     pub probe_location: extern "C" fn(location: RStr<'_>, options_json: RStr<'_>) -> FfiResult<()>,
+
+    /// The failure classes ([`crate::FailureClass`]) the plugin recorded for
+    /// the shuffle `location` since they were last taken, as a JSON array
+    /// (`["io", {"lost": [2, 3]}]`), oldest first; they are forgotten once
+    /// taken. The plugin records a class where it makes the error, keyed by
+    /// the location the failing node writes to or reads from, compared as
+    /// the plugin compares locations (a trailing `/` and `file://` do not
+    /// count). A caught panic answers its message instead, which is not
+    /// JSON: a host reports it as an error (see
+    /// [`crate::Plugin::take_failures`]).
+    pub take_failures: extern "C" fn(location: RStr<'_>) -> RString,
 }
 
 /// What [`DfxPlugin::stage_info`] and [`DfxPlugin::encoded_stage_info`]

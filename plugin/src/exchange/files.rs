@@ -19,10 +19,10 @@ use datafusion::arrow::ipc::CompressionType;
 use datafusion::arrow::ipc::reader::StreamDecoder;
 use datafusion::arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use datafusion::arrow::record_batch::RecordBatch;
-use dfx_abi::IO_FAILURE;
 
 use super::ipc_check::check_stream_bytes;
 use crate::config::ShuffleCompression;
+use crate::failures::io_failure;
 use crate::guard;
 use crate::paths::temp_path;
 
@@ -116,25 +116,37 @@ pub fn encode_segment(
 /// A map's file while its task writes it: segments appended under a temp
 /// name, published by rename. Each segment is written whole by one call, so
 /// there is no storm of small writes and no buffer to flush.
+///
+/// Every failure of its storage is an [`dfx_abi::IO_FAILURE`] error naming
+/// the file, and records [`dfx_abi::FailureClass::Io`] for the shuffle
+/// location (see [`crate::failures`]): another attempt may succeed.
 pub struct MapFile {
     file: File,
     temp: TempFile,
+    /// The shuffle location the file is under.
+    location: PathBuf,
     bytes: u64,
 }
 
 impl MapFile {
-    /// Create the temp file that will be published as `final_path`.
+    /// Create the temp file that will be published as `final_path`, a map
+    /// file of the shuffle location `location`.
     ///
     /// # Errors
     ///
-    /// The file's creation, naming it and marked [`IO_FAILURE`].
-    pub fn create(final_path: &Path) -> Result<Self, String> {
+    /// The file's creation, naming it (a storage failure).
+    pub fn create(location: &Path, final_path: &Path) -> Result<Self, String> {
         let temp = TempFile::new(temp_path(final_path));
-        let file = create_exclusive(temp.path())
-            .map_err(|e| format!("{IO_FAILURE}: cannot create {}: {e}", temp.path().display()))?;
+        let file = create_exclusive(temp.path()).map_err(|e| {
+            io_failure(
+                location,
+                format!("cannot create {}: {e}", temp.path().display()),
+            )
+        })?;
         Ok(Self {
             file,
             temp,
+            location: location.to_path_buf(),
             bytes: 0,
         })
     }
@@ -156,9 +168,9 @@ impl MapFile {
     /// The write's failure (a full disk), naming the file.
     pub fn append(&mut self, segment: &[u8]) -> Result<(), String> {
         self.file.write_all(segment).map_err(|e| {
-            format!(
-                "{IO_FAILURE}: cannot write {}: {e}",
-                self.temp.path().display()
+            io_failure(
+                &self.location,
+                format!("cannot write {}: {e}", self.temp.path().display()),
             )
         })?;
         self.bytes += segment.len() as u64;
@@ -179,10 +191,13 @@ impl MapFile {
     pub fn publish(mut self, final_path: &Path) -> Result<u64, String> {
         drop(self.file);
         self.temp.publish(final_path).map_err(|e| {
-            format!(
-                "{IO_FAILURE}: cannot publish {} as {}: {e}",
-                self.temp.path().display(),
-                final_path.display()
+            io_failure(
+                &self.location,
+                format!(
+                    "cannot publish {} as {}: {e}",
+                    self.temp.path().display(),
+                    final_path.display()
+                ),
             )
         })?;
         Ok(self.bytes)

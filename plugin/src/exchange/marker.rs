@@ -22,7 +22,10 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use datafusion::common::{DataFusionError, Result};
+use dfx_abi::FailureClass;
 use serde::{Deserialize, Serialize};
+
+use crate::failures;
 
 /// One Arrow IPC stream inside a map's file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -92,6 +95,9 @@ pub enum Located<'a> {
 /// first. Every error names them.
 #[derive(Debug, Clone, Copy)]
 pub struct MapFileRef<'a> {
+    /// The shuffle location the file is under, which a missing file's class
+    /// is recorded for.
+    pub location: &'a Path,
     /// The file (or object) name.
     pub path: &'a Path,
     /// The stage.
@@ -114,6 +120,17 @@ impl MapFileRef<'_> {
             self.bucket,
             self.path.display()
         ))
+    }
+
+    /// The error of this map file being missing: lost output ([`LOST`]),
+    /// recorded as [`FailureClass::Lost`] of the map for the location, so
+    /// the host runs the map again before this reader.
+    pub fn lost(&self) -> DataFusionError {
+        failures::record(
+            self.location,
+            FailureClass::Lost([self.stage_id, self.map as u64]),
+        );
+        self.error(LOST)
     }
 }
 
@@ -155,12 +172,12 @@ impl MapMarker {
     /// A missing file (the map's output was never published or was lost),
     /// an unreadable or truncated one, or one describing another map or
     /// bucket count; each names the stage, the map and the file.
-    /// A missing file is lost output ([`LOST`]).
+    /// A missing file is lost output ([`MapFileRef::lost`]).
     pub fn read(at: &MapFileRef<'_>) -> Result<(Self, u64)> {
         let fail = |what: String| at.error(what);
         let file = File::open(at.path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
-                fail(LOST.to_string())
+                at.lost()
             } else {
                 fail(format!("cannot open the map's file: {e}"))
             }
@@ -300,7 +317,8 @@ impl MapMarker {
     }
 }
 
-/// Why a missing map file is lost output (the hosts match "lost output").
+/// Why a missing map file is lost output, for people: hosts take the class
+/// the reader records with it ([`MapFileRef::lost`]), not these words.
 pub const LOST: &str = "lost output: the map's file is missing, so its output was never \
                         published or has been removed";
 
@@ -344,6 +362,7 @@ mod tests {
 
     fn at(path: &Path) -> MapFileRef<'_> {
         MapFileRef {
+            location: Path::new("/s"),
             path,
             stage_id: 2,
             map: 1,

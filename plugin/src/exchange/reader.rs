@@ -15,7 +15,9 @@
 //! ranges of the map's file, listed by the marker): each segment's framing,
 //! its fields against the stage's schema and its row count against the
 //! marker's. Every error names stage, map, bucket and file. Reading never
-//! computes: lost output is an error, not a rerun.
+//! computes: lost output is an error, not a rerun; the reader records it as
+//! [`FailureClass::Lost`] of the missing map for its shuffle location (see
+//! [`crate::failures`]), so the host knows which map to run again.
 //!
 //! From an `s3://` location the same checks run on the first poll rather
 //! than in `execute`: each marker is a GET of the object's tail, and each
@@ -43,16 +45,18 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
 };
+use dfx_abi::FailureClass;
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream};
 use object_store::ObjectStore;
 
 use super::files::{decode_segment, describe_fields, same_fields};
-use super::marker::{LOST, Located, MapFileRef, MapMarker, Segment, TAIL_GUESS};
+use super::marker::{Located, MapFileRef, MapMarker, Segment, TAIL_GUESS};
 use super::store::{S3Location, S3Options, ShuffleLocation, get_range, get_tail, s3_store};
 use super::writer::ShuffleWriterExec;
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
+use crate::failures;
 use crate::guard::{self, GuardedStream};
 use crate::paths::map_path;
 
@@ -327,6 +331,7 @@ impl ShuffleReaderExec {
         let pieces = self.pieces(partition);
         let mut stream = BucketStream {
             stage_id: self.stage_id,
+            location: root.clone(),
             schema: Arc::clone(&self.schema),
             queue: VecDeque::new(),
             current: None,
@@ -361,6 +366,7 @@ impl ShuffleReaderExec {
             if let std::collections::btree_map::Entry::Vacant(slot) = maps.entry(map) {
                 let path = map_path(&root, self.stage_id, map);
                 slot.insert(MapMarker::read(&MapFileRef {
+                    location: &root,
                     path: &path,
                     stage_id: self.stage_id,
                     map,
@@ -394,6 +400,7 @@ async fn read_markers(
         if let std::collections::btree_map::Entry::Vacant(slot) = maps.entry(map) {
             let path = map_path(&root, stage_id, map);
             let at = MapFileRef {
+                location: &root,
                 path: &path,
                 stage_id,
                 map,
@@ -422,7 +429,7 @@ async fn read_remote_marker(
     let (tail, size) = get_tail(Arc::clone(store), key.clone(), TAIL_GUESS)
         .await
         .map_err(|e| fail(format!("cannot fetch the commit marker: {e}")))?
-        .ok_or_else(|| fail(LOST.to_string()))?;
+        .ok_or_else(|| at.lost())?;
     let range = match MapMarker::locate(&tail, size, at)? {
         Located::InTail(index) => return Ok((MapMarker::check(index, size, at)?, size)),
         Located::At(range) => range,
@@ -430,7 +437,7 @@ async fn read_remote_marker(
     let (index, now) = get_range(Arc::clone(store), key, range.offset, range.len)
         .await
         .map_err(|e| fail(format!("cannot fetch the commit marker: {e}")))?
-        .ok_or_else(|| fail(LOST.to_string()))?;
+        .ok_or_else(|| at.lost())?;
     if now != size {
         return Err(fail(format!(
             "the map's object changed while it was read ({size} byte(s), then {now})"
@@ -491,6 +498,8 @@ struct OpenPiece {
 /// Streams a queue of pieces, one after the other, segment by segment.
 struct BucketStream {
     stage_id: u64,
+    /// The shuffle location read, which lost output is recorded for.
+    location: PathBuf,
     schema: SchemaRef,
     queue: VecDeque<Piece>,
     current: Option<OpenPiece>,
@@ -507,10 +516,7 @@ impl BucketStream {
         let fail = |message: String| piece_error(self.stage_id, piece, message);
         let file = File::open(&piece.path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
-                fail(format!(
-                    "lost output: the marker promised {} row(s) but the file is gone",
-                    piece.rows
-                ))
+                self.lost(piece, "file")
             } else {
                 fail(format!("cannot open: {e}"))
             }
@@ -526,6 +532,24 @@ impl BucketStream {
             )));
         }
         Ok(file)
+    }
+
+    /// The error of `piece`'s map file (`what`: file or object) being gone
+    /// after its marker was read: lost output, recorded as
+    /// [`FailureClass::Lost`] of its map for the location read.
+    fn lost(&self, piece: &Piece, what: &str) -> DataFusionError {
+        failures::record(
+            &self.location,
+            FailureClass::Lost([self.stage_id, piece.map as u64]),
+        );
+        piece_error(
+            self.stage_id,
+            piece,
+            format!(
+                "lost output: the marker promised {} row(s) but the {what} is gone",
+                piece.rows
+            ),
+        )
     }
 
     /// Decode `segment`'s bytes into the open piece's batches, checking
@@ -651,14 +675,8 @@ impl BucketStream {
         remote.fetching = None;
         let fetched = fetched.map_err(|e| fail(&open.piece, format!("cannot fetch: {e}")))?;
         let Some((bytes, size)) = fetched else {
-            return Poll::Ready(Err(piece_error(
-                stage_id,
-                &open.piece,
-                format!(
-                    "lost output: the marker promised {} row(s) but the object is gone",
-                    open.piece.rows
-                ),
-            )));
+            let open = self.current.as_ref().expect("a piece is open");
+            return Poll::Ready(Err(self.lost(&open.piece, "object")));
         };
         if size != open.piece.size || bytes.len() as u64 != segment.bytes {
             return Poll::Ready(Err(piece_error(

@@ -51,9 +51,8 @@ use object_store::{
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 
-use dfx_abi::IO_FAILURE;
-
 use crate::config::DfxConfig;
+use crate::failures::io_failure;
 
 /// Scheme of an S3 location.
 pub const S3_SCHEME: &str = "s3://";
@@ -421,6 +420,9 @@ async fn get_part(
 /// aborted: S3 shows no object for it.
 pub struct ObjectMap {
     store: Arc<dyn ObjectStore>,
+    /// The shuffle location (`s3://bucket/prefix`), which a failed upload's
+    /// class is recorded for.
+    location: PathBuf,
     key: ObjectPath,
     buffer: Vec<u8>,
     upload: Option<Box<dyn MultipartUpload>>,
@@ -430,10 +432,11 @@ pub struct ObjectMap {
 }
 
 impl ObjectMap {
-    /// Start the map's object, to be published as `key`.
-    pub fn create(store: Arc<dyn ObjectStore>, key: ObjectPath) -> Self {
+    /// Start the map's object, to be published as `key` in `location`.
+    pub fn create(store: Arc<dyn ObjectStore>, location: &S3Location, key: ObjectPath) -> Self {
         Self {
             store,
+            location: PathBuf::from(location.url()),
             key,
             buffer: Vec::new(),
             upload: None,
@@ -476,7 +479,12 @@ impl ObjectMap {
                     .await
             })
             .await?
-            .map_err(|e| format!("{IO_FAILURE}: cannot start a multipart upload: {e}"))?;
+            .map_err(|e| {
+                io_failure(
+                    &self.location,
+                    format!("cannot start a multipart upload: {e}"),
+                )
+            })?;
             self.upload = Some(upload);
         }
         let upload = self.upload.as_mut().ok_or("no upload")?;
@@ -492,7 +500,7 @@ impl ObjectMap {
         if let Some(part) = self.parts.pop_front() {
             join(part)
                 .await?
-                .map_err(|e| format!("{IO_FAILURE}: cannot upload a part: {e}"))?;
+                .map_err(|e| io_failure(&self.location, format!("cannot upload a part: {e}")))?;
         }
         Ok(())
     }
@@ -508,7 +516,7 @@ impl ObjectMap {
         if self.upload.is_none() {
             put_bytes(Arc::clone(&self.store), self.key.clone(), rest)
                 .await
-                .map_err(|e| format!("{IO_FAILURE}: {e}"))?;
+                .map_err(|e| io_failure(&self.location, e))?;
             return Ok(self.bytes);
         }
         if !rest.is_empty() {
@@ -526,8 +534,12 @@ impl ObjectMap {
             done
         })
         .await?;
-        completed
-            .map_err(|e| format!("{IO_FAILURE}: cannot complete the multipart upload: {e}"))?;
+        completed.map_err(|e| {
+            io_failure(
+                &self.location,
+                format!("cannot complete the multipart upload: {e}"),
+            )
+        })?;
         Ok(self.bytes)
     }
 }

@@ -517,10 +517,10 @@ impl MapJob {
     fn create_sink(&self) -> Result<MapSink> {
         let path = map_path(&self.root, self.stage_id, self.map);
         match &self.target {
-            Target::Local => MapFile::create(&path).map(MapSink::File),
+            Target::Local => MapFile::create(&self.root, &path).map(MapSink::File),
             Target::S3 { store, location } => location
                 .key(&path)
-                .map(|key| MapSink::Object(ObjectMap::create(Arc::clone(store), key))),
+                .map(|key| MapSink::Object(ObjectMap::create(Arc::clone(store), location, key))),
         }
         .map_err(|e| self.error(e))
     }

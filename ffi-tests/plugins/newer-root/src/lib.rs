@@ -1,6 +1,6 @@
 //! A test-only dfx plugin declaring a *newer* root module: every field of the
 //! current one, same versions, plus one field appended after
-//! `probe_location`, as a later version may append an export.
+//! `take_failures`, as a later version may append an export.
 //!
 //! A current host must load it and use every field it knows. The functions
 //! here do no query work (the constructors of DataFusion objects return an
@@ -110,6 +110,8 @@ pub struct DfxPlugin {
         extern "C" fn(plan_bytes: RSlice<'_, u8>, allowed_json: RStr<'_>) -> FfiResult<()>,
     /// The shuffle location probe.
     pub probe_location: extern "C" fn(location: RStr<'_>, options_json: RStr<'_>) -> FfiResult<()>,
+    /// The failure classes recorded for a shuffle location, as JSON.
+    pub take_failures: extern "C" fn(location: RStr<'_>) -> RString,
     /// The appended field: an export a later version might add.
     pub newer_field: extern "C" fn() -> u64,
 }
@@ -213,6 +215,12 @@ extern "C" fn probe_location(_location: RStr<'_>, _options_json: RStr<'_>) -> Ff
     no_query_work()
 }
 
+/// Nothing was recorded: an empty JSON array, as the real plugin answers.
+extern "C" fn take_failures(_location: RStr<'_>) -> RString {
+    count();
+    RString::from("[]")
+}
+
 /// A current host cannot name this field, so never calls it.
 extern "C" fn newer_field() -> u64 {
     count();
@@ -248,6 +256,7 @@ pub fn root_module() -> DfxPluginRef {
         reader_node_name: RStr::from_str("ShuffleReaderExec"),
         vet_stage,
         probe_location,
+        take_failures,
         newer_field,
     }
     .leak_into_prefix()
