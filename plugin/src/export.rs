@@ -128,18 +128,18 @@ extern "C" fn stage_id(index: u64) -> u64 {
     paths::stage_id(index)
 }
 
+/// The map's file ([`paths::map_path`]), whose presence says it is published.
 extern "C" fn partition_path(dir: RStr<'_>, stage: u64, map: u64) -> RString {
-    let path = paths::marker_path(Path::new(dir.as_str()), stage, map as usize);
-    RString::from(path.to_string_lossy().into_owned())
+    map_path(dir, stage, map)
 }
 
-extern "C" fn bucket_path(dir: RStr<'_>, stage: u64, map: u64, bucket: u64) -> RString {
-    let path = paths::bucket_path(
-        Path::new(dir.as_str()),
-        stage,
-        map as usize,
-        bucket as usize,
-    );
+/// The map's file again: every bucket of a map is in it.
+extern "C" fn bucket_path(dir: RStr<'_>, stage: u64, map: u64, _bucket: u64) -> RString {
+    map_path(dir, stage, map)
+}
+
+fn map_path(dir: RStr<'_>, stage: u64, map: u64) -> RString {
+    let path = paths::map_path(Path::new(dir.as_str()), stage, map as usize);
     RString::from(path.to_string_lossy().into_owned())
 }
 

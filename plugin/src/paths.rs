@@ -1,4 +1,4 @@
-//! Where stage output lives: stage ids, map files, commit markers, the glob.
+//! Where stage output lives: stage ids, map files, the glob, temp names.
 //!
 //! The one definition of these conventions. Hosts never re-spell them: they
 //! call the plugin's exported functions, which call these.
@@ -36,24 +36,12 @@ pub fn stage_dir(dir: &Path, stage_id: u64) -> PathBuf {
     dir.join(format!("stage-{stage_id}"))
 }
 
-/// The file holding every bucket of map `map` of stage `stage_id` under `dir`.
+/// The map file of map `map` of stage `stage_id` under `dir`: every bucket
+/// of the map as segments, closed by its commit marker. Published whole, so
+/// its presence says the map is published. The exports `partition_path` and
+/// `bucket_path` both answer with it.
 pub fn map_path(dir: &Path, stage_id: u64, map: usize) -> PathBuf {
     stage_dir(dir, stage_id).join(format!("map-{map}.arrow"))
-}
-
-/// The file holding bucket `bucket` of map `map`: the map's one file (its
-/// marker says which byte ranges are the bucket's). Kept, with the bucket in
-/// its signature, as the hosts' question "which file do I lose if bucket B
-/// of map M is lost?".
-pub fn bucket_path(dir: &Path, stage_id: u64, map: usize, _bucket: usize) -> PathBuf {
-    map_path(dir, stage_id, map)
-}
-
-/// The file holding the commit marker of map `map` of stage `stage_id`
-/// under `dir`: the map's one file, which the marker closes. Kept as the
-/// hosts' question "which file says map M was published?".
-pub fn marker_path(dir: &Path, stage_id: u64, map: usize) -> PathBuf {
-    map_path(dir, stage_id, map)
 }
 
 /// A temp name beside `final_path`, unique to this writer: the pid separates
@@ -83,14 +71,6 @@ mod tests {
         assert_eq!(
             map_path(Path::new("/s"), 2, 7),
             PathBuf::from("/s/stage-2/map-7.arrow")
-        );
-        assert_eq!(
-            bucket_path(Path::new("/s"), 2, 7, 3),
-            map_path(Path::new("/s"), 2, 7)
-        );
-        assert_eq!(
-            marker_path(Path::new("/s"), 2, 7),
-            map_path(Path::new("/s"), 2, 7)
         );
     }
 

@@ -245,16 +245,23 @@ impl Plugin {
         (self.module.stage_id())(index as u64)
     }
 
-    /// The file whose presence says map task `map` of stage `stage_id` under
-    /// `dir` is published: the map's one file, closed by its commit marker.
-    pub fn marker_path(&self, dir: &Path, stage_id: u64, map: usize) -> PathBuf {
+    /// The file of map task `map` of stage `stage_id` under `dir`
+    /// (`stage-<S>/map-<M>.arrow`): every bucket of the map, closed by its
+    /// commit marker, so its presence says the map is published.
+    pub fn map_path(&self, dir: &Path, stage_id: u64, map: usize) -> PathBuf {
         let dir = dir.to_string_lossy();
         let path = (self.module.partition_path())(RStr::from_str(&dir), stage_id, map as u64);
         PathBuf::from(path.into_string())
     }
 
-    /// The file holding bucket `bucket` of map `map` of stage `stage_id`
-    /// under `dir`: the map's one file, shared by its buckets.
+    /// The map's file, as [`Plugin::map_path`]: the file whose presence says
+    /// the map is published.
+    pub fn marker_path(&self, dir: &Path, stage_id: u64, map: usize) -> PathBuf {
+        self.map_path(dir, stage_id, map)
+    }
+
+    /// The file holding bucket `bucket` of map `map`: the map's file, as
+    /// [`Plugin::map_path`] (every bucket of a map is in its one file).
     ///
     /// # Errors
     ///

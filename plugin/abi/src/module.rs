@@ -104,10 +104,10 @@ pub struct DfxPlugin {
     /// Id of the `index`-th stage in pre-order (`FIRST_STAGE_ID + index`).
     pub stage_id: extern "C" fn(index: u64) -> u64,
 
-    /// Path of the file holding the commit marker of map task `map` of
-    /// `stage` under `dir`: the map's output is published once it exists.
-    /// Since the marker closes the map's one file, that file
-    /// (`stage-<S>/map-<M>.arrow`).
+    /// The file of map task `map` of `stage` under `dir`
+    /// (`stage-<S>/map-<M>.arrow`): every bucket of the map, closed by its
+    /// commit marker, so the map is published once it exists. The same file
+    /// as [`DfxPlugin::bucket_path`]'s.
     pub partition_path: extern "C" fn(dir: RStr<'_>, stage: u64, map: u64) -> RString,
 
     /// Glob (relative to a shuffle directory) matching any stage output entry
@@ -138,9 +138,9 @@ pub struct DfxPlugin {
     /// directory before building anything from it.
     pub encoded_stage_info: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStageInfo>,
 
-    /// Path of the file holding bucket `bucket` of map `map` of `stage` under
-    /// `dir`: the map's one file (`stage-<S>/map-<M>.arrow`), whose marker
-    /// indexes it by bucket.
+    /// The file holding bucket `bucket` of map `map` of `stage` under `dir`:
+    /// the map's file, as [`DfxPlugin::partition_path`] (`bucket` changes
+    /// nothing: the map's commit marker indexes the file by bucket).
     pub bucket_path: extern "C" fn(dir: RStr<'_>, stage: u64, map: u64, bucket: u64) -> RString,
 
     /// Name of the consumer node (`ShuffleReaderExec`), for hosts that mark
