@@ -207,4 +207,8 @@ fn the_built_plugin_file_exports_take_failures() {
     let plugin = dfx_abi::load(&file).unwrap_or_else(|err| panic!("{err}"));
     let dir = temp_dir();
     assert_eq!(plugin.take_failures(&location(dir.path())), Ok(vec![]));
+    assert_eq!(
+        plugin.take_failures_json(&location(dir.path())),
+        Ok("[]".to_string())
+    );
 }

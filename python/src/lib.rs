@@ -50,10 +50,12 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plugin::parquet_footer_hint, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::map_footer, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::stage_id, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::map_path, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::marker_path, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::bucket_path, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::partition_glob, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::counters, m)?)?;
+    m.add_function(wrap_pyfunction!(plugin::take_failures, m)?)?;
     m.add_class::<stage_info::StageInfo>()?;
     m.add_function(wrap_pyfunction!(stage_info::encoded_stage_info, m)?)?;
     m.add_function(wrap_pyfunction!(location::probe_location, m)?)?;

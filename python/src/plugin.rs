@@ -159,19 +159,27 @@ pub fn stage_id(py: Python<'_>, index: usize) -> PyResult<u64> {
     Ok(plugin(py)?.stage_id(index))
 }
 
-/// The file holding the commit marker of map task `map` of stage `stage`
-/// under `dir`: the map's one file (`stage-S/map-M.arrow`), which the marker
-/// closes; the map's buckets are published once it exists.
+/// The file of map task `map` of stage `stage` under `dir`
+/// (`stage-S/map-M.arrow`): every bucket of the map, closed by its commit
+/// marker, so the map is published once it exists.
 #[pyfunction]
-pub fn marker_path(py: Python<'_>, dir: PathBuf, stage: u64, map: usize) -> PyResult<String> {
+pub fn map_path(py: Python<'_>, dir: PathBuf, stage: u64, map: usize) -> PyResult<String> {
     Ok(plugin(py)?
-        .marker_path(&dir, stage, map)
+        .map_path(&dir, stage, map)
         .to_string_lossy()
         .into_owned())
 }
 
-/// The file of bucket `bucket` of map `map` of stage `stage` under `dir`
-/// (`stage-S/map-M/bucket-B.arrow`; absent when the bucket is empty).
+/// The map's file, as `map_path`: kept for callers that ask which file says
+/// the map is published.
+#[pyfunction]
+pub fn marker_path(py: Python<'_>, dir: PathBuf, stage: u64, map: usize) -> PyResult<String> {
+    map_path(py, dir, stage, map)
+}
+
+/// The map's file, as `map_path` (`bucket` changes nothing: every bucket of
+/// a map is in its one file): kept for callers that ask which file holds a
+/// bucket.
 ///
 /// # Errors
 ///
@@ -188,6 +196,22 @@ pub fn bucket_path(
         .bucket_path(&dir, stage, map, bucket)
         .map_err(crate::extension::runtime_error)?;
     Ok(path.to_string_lossy().into_owned())
+}
+
+/// The failure classes the plugin recorded for the shuffle `location` since
+/// they were last taken, as the plugin's JSON array (`["io", {"lost": [2,
+/// 3]}]`); taking them forgets them. A trailing `/` or `file://` names the
+/// same location.
+///
+/// # Errors
+///
+/// `RuntimeError` when the plugin's answer is not such an array, naming
+/// the plugin file.
+#[pyfunction]
+pub fn take_failures(py: Python<'_>, location: &str) -> PyResult<String> {
+    plugin(py)?
+        .take_failures_json(location)
+        .map_err(PyRuntimeError::new_err)
 }
 
 /// Glob, relative to a shuffle directory, matching any stage output entry

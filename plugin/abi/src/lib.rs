@@ -466,11 +466,31 @@ impl Plugin {
     /// An answer that is not a JSON array of classes (a caught panic's
     /// message, or a plugin of another spelling), naming the plugin file.
     pub fn take_failures(&self, location: &str) -> std::result::Result<Vec<FailureClass>, String> {
+        self.take_failures_answer(location)
+            .map(|(_, classes)| classes)
+    }
+
+    /// The same, as the JSON array the plugin answered
+    /// (`["io", {"lost": [2, 3]}]`), checked to be one: for a host that
+    /// passes the classes on as text.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Plugin::take_failures`].
+    pub fn take_failures_json(&self, location: &str) -> std::result::Result<String, String> {
+        self.take_failures_answer(location).map(|(json, _)| json)
+    }
+
+    fn take_failures_answer(
+        &self,
+        location: &str,
+    ) -> std::result::Result<(String, Vec<FailureClass>), String> {
         let Some(take) = self.module.take_failures() else {
-            return Ok(Vec::new());
+            return Ok(("[]".to_string(), Vec::new()));
         };
-        let answer = take(RStr::from_str(location));
-        parse_failures(&self.path, location, answer.as_str())
+        let answer = take(RStr::from_str(location)).into_string();
+        let classes = parse_failures(&self.path, location, &answer)?;
+        Ok((answer, classes))
     }
 
     fn result<T>(&self, what: &str, result: FfiResult<T>) -> Result<T> {
