@@ -6,12 +6,13 @@
 //!   Empty (the default) means "do not distribute": the planner inserts no
 //!   stage.
 //! - `dfx_engine.split`: where the planner cuts the plan into stages,
-//!   `exchange` (the default: at every exchange) or `aggregate` (round 1's
-//!   rule: at each topmost partial aggregate).
-//! - `dfx_engine.shuffle_compression`: how bucket files are compressed,
-//!   `lz4` (the default: LZ4 frames, the codec Ballista measured as paying
-//!   for itself) or `none`. Read by the writer when its task runs, so a
-//!   worker's session decides; readers detect it per message.
+//!   `exchange` (the default: at every exchange) or `aggregate` (the
+//!   aggregate split: one stage per topmost partial aggregate).
+//! - `dfx_engine.shuffle_compression`: how the segments of map files are
+//!   compressed, `auto` (the default: none in a local directory, LZ4 on S3),
+//!   `lz4` (LZ4 frames, the codec Ballista measured as paying for itself) or
+//!   `none`. Read by the writer when its task runs, so a worker's session
+//!   decides; readers detect it per message.
 //! - `dfx_engine.s3_endpoint`, `dfx_engine.s3_region`,
 //!   `dfx_engine.s3_allow_http`: how an `s3://` location is reached, over
 //!   the standard AWS environment variables (credentials come only from the
@@ -51,7 +52,7 @@ pub const S3_REGION_KEY: &str = "dfx_engine.s3_region";
 /// The full key allowing plain http to the S3 endpoint.
 pub const S3_ALLOW_HTTP_KEY: &str = "dfx_engine.s3_allow_http";
 
-/// How a writer compresses its bucket files.
+/// How a writer compresses the segments of its map files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ShuffleCompression {
     /// Arrow IPC with LZ4 frame compression per buffer.
@@ -87,7 +88,7 @@ extensions_options! {
         pub shuffle_dir: String, default = String::new()
         /// Where the plan is cut into stages: `exchange` or `aggregate`.
         pub split: String, default = "exchange".to_string()
-        /// How bucket files are compressed: `lz4` or `none`.
+        /// How the segments of map files are compressed: `auto`, `lz4` or `none`.
         pub shuffle_compression: String, default = "auto".to_string()
         /// S3 endpoint URL for an `s3://` shuffle location; empty: `AWS_ENDPOINT_URL`.
         pub s3_endpoint: String, default = String::new()
@@ -156,11 +157,11 @@ impl DfxConfig {
         }
     }
 
-    /// How bucket files are compressed.
+    /// How the segments of map files are compressed.
     ///
     /// # Errors
     ///
-    /// A value other than `lz4` or `none`, named in the message.
+    /// A value other than `auto`, `lz4` or `none`, named in the message.
     ///
     /// `auto` (the default) follows the location: none for a local
     /// directory, where LZ4 cost a query more CPU than the bytes it saved

@@ -20,10 +20,11 @@
 //! | `RecursiveQueryExec` | never cut inside: its work table lives in one process |
 //! | the root | its own pass-through stage when it has more than one partition or reads a table, so the driver only merges |
 //!
-//! `aggregate` mode is round 1's rule: every topmost partial aggregate is a
-//! stage, read back pass-through; a plan with none is one stage. Joins that
-//! need every probe partition gather them inside their stage (no cut), so
-//! this mode gives right answers too, at round 1's cost.
+//! `aggregate` mode is the aggregate split: one stage per topmost partial
+//! aggregate, read back pass-through; a plan with none is one stage. Joins
+//! that need every probe partition gather them inside their stage (no cut),
+//! so this mode gives right answers too, at the cost of every task computing
+//! such a join whole.
 //!
 //! Stages are numbered in pre-order once every cut is made (see
 //! [`renumber`]), so the n-th writer in pre-order has id `FIRST_STAGE_ID + n`.
@@ -226,7 +227,8 @@ impl Cutter {
 
     /// `aggregate` mode cuts only at partial aggregates, so a join that needs
     /// every probe partition gathers them inside its stage instead: each task
-    /// computes the whole join (round 1's cost), but no row is lost.
+    /// computes the whole join (the aggregate split's cost), but no row is
+    /// lost.
     fn gather_in_process(&self, plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
         let gathers = if let Some(join) = plan.downcast_ref::<HashJoinExec>() {
             let collected = *join.partition_mode() == PartitionMode::CollectLeft;
@@ -472,8 +474,8 @@ impl Cutter {
         plan.output_partitioning().partition_count() > 1 || head_has_leaf(plan)
     }
 
-    /// Round 1's rule: wrap each topmost partial aggregate, not descending
-    /// into it, so stages never nest.
+    /// The aggregate split: wrap each topmost partial aggregate, not
+    /// descending into it, so stages never nest.
     fn wrap_topmost_partials(
         &self,
         plan: Arc<dyn ExecutionPlan>,

@@ -3,13 +3,13 @@
 //! are empty functions.
 //!
 //! `DFX_TEST_KILL_AFTER_BATCHES=K:FLAG`: a map task that has just written its
-//! K-th batch to a bucket file kills its own process with SIGKILL, as a crash
+//! K-th segment to its map file kills its own process with SIGKILL, as a crash
 //! or the OOM killer would: no destructor runs, no temp file is removed. Only
 //! the first task anywhere to get there dies (the one that creates the file
 //! FLAG), so its retry, and every later task, runs through.
 
-/// Called by a map task after each batch it writes into a bucket file;
-/// `written` counts them, from 1, for this task.
+/// Called by a map task after each segment (one batch) it writes into its
+/// map file; `written` counts them, from 1, for this task.
 #[inline]
 pub fn batch_written(written: u64) {
     #[cfg(feature = "test-hooks")]

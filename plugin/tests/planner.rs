@@ -75,7 +75,7 @@ async fn exchange_cuts_a_grouped_aggregate_at_its_repartition() -> Result<()> {
 }
 
 #[tokio::test]
-async fn aggregate_mode_keeps_round_one_stages() -> Result<()> {
+async fn aggregate_mode_cuts_one_stage_per_topmost_partial_aggregate() -> Result<()> {
     let plan = plan_with("SELECT g, sum(v) FROM t GROUP BY g", "aggregate").await?;
     assert_eq!(stage_ids(&plan), vec![1], "{}", text(&plan));
     let writer = stages(&plan)[0].clone();

@@ -70,7 +70,7 @@ pub struct DfxPlugin {
     /// by containment of this name in a node's display, in pre-order,
     /// descending into stages (they nest).
     pub stage_node_name: RStr<'static>,
-    /// Id of the plugin's physical extension codec (`dfx_engine.physical.v1`).
+    /// Id of the plugin's physical extension codec (`dfx_engine.physical.v2`).
     pub codec_id: RStr<'static>,
     /// Prefix of the plugin's config extension (`dfx_engine`).
     pub config_prefix: RStr<'static>,
@@ -82,8 +82,9 @@ pub struct DfxPlugin {
         physical_codec: FFI_PhysicalExtensionCodec,
     ) -> FfiResult<FFI_QueryPlanner>,
 
-    /// The physical extension codec for `ShuffleStageExec`, bound to a
-    /// task-context provider of the host's session.
+    /// The physical extension codec for the exchange's nodes
+    /// (`ShuffleWriterExec`, `ShuffleReaderExec`), bound to a task-context
+    /// provider of the host's session.
     #[sabi(unsafe_opaque_field)]
     pub new_physical_codec: extern "C" fn(
         task_ctx_provider: FFI_TaskContextProvider,
