@@ -33,7 +33,7 @@ impl DfxEngineConfig {
         let plugin = plugin(py)?;
         let mut options = plugin
             .config_options()
-            .map_err(crate::extension::runtime_error)?;
+            .map_err(crate::error::runtime_error)?;
         let prefix = plugin.config_prefix();
         let mut set = |name: &str, value: &str| {
             let key = format!("{prefix}.{name}");

@@ -25,10 +25,10 @@
 use datafusion_ffi::execution::FFI_TaskContextProvider;
 use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
 use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
+pub use crate::error::runtime_error;
 use crate::plugin::plugin;
 use crate::{capsule, functions};
 
@@ -209,9 +209,4 @@ fn register_functions(py: Python<'_>, ctx: &Bound<'_, PyAny>) -> PyResult<()> {
         ctx.call_method1(method, (function,))?;
     }
     Ok(())
-}
-
-/// A DataFusion error from the plugin, as a Python `RuntimeError`.
-pub fn runtime_error(err: datafusion::common::DataFusionError) -> PyErr {
-    PyRuntimeError::new_err(err.to_string())
 }

@@ -13,7 +13,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
 use crate::capsule;
-use crate::extension::runtime_error;
+use crate::error::runtime_error;
 use crate::plugin::plugin;
 
 /// One of the plugin's scalar functions; pass it to `datafusion.udf(...)`.
