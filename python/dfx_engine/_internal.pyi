@@ -1,6 +1,12 @@
 """Type stubs of the native module (python/src/lib.rs)."""
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 from datafusion.extensions import SessionExtensionComponents
+
+_T = TypeVar("_T")
+_P = TypeVar("_P", bound="WorkerPool")
 
 __version__: str
 
@@ -121,3 +127,117 @@ class DriverLock:
     def release(self) -> None: ...
     def __enter__(self) -> DriverLock: ...
     def __exit__(self, *args: object) -> bool: ...
+
+# The session spec (the runtime's SessionSpec).
+DEFAULT_TARGET_PARTITIONS: int
+DEFAULT_SPLIT: str
+DEFAULT_SHUFFLE_COMPRESSION: str
+SPLIT_MODES: list[str]
+STORE_OPTION_KEYS: list[str]
+
+def normalize_spec(json: str) -> str:
+    """The spec checked and written by the runtime; ValueError naming the fault."""
+
+def session_settings() -> dict[str, str]:
+    """The DataFusion settings every dfx session is built with."""
+
+# The runtime's scheduler.
+MALLOC_TUNABLES_VAR: str
+SERVING_MALLOC_TUNABLES: str
+
+class WorkerLost(Exception):
+    """A foreign executor's worker was lost: the task is tried again."""
+
+class WorkerPool:
+    """Long-lived serving workers (``command --serve``), reused across queries."""
+
+    def __new__(
+        cls: type[_P], command: list[str], max_workers: int | None = None
+    ) -> _P: ...
+    def pids(self) -> list[int]: ...
+    @property
+    def started(self) -> int: ...
+    @property
+    def max_workers(self) -> int | None: ...
+    @property
+    def command(self) -> list[str]: ...
+    def close(self) -> None: ...
+    def __enter__(self: _P) -> _P: ...
+    def __exit__(self, *args: object) -> bool: ...
+
+class QueryRun:
+    """A query whose stages are all published."""
+
+    def read_root(self, location: str, read: Callable[[], _T]) -> _T: ...
+    @property
+    def stages(self) -> list[StageInfo]: ...
+    @property
+    def waves(self) -> list[list[int]]: ...
+    @property
+    def tasks(self) -> list[tuple[int, int]]: ...
+    @property
+    def reports(self) -> dict[tuple[int, int], dict[str, Any]]: ...
+    @property
+    def attempts(self) -> dict[tuple[int, int], int]: ...
+    @property
+    def retries(self) -> list[str]: ...
+
+class Scheduler:
+    """Runs queries' tasks on one executor."""
+
+    def __init__(
+        self,
+        executor: object,
+        *,
+        command: list[str] | None = None,
+        max_workers: int | None = None,
+        max_attempts: int = 3,
+        task_timeout: float | None = None,
+    ) -> None: ...
+    def run(
+        self,
+        spec_json: str,
+        task_dir: str,
+        encoded_stages: list[bytes],
+        envelope_files: bool = False,
+    ) -> QueryRun: ...
+
+class ClaimedLocation:
+    """A driver's claim on a shuffle location for one query."""
+
+    def __init__(self, spec_json: str) -> None: ...
+    @property
+    def task_dir(self) -> str: ...
+    @property
+    def canonical(self) -> str: ...
+    @property
+    def held(self) -> bool: ...
+    def release(self) -> None: ...
+    def __enter__(self) -> ClaimedLocation: ...
+    def __exit__(self, *args: object) -> bool: ...
+
+# The worker's side of the task protocol.
+class Task:
+    """One task as the worker's handler receives it."""
+
+    @property
+    def spec_json(self) -> str: ...
+    @property
+    def plan(self) -> bytes: ...
+    @property
+    def stage_id(self) -> int: ...
+    @property
+    def map(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def written_ns(self) -> int | None: ...
+    @property
+    def name(self) -> str: ...
+    def check(self, codec_ids: list[str], vet: bool) -> None: ...
+
+Handler = Callable[[Task], tuple[int, int | None]]
+
+def serve(handler: Handler, responses_fd: int) -> int: ...
+def run_task_file(path: str, handler: Handler) -> int: ...
+def run_task_value(envelope_json: str, plan: bytes, handler: Handler) -> str: ...

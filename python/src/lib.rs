@@ -2,7 +2,10 @@
 //!
 //! This module compiles no engine code. It loads the same `libdfx_plugin.so`
 //! the Rust host loads, through the same `dfx_abi::load` handshake, and hands
-//! the plugin's `datafusion-ffi` structs to datafusion-python as PyCapsules:
+//! the plugin's `datafusion-ffi` structs to datafusion-python as PyCapsules.
+//! It also links the runtime the Rust host links (`dfx_runtime`): the scheduler, the
+//! task protocol and the session spec, so the Python driver and worker keep
+//! only what needs a datafusion-python session (plan, encode, execute).
 //!
 //! ```text
 //! libdfx_plugin.so ──dfx_abi::load──► Plugin ──FFI_* in a PyCapsule──► datafusion-python
@@ -11,19 +14,28 @@
 //!                                           stage info of encoded stages,
 //!                                           location probe, stage vetting,
 //!                                           driver lock ──► dfx_engine.*
+//! dfx_runtime ──► spec.rs (SessionSpec), scheduler.rs (pool, process, foreign
+//!                 executors, attempts, the root's reruns), worker.rs (serve,
+//!                 one task from a file or by value)
 //! ```
 //!
 //! Glossary: a *capsule* is a named `PyCapsule` owning one boxed `FFI_*`
 //! struct (dropped with the capsule); a *getter* is the dunder method
 //! datafusion-python calls to obtain one (`__datafusion_query_planner__`).
 
+mod blocking;
 mod capsule;
 mod config;
+mod error;
 mod extension;
 mod functions;
 mod location;
 mod plugin;
+mod scheduler;
+mod settings;
+mod spec;
 mod stage_info;
+mod worker;
 
 use pyo3::prelude::*;
 
@@ -61,6 +73,26 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(location::probe_location, m)?)?;
     m.add_function(wrap_pyfunction!(location::vet_stage, m)?)?;
     m.add_class::<location::DriverLock>()?;
+    m.add_function(wrap_pyfunction!(spec::normalize_spec, m)?)?;
+    spec::add_constants(m)?;
+    m.add_function(wrap_pyfunction!(settings::session_settings, m)?)?;
+    m.add_class::<scheduler::WorkerPool>()?;
+    m.add_class::<scheduler::Scheduler>()?;
+    m.add_class::<scheduler::QueryRun>()?;
+    m.add_class::<scheduler::ClaimedLocation>()?;
+    m.add("WorkerLost", m.py().get_type::<error::WorkerLost>())?;
+    m.add(
+        "MALLOC_TUNABLES_VAR",
+        dfx_runtime::scheduler::process::MALLOC_TUNABLES_VAR,
+    )?;
+    m.add(
+        "SERVING_MALLOC_TUNABLES",
+        dfx_runtime::scheduler::process::SERVING_MALLOC_TUNABLES,
+    )?;
+    m.add_class::<worker::Task>()?;
+    m.add_function(wrap_pyfunction!(worker::serve, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::run_task_file, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::run_task_value, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

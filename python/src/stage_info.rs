@@ -24,17 +24,17 @@ use crate::plugin::plugin;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StageInfo {
     /// The id the planner gave the writer (`stage_id(n)` for the n-th in pre-order).
-    stage_id: u64,
+    pub(crate) stage_id: u64,
     /// The shuffle directory the stage publishes into.
-    shuffle_dir: String,
+    pub(crate) shuffle_dir: String,
     /// Map tasks: one per partition of the writer's input.
-    maps: u64,
+    pub(crate) maps: u64,
     /// Buckets each map splits its rows into.
-    buckets: u64,
+    pub(crate) buckets: u64,
     /// Ids of the stages this one reads, ascending; it runs once they are published.
-    deps: Vec<u64>,
+    pub(crate) deps: Vec<u64>,
     /// How rows are split into buckets, for display (`hash([k@0], 4)`, `single`).
-    partitioning: String,
+    pub(crate) partitioning: String,
 }
 
 impl From<DfxStageInfo> for StageInfo {

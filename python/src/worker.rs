@@ -1,0 +1,297 @@
+//! The worker's side of the task protocol, around a Python handler that
+//! decodes and executes a stage with a datafusion-python session.
+//!
+//! ```text
+//! serve:          stdin line ─► Request ─► Envelope ─► TaskInput (plan read)
+//! run_task_file:  envelope file ─────────► Envelope ─► TaskInput
+//! run_task_value: envelope JSON + plan bytes (Ray) ──► TaskInput
+//!                   │ the plugin's failure record for the location cleared
+//!                   ▼
+//!                 handler(task) ─► (rows, bytes) or an exception
+//!                   │
+//!                   ▼
+//!                 Response::of_outcome: the report, or the error classed by
+//!                 what the plugin recorded while the task ran ─► one line
+//! ```
+//!
+//! The protocol, its checks and the classification of failures are the
+//! runtime's (`dfx_runtime::protocol`); the handler only runs the task.
+
+use std::io::{BufRead, Write};
+use std::os::fd::{BorrowedFd, RawFd};
+use std::path::Path;
+use std::time::{Instant, SystemTime};
+
+use dfx_abi::FailureClass;
+use dfx_runtime::protocol::report::clear_recorded;
+use dfx_runtime::protocol::{
+    Envelope, Published, Request, Response, TaskError, TaskInput, check_task,
+};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::plugin::plugin;
+
+/// One task as the handler receives it: the envelope's fields and the
+/// encoded stage, read for it.
+#[pyclass(frozen, module = "dfx_engine._internal", name = "Task")]
+pub struct Task {
+    input: TaskInput,
+    plan: Py<PyBytes>,
+    spec_json: String,
+}
+
+#[pymethods]
+impl Task {
+    /// The session spec, as JSON in its one spelling (a key for a cache of
+    /// sessions).
+    #[getter]
+    fn spec_json(&self) -> &str {
+        &self.spec_json
+    }
+
+    /// The encoded stage.
+    #[getter]
+    fn plan(&self, py: Python<'_>) -> Py<PyBytes> {
+        self.plan.clone_ref(py)
+    }
+
+    /// The stage's id.
+    #[getter]
+    fn stage_id(&self) -> u64 {
+        self.input.envelope.stage_id
+    }
+
+    /// The map to run (the partition of the stage's input).
+    #[getter]
+    fn map(&self) -> usize {
+        self.input.envelope.partition
+    }
+
+    /// Which attempt of the task this is (0: the first).
+    #[getter]
+    fn attempt(&self) -> u32 {
+        self.input.envelope.attempt
+    }
+
+    /// When the driver wrote the plan file, in nanoseconds since the epoch;
+    /// `None` for a plan handed over by value. A kept stage is reused only
+    /// for the same bytes written at the same time.
+    #[getter]
+    fn written_ns(&self) -> Option<u64> {
+        let written = self.input.written?;
+        let since = written.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+        u64::try_from(since.as_nanos()).ok()
+    }
+
+    /// `stage S map M`, as the task's messages begin.
+    #[getter]
+    fn name(&self) -> String {
+        self.input.name()
+    }
+
+    /// The checks before anything is decoded, in a session carrying
+    /// `codec_ids`: its codecs are the driver's, the stage is the
+    /// envelope's and publishes into its location, the map exists; with
+    /// `vet`, the plugin's vetting of the stage too.
+    ///
+    /// Raises:
+    ///     ValueError: The first check that failed, naming the task.
+    fn check(&self, py: Python<'_>, codec_ids: Vec<String>, vet: bool) -> PyResult<()> {
+        let plugin = plugin(py)?;
+        py.detach(|| check_task(plugin, &self.input, &codec_ids, vet))
+            .map_err(PyValueError::new_err)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Task({}, attempt {})",
+            self.input.name(),
+            self.input.envelope.attempt
+        )
+    }
+}
+
+/// The response to `input`: the handler's outcome, a failure classed by
+/// what the plugin recorded for the task's location while it ran.
+fn answer(py: Python<'_>, handler: &Bound<'_, PyAny>, input: TaskInput) -> Response {
+    let envelope = input.envelope.clone();
+    let plugin = match plugin(py) {
+        Ok(plugin) => plugin,
+        Err(err) => return unclassified(&envelope, err.value(py).to_string()),
+    };
+    // A record left by an earlier task must not class this one.
+    clear_recorded(plugin, &envelope);
+    let started = Instant::now();
+    let outcome = run_handler(py, handler, input);
+    let elapsed_ms = started.elapsed().as_secs_f64() * 1e3;
+    Response::of_outcome(plugin, &envelope, outcome, elapsed_ms)
+}
+
+fn run_handler(
+    py: Python<'_>,
+    handler: &Bound<'_, PyAny>,
+    input: TaskInput,
+) -> Result<Published, String> {
+    let spec_json = input.envelope.spec.to_json();
+    let plan = PyBytes::new(py, &input.plan).unbind();
+    let task = Task {
+        input,
+        plan,
+        spec_json,
+    };
+    let message = |err: PyErr| err.value(py).to_string();
+    let returned = handler.call1((task,)).map_err(message)?;
+    let (rows, bytes) = returned
+        .extract::<(usize, Option<u64>)>()
+        .map_err(|_| format!("the worker's handler returned {returned}, not (rows, bytes)"))?;
+    Ok(Published { rows, bytes })
+}
+
+/// A failure of `envelope`'s task before the plugin could be asked: final.
+fn unclassified(envelope: &Envelope, error: String) -> Response {
+    Response::Error(TaskError {
+        stage_id: Some(envelope.stage_id),
+        partition: Some(envelope.partition),
+        error,
+        retry: FailureClass::Final,
+    })
+}
+
+/// The response to one request line.
+fn answer_request(py: Python<'_>, handler: &Bound<'_, PyAny>, line: &str) -> Response {
+    let request = match Request::parse(line) {
+        Ok(request) => request,
+        Err(err) => return Response::unknown_task(err),
+    };
+    let envelope = match py.detach(|| request.envelope()) {
+        Ok(envelope) => envelope,
+        Err(err) => return Response::unknown_task(err.to_string()),
+    };
+    answer_envelope(py, handler, envelope)
+}
+
+/// The response to the task of `envelope`, its plan read from its file.
+fn answer_envelope(py: Python<'_>, handler: &Bound<'_, PyAny>, envelope: Envelope) -> Response {
+    let read = {
+        let envelope = envelope.clone();
+        py.detach(move || TaskInput::read(envelope))
+    };
+    match read {
+        Ok(input) => answer(py, handler, input),
+        Err(err) => match plugin(py) {
+            Ok(plugin) => Response::of_outcome(
+                plugin,
+                &envelope,
+                Err(format!("{}: {err}", task_name(&envelope))),
+                0.0,
+            ),
+            Err(_) => unclassified(&envelope, err.to_string()),
+        },
+    }
+}
+
+fn task_name(envelope: &Envelope) -> String {
+    format!("stage {} map {}", envelope.stage_id, envelope.partition)
+}
+
+/// Flush Python's `sys.stdout` and `sys.stderr`: what a task printed lands
+/// before its response, not after it.
+fn flush_python(py: Python<'_>) {
+    if let Ok(sys) = py.import("sys") {
+        for stream in ["stdout", "stderr"] {
+            if let Ok(stream) = sys.getattr(stream) {
+                let _ = stream.call_method0("flush");
+            }
+        }
+    }
+}
+
+/// Serve tasks: read one request per line of standard input, call
+/// `handler(task)` for each, and write exactly one response line to the
+/// file descriptor `responses_fd`, flushed. A failed task does not end the
+/// loop; the end of input does, with status 0.
+///
+/// The responses go to their own descriptor (the caller's copy of the real
+/// stdout, with fd 1 pointed at stderr), so a library or a UDF that prints
+/// cannot put a line into the protocol.
+///
+/// Raises:
+///     OSError: When stdin cannot be read or the responses cannot be
+///         written (the driver is gone).
+#[pyfunction]
+pub fn serve(py: Python<'_>, handler: &Bound<'_, PyAny>, responses_fd: RawFd) -> PyResult<i32> {
+    // SAFETY: the caller hands over a descriptor it holds open for this
+    // call; it is only borrowed here to be duplicated, and the duplicate is
+    // what is written and closed.
+    let owned = unsafe { BorrowedFd::borrow_raw(responses_fd) }.try_clone_to_owned()?;
+    let mut responses = std::fs::File::from(owned);
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        line.clear();
+        // Without the GIL: a serving worker waits here between tasks.
+        let read = py.detach(|| stdin.lock().read_line(&mut line))?;
+        if read == 0 {
+            return Ok(0);
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        let response = answer_request(py, handler, &line);
+        flush_python(py);
+        let text = format!("{}\n", response.to_line());
+        py.detach(|| {
+            responses.write_all(text.as_bytes())?;
+            responses.flush()
+        })?;
+    }
+}
+
+/// Run the task of the envelope file `path` (process mode): the response is
+/// the last line of stdout, and a failed task also writes its error to
+/// stderr and exits with status 1 (the returned status).
+#[pyfunction]
+pub fn run_task_file(py: Python<'_>, path: &str, handler: &Bound<'_, PyAny>) -> i32 {
+    let response = match py.detach(|| Envelope::read(Path::new(path))) {
+        Ok(envelope) => answer_envelope(py, handler, envelope),
+        Err(err) => Response::unknown_task(err.to_string()),
+    };
+    flush_python(py);
+    if let Response::Error(error) = &response {
+        eprintln!("dfx worker: {}", error.error);
+    }
+    // Last, and flushed: the driver reads only the last non-empty line.
+    let mut stdout = std::io::stdout().lock();
+    let written = writeln!(stdout, "{}", response.to_line()).and_then(|()| stdout.flush());
+    match (written, response.is_error()) {
+        (Ok(()), false) => 0,
+        _ => 1,
+    }
+}
+
+/// Run the task of `envelope_json` on the encoded stage `plan`, both handed
+/// over by value (a Ray task's node need not see the driver's disk); the
+/// response line.
+#[pyfunction]
+pub fn run_task_value(
+    py: Python<'_>,
+    envelope_json: &str,
+    plan: Vec<u8>,
+    handler: &Bound<'_, PyAny>,
+) -> String {
+    let envelope: Envelope = match serde_json::from_str(envelope_json) {
+        Ok(envelope) => envelope,
+        Err(err) => {
+            return Response::unknown_task(format!("cannot read the task's envelope: {err}"))
+                .to_line();
+        }
+    };
+    let input = TaskInput {
+        envelope,
+        plan,
+        written: None,
+    };
+    answer(py, handler, input).to_line()
+}
