@@ -229,6 +229,30 @@ def split_map_file(path: pathlib.Path) -> tuple[bytes, dict[str, Any]]:
     return data[:index], marker
 
 
+LZ4_FRAME_MAGIC = b"\x04\x22\x4d\x18"
+"""The first bytes of an LZ4 frame: how Arrow IPC's LZ4 codec starts each buffer."""
+
+
+def map_compressions(path: pathlib.Path) -> set[str]:
+    """How the record batches of a published map file are compressed.
+
+    Each segment is an Arrow IPC stream; pyarrow reads its messages, and a
+    record batch body whose buffers are LZ4 frames is ``lz4``, any other
+    ``none`` (an empty map has no batch, hence no answer).
+    """
+    data, marker = split_map_file(path)
+    found = set()
+    for bucket in marker["buckets"]:
+        for segment in bucket["segments"]:
+            start = segment["offset"]
+            stream = pa.BufferReader(data[start : start + segment["bytes"]])
+            for message in pa.ipc.MessageReader.open_stream(stream):
+                if message.type == "record batch":
+                    body = message.body.to_pybytes()
+                    found.add("lz4" if LZ4_FRAME_MAGIC in body else "none")
+    return found
+
+
 def read_marker(shuffle_dir: str, stage: int, map_index: int) -> dict[str, Any]:
     """The commit marker closing a map's file (the plugin names its path)."""
     path = pathlib.Path(_internal.marker_path(shuffle_dir, stage, map_index))
@@ -244,6 +268,75 @@ def published_files(shuffle_dir: str) -> set[pathlib.Path]:
         for path in ([entry] if entry.is_file() else entry.rglob("*"))
         if path.is_file()
     }
+
+
+LOSING_WORKER = """
+import json, os, pathlib, sys
+from dfx_engine import _internal, worker
+
+rules = json.loads(pathlib.Path(sys.argv.pop(1)).read_text())
+run_task = worker.run_task
+
+
+def lose_once():
+    try:
+        os.close(os.open(rules["claim"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    stage, map_index = rules["victim"]
+    pathlib.Path(_internal.marker_path(rules["dir"], stage, map_index)).unlink()
+
+
+def losing(task):
+    if task.stage_id == rules.get("before"):
+        lose_once()
+    published = run_task(task)
+    maps = _internal.encoded_stage_info(task.plan).maps
+    if task.stage_id == rules.get("after_last_of") and task.map == maps - 1:
+        lose_once()
+    return published
+
+
+worker.run_task = losing
+sys.exit(worker.main())
+"""
+"""A Python worker that deletes one published map file, once (see
+:func:`losing_worker`)."""
+
+
+def losing_worker(
+    directory: pathlib.Path,
+    shuffle_dir: str,
+    victim: tuple[int, int],
+    *,
+    before: int | None = None,
+    after_last_of: int | None = None,
+) -> list[str]:
+    """The command of a Python worker that loses ``victim``'s output once.
+
+    It deletes the published file of map ``victim`` under ``shuffle_dir``
+    just before it runs the first task of stage ``before`` it is given, or
+    just after it runs the last map of stage ``after_last_of``; only the
+    first time, in whichever worker gets there first. With one worker at a
+    time, tasks run in dispatch order, so the loss lands between the
+    victim's publication and its first reader.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    script = directory / "losing_worker.py"
+    script.write_text(LOSING_WORKER)
+    rules = directory / "rules.json"
+    rules.write_text(
+        json.dumps(
+            {
+                "claim": str(directory / "claimed"),
+                "dir": shuffle_dir,
+                "victim": list(victim),
+                "before": before,
+                "after_last_of": after_last_of,
+            }
+        )
+    )
+    return [sys.executable, str(script), str(rules)]
 
 
 def alive(pid: int) -> bool:
@@ -281,10 +374,9 @@ def serve_workers_of(parent: int) -> list[int]:
     return sorted(pids)
 
 
-# TPC-H at scale 0.01, two files per table, from the Rust host's generator
-# (``dfx tpch``), cached beside the build output like the Rust tests' data;
-# the queries are the host's, ``host/queries``. Tests using them skip when the
-# ``dfx`` binary is not built (see TPCH_SKIP).
+# The Rust host's ``dfx`` binary: the TPC-H generator, and the other host of
+# the cross-host tests. A test that needs it fails without it, so a run
+# cannot pass having tested nothing; DFX_SKIP_CROSS_HOST=1 skips instead.
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DFX = pathlib.Path(os.environ.get("DFX_HOST_BINARY", ROOT / "target" / "debug" / "dfx"))
 QUERIES = ROOT / "host" / "queries"
@@ -301,11 +393,15 @@ TABLES = [
     "lineitem",
 ]
 
-TPCH_SKIP = pytest.mark.skipif(
-    not DFX.is_file(),
-    reason=f"the Rust host binary {DFX} (the TPC-H generator) is not built",
-)
-"""Mark of a test that needs the TPC-H data (the ``dfx`` binary generates it)."""
+
+def require_dfx() -> None:
+    """Fail (or, only when asked to, skip) without the Rust host binary."""
+    if DFX.is_file():
+        return
+    missing = f"the Rust host binary {DFX} is not built (cargo build -p dfx-host)"
+    if os.environ.get("DFX_SKIP_CROSS_HOST") == "1":
+        pytest.skip(missing)
+    pytest.fail(f"{missing}; set DFX_SKIP_CROSS_HOST=1 to skip", pytrace=False)
 
 
 def _data_dir() -> pathlib.Path:
@@ -319,6 +415,7 @@ def _data_dir() -> pathlib.Path:
 @pytest.fixture(scope="session")
 def tpch_tables() -> dict[str, str]:
     """The eight tables at scale 0.01, generated on first use."""
+    require_dfx()
     data_dir = _data_dir()
     dataset = data_dir / f"sf{SCALE}-p{PARTITIONS}"
     if not (dataset / "_COMPLETE").is_file():
@@ -352,14 +449,16 @@ def tpch_tables() -> dict[str, str]:
 @pytest.fixture
 def tpch_spec(
     tpch_tables: dict[str, str], tmp_path: pathlib.Path
-) -> Callable[[], SessionSpec]:
+) -> Callable[..., SessionSpec]:
     """A distributing spec over the TPC-H tables, fresh shuffle dir each."""
+    counter = itertools.count()
 
-    def make() -> SessionSpec:
+    def make(split: str = "exchange") -> SessionSpec:
         return SessionSpec(
             tables=dict(tpch_tables),
-            shuffle_dir=str(tmp_path / "shuffle"),
+            shuffle_dir=str(tmp_path / f"shuffle-{next(counter)}"),
             target_partitions=PARTITIONS,
+            split=split,
         )
 
     return make

@@ -2,11 +2,10 @@
 
 The two hosts are built against different DataFusion 55 minors (the wheel of
 datafusion-python, and the workspace's), and both load the same plugin file.
-A stage encoded by one must decode and run in the other, for a SQL-only query.
-
-The Python driver runs the Rust workers long-lived (``dfx worker --serve``)
-when the binary offers it, and one process per task otherwise; the pool test
-runs only when it does.
+A stage encoded by one must decode and run in the other, for a SQL-only
+query; and what a spec asks (compression, the location however it is
+spelled) and what the runtime does on a failure (lost output found by the
+root's read runs again) must hold whichever host drives and whichever works.
 
 Needs the workspace's ``target/debug/dfx`` (``cargo build -p dfx-host``;
 ``run-tests.sh`` builds it), or the binary ``DFX_HOST_BINARY`` names. Without
@@ -16,6 +15,7 @@ across hosts; set ``DFX_SKIP_CROSS_HOST=1`` to skip them instead.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -23,69 +23,46 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-import time
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from conftest import (
+    DFX,
     SQL_ONLY,
     alive,
     as_rows,
     assert_same,
     assert_same_columns,
-    serve_workers_of,
+    losing_worker,
+    map_compressions,
+    require_dfx,
 )
-from test_worker import encode_stage, write_envelope
 
 from dfx_engine import _internal
 from dfx_engine.driver import (
     WorkerPool,
-    _Attempts,
-    _run_workers,
+    encode_stages,
     execute_plan,
     run_distributed,
     run_local,
-    waves_of,
 )
 from dfx_engine.session import SessionSpec, build_session
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-DFX = pathlib.Path(
-    os.environ.get(
-        "DFX_HOST_BINARY",
-        pathlib.Path(__file__).resolve().parents[2] / "target" / "debug" / "dfx",
-    )
-)
+RUST_WORKER = [str(DFX), "worker"]
 
 
 @pytest.fixture(autouse=True)
 def _rust_host_binary() -> None:
     """Fail (or, only when asked to, skip) without the Rust host binary."""
-    if DFX.is_file():
-        return
-    missing = f"the Rust host binary {DFX} is not built (cargo build -p dfx-host)"
-    if os.environ.get("DFX_SKIP_CROSS_HOST") == "1":
-        pytest.skip(missing)
-    pytest.fail(f"{missing}; set DFX_SKIP_CROSS_HOST=1 to skip", pytrace=False)
+    require_dfx()
 
 
-def rust_worker_serves() -> bool:
-    """Whether the Rust host's ``dfx worker`` has the long-lived mode."""
-    if not DFX.is_file():
-        return False
-    done = subprocess.run(
-        [str(DFX), "worker", "--help"], capture_output=True, text=True, check=False
-    )
-    return "--serve" in done.stdout
-
-
-RUST_SERVES = rust_worker_serves()
-RUST_MODE = "pool" if RUST_SERVES else "process"
-"""How the Python driver runs Rust workers: long-lived if they can be."""
-
+PYTHON_WORKER = [sys.executable, "-m", "dfx_engine.worker"]
 
 HAND_ANSWER = [
     {"flag": "A", "n": 3, "qty": 90},
@@ -99,9 +76,7 @@ def test_python_driver_rust_workers(
     make_spec: Callable[..., SessionSpec], split: str
 ) -> None:
     spec = make_spec(split=split)
-    result = run_distributed(
-        SQL_ONLY, spec, worker_command=[str(DFX), "worker"], worker_mode=RUST_MODE
-    )
+    result = run_distributed(SQL_ONLY, spec, worker_command=RUST_WORKER)
     assert sorted(result.tasks) == sorted(
         (info.stage_id, m) for info in result.stages for m in range(info.maps)
     )
@@ -118,11 +93,10 @@ def test_python_driver_rust_workers(
     assert_same(as_rows(result.batches), as_rows(local))
 
 
-@pytest.mark.skipif(not RUST_SERVES, reason="dfx worker has no --serve yet")
 def test_python_driver_rust_worker_pool_across_queries(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
-    with WorkerPool(max_workers=2, worker_command=[str(DFX), "worker"]) as pool:
+    with WorkerPool(max_workers=2, worker_command=RUST_WORKER) as pool:
         for split in ("exchange", "aggregate", "exchange"):
             spec = make_spec(split=split)
             result = run_distributed(SQL_ONLY, spec, pool=pool)
@@ -134,69 +108,45 @@ def test_python_driver_rust_worker_pool_across_queries(
     assert [pid for pid in workers if alive(pid)] == []
 
 
-@pytest.mark.skipif(not RUST_SERVES, reason="dfx worker has no --serve yet")
-def test_a_killed_rust_pooled_worker_fails_its_task_and_is_replaced(
-    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+def test_a_rust_pooled_worker_killed_while_idle_is_replaced(
+    make_spec: Callable[..., SessionSpec],
 ) -> None:
-    spec = make_spec(split="aggregate")
-    plan, info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
-    # The envelopes below are for stage 1, the aggregate split's only stage.
-    assert info.stage_id == 1
-    good = write_envelope(tmp_path / "good.json", spec.to_json(), plan, 1)
-    bad = write_envelope(tmp_path / "bad.json", spec.to_json(), plan, 99)
-    # The Rust worker blocks opening a FIFO nobody writes, until killed.
-    stuck = tmp_path / "stuck.json"
-    os.mkfifo(stuck)
-    killed: list[int] = []
-
-    def kill_the_only_worker() -> None:
-        while not killed:
-            for pid in serve_workers_of(os.getpid()):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            time.sleep(0.05)
-
-    with WorkerPool(max_workers=1, worker_command=[str(DFX), "worker"]) as pool:
-        killer = threading.Thread(target=kill_the_only_worker, daemon=True)
-        killer.start()
-        with pytest.raises(RuntimeError) as raised:
-            _run_workers(
-                {(1, 0): stuck},
-                pool=pool,
-                # One attempt: a retry would copy the envelope, and read the FIFO.
-                attempts=_Attempts({(1, 0): stuck}, max_attempts=1),
-            )
-        killer.join(timeout=60)
-        message = str(raised.value)
-        assert (
-            f"stage 1 map 0: worker (pid {killed[0]}) exited with status -9" in message
-        )
-        assert not alive(killed[0])
-
-        # A task error is reported by the replacement, which then runs a task.
-        with pytest.raises(RuntimeError, match="stage 1 map 99"):
-            _run_workers({(1, 99): bad}, pool=pool)
+    with WorkerPool(max_workers=1, worker_command=RUST_WORKER) as pool:
+        run_distributed(SQL_ONLY, make_spec(split="aggregate"), pool=pool)
+        (first,) = pool.pids()
+        os.kill(first, signal.SIGKILL)
+        # The dead worker is dropped when the next task checks it out, not
+        # handed the task: the query runs on a new one, without a retry.
+        result = run_distributed(SQL_ONLY, make_spec(split="aggregate"), pool=pool)
+        assert as_rows(result.batches) == HAND_ANSWER
+        assert result.retries == []
         (replacement,) = pool.pids()
-        reports = _run_workers({(1, 1): good}, pool=pool)
-        assert reports[(1, 1)].rows == 2
-        assert reports[(1, 1)].bytes is not None
-        assert pool.pids() == [replacement]
-        assert replacement != killed[0]
+        assert replacement != first
+        assert pool.started == 2
+        assert not alive(first)
     assert not alive(replacement)
 
 
-def dfx_run(
-    spec: SessionSpec, split: str, cwd: pathlib.Path, *extra: str
-) -> subprocess.CompletedProcess[str]:
-    """``dfx run`` of ``SQL_ONLY`` with the Rust driver, over ``spec``.
+def deps_of(infos: list[_internal.StageInfo], stage_id: int) -> list[int]:
+    """The stages ``stage_id`` reads."""
+    return next(info.deps for info in infos if info.stage_id == stage_id)
 
-    Its lineitem table, partitions and shuffle directory; JSON on stdout.
+
+def dfx_run(
+    spec: SessionSpec, split: str, cwd: pathlib.Path, *extra: str, sql: str = SQL_ONLY
+) -> subprocess.CompletedProcess[str]:
+    """``dfx run`` of ``sql`` with the Rust driver, over ``spec``.
+
+    Its tables, partitions, shuffle location and compression; JSON on stdout.
     """
     command = [str(DFX), "run", "--plugin", _internal.plugin_path()]
-    command += ["--table", f"lineitem={spec.tables['lineitem']}"]
+    for name, directory in sorted(spec.tables.items()):
+        command += ["--table", f"{name}={directory}"]
     command += ["--partitions", str(spec.target_partitions)]
     command += ["--shuffle-dir", str(spec.shuffle_dir), "--split", split]
-    command += [*extra, "--format", "json", SQL_ONLY]
+    if spec.shuffle_compression != "auto":
+        command += ["--shuffle-compression", spec.shuffle_compression]
+    command += [*extra, "--format", "json", sql]
     return subprocess.run(command, capture_output=True, text=True, check=False, cwd=cwd)
 
 
@@ -228,7 +178,13 @@ def test_rust_driver_python_workers(
         by_stage.setdefault(json.loads(envelope.read_text())["stage_id"], []).append(
             envelope
         )
-    for wave in waves_of(infos):
+    done: set[int] = set()
+    while len(done) < len(infos):
+        # The stages whose inputs are all published, as a wave of the driver.
+        wave = [i.stage_id for i in infos if i.stage_id not in done]
+        wave = [s for s in wave if set(deps_of(infos, s)) <= done]
+        assert wave, infos
+        done.update(wave)
         for stage_id in wave:
             for envelope in by_stage[stage_id]:
                 worker = subprocess.run(
@@ -260,11 +216,177 @@ def test_rust_driver_pool_of_python_serving_workers(
     # serving workers run them and answer as Rust ones do.
     spec = make_spec(split=split)
     shuffle_dir = pathlib.Path(spec.shuffle_dir)
-    python_worker = ["--worker", sys.executable, "--worker-arg", "-m"]
-    python_worker += ["--worker-arg", "dfx_engine.worker"]
-    done = dfx_run(spec, split, tmp_path, *python_worker)
+    done = dfx_run(spec, split, tmp_path, *as_dfx_worker(PYTHON_WORKER))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == HAND_ANSWER
     # Every map was published, and no envelope was written for it.
     assert list(shuffle_dir.glob(_internal.partition_glob()))
     assert not list((shuffle_dir / "tasks").glob("task-*.json"))
+
+
+def as_dfx_worker(command: list[str]) -> list[str]:
+    """``dfx run``'s arguments starting workers with ``command``."""
+    program, *args = command
+    return ["--worker", program, *(f"--worker-arg={arg}" for arg in args)]
+
+
+def published_compressions(spec: SessionSpec) -> set[str]:
+    """How the record batches of the map files under ``spec``'s location are packed."""
+    files = pathlib.Path(spec.shuffle_dir).glob(f"{_internal.partition_glob()}/*")
+    found: set[str] = set()
+    for path in files:
+        found |= map_compressions(path)
+    return found
+
+
+JOIN_SQL = "SELECT count(*) AS n, max(a.s) AS s FROM t a JOIN t b ON a.k = b.k"
+"""A join of ``t`` with itself: its hash exchanges publish every row."""
+
+JOIN_ANSWER = [{"n": 20_000, "s": "x" * 32}]
+
+
+@pytest.fixture
+def compressible(tmp_path: pathlib.Path) -> SessionSpec:
+    """A spec over ``t``: two files of 10 000 rows that LZ4 shrinks.
+
+    A key and a repeated string: the writer stores a buffer LZ4 would not
+    shrink (a tiny one) uncompressed, whatever it was asked.
+    """
+    table = tmp_path / "t"
+    table.mkdir()
+    for index in range(2):
+        keys = pa.array(range(index * 10_000, (index + 1) * 10_000), pa.int64())
+        strings = pa.array(["x" * 32] * 10_000)
+        pq.write_table(
+            pa.table({"k": keys, "s": strings}), table / f"part-{index}.parquet"
+        )
+    return SessionSpec(
+        tables={"t": str(table)},
+        shuffle_dir=str(tmp_path / "shuffle"),
+        target_partitions=2,
+    )
+
+
+def assert_compressed_as(spec: SessionSpec, compression: str) -> None:
+    """Every map file under ``spec``'s location is compressed as asked."""
+    found = published_compressions(spec)
+    if compression == "lz4":
+        assert "lz4" in found, found
+    else:
+        assert found == {"none"}, found
+
+
+@pytest.mark.parametrize("compression", ["lz4", "none"])
+def test_rust_workers_honour_the_python_drivers_shuffle_compression(
+    compressible: SessionSpec, compression: str
+) -> None:
+    spec = dataclasses.replace(compressible, shuffle_compression=compression)
+    result = run_distributed(JOIN_SQL, spec, worker_command=RUST_WORKER)
+    assert as_rows(result.batches) == JOIN_ANSWER
+    assert_compressed_as(spec, compression)
+
+
+@pytest.mark.parametrize("compression", ["lz4", "none"])
+def test_python_workers_honour_the_rust_drivers_shuffle_compression(
+    compressible: SessionSpec, tmp_path: pathlib.Path, compression: str
+) -> None:
+    spec = dataclasses.replace(compressible, shuffle_compression=compression)
+    done = dfx_run(
+        spec, "exchange", tmp_path, *as_dfx_worker(PYTHON_WORKER), sql=JOIN_SQL
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == JOIN_ANSWER
+    assert_compressed_as(spec, compression)
+
+
+def stage_one_maps(spec: SessionSpec) -> int:
+    """The maps of stage 1 (the one the root reads) of ``SQL_ONLY``."""
+    ctx, _engine = build_session(spec)
+    first = encode_stages(ctx, ctx.sql(SQL_ONLY).execution_plan())[0]
+    return int(_internal.encoded_stage_info(first).maps)
+
+
+def test_output_lost_to_the_python_drivers_root_is_rerun_on_rust_workers(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    spec = make_spec()
+    last = stage_one_maps(make_spec()) - 1
+    victim = _internal.marker_path(spec.shuffle_dir, 1, 0)
+    claim = tmp_path / "claimed"
+    # A Rust worker per task; after the last map of stage 1 has run, map 0's
+    # file is deleted, once, before the root reads it.
+    wrapper = tmp_path / "losing-dfx-worker.sh"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'"{DFX}" worker "$1"; status=$?\n'
+        'case "$(basename "$1")" in\n'
+        f'  task-1-{last}.json) mkdir "{claim}" 2>/dev/null && rm -f "{victim}";;\n'
+        "esac\n"
+        'exit "$status"\n'
+    )
+    wrapper.chmod(0o755)
+    result = run_distributed(
+        SQL_ONLY,
+        spec,
+        worker_command=[str(wrapper)],
+        worker_mode="process",
+        max_workers=1,
+    )
+    assert as_rows(result.batches) == HAND_ANSWER
+    assert claim.is_dir()
+    assert result.attempts[(1, 0)] == 2
+    assert result.retries == [
+        "stage 1 map 0 attempt 1: run again, its output was lost (read by the "
+        "query's root)"
+    ]
+    assert pathlib.Path(victim).is_file()
+
+
+def test_output_lost_to_the_rust_drivers_root_is_rerun_on_python_workers(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    spec = make_spec()
+    command = losing_worker(
+        tmp_path / "losing", spec.shuffle_dir, (1, 0), after_last_of=1
+    )
+    done = dfx_run(
+        spec, "exchange", tmp_path, "--max-workers", "1", *as_dfx_worker(command)
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == HAND_ANSWER
+    # The loss happened, and the map was published again for the root.
+    assert (tmp_path / "losing" / "claimed").is_file()
+    assert pathlib.Path(_internal.marker_path(spec.shuffle_dir, 1, 0)).is_file()
+
+
+def test_a_location_spelled_two_ways_is_one_location_to_either_host(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    first, second = make_spec(), make_spec()
+    # The Python driver, with Rust workers, on `file://DIR/`: the stages name
+    # the location as the driver spells it, the workers take it as theirs.
+    url = SessionSpec(
+        tables=first.tables,
+        shuffle_dir=f"file://{first.shuffle_dir}/",
+        target_partitions=4,
+    )
+    result = run_distributed(SQL_ONLY, url, worker_command=RUST_WORKER)
+    assert as_rows(result.batches) == HAND_ANSWER
+    assert pathlib.Path(_internal.marker_path(first.shuffle_dir, 1, 0)).is_file()
+    # The Rust driver, on the plain path: the same location, used already.
+    reused = dfx_run(first, "exchange", tmp_path)
+    assert reused.returncode != 0
+    assert "already holds stage output" in reused.stderr
+
+    # The Rust driver, with Python workers, on `file://DIR/`; then the
+    # Python driver on the plain path.
+    url = SessionSpec(
+        tables=second.tables,
+        shuffle_dir=f"file://{second.shuffle_dir}/",
+        target_partitions=4,
+    )
+    done = dfx_run(url, "exchange", tmp_path, *as_dfx_worker(PYTHON_WORKER))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == HAND_ANSWER
+    with pytest.raises(ValueError, match="already holds stage output"):
+        run_distributed(SQL_ONLY, second)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pathlib
 import sys
-from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -32,7 +31,6 @@ from dfx_engine.driver import (
     find_stages,
     run_distributed,
     run_local,
-    waves_of,
 )
 from dfx_engine.session import SessionSpec, build_session
 
@@ -324,24 +322,6 @@ def test_a_second_driver_on_a_held_directory_is_refused(
     # Released, the directory serves the query, as one process answers it.
     result = run_distributed(SQL_ONLY, spec)
     assert as_rows(result.batches) == as_rows(run_local(SQL_ONLY, spec))
-
-
-def info(stage_id: int, *deps: int) -> SimpleNamespace:
-    """A stand-in for a StageInfo: only id and deps matter to the waves."""
-    return SimpleNamespace(stage_id=stage_id, deps=list(deps))
-
-
-def test_waves_group_independent_stages_and_respect_deps() -> None:
-    # 1 reads 2 and 3 (a join's sides); 3 reads 4.
-    stages = [info(1, 2, 3), info(2), info(3, 4), info(4)]
-    assert waves_of(stages) == [[2, 4], [3], [1]]  # type: ignore[arg-type]
-
-
-def test_waves_refuse_unknown_and_circular_deps() -> None:
-    with pytest.raises(RuntimeError, match=r"stage 1 reads stages \[9\]"):
-        waves_of([info(1, 9)])  # type: ignore[list-item]
-    with pytest.raises(RuntimeError, match=r"stages \[1, 2\] depend on each other"):
-        waves_of([info(1, 2), info(2, 1)])  # type: ignore[list-item]
 
 
 def test_each_file_is_one_map_so_work_is_divided(tmp_path: pathlib.Path) -> None:

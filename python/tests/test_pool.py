@@ -32,15 +32,9 @@ from conftest import (
 from datafusion import udf
 from test_worker import encode_stage, write_envelope
 
-from dfx_engine.driver import (
-    MALLOC_TUNABLES_VAR,
-    SERVING_MALLOC_TUNABLES,
-    WorkerPool,
-    _serving_worker_env,
-    run_distributed,
-    run_local,
-)
-from dfx_engine.worker import SessionCache, _PlanFile
+from dfx_engine._internal import MALLOC_TUNABLES_VAR, SERVING_MALLOC_TUNABLES
+from dfx_engine.driver import WorkerPool, run_distributed, run_local
+from dfx_engine.worker import SessionCache
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -109,15 +103,21 @@ def test_serve_answers_each_request_and_survives_task_errors(
         refused = worker.ask("not a request")
         assert refused["stage_id"] is None
         assert refused["partition"] is None
-        assert "not a request" in refused["error"]
+        assert "cannot read the request" in refused["error"]
+        assert refused["retry"] == "final"
 
         unreadable = worker.request(tmp_path / "missing.json")
         assert (unreadable["stage_id"], unreadable["partition"]) == (None, None)
-        assert "cannot read task envelope" in unreadable["error"]
+        assert "cannot read envelope" in unreadable["error"]
+        assert str(tmp_path / "missing.json") in unreadable["error"]
 
         error = worker.request(bad)
         assert (error["stage_id"], error["partition"]) == (s, 99)
-        assert f"the stage has {info.maps} maps, so map 99" in error["error"]
+        assert (
+            f"map 99 out of range; the stage in {plan} has {info.maps}"
+            in (error["error"])
+        )
+        assert error["retry"] == "final"
 
         # The same process, after three errors, runs a task.
         report = worker.request(good)
@@ -157,11 +157,10 @@ def test_serve_runs_an_envelope_carried_in_the_request_as_its_file(
         # Refusals name the task as they do for a file.
         missing = worker.ask(json.dumps({"task": {"plan": str(plan)}}))
         assert (missing["stage_id"], missing["partition"]) == (None, None)
-        assert "the request's envelope lacks" in missing["error"], missing
+        assert "cannot read the request" in missing["error"], missing
         beyond = worker.ask(json.dumps({"task": {**envelope, "partition": 99}}))
         assert (beyond["stage_id"], beyond["partition"]) == (s, 99)
-        assert "inline envelope" in beyond["error"], beyond
-        assert f"the stage has {info.maps} maps" in beyond["error"]
+        assert f"stage {s} map 99: map 99 out of range" in beyond["error"], beyond
     finally:
         assert worker.process.stdin is not None
         worker.process.stdin.close()
@@ -173,37 +172,41 @@ def test_session_cache_keeps_the_last_stage_for_maps_not_run_from_it(
 ) -> None:
     cache = SessionCache()
     spec = make_spec()
-    ctx = cache.get(spec.to_json(), spec)
+    ctx = cache.get(spec.to_json_text())
     plan = ctx.sql("SELECT 1 AS one").execution_plan()
-    stage = _PlanFile(written_ns=1, plan_bytes=b"stage")
-    assert cache.kept_stage(ctx, stage, 0) is None
-    cache.keep_stage(ctx, stage, 0, plan)
-    assert cache.kept_stage(ctx, _PlanFile(1, b"stage"), 1) is plan
+    assert cache.kept_stage(ctx, 1, b"stage", 0) is None
+    cache.keep_stage(ctx, 1, b"stage", 0, plan)
+    assert cache.kept_stage(ctx, 1, b"stage", 1) is plan
     # A map already run from it, other bytes, a plan file written later (a
-    # later query reusing the directory) or another session: not kept.
-    assert cache.kept_stage(ctx, stage, 0) is None
-    assert cache.kept_stage(ctx, _PlanFile(1, b"other"), 2) is None
-    assert cache.kept_stage(ctx, _PlanFile(2, b"stage"), 2) is None
+    # later query reusing the directory), a plan handed over by value or
+    # another session: not kept.
+    assert cache.kept_stage(ctx, 1, b"stage", 0) is None
+    assert cache.kept_stage(ctx, 1, b"other", 2) is None
+    assert cache.kept_stage(ctx, 2, b"stage", 2) is None
+    assert cache.kept_stage(ctx, None, b"stage", 2) is None
     other_spec = make_spec()
-    other_ctx = cache.get(other_spec.to_json(), other_spec)
-    assert cache.kept_stage(other_ctx, stage, 2) is None
-    assert cache.kept_stage(ctx, stage, 2) is plan
+    other_ctx = cache.get(other_spec.to_json_text())
+    assert cache.kept_stage(other_ctx, 1, b"stage", 2) is None
+    assert cache.kept_stage(ctx, 1, b"stage", 2) is plan
     cache.forget_stage()
-    assert cache.kept_stage(ctx, stage, 3) is None
+    assert cache.kept_stage(ctx, 1, b"stage", 3) is None
+    # A plan without a time is never kept in the first place.
+    cache.keep_stage(ctx, None, b"stage", 0, plan)
+    assert cache.kept_stage(ctx, None, b"stage", 1) is None
 
 
 def test_session_cache_keeps_the_newest_specs(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
     cache = SessionCache(size=2)
-    specs = [make_spec() for _ in range(3)]
-    first = cache.get(specs[0].to_json(), specs[0])
-    assert cache.get(specs[0].to_json(), specs[0]) is first
-    second = cache.get(specs[1].to_json(), specs[1])
-    cache.get(specs[2].to_json(), specs[2])
+    specs = [make_spec().to_json_text() for _ in range(3)]
+    first = cache.get(specs[0])
+    assert cache.get(specs[0]) is first
+    second = cache.get(specs[1])
+    cache.get(specs[2])
     # The oldest was dropped; the two newest are kept.
-    assert cache.get(specs[1].to_json(), specs[1]) is second
-    assert cache.get(specs[0].to_json(), specs[0]) is not first
+    assert cache.get(specs[1]) is second
+    assert cache.get(specs[0]) is not first
 
 
 def test_one_pool_answers_query_after_query_like_one_process(
@@ -239,7 +242,6 @@ def test_serving_workers_start_with_the_malloc_settings_unless_the_driver_has_it
     make_spec: Callable[..., SessionSpec],
 ) -> None:
     expected = os.environ.get(MALLOC_TUNABLES_VAR, SERVING_MALLOC_TUNABLES)
-    assert _serving_worker_env()[MALLOC_TUNABLES_VAR] == expected
     with WorkerPool(max_workers=2) as pool:
         run_distributed(SQL_ONLY, make_spec(), pool=pool)
         pids = pool.pids()
@@ -364,11 +366,11 @@ def test_a_pooled_worker_killed_mid_query_fails_it_by_name_and_is_replaced(
         message = str(raised.value)
         (pid,) = killed
         assert re.search(
-            rf"stage 1 map \d: worker \(pid {pid}\) exited with status -9 "
-            r"\(killed by SIGKILL\) while running the task",
+            rf"stage 1 map \d failed: its worker \(pid {pid}\) was killed by "
+            r"signal 9 \(SIGKILL\) while running it",
             message,
         ), message
-        assert message.startswith("1 of 4 dfx tasks failed")
+        assert message.startswith("1 of 4 worker task(s) failed in wave 1")
         assert not alive(pid)
         assert pid not in pool.pids()
 

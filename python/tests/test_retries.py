@@ -21,24 +21,13 @@ from conftest import (
     alive,
     as_rows,
     assert_revenue,
+    losing_worker,
     read_marker,
 )
 from test_pool import UDF_ANSWER, UDF_SQL, probe
-from test_worker import encode_stage, write_envelope
 
 from dfx_engine import _internal
-from dfx_engine.driver import (
-    WORKER_MODES,
-    _Attempts,
-    _read_root,
-    _run_workers,
-    _write_tasks,
-    execute_plan,
-    plan_stages,
-    reported_failure,
-    run_distributed,
-    waves_of,
-)
+from dfx_engine.driver import WORKER_MODES, encode_stages, run_distributed
 from dfx_engine.session import build_session
 
 if TYPE_CHECKING:
@@ -95,6 +84,13 @@ def assert_one_retry(
     return task
 
 
+def stage_infos(spec: SessionSpec, sql: str) -> list[_internal.StageInfo]:
+    """The stages ``sql`` is cut into under ``spec``, as the plugin says."""
+    ctx, _engine = build_session(spec)
+    plans = encode_stages(ctx, ctx.sql(sql).execution_plan())
+    return [_internal.encoded_stage_info(plan) for plan in plans]
+
+
 @pytest.mark.parametrize("mode", WORKER_MODES)
 def test_a_task_whose_worker_is_killed_runs_again_and_the_answer_is_right(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, mode: str
@@ -115,12 +111,15 @@ def test_a_task_whose_worker_is_killed_runs_again_and_the_answer_is_right(
     assert as_rows(result.batches) == UDF_ANSWER
     stage, map_index = assert_one_retry(result.attempts, result.retries, "SIGKILL")
     assert not alive(killed[0])
-    # The retry ran from an envelope of its own, numbered.
-    retry = pathlib.Path(spec.shuffle_dir) / "tasks"
-    retry /= f"task-{stage}-{map_index}.attempt-1.json"
-    assert json.loads(retry.read_text())["attempt"] == 1
-    first = retry.with_name(f"task-{stage}-{map_index}.json")
-    assert json.loads(first.read_text())["attempt"] == 0
+    # The retry was attempt 1, and its worker was told so.
+    assert result.reports[(stage, map_index)].attempt == 1
+    if mode == "process":
+        # A process is given a file: the retry's is a copy with its number.
+        retry = pathlib.Path(spec.shuffle_dir) / "tasks"
+        retry /= f"task-{stage}-{map_index}.attempt-1.json"
+        assert json.loads(retry.read_text())["attempt"] == 1
+        first = retry.with_name(f"task-{stage}-{map_index}.json")
+        assert json.loads(first.read_text())["attempt"] == 0
     # The retry published the map whole: its marker counts what it reported.
     marker = read_marker(spec.shuffle_dir, stage, map_index)
     assert (
@@ -139,140 +138,143 @@ def test_a_task_past_its_timeout_is_killed_and_runs_again(
         UDF_SQL, spec, [block], worker_mode=mode, max_workers=2, task_timeout=10
     )
     assert as_rows(result.batches) == UDF_ANSWER
-    assert_one_retry(result.attempts, result.retries, "timed out after 10 s")
-    assert not alive(int(pid_file.read_text()))
+    assert_one_retry(result.attempts, result.retries, "timed out after 10s")
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
 
 
 def test_a_worker_killed_on_every_attempt_fails_after_max_attempts(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
 ) -> None:
     spec = make_spec(split="aggregate")
-    plan, _info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
     # A worker that dies by a signal every time: another attempt never helps.
     dying = tmp_path / "dying.sh"
     dying.write_text('#!/bin/sh\nkill -9 "$$"\n')
     dying.chmod(0o755)
-    envelope = write_envelope(tmp_path / "task.json", spec.to_json(), plan, 0)
-    attempts = _Attempts({(1, 0): envelope}, max_attempts=3)
     with pytest.raises(RuntimeError) as raised:
-        _run_workers(
-            {(1, 0): envelope},
-            [str(dying)],
+        run_distributed(
+            SQL_ONLY,
+            spec,
+            worker_command=[str(dying)],
             worker_mode="process",
-            attempts=attempts,
+            max_attempts=3,
         )
     message = str(raised.value)
-    assert "stage 1 map 0: failed 3 attempts, the last with: stage 1 map 0" in message
-    assert "killed by SIGKILL" in message
-    assert attempts.made == {(1, 0): 3}
-    assert [r.split(":")[0] for r in attempts.retries] == [
-        "stage 1 map 0 attempt 0",
-        "stage 1 map 0 attempt 1",
-    ]
+    assert "4 of 4 worker task(s) failed" in message
+    for map_index in range(4):
+        assert (
+            f"stage 1 map {map_index} failed 3 attempts; the last was killed by "
+            "signal 9 (SIGKILL)"
+        ) in message
+    # Each attempt had its own numbered envelope; there was no fourth.
+    tasks = pathlib.Path(spec.shuffle_dir) / "tasks"
+    assert (tasks / "task-1-0.attempt-2.json").is_file()
+    assert not (tasks / "task-1-0.attempt-3.json").exists()
+
+
+def counting(scratch: pathlib.Path, error: str) -> ScalarUDF:
+    """``py_probe`` failing with ``error``, each call leaving a file behind."""
+    calls = str(scratch)
+    scratch.mkdir()
+
+    def fail(values: pa.Array) -> pa.Array:
+        (pathlib.Path(calls) / f"{os.getpid()}-{time.monotonic_ns()}").touch()
+        raise ValueError(error)
+
+    return probe(fail)
 
 
 @pytest.mark.parametrize("mode", WORKER_MODES)
+@pytest.mark.parametrize(
+    "error",
+    [
+        "py_probe refuses this batch",
+        # The plugin's words for lost output, in a message: still the UDF's
+        # own error, final, since no driver reads a message to decide.
+        "dfx stage 2 map 3: lost output: file missing",
+    ],
+)
 def test_an_error_the_worker_reports_is_not_retried(
-    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, mode: str
+    make_spec: Callable[..., SessionSpec],
+    tmp_path: pathlib.Path,
+    mode: str,
+    error: str,
 ) -> None:
-    spec = make_spec()
-    plan, info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
-    s = info.stage_id
-    bad = write_envelope(tmp_path / "bad.json", spec.to_json(), plan, 99, s)
-    attempts = _Attempts({(s, 99): bad})
-    with pytest.raises(RuntimeError, match="map 99 does not exist"):
-        _run_workers({(s, 99): bad}, worker_mode=mode, attempts=attempts)
-    assert attempts.made == {(s, 99): 1}
-    assert attempts.retries == []
-
-
-def test_reported_errors_are_classified_where_they_are_made() -> None:
-    # The plugin's words for shuffle storage failing under a task: retried.
-    full = reported_failure(
-        "stage 2 map 1: failed: dfx stage 2 map 1 bucket 0: I/O failure: cannot "
-        "write /s/stage-2/map-1/bucket-0.arrow.tmp: No space left on device"
-    )
-    assert full.retryable
-    assert full.lost is None
-    # Lost upstream output: retried after that map runs again.
-    lost = reported_failure("dfx stage 1 map 3 bucket 0: lost output: file missing")
-    assert (lost.retryable, lost.lost) == (True, (1, 3))
-    # An error about the task itself (SQL, schema, a UDF) would recur.
-    sql = reported_failure("stage 2 map 0: failed: Schema error: No field named x")
-    assert (sql.retryable, sql.lost) == (False, None)
+    calls = tmp_path / "calls"
+    failing = counting(calls, error)
+    with pytest.raises(RuntimeError) as raised:
+        run_distributed(
+            UDF_SQL, make_spec(split="aggregate"), [failing], worker_mode=mode
+        )
+    message = str(raised.value)
+    assert "4 of 4 worker task(s) failed" in message
+    assert error in message
+    assert "attempts" not in message
+    # One call per task: none ran twice.
+    assert len(list(calls.iterdir())) == 4
 
 
 @pytest.mark.parametrize("mode", WORKER_MODES)
 def test_lost_upstream_output_is_run_again_before_its_reader(
-    make_spec: Callable[..., SessionSpec], mode: str
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, mode: str
 ) -> None:
     spec = make_spec()
-    ctx, _engine = build_session(spec)
-    plan = ctx.sql(REVENUE_SQL).execution_plan()
-    stages = plan_stages(ctx, plan)
-    envelopes = _write_tasks(stages, spec, pathlib.Path(spec.shuffle_dir) / "tasks")
-    attempts = _Attempts(
-        {task: path for stage in envelopes.values() for task, path in stage.items()}
+    infos = stage_infos(make_spec(), REVENUE_SQL)
+    reader = next(info for info in infos if info.deps)
+    lost_stage = reader.deps[0]
+    # Lose what map 1 of a stage the reader reads published (its one file,
+    # holding its buckets and its marker), just before the reader's stage
+    # starts.
+    command = losing_worker(
+        tmp_path / "losing", spec.shuffle_dir, (lost_stage, 1), before=reader.stage_id
     )
-    waves = waves_of([stage.info for stage in stages])
-    assert len(waves) >= 2
-
-    def run_wave(wave: list[int]) -> None:
-        tasks = {t: p for s in wave for t, p in envelopes[s].items()}
-        _run_workers(tasks, worker_mode=mode, attempts=attempts)
-
-    run_wave(waves[0])
-    # Lose what map 1 of a first-wave stage published: its one file, which
-    # holds its buckets and its marker.
-    lost_stage = waves[0][0]
-    marker = read_marker(spec.shuffle_dir, lost_stage, 1)
-    bucket = next(b["bucket"] for b in marker["buckets"] if b["rows"] > 0)
-    victim = _internal.bucket_path(spec.shuffle_dir, lost_stage, 1, bucket)
-    assert victim == _internal.marker_path(spec.shuffle_dir, lost_stage, 1)
-    pathlib.Path(victim).unlink()
-    for wave in waves[1:]:
-        run_wave(wave)
-
+    result = run_distributed(
+        REVENUE_SQL,
+        spec,
+        worker_command=command,
+        worker_mode=mode,
+        max_workers=1,
+    )
+    assert_revenue(as_rows(result.batches))
+    assert (tmp_path / "losing" / "claimed").is_file()
     # The lost map ran once more (not once per reader that missed it), and
-    # the readers that missed it ran again after it.
-    assert attempts.made[(lost_stage, 1)] == 2
-    reran = [r for r in attempts.retries if "run again" in r]
+    # the reader that missed it ran again after it.
+    assert result.attempts[(lost_stage, 1)] == 2
+    reran = [r for r in result.retries if "run again" in r]
     assert reran == [
-        f"stage {lost_stage} map 1: run again, its output being lost to "
-        + reran[0].split("lost to ")[1]
+        f"stage {lost_stage} map 1 attempt 1: run again, its output was lost "
+        f"(read by stage {reader.stage_id} map 0)"
     ]
-    readers = [r for r in attempts.retries if "lost output" in r]
+    readers = [r for r in result.retries if "run again" not in r]
     assert readers
-    assert all(r.split(":")[0].endswith("attempt 0") for r in readers)
-    assert pathlib.Path(victim).is_file()
-    assert_revenue(as_rows(execute_plan(ctx, plan)))
+    assert all(
+        r.startswith(f"stage {reader.stage_id} map 0 attempt 0: ") for r in readers
+    )
+    marker = _internal.marker_path(spec.shuffle_dir, lost_stage, 1)
+    assert pathlib.Path(marker).is_file()
 
 
 @pytest.mark.parametrize("mode", WORKER_MODES)
 def test_output_lost_to_the_root_is_run_again_and_the_root_read_again(
-    make_spec: Callable[..., SessionSpec], mode: str
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, mode: str
 ) -> None:
     spec = make_spec()
-    ctx, _engine = build_session(spec)
-    plan = ctx.sql(REVENUE_SQL).execution_plan()
-    stages = plan_stages(ctx, plan)
-    envelopes = _write_tasks(stages, spec, pathlib.Path(spec.shuffle_dir) / "tasks")
-    attempts = _Attempts(
-        {task: path for stage in envelopes.values() for task, path in stage.items()}
+    # Stage 1, the first writer in pre-order, is what the root reads: its map
+    # 0 is lost once the last of its maps has run.
+    command = losing_worker(
+        tmp_path / "losing", spec.shuffle_dir, (1, 0), after_last_of=1
     )
-
-    def run_tasks(tasks: dict[tuple[int, int], pathlib.Path]) -> None:
-        _run_workers(tasks, worker_mode=mode, attempts=attempts)
-
-    for wave in waves_of([stage.info for stage in stages]):
-        run_tasks({t: p for s in wave for t, p in envelopes[s].items()})
-    # Stage 1, the first writer in pre-order, is what the root reads.
-    marker = pathlib.Path(_internal.marker_path(spec.shuffle_dir, 1, 0))
-    marker.unlink()
-
-    assert_revenue(as_rows(_read_root(ctx, plan, attempts, run_tasks)))
-    assert attempts.made[(1, 0)] == 2
-    assert attempts.retries == [
-        "stage 1 map 0: run again, its output being lost to the query's root"
+    result = run_distributed(
+        REVENUE_SQL, spec, worker_command=command, worker_mode=mode, max_workers=1
+    )
+    assert_revenue(as_rows(result.batches))
+    assert (tmp_path / "losing" / "claimed").is_file()
+    assert result.attempts[(1, 0)] == 2
+    assert result.retries == [
+        "stage 1 map 0 attempt 1: run again, its output was lost (read by the "
+        "query's root)"
     ]
-    assert marker.is_file()
+    assert pathlib.Path(_internal.marker_path(spec.shuffle_dir, 1, 0)).is_file()

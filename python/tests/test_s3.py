@@ -20,13 +20,13 @@ from conftest import (
     DFX,
     QUERIES,
     SQL_ONLY,
-    TPCH_SKIP,
     S3Server,
     as_rows,
     assert_same,
     assert_same_columns,
     assert_same_rows,
     free_port,
+    require_dfx,
     s3_server,
     tpch_rows,
 )
@@ -50,10 +50,11 @@ def scratch_root(
     root = tmp_path / "tmp"
     root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(root))
+    # The runtime's scratch directory (an S3 query's plans) follows TMPDIR.
+    monkeypatch.setenv("TMPDIR", str(root))
     return root
 
 
-@TPCH_SKIP
 @pytest.mark.parametrize("number", [1, 3, 9, 18], ids=lambda n: f"q{n}")
 def test_tpch_through_s3_gives_the_local_answer_and_lands_as_objects(
     s3: S3Server,
@@ -90,7 +91,6 @@ def test_tpch_through_s3_gives_the_local_answer_and_lands_as_objects(
     assert list(scratch_root.iterdir()) == []
 
 
-@TPCH_SKIP
 def test_a_prefix_holding_stage_output_is_refused_before_anything_runs(
     s3: S3Server, tpch_tables: dict[str, str], tmp_path: pathlib.Path
 ) -> None:
@@ -110,12 +110,10 @@ def test_a_prefix_holding_stage_output_is_refused_before_anything_runs(
     assert not trace.exists()
 
 
-@pytest.mark.skipif(
-    not DFX.is_file(), reason=f"the Rust host binary {DFX} is not built"
-)
 def test_rust_workers_reach_s3_through_the_python_drivers_store_options(
     s3: S3Server, lineitem: pathlib.Path
 ) -> None:
+    require_dfx()
     # The Rust worker reads `store_options` from the Python driver's envelope:
     # without them it would not know the endpoint (none is in the environment).
     prefix = "python/rust-workers"
@@ -158,9 +156,9 @@ def test_a_location_of_another_scheme_or_without_bucket_is_refused(
     make_spec: Callable[..., SessionSpec], location: str
 ) -> None:
     spec = make_spec()
-    bad = SessionSpec(tables=spec.tables, shuffle_dir=location)
+    # Refused when the spec is made: the runtime checks every spec it reads.
     with pytest.raises(ValueError, match=r"shuffle location") as info:
-        run_distributed(SQL_ONLY, bad)
+        run_distributed(SQL_ONLY, SessionSpec(tables=spec.tables, shuffle_dir=location))
     assert location in str(info.value)
 
 

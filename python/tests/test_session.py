@@ -17,7 +17,6 @@ from dfx_engine.session import (
     SessionSpec,
     build_session,
     build_worker_session,
-    codec_ids_of,
     expected_codec_ids,
 )
 
@@ -38,7 +37,7 @@ def test_spec_round_trips_and_carries_codec_ids() -> None:
     }
     assert SessionSpec.from_json(data) == spec
     assert SessionSpec.from_json(json.dumps(data)) == spec
-    assert codec_ids_of(data) == expected_codec_ids()
+    assert data["codec_ids"] == expected_codec_ids()
     assert SessionSpec().target_partitions == 2
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.shuffle_dir = "/elsewhere"  # type: ignore[misc]
@@ -97,26 +96,58 @@ def test_store_options_round_trip_under_the_rust_hosts_key() -> None:
 
 
 @pytest.mark.parametrize(
-    "options",
+    ("options", "named"),
     [
-        {"aws_secret_access_key": "x"},
-        {"s3_endpoint": 9000},
-        {"s3_allow_http": "sometimes"},
+        ({"aws_secret_access_key": "x"}, "store_options has unknown keys"),
+        ({"s3_endpoint": 9000}, "spec"),
+        ({"s3_allow_http": "sometimes"}, "store_options s3_allow_http"),
     ],
 )
-def test_store_options_take_only_the_plugins_s3_keys(options: object) -> None:
-    with pytest.raises(ValueError, match="store_option"):
+def test_store_options_take_only_the_plugins_s3_keys(
+    options: object, named: str
+) -> None:
+    with pytest.raises(ValueError, match=named):
         SessionSpec(store_options=options)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="store_option"):
+    with pytest.raises(ValueError, match=named):
         SessionSpec.from_json(
             {"tables": {}, "shuffle_dir": "", "store_options": options}
         )
 
 
+def test_the_new_fields_round_trip_and_are_left_out_at_their_defaults() -> None:
+    spec = SessionSpec(
+        shuffle_dir="/s", shuffle_compression="lz4", memory_limit=1 << 20
+    )
+    data = spec.to_json()
+    assert (data["shuffle_compression"], data["memory_limit"]) == ("lz4", 1 << 20)
+    assert SessionSpec.from_json(data) == spec
+    # The runtime's spelling: defaults are left out, as the Rust host writes.
+    plain = SessionSpec(shuffle_dir="/s").to_json()
+    assert "shuffle_compression" not in plain
+    assert "memory_limit" not in plain
+    assert SessionSpec.from_json(plain).shuffle_compression == "auto"
+    # A spec of tables alone is whole: every other field has its default.
+    assert SessionSpec.from_json({"tables": {}}) == SessionSpec()
+    with pytest.raises(ValueError, match="spec"):
+        SessionSpec(shuffle_compression="zstd")
+
+
+def test_the_defaults_and_modes_are_the_runtimes() -> None:
+    runtime = json.loads(_internal.normalize_spec("{}"))
+    spec = SessionSpec()
+    assert spec.target_partitions == runtime["target_partitions"]
+    assert spec.split == runtime["split"] == _internal.SPLIT_MODES[0]
+    assert list(_internal.SPLIT_MODES) == ["exchange", "aggregate"]
+    assert list(_internal.STORE_OPTION_KEYS) == [
+        "s3_endpoint",
+        "s3_region",
+        "s3_allow_http",
+    ]
+
+
 @pytest.mark.parametrize(
     "data",
     [
-        {"shuffle_dir": "/s"},
         {"tables": {}, "shuffle_dir": "/s", "store_options": ["s3_region"]},
         {"tables": ["t"], "shuffle_dir": "/s"},
         {"tables": {}, "shuffle_dir": 7},

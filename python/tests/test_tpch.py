@@ -1,12 +1,13 @@
 """The 22 TPC-H queries through the Python driver and Python workers.
 
-Every query runs distributed (exchange split) and in one process over the
+Every query runs distributed (in both split modes) and in one process over the
 same TPC-H data at scale 0.01, two files per table, and the answers must agree
 row for row in the query's order (floats to 1e-6 relative: the sort keys of
 the 22 queries are unique, so the order is defined).
 
 The data, the queries and the fixtures are conftest's (TPC-H from the Rust
-host's generator); the module is skipped when the ``dfx`` binary is not built.
+host's generator); without the ``dfx`` binary every test here fails (see
+``conftest.require_dfx``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from typing import TYPE_CHECKING
 import pytest
 from conftest import (
     QUERIES,
-    TPCH_SKIP,
     assert_same_columns,
     assert_same_rows,
     tpch_rows,
@@ -29,15 +29,14 @@ if TYPE_CHECKING:
 
     from dfx_engine.session import SessionSpec
 
-pytestmark = TPCH_SKIP
 
-
+@pytest.mark.parametrize("split", ["exchange", "aggregate"])
 @pytest.mark.parametrize("number", range(1, 23), ids=lambda n: f"q{n}")
 def test_tpch_query_agrees_with_local(
-    tpch_spec: Callable[[], SessionSpec], number: int
+    tpch_spec: Callable[..., SessionSpec], number: int, split: str
 ) -> None:
     sql = (QUERIES / f"q{number}.sql").read_text()
-    spec = tpch_spec()
+    spec = tpch_spec(split)
     result = run_distributed(sql, spec)
     local = run_local(sql, spec)
     assert result.stages

@@ -9,10 +9,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pytest
 from conftest import (
     REVENUE_SQL,
@@ -23,21 +25,13 @@ from conftest import (
     serve_workers_of,
 )
 
-from dfx_engine.driver import (
-    WORKER_MODES,
-    WorkerPool,
-    _Attempts,
-    _run_workers,
-    plan_stages,
-    run_distributed,
-    waves_of,
-)
+from dfx_engine import _internal
+from dfx_engine.driver import WORKER_MODES, encode_stages, run_distributed
 from dfx_engine.session import build_session
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from dfx_engine import _internal
     from dfx_engine.session import SessionSpec
 
 
@@ -49,12 +43,13 @@ def encode_stage(
     Such a stage a worker can run alone. Returns its path and info.
     """
     ctx, _engine = build_session(spec)
-    for stage in plan_stages(ctx, ctx.sql(sql).execution_plan()):
-        if not stage.info.deps:
+    for plan in encode_stages(ctx, ctx.sql(sql).execution_plan()):
+        info = _internal.encoded_stage_info(plan)
+        if not info.deps:
             directory.mkdir(parents=True, exist_ok=True)
-            path = directory / f"stage-{stage.stage_id}.plan"
-            path.write_bytes(stage.plan_bytes)
-            return path, stage.info
+            path = directory / f"stage-{info.stage_id}.plan"
+            path.write_bytes(plan)
+            return path, info
     message = f"no leaf stage in the plan of {sql!r}"
     raise AssertionError(message)
 
@@ -87,6 +82,12 @@ def run_worker(envelope: pathlib.Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def last_response(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The response a one-task worker printed: its last line of stdout."""
+    response: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return response
+
+
 def workers_mentioning(text: str) -> list[int]:
     """Pids of live worker processes whose command line mentions ``text``."""
     pids = []
@@ -97,7 +98,11 @@ def workers_mentioning(text: str) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "dfx_engine.worker" in cmdline and text in cmdline:
+        if (
+            "dfx_engine.worker" in cmdline
+            and text in cmdline
+            and alive(int(entry.name))
+        ):
             pids.append(int(entry.name))
     return pids
 
@@ -133,31 +138,31 @@ def test_worker_runs_one_map_and_reports_last(
 def test_worker_refuses_an_envelope_that_is_not_a_json_object(
     tmp_path: pathlib.Path,
 ) -> None:
-    # Valid JSON whose text holds every key name: only the type check stops it.
+    # Valid JSON whose text holds every key name: only the parse stops it.
     envelope = tmp_path / "task.json"
     envelope.write_text(json.dumps("spec plan stage_id partition"))
     done = run_worker(envelope)
-    assert done.returncode != 0
-    assert f"task envelope {envelope} is not a JSON object" in done.stderr
+    assert done.returncode == 1
+    assert f"cannot parse envelope {envelope}" in done.stderr
     assert "Traceback" not in done.stderr
+    response = last_response(done)
+    assert (response["stage_id"], response["partition"]) == (None, None)
+    assert response["retry"] == "final"
 
 
 def test_worker_refuses_other_codec_ids_before_decoding(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
 ) -> None:
     spec = make_spec()
+    plan, info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
     spec_json = spec.to_json() | {"codec_ids": ["someone_else.physical.v9"]}
-    # The plan file does not even exist: a worker that got as far as reading
-    # it would fail with a different message.
-    envelope = write_envelope(
-        tmp_path / "task.json", spec_json, tmp_path / "missing.plan", 0
-    )
+    envelope = write_envelope(tmp_path / "task.json", spec_json, plan, 0, info.stage_id)
     done = run_worker(envelope)
     assert done.returncode == 1
     assert "someone_else.physical.v9" in done.stderr
     assert "dfx_engine.physical.v2" in done.stderr
-    assert "stage 1 map 0" in done.stderr
-    assert "missing.plan" not in done.stderr.replace(str(envelope), "")
+    assert f"stage {info.stage_id} map 0: refusing to decode {plan}" in done.stderr
+    assert published_files(spec.shuffle_dir) == set()
 
 
 def test_worker_refuses_a_stage_for_another_shuffle_dir(
@@ -173,9 +178,24 @@ def test_worker_refuses_a_stage_for_another_shuffle_dir(
     assert done.returncode == 1
     assert encoded_for.shuffle_dir in done.stderr
     assert spec.shuffle_dir in done.stderr
-    assert "refusing to write outside" in done.stderr
+    assert "must not make a worker write outside" in done.stderr
     for directory in (encoded_for.shuffle_dir, spec.shuffle_dir):
         assert published_files(directory) == set()
+
+
+def test_worker_takes_its_location_however_it_is_spelled(
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
+) -> None:
+    spec = make_spec()
+    plan, info = encode_stage(spec, REVENUE_SQL, tmp_path / "scratch")
+    # The stage names the path; the envelope names it as a URL with a
+    # trailing slash: one location, so the task runs and publishes there.
+    respelled = spec.to_json() | {"shuffle_dir": f"file://{spec.shuffle_dir}/"}
+    envelope = write_envelope(tmp_path / "task.json", respelled, plan, 1, info.stage_id)
+    done = run_worker(envelope)
+    assert done.returncode == 0, done.stderr
+    assert last_response(done)["rows"] == 2
+    assert read_marker(spec.shuffle_dir, info.stage_id, 1)["map"] == 1
 
 
 def test_worker_refuses_a_stage_reading_outside_its_tables(
@@ -215,7 +235,7 @@ def test_worker_refuses_a_memory_limit_it_cannot_enforce(
     assert published_files(spec.shuffle_dir) == set()
 
 
-def test_worker_refuses_a_stage_under_another_id(
+def test_worker_refuses_a_stage_under_another_id_or_map(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
 ) -> None:
     spec = make_spec()
@@ -224,7 +244,15 @@ def test_worker_refuses_a_stage_under_another_id(
     envelope = write_envelope(tmp_path / "task.json", spec.to_json(), plan, 0, other)
     done = run_worker(envelope)
     assert done.returncode == 1
-    assert f"holds stage {info.stage_id}, not stage {other}" in done.stderr
+    assert f"holds stage {info.stage_id}, not the envelope's stage {other}" in (
+        done.stderr
+    )
+    beyond = write_envelope(
+        tmp_path / "beyond.json", spec.to_json(), plan, 99, info.stage_id
+    )
+    done = run_worker(beyond)
+    assert done.returncode == 1
+    assert f"map 99 out of range; the stage in {plan} has {info.maps}" in done.stderr
     assert published_files(spec.shuffle_dir) == set()
 
 
@@ -238,27 +266,50 @@ def test_worker_refuses_a_plan_that_is_not_a_stage(
     envelope = write_envelope(tmp_path / "task.json", spec.to_json(), plan, 0)
     done = run_worker(envelope)
     assert done.returncode == 1
-    assert "stage 1 map 0" in done.stderr
-    assert "encoded stage" in done.stderr
+    assert f"stage 1 map 0: plan {plan}" in done.stderr
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("mode", WORKER_MODES)
-def test_out_of_range_map_is_named_with_stderr(
-    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, mode: str
-) -> None:
-    spec = make_spec()
-    plan, info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
-    s = info.stage_id
-    good = write_envelope(tmp_path / "good.json", spec.to_json(), plan, 0, s)
-    bad = write_envelope(tmp_path / "bad.json", spec.to_json(), plan, 99, s)
-    with pytest.raises(RuntimeError) as raised:
-        _run_workers({(s, 0): good, (s, 99): bad}, worker_mode=mode)
-    message = str(raised.value)
-    assert "1 of 2 dfx tasks failed" in message
-    assert f"stage {s} map 99" in message
-    assert f"the stage has {info.maps} maps, so map 99 does not exist" in message
-    assert workers_mentioning(str(tmp_path)) == []
+def blocking(scratch: pathlib.Path, *, once: bool = False) -> Any:  # noqa: ANN401
+    """The int64 UDF ``py_probe``, blocking until its process is killed.
+
+    Each call writes its process's pid into ``scratch/pids`` first. With
+    ``once``, only the first call anywhere blocks; the others pass their
+    input through.
+    """
+    from datafusion import udf
+
+    pids, claim = str(scratch / "pids"), str(scratch / "claim")
+    pathlib.Path(pids).mkdir(parents=True, exist_ok=True)
+
+    def block(values: pa.Array) -> pa.Array:
+        if once:
+            try:
+                os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return values
+        (pathlib.Path(pids) / str(os.getpid())).touch()
+        while True:
+            time.sleep(1)
+
+    return udf(block, [pa.int64()], pa.int64(), "immutable", name="py_probe")
+
+
+UDF_SQL = """
+SELECT l_returnflag AS flag, sum(py_probe(l_quantity)) AS qty
+FROM lineitem GROUP BY l_returnflag ORDER BY flag
+"""
+
+
+def blocked_pids(scratch: pathlib.Path, count: int) -> list[int]:
+    """The pids of the first ``count`` blocked workers, once they are."""
+    deadline = time.monotonic() + 120
+    while (
+        len(pids := sorted(int(p.name) for p in (scratch / "pids").iterdir())) < count
+    ):
+        assert time.monotonic() < deadline, pids
+        time.sleep(0.05)
+    return pids
 
 
 @pytest.mark.parametrize("mode", WORKER_MODES)
@@ -271,11 +322,13 @@ def test_a_worker_that_cannot_start_fails_its_task_by_name(
         run_distributed(SQL_ONLY, spec, worker_command=[str(missing)], worker_mode=mode)
     message = str(raised.value)
     # Every task is reported, each naming its stage, its map and the
-    # program, rather than one bare FileNotFoundError for the first.
-    assert "4 of 4 dfx tasks failed" in message
+    # program, rather than one bare FileNotFoundError for the first; none
+    # was retried (the same program would not start the next time).
+    assert "4 of 4 worker task(s) failed in wave 1" in message
     for map_index in range(4):
-        assert f"stage 1 map {map_index}: could not start worker" in message
+        assert f"stage 1 map {map_index} could not start" in message
     assert str(missing) in message
+    assert "attempts" not in message
 
 
 @pytest.mark.parametrize("mode", WORKER_MODES)
@@ -284,207 +337,148 @@ def test_a_failed_wave_stops_the_query(
 ) -> None:
     spec = make_spec()
     ctx, _engine = build_session(make_spec())
-    stages = plan_stages(ctx, ctx.sql(REVENUE_SQL).execution_plan())
-    first_wave = waves_of([stage.info for stage in stages])[0]
-    first_tasks = sum(s.info.maps for s in stages if s.stage_id in first_wave)
-    assert len(first_wave) < len(stages)
+    infos = [
+        _internal.encoded_stage_info(plan)
+        for plan in encode_stages(ctx, ctx.sql(REVENUE_SQL).execution_plan())
+    ]
+    first_wave = [info.stage_id for info in infos if not info.deps]
+    first_tasks = sum(info.maps for info in infos if not info.deps)
+    assert len(first_wave) < len(infos)
     with pytest.raises(RuntimeError) as raised:
         run_distributed(
             REVENUE_SQL, spec, worker_command=[str(tmp_path / "nope")], worker_mode=mode
         )
     message = str(raised.value)
-    assert f"{first_tasks} of {first_tasks} dfx tasks failed" in message
+    assert f"{first_tasks} of {first_tasks} worker task(s) failed in wave 1" in message
     # Only the first wave was tried: no stage that reads it was dispatched.
-    later = [s.stage_id for s in stages if s.stage_id not in first_wave]
-    for stage_id in later:
-        assert f"stage {stage_id} map" not in message
-
-
-WORKER_COUNTING_PEERS = """
-import json, os, pathlib, sys, time
-
-def run(path):
-    envelope = json.loads(pathlib.Path(path).read_text())
-    scratch = pathlib.Path(path).parent
-    (scratch / "seen" / str(os.getpid())).touch()
-    me = scratch / "running" / str(os.getpid())
-    me.touch()
-    peak = len(list((scratch / "running").iterdir()))
-    time.sleep(0.3)
-    peak = max(peak, len(list((scratch / "running").iterdir())))
-    me.unlink()
-    report = {"stage_id": envelope["stage_id"], "partition": envelope["partition"],
-              "rows": peak}
-    print(json.dumps(report), flush=True)
-
-if sys.argv[1] == "--serve":
-    for line in sys.stdin:
-        run(json.loads(line)["envelope"])
-else:
-    run(sys.argv[1])
-"""
+    for info in infos:
+        if info.stage_id not in first_wave:
+            assert f"stage {info.stage_id} map" not in message
 
 
 @pytest.mark.parametrize("mode", WORKER_MODES)
 @pytest.mark.parametrize("bound", [1, 2])
 def test_no_more_than_max_workers_run_at_once(
-    tmp_path: pathlib.Path, bound: int, mode: str
+    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, bound: int, mode: str
 ) -> None:
-    (tmp_path / "running").mkdir()
-    (tmp_path / "seen").mkdir()
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER_COUNTING_PEERS)
-    envelopes = {}
-    for map_index in range(5):
-        path = tmp_path / f"task-1-{map_index}.json"
-        path.write_text(json.dumps({"stage_id": 1, "partition": map_index}))
-        envelopes[(1, map_index)] = path
-    reports = _run_workers(
-        envelopes,
-        [sys.executable, str(script)],
+    from datafusion import udf
+
+    running, seen = str(tmp_path / "running"), str(tmp_path / "seen")
+    peaks = str(tmp_path / "peaks")
+    for directory in (running, seen, peaks):
+        pathlib.Path(directory).mkdir()
+
+    def count_peers(values: pa.Array) -> pa.Array:
+        me = pathlib.Path(running) / f"{os.getpid()}-{time.monotonic_ns()}"
+        (pathlib.Path(seen) / str(os.getpid())).touch()
+        me.touch()
+        peak = len(list(pathlib.Path(running).iterdir()))
+        time.sleep(0.3)
+        peak = max(peak, len(list(pathlib.Path(running).iterdir())))
+        me.unlink()
+        (pathlib.Path(peaks) / f"{peak}-{me.name}").touch()
+        return values
+
+    probe = udf(count_peers, [pa.int64()], pa.int64(), "immutable", name="py_probe")
+    result = run_distributed(
+        UDF_SQL,
+        make_spec(split="aggregate"),
+        [probe],
         max_workers=bound,
         worker_mode=mode,
     )
-    assert sorted(reports) == sorted(envelopes)
-    assert max(report.rows for report in reports.values()) == bound
+    assert len(result.tasks) == 4
+    assert max(int(p.name.split("-")[0]) for p in pathlib.Path(peaks).iterdir()) == (
+        bound
+    )
     # A pool runs every task on at most `bound` processes; without one, each
     # task has its own.
-    processes = len(list((tmp_path / "seen").iterdir()))
-    assert processes == (len(envelopes) if mode == "process" else bound)
+    processes = len(list(pathlib.Path(seen).iterdir()))
+    assert processes == (4 if mode == "process" else bound)
 
 
 def test_killed_worker_is_reported_and_none_survive(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
 ) -> None:
-    spec = make_spec(split="aggregate")
-    plan, _info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
-    good = write_envelope(tmp_path / "good.json", spec.to_json(), plan, 1)
-    # A worker opening a FIFO with no writer blocks until killed.
-    stuck = tmp_path / "stuck.json"
-    os.mkfifo(stuck)
+    block = blocking(tmp_path / "udf", once=True)
     killed: list[int] = []
 
-    def kill_the_stuck_worker() -> None:
-        while not killed:
-            for pid in workers_mentioning(str(stuck)):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            time.sleep(0.05)
+    def kill_the_blocked_worker() -> None:
+        (pid,) = blocked_pids(tmp_path / "udf", 1)
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
 
-    killer = threading.Thread(target=kill_the_stuck_worker, daemon=True)
+    killer = threading.Thread(target=kill_the_blocked_worker, daemon=True)
     killer.start()
-    envelopes = {(1, 0): stuck, (1, 1): good}
+    spec = make_spec(split="aggregate")
     with pytest.raises(RuntimeError) as raised:
-        _run_workers(
-            envelopes,
-            worker_mode="process",
-            # One attempt: a retry would copy the envelope, and read the FIFO.
-            attempts=_Attempts(envelopes, max_attempts=1),
-        )
+        run_distributed(UDF_SQL, spec, [block], worker_mode="process", max_attempts=1)
     killer.join(timeout=60)
     message = str(raised.value)
-    assert "stage 1 map 0" in message
-    assert f"status -{signal.SIGKILL.value}" in message
-    assert "map 1" not in message
+    assert message.startswith("1 of 4 worker task(s) failed"), message
+    assert "was killed by signal 9 (SIGKILL)" in message
     assert workers_mentioning(str(tmp_path)) == []
 
 
-def test_killed_pooled_worker_fails_its_task_and_is_replaced(
-    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
-) -> None:
-    spec = make_spec(split="aggregate")
-    plan, _info = encode_stage(spec, SQL_ONLY, tmp_path / "scratch")
-    good = write_envelope(tmp_path / "good.json", spec.to_json(), plan, 1)
-    stuck = tmp_path / "stuck.json"
-    os.mkfifo(stuck)
-    killed: list[int] = []
+DRIVER_WAITING_ON = textwrap.dedent(
+    """
+    import faulthandler, json, os, pathlib, signal, sys, time
+    import pyarrow as pa
+    from datafusion import udf
+    from dfx_engine.driver import run_distributed
+    from dfx_engine.session import SessionSpec
 
-    def kill_the_only_worker() -> None:
-        # One worker in the pool: the one blocked opening the FIFO.
-        while not killed:
-            for pid in serve_workers_of(os.getpid()):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            time.sleep(0.05)
+    # If the driver hangs, the test asks it where.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Ctrl-C as an interactive user has it, even when the tests run as a
+    # background job (whose children start with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    args = json.loads(sys.argv[1])
 
-    with WorkerPool(max_workers=1) as pool:
-        killer = threading.Thread(target=kill_the_only_worker, daemon=True)
-        killer.start()
-        with pytest.raises(RuntimeError) as raised:
-            _run_workers(
-                {(1, 0): stuck},
-                pool=pool,
-                # One attempt: a retry would copy the envelope, and read the FIFO.
-                attempts=_Attempts({(1, 0): stuck}, max_attempts=1),
-            )
-        killer.join(timeout=60)
-        message = str(raised.value)
-        assert "stage 1 map 0" in message
-        assert f"pid {killed[0]}" in message
-        assert f"status -{signal.SIGKILL.value} (killed by SIGKILL)" in message
-        assert not alive(killed[0])
-        # The dead worker is gone from the pool; the next task gets another.
-        assert pool.pids() == []
-        reports = _run_workers({(1, 1): good}, pool=pool)
-        assert reports[(1, 1)].rows == 2
-        (replacement,) = pool.pids()
-        assert replacement != killed[0]
-        assert alive(replacement)
-    assert not alive(replacement)
+    def block(values):
+        (pathlib.Path(args["pids"]) / str(os.getpid())).touch()
+        while True:
+            time.sleep(1)
 
-
-DRIVER_WAITING_ON = """
-import faulthandler, pathlib, signal, subprocess, sys, time
-from dfx_engine.driver import _run_workers
-
-# If the driver hangs, the test asks it where.
-faulthandler.register(signal.SIGUSR1, all_threads=True)
-
-# Ctrl-C as an interactive user has it, even when the tests run as a
-# background job (whose children start with SIGINT ignored).
-signal.signal(signal.SIGINT, signal.default_int_handler)
-
-# Widen the window between a worker's exec and Popen returning its handle: an
-# interrupt landing there must not leave that worker behind.
-start_child = subprocess.Popen._execute_child
-def start_child_slowly(self, *args, **kwargs):
-    start_child(self, *args, **kwargs)
-    time.sleep(1)
-subprocess.Popen._execute_child = start_child_slowly
-
-_run_workers(
-    {(1, 0): pathlib.Path(sys.argv[1]), (1, 1): pathlib.Path(sys.argv[2])},
-    max_workers=2,
-    worker_mode=sys.argv[3],
+    spec = SessionSpec(
+        tables={"lineitem": args["lineitem"]},
+        shuffle_dir=args["shuffle"],
+        target_partitions=4,
+        split="aggregate",
+    )
+    probe = udf(block, [pa.int64()], pa.int64(), "immutable", name="py_probe")
+    run_distributed(
+        args["sql"], spec, [probe], max_workers=2, worker_mode=args["mode"]
+    )
+    """
 )
-"""
 
 
 @pytest.mark.parametrize("mode", WORKER_MODES)
 def test_interrupted_driver_leaves_no_worker_running(
-    tmp_path: pathlib.Path, mode: str
+    lineitem: pathlib.Path, tmp_path: pathlib.Path, mode: str
 ) -> None:
-    # Two workers that block on FIFOs nobody writes: the driver waits on them
+    # Two workers block in a UDF until killed: the driver waits on them
     # until it is interrupted.
-    stuck = [tmp_path / "stuck-0.json", tmp_path / "stuck-1.json"]
-    for path in stuck:
-        os.mkfifo(path)
+    (tmp_path / "pids").mkdir()
+    args = {
+        "lineitem": str(lineitem),
+        "shuffle": str(tmp_path / "shuffle"),
+        "pids": str(tmp_path / "pids"),
+        "sql": UDF_SQL,
+        "mode": mode,
+    }
     driver = subprocess.Popen(
-        [sys.executable, "-c", DRIVER_WAITING_ON, *map(str, stuck), mode],
+        [sys.executable, "-c", DRIVER_WAITING_ON, json.dumps(args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
-
-    def workers() -> list[int]:
-        if mode == "process":
-            return workers_mentioning(str(tmp_path))
-        return serve_workers_of(driver.pid)
-
     try:
-        while len(started := workers()) < len(stuck):
+        while len(list((tmp_path / "pids").iterdir())) < 2:
             assert driver.poll() is None, driver.communicate()
             time.sleep(0.05)
+        started = [int(p.name) for p in (tmp_path / "pids").iterdir()]
         driver.send_signal(signal.SIGINT)
         try:
             _stdout, stderr = driver.communicate(timeout=120)
@@ -499,5 +493,9 @@ def test_interrupted_driver_leaves_no_worker_running(
             driver.kill()
             driver.wait()
     assert "KeyboardInterrupt" in stderr
+    deadline = time.monotonic() + 10
+    while [pid for pid in started if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert [pid for pid in started if alive(pid)] == []
+    assert serve_workers_of(driver.pid) == []
     assert workers_mentioning(str(tmp_path)) == []
