@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 
 use datafusion::arrow::util::pretty::pretty_format_batches;
-use dfx_host::{Envelope, Host, SessionSpec, load_plugin, run_task};
+use dfx_host::{Host, Response, SessionSpec, load_plugin};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -28,8 +28,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let requests = dfx_host::worker::stdin_lines();
             dfx_host::worker::serve(&plugin, requests, &mut std::io::stdout()).await?;
         } else {
-            let report = run_task(&plugin, &Envelope::read(Path::new(arg))?).await?;
-            println!("{}", report.to_line());
+            // The response (report, or error with its retry class) is the
+            // last line of stdout; a failed task also exits non-zero.
+            let response = dfx_host::worker::run_envelope_file(&plugin, Path::new(arg)).await;
+            println!("{}", response.to_line());
+            if let Response::Error(error) = response {
+                return Err(error.error.into());
+            }
         }
         return Ok(());
     }

@@ -44,12 +44,12 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use serde::{Deserialize, Serialize};
 
-use crate::envelope::{Envelope, TASK_DIR, envelope_path, plan_path};
 use crate::error::HostError;
-use crate::pool::WorkerPool;
 use crate::tpch::TpchError;
 use crate::tpch::report::median;
 use crate::{Plugin, SessionSpec, WorkerReport, build_session, build_worker_session, load_plugin};
+use dfx_runtime::protocol::{Envelope, TASK_DIR, envelope_path, plan_path};
+use dfx_runtime::scheduler::WorkerPool;
 
 /// Environment variable carrying the driver's spawn time (ns since the Unix
 /// epoch) to the timed worker.
@@ -294,8 +294,8 @@ pub async fn timed_task(plugin_path: Option<&Path>, envelope: &Path) -> Result<(
     steps.session_build_us = micros(t);
 
     let t = Instant::now();
-    let plan = crate::worker::read_plan(&session, &envelope)?;
-    let stage = crate::worker::decode_stage(&session, &envelope, &plan)?;
+    let task = dfx_runtime::TaskInput::read(envelope.clone())?;
+    let stage = crate::worker::decode_checked(&session, &task)?;
     steps.decode_us = micros(t);
 
     let t = Instant::now();
@@ -335,7 +335,7 @@ async fn prepare_task(plugin: &Plugin, spec: &SessionSpec) -> Result<PreparedTas
     let spec = spec.clone().with_shuffle_dir(shuffle.path());
     let session = build_session(plugin, &spec).await?;
     let plan = session.physical_plan(OVERHEAD_SQL).await?;
-    let stage = crate::stages::stages(plugin, &plan)?
+    let stage = crate::driver::stages::stages(plugin, &plan)?
         .into_iter()
         .find(|stage| stage.info.deps.is_empty())
         .ok_or_else(|| {
@@ -445,8 +445,7 @@ pub async fn overhead(
             .find(|l| !l.trim().is_empty())
             .unwrap_or_default();
         // The contract part must parse as a plain worker report too.
-        WorkerReport::parse(&stdout)
-            .map_err(|e| TpchError::Invalid(format!("timed task {}: {e}", i + 1)))?;
+        report_of(&stdout).map_err(|e| TpchError::Invalid(format!("timed task {}: {e}", i + 1)))?;
         let report: TimedReport = serde_json::from_str(line.trim()).map_err(|e| {
             TpchError::Invalid(format!(
                 "timed task {}: unreadable timings {line:?}: {e}",
@@ -468,7 +467,7 @@ pub async fn overhead(
         let started = Instant::now();
         let stdout = run_child(command, &format!("dfx worker task {}", i + 1)).await?;
         let spawn_to_exit = started.elapsed().as_secs_f64() * 1e3;
-        let report = WorkerReport::parse(&stdout)
+        let report = report_of(&stdout)
             .map_err(|e| TpchError::Invalid(format!("dfx worker task {}: {e}", i + 1)))?;
         real.push((spawn_to_exit, report.elapsed_ms.unwrap_or(f64::NAN)));
     }
@@ -503,6 +502,14 @@ pub async fn overhead(
     })
 }
 
+/// The report a worker left as the last line of `stdout`.
+fn report_of(stdout: &str) -> Result<WorkerReport, String> {
+    match dfx_runtime::Response::parse_last(stdout)? {
+        dfx_runtime::Response::Report(report) => Ok(report),
+        dfx_runtime::Response::Error(error) => Err(error.error),
+    }
+}
+
 /// The pool's costs per task, one [`ModeCost`] per case.
 struct PoolCosts {
     same_query: ModeCost,
@@ -516,7 +523,7 @@ async fn pooled(
     task: &PreparedTask,
     what: String,
 ) -> Result<(f64, f64), TpchError> {
-    let task = crate::dispatch::Task {
+    let task = dfx_runtime::scheduler::Task {
         stage_id: task.stage_id,
         map: 0,
         envelope: task.envelope.clone(),
@@ -535,8 +542,8 @@ async fn pool_costs(
     spec: &SessionSpec,
     tasks: usize,
 ) -> Result<PoolCosts, TpchError> {
-    let command =
-        crate::dispatch::WorkerCommand::dfx(program).env(crate::loader::PLUGIN_ENV, plugin.path());
+    let command = dfx_runtime::scheduler::WorkerCommand::dfx(program)
+        .env(crate::loader::PLUGIN_ENV, plugin.path());
     let mut new_worker = Vec::new();
     let mut new_query = Vec::new();
     let mut same_query = Vec::new();

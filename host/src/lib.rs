@@ -13,16 +13,16 @@
 //!   by its commit marker).
 //! - **pool**: long-lived serving workers (`dfx worker --serve`) that run
 //!   task after task with the plugin loaded once; the default. Process mode
-//!   starts one worker per task instead ([`dispatch::WorkerMode`]).
-//! - **wave**: every stage whose deps are all published; its tasks run
-//!   together, a bounded number at once.
-//! - **driver**: plans the query once, runs the waves, then executes the
-//!   root of that same plan, whose readers read the published files.
+//!   starts one worker per task instead ([`WorkerMode`]).
+//! - **driver**: plans the query once, hands its encoded stages to the
+//!   runtime's scheduler ([`dfx_runtime::scheduler`], shared with the
+//!   Python host), then executes the root of that same plan, whose readers
+//!   read the published files.
 //!
 //! ```text
 //! load_plugin ─► build_session(spec) ─► plan ─► stages ─► encode ─► envelopes
 //!                                                                    │
-//!      answer ◄─ execute the plan's root ◄─ wave n ◄─ ... ◄─ wave 1 (workers: run_task)
+//!      answer ◄─ execute the plan's root ◄─ the runtime's scheduler (workers: run_task)
 //! ```
 //!
 //! [`Host`] is the entry point for embedding; `dfx` is a thin CLI over it.
@@ -32,32 +32,23 @@
 
 #![warn(missing_docs)]
 
-pub mod analyze;
 #[cfg(feature = "cli-extras")]
 pub mod bench;
-pub mod codec_chain;
-pub mod dispatch;
 pub mod driver;
-pub mod envelope;
 pub mod error;
 pub mod loader;
-pub mod memory;
-pub mod pool;
-pub mod query_planner;
-pub mod retry;
 pub mod session;
-pub mod stages;
-pub mod store;
 #[cfg(feature = "cli-extras")]
 pub mod tpch;
 pub mod worker;
 
 pub use dfx_abi::{DriverLock, Plugin};
-pub use dispatch::{TaskReport, WorkerMode};
+pub use dfx_runtime::protocol::{Envelope, Request, Response, WorkerReport};
+pub use dfx_runtime::scheduler::{TaskReport, WorkerCommand, WorkerMode};
+pub use dfx_runtime::{Retry, RuntimeError, TaskFailure};
+pub use driver::stages::find_stages;
 pub use driver::{DistributedResult, Host};
-pub use envelope::{Envelope, ServeRequest, ServeResponse, WorkerReport};
-pub use error::{HostError, Result, Retry, TaskFailure};
+pub use error::{HostError, Result};
 pub use loader::{load_plugin, locate_plugin};
 pub use session::{DfxSession, SessionSpec, build_session, build_worker_session};
-pub use stages::find_stages;
 pub use worker::run_task;

@@ -7,9 +7,10 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use datafusion::arrow::record_batch::RecordBatch;
-use dfx_host::dispatch::{WorkerCommand, WorkerMode};
-use dfx_host::session::Split;
-use dfx_host::{Envelope, Host, HostError, Result, SessionSpec, load_plugin, run_task};
+use dfx_host::session::{ShuffleCompression, Split};
+use dfx_host::{
+    Host, HostError, Response, Result, SessionSpec, WorkerCommand, WorkerMode, load_plugin,
+};
 
 /// Distributed SQL over Parquet with the dfx plugin.
 #[derive(Debug, Parser)]
@@ -63,10 +64,14 @@ struct QueryArgs {
     /// Run in this process with no shuffle directory: no stages, no workers.
     #[arg(long)]
     local: bool,
-    /// Where the plan is cut into stages: at every exchange, or round 1's
-    /// rule (each topmost partial aggregate).
+    /// Where the plan is cut into stages: at every exchange, or the
+    /// aggregate split (one stage per topmost partial aggregate).
     #[arg(long, value_enum, default_value_t = Split::Exchange)]
     split: Split,
+    /// How workers compress their map files: `auto` is none for a local
+    /// directory and LZ4 for S3; `lz4` and `none` force one.
+    #[arg(long, value_enum, default_value_t = ShuffleCompression::Auto)]
+    shuffle_compression: ShuffleCompression,
     /// Read the SQL query from FILE (`-` for stdin) instead of the argument.
     #[arg(
         short = 'f',
@@ -136,7 +141,7 @@ struct RunArgs {
     #[arg(
         long,
         value_name = "N",
-        default_value_t = dfx_host::retry::DEFAULT_MAX_ATTEMPTS as usize,
+        default_value_t = dfx_runtime::scheduler::DEFAULT_MAX_ATTEMPTS as usize,
         value_parser = parse_at_least_one
     )]
     max_attempts: usize,
@@ -147,7 +152,7 @@ struct RunArgs {
     /// The most memory each map task's operators may hold (512M, 2G): a
     /// DataFusion memory pool in every worker; sorts and aggregations spill
     /// to disk past it, operators that cannot spill fail. Default: no limit.
-    #[arg(long, value_name = "SIZE", value_parser = dfx_host::memory::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = dfx_host::worker::memory::parse_size)]
     memory_limit: Option<u64>,
     /// After the answer, per stage: tasks, workers, rows, bytes and task
     /// time min / median / max; then the critical path (the chain of stages
@@ -291,14 +296,15 @@ fn spec_of(args: &QueryArgs) -> Result<SessionSpec> {
     }
     Ok(SessionSpec::new(tables)
         .with_target_partitions(args.partitions)
-        .with_split(args.split))
+        .with_split(args.split)
+        .with_shuffle_compression(args.shuffle_compression))
 }
 
 /// A shuffle directory for one query: the user's, or a fresh temporary one.
 fn shuffle_dir(args: &QueryArgs) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
     match &args.shuffle_dir {
         // A URL is taken as written: made "absolute" it would be a path.
-        Some(url) if dfx_host::store::ShuffleLocation::is_url(url) => Ok((url.clone(), None)),
+        Some(url) if dfx_runtime::spec::ShuffleLocation::is_url(url) => Ok((url.clone(), None)),
         Some(dir) => Ok((absolute(dir)?, None)),
         None => {
             let temp = tempfile::Builder::new()
@@ -382,14 +388,14 @@ async fn run(args: RunArgs) -> Result<()> {
         spec.split,
         started.elapsed()
     );
-    let summaries = dfx_host::analyze::stage_summaries(&result);
+    let summaries = dfx_host::driver::analyze::stage_summaries(&result);
     for (stage, summary) in result.stages.iter().zip(&summaries) {
         let bytes = summary
             .bytes
             .map_or_else(|| "unknown".to_string(), |b| b.to_string());
         eprintln!(
             "  {}: {} row(s), {bytes} byte(s) published",
-            dfx_host::stages::describe(stage),
+            dfx_host::driver::stages::describe(stage),
             summary.rows
         );
     }
@@ -416,7 +422,7 @@ async fn run(args: RunArgs) -> Result<()> {
         eprint!(
             "\nworker mode: {}\n{}",
             result.worker_mode,
-            dfx_host::analyze::render(&result)
+            dfx_host::driver::analyze::render(&result)
         );
     }
     let fate = if temp.is_some() {
@@ -459,13 +465,21 @@ async fn worker(args: WorkerArgs) -> Result<()> {
         let requests = dfx_host::worker::stdin_lines();
         return dfx_host::worker::serve(&plugin, requests, &mut std::io::stdout()).await;
     };
-    let envelope = Envelope::read(&path)?;
-    let mut report = run_task(&plugin, &envelope).await?;
-    // A process's time for its task includes loading the plugin.
-    report.elapsed_ms = Some(started.elapsed().as_secs_f64() * 1e3);
-    // The last line of stdout is the report; the driver reads nothing else.
-    println!("{}", report.to_line());
-    Ok(())
+    let response = dfx_host::worker::run_envelope_file(&plugin, &path).await;
+    let response = match response {
+        // A process's time for its task includes loading the plugin.
+        Response::Report(mut report) => {
+            report.elapsed_ms = Some(started.elapsed().as_secs_f64() * 1e3);
+            Response::Report(report)
+        }
+        failed => failed,
+    };
+    // The last line of stdout is the response; the driver reads nothing else.
+    println!("{}", response.to_line());
+    match response {
+        Response::Report(_) => Ok(()),
+        Response::Error(error) => Err(HostError::Invalid(error.error)),
+    }
 }
 
 fn rows(batches: &[RecordBatch]) -> usize {

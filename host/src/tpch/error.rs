@@ -62,6 +62,14 @@ impl TpchError {
     }
 }
 
+/// The runtime failed (an envelope or plan file of `dfx bench`, a worker):
+/// a host failure, as the host reports it.
+impl From<dfx_runtime::RuntimeError> for TpchError {
+    fn from(err: dfx_runtime::RuntimeError) -> Self {
+        TpchError::Host(err.into())
+    }
+}
+
 impl From<TpchError> for crate::HostError {
     fn from(err: TpchError) -> Self {
         match err {

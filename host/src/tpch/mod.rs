@@ -49,14 +49,14 @@ pub struct TpchArgs {
     /// Where distributed plans are cut into stages.
     #[arg(long, value_enum, default_value_t = crate::session::Split::Exchange)]
     pub split: crate::session::Split,
-    /// How workers compress bucket files: `auto` is none for a local
+    /// How workers compress their map files: `auto` is none for a local
     /// directory and LZ4 for S3; `lz4` and `none` force one (to measure).
     #[arg(long, value_enum, default_value_t = crate::session::ShuffleCompression::Auto)]
     pub shuffle_compression: crate::session::ShuffleCompression,
     /// How distributed tasks run: `pool` (long-lived workers, the default)
     /// or `process` (one worker process per task).
-    #[arg(long, value_enum, default_value_t = crate::dispatch::WorkerMode::Pool)]
-    pub worker_mode: crate::dispatch::WorkerMode,
+    #[arg(long, value_enum, default_value_t = dfx_runtime::scheduler::WorkerMode::Pool)]
+    pub worker_mode: dfx_runtime::scheduler::WorkerMode,
     /// Attempts per task before the query fails: a task whose worker died,
     /// was killed or timed out is run again.
     #[arg(long, default_value_t = 3, value_name = "N")]

@@ -68,7 +68,7 @@ pub struct RunReport {
     pub partitions: usize,
     /// Where the distributed plans were cut into stages.
     pub split: Split,
-    /// How workers compressed bucket files.
+    /// How workers compressed their map files.
     pub shuffle_compression: ShuffleCompression,
     /// Timed runs per query and mode.
     pub runs: usize,

@@ -23,7 +23,7 @@ pub struct TpchOptions {
     pub partitions: usize,
     /// Where distributed plans are cut into stages.
     pub split: Split,
-    /// How workers compress bucket files.
+    /// How workers compress their map files.
     pub shuffle_compression: ShuffleCompression,
     /// Query numbers, in the order to run them.
     pub queries: Vec<u8>,
@@ -322,9 +322,9 @@ fn millis(started: Instant) -> f64 {
 /// reason and the first line of its stderr, which is where the cause is.
 pub fn summary(err: &HostError) -> String {
     match err {
-        HostError::Workers {
+        HostError::Runtime(dfx_runtime::RuntimeError::Workers {
             total, failures, ..
-        } => {
+        }) => {
             let Some(first) = failures.first() else {
                 return first_line(&err.to_string());
             };

@@ -3,12 +3,12 @@
 //! ```text
 //! attempt 0 ── task-S-M.json ───────────► worker ── died / killed / timed out / no report ─┐
 //! attempt 1 ── task-S-M.attempt-1.json ─► worker ◄──────────────────────────────────────────┘
-//!                                           └─ "dfx stage U map V: lost output"
+//!                                           └─ {"retry": {"lost": [U, V]}}
 //!                                                ─► rerun U/V (its next attempt), then S/M again
 //! ```
 //!
 //! Which failures are retried is decided where each is seen
-//! ([`crate::error::Retry`]): a worker that died, was killed, timed out or
+//! ([`crate::Retry`]): a worker that died, was killed, timed out or
 //! left no readable report, yes; an error the worker reports about the task
 //! itself, no (it would recur); lost upstream output, yes, after running
 //! that upstream map again. One [`Attempts`] serves a whole query, so attempt
@@ -22,9 +22,10 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
-use crate::dispatch::{Task, TaskReport, TaskReports, Workers, run_attempt};
-use crate::envelope::{Envelope, attempt_path};
 use crate::error::{Retry, TaskFailure};
+use crate::protocol::{Envelope, attempt_path};
+use crate::scheduler::executor::{Executor, run_attempt};
+use crate::scheduler::task::{Task, TaskReport, TaskReports};
 
 /// Attempts per task when the caller sets none: the first and two retries.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
@@ -70,6 +71,11 @@ impl Attempts {
             max_attempts: max_attempts.max(1),
             state: Mutex::new(State::default()),
         }
+    }
+
+    /// Attempts per task, the first included.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
     }
 
     /// Why each retry or rerun happened (`stage S map M attempt A: reason`),
@@ -120,7 +126,7 @@ impl Attempts {
             }
         });
         if inline.is_none() && attempt > 0 {
-            let fail = |err: crate::HostError| TaskFailure {
+            let fail = |err: crate::RuntimeError| TaskFailure {
                 stage_id: task.stage_id,
                 map: task.map,
                 reason: format!(
@@ -146,7 +152,7 @@ impl Attempts {
         self.lock().retries.push(line);
     }
 
-    fn clock(&self) -> u64 {
+    pub(crate) fn clock(&self) -> u64 {
         self.lock().clock
     }
 }
@@ -158,7 +164,7 @@ impl Attempts {
 /// The final failure: one not worth retrying, or the last of
 /// `max_attempts` (then its reason says how many were made).
 pub(crate) fn run_with_attempts<'a>(
-    workers: Workers<'a>,
+    executor: &'a dyn Executor,
     attempts: &'a Attempts,
     task: &'a Task,
     limit: usize,
@@ -168,7 +174,7 @@ pub(crate) fn run_with_attempts<'a>(
         for tries in 1..=attempts.max_attempts {
             let (attempt, attempted) = attempts.next(task)?;
             let began = attempts.clock();
-            let failure = match run_attempt(workers, &attempted, limit, timeout).await {
+            let failure = match run_attempt(executor, &attempted, limit, timeout).await {
                 Ok(mut report) => {
                     report.attempt = attempt;
                     return Ok(report);
@@ -188,16 +194,24 @@ pub(crate) fn run_with_attempts<'a>(
                 });
             }
             if let Retry::Lost { stage_id, map } = failure.retry {
+                let reader = format!("stage {} map {}", task.stage_id, task.map);
                 restore(
                     (stage_id, map),
-                    task,
+                    &reader,
                     began,
-                    workers,
+                    executor,
                     attempts,
                     limit,
                     timeout,
                 )
-                .await?;
+                .await
+                .map_err(|reason| TaskFailure {
+                    stage_id: task.stage_id,
+                    map: task.map,
+                    reason,
+                    stderr: String::new(),
+                    retry: Retry::No,
+                })?;
             }
             let first_line = failure.reason.lines().next().unwrap_or_default();
             attempts.log(format!(
@@ -210,30 +224,29 @@ pub(crate) fn run_with_attempts<'a>(
     .boxed()
 }
 
-/// Run the map whose output `task` found lost, unless a rerun of it
-/// finished since `task`'s attempt began.
-async fn restore(
+/// Run the map whose output `reader` (`stage S map M`, or the query's root)
+/// found lost, unless a rerun of it finished since the reader's attempt
+/// began (at `began` on the attempts' clock).
+///
+/// # Errors
+///
+/// Why the output cannot be restored: the query has no such map, or
+/// running it again failed.
+pub(crate) async fn restore(
     lost: Key,
-    task: &Task,
+    reader: &str,
     began: u64,
-    workers: Workers<'_>,
+    executor: &dyn Executor,
     attempts: &Attempts,
     limit: usize,
     timeout: Option<Duration>,
-) -> Result<(), TaskFailure> {
+) -> Result<(), String> {
     let (lost_stage, lost_map) = lost;
-    let fail = |reason: String| TaskFailure {
-        stage_id: task.stage_id,
-        map: task.map,
-        reason,
-        stderr: String::new(),
-        retry: Retry::No,
-    };
     let Some(first) = attempts.first_tasks.get(&lost) else {
-        return Err(fail(format!(
+        return Err(format!(
             "failed: the output of stage {lost_stage} map {lost_map} is lost, and this query \
              has no such task to run again"
-        )));
+        ));
     };
     let lock = Arc::clone(attempts.lock().rerun_locks.entry(lost).or_default());
     let _one_at_a_time = lock.lock().await;
@@ -241,13 +254,13 @@ async fn restore(
         return Ok(());
     }
     let upstream = first.clone();
-    let report = run_with_attempts(workers, attempts, &upstream, limit, timeout)
+    let report = run_with_attempts(executor, attempts, &upstream, limit, timeout)
         .await
         .map_err(|err| {
-            fail(format!(
+            format!(
                 "failed: the output of stage {lost_stage} map {lost_map} is lost, and running \
                  that map again failed: {err}"
-            ))
+            )
         })?;
     let mut state = attempts.lock();
     state.clock += 1;
@@ -256,8 +269,8 @@ async fn restore(
     state.reruns.insert(lost, report);
     state.retries.push(format!(
         "stage {lost_stage} map {lost_map} attempt {}: run again, its output was lost \
-         (read by stage {} map {})",
-        report.attempt, task.stage_id, task.map
+         (read by {reader})",
+        report.attempt
     ));
     Ok(())
 }

@@ -1,50 +1,39 @@
-//! The driver: plan a query once, run its stages wave by wave, finish it.
+//! The driver: plan a query once, hand its stages to the runtime's
+//! scheduler, finish it.
 //!
 //! ```text
-//! refuse a used directory ─► build_session ─► plan ONCE ─► stages (pre-order, asked of the plugin)
-//!   ─► encode each writer ─► tasks/stage-S.plan + tasks/task-S-M.json
-//!   ─► wave 1: stages reading nothing ─► wave 2: stages whose deps are done ─► ...
-//!   ─► execute the root of the SAME plan here (its readers find every file)
+//! claim the location ─► build_session ─► plan ONCE ─► stages (pre-order, asked of the plugin)
+//!   ─► encode each writer ─► the scheduler runs every task (dfx_runtime::scheduler)
+//!   ─► read the root of the SAME plan here; lost output it finds runs again
 //! ```
 //!
-//! The six rules it keeps (DESIGN.md), each at the line that keeps it:
+//! The rules it keeps, each at the line that keeps it:
 //!
 //! 1. encode each stage with its session's codecs;
 //! 2. ship the codec ids, so a worker refuses what it would misread;
-//! 3. the shuffle directory lives in the session config, so it travels
+//! 3. the shuffle location lives in the session config, so it travels
 //!    inside the encoded stage;
 //! 4. a stage runs only once every stage it reads is published, and the
-//!    final read only once every stage is;
+//!    root read only once every stage is (the scheduler's);
 //! 5. ship every stage, keyed by `(stage_id, map)`;
-//! 6. refuse a shuffle directory that already holds stage output, before
-//!    building anything.
-//!
-//! The shuffle location is a local directory or an `s3://bucket/prefix`
-//! URL ([`crate::store`]); the plugin reads and writes either. An S3 location
-//! is probed before anything else, so a bad one fails once, naming it.
-//! Envelopes and encoded stages go into `<dir>/tasks/` for a local location;
-//! for an S3 one into a local scratch directory that lives as long as the
-//! run, since every worker of this host runs on this machine and reads them
-//! from its disk.
+//! 6. claim the location (lock, probe) before building anything.
 
-use std::path::Path;
+pub mod analyze;
+pub mod stages;
+
 use std::sync::Arc;
-use std::time::Instant;
 
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect;
-use dfx_abi::{DriverLock, Plugin};
-
-use crate::dispatch::{
-    FanOutOptions, Task, TaskReports, TaskRows, WorkerCommand, WorkerMode, Workers, run_wave,
+use dfx_abi::Plugin;
+use dfx_runtime::scheduler::{
+    ClaimedLocation, EncodedStage, Executor, ProcessExecutor, Progress, Scheduler,
+    SchedulerOptions, Shutdown, TaskReports, TaskRows, WorkerCommand, WorkerMode, WorkerPool,
 };
-use crate::envelope::{Envelope, TASK_DIR, envelope_path, plan_path};
+
+use crate::driver::stages::{StageInfo, render_with_stages, stages};
 use crate::error::{DataFusionContext, HostError, Result};
-use crate::pool::WorkerPool;
-use crate::retry::Attempts;
-use crate::session::{DfxSession, SessionSpec, build_session};
-use crate::stages::{Stage, StageInfo, render_with_stages, stages, waves};
-use crate::store::{ShuffleLocation, same_location};
+use crate::session::{SessionSpec, build_session};
 
 /// What a distributed run produced, and how.
 #[derive(Debug, Clone)]
@@ -113,7 +102,8 @@ impl DistributedResult {
 pub struct Host {
     plugin: Plugin,
     worker: WorkerCommand,
-    options: FanOutOptions,
+    options: SchedulerOptions,
+    progress: bool,
     mode: WorkerMode,
     pool: Arc<WorkerPool>,
 }
@@ -141,7 +131,8 @@ impl Host {
         Self {
             plugin,
             worker,
-            options: FanOutOptions::default(),
+            options: SchedulerOptions::default(),
+            progress: false,
             mode: WorkerMode::default(),
             pool,
         }
@@ -164,22 +155,29 @@ impl Host {
         &self.pool
     }
 
+    /// The same pool, shared: an executor for a
+    /// [`Scheduler`] of the caller's own (its tasks run on this host's
+    /// workers, and they end with the last holder of the pool).
+    pub fn shared_pool(&self) -> Arc<WorkerPool> {
+        Arc::clone(&self.pool)
+    }
+
     /// End the pool's idle workers in order (end of input, then a wait) and
     /// reap them; see [`WorkerPool::shutdown`]. The pool starts new workers
     /// if the host runs another query afterwards.
-    pub async fn shutdown(&self) -> crate::pool::Shutdown {
+    pub async fn shutdown(&self) -> Shutdown {
         self.pool.shutdown().await
     }
 
     /// Cap the workers running at once (`None`: the cores this process may
-    /// use, [`crate::dispatch::default_max_workers`]).
+    /// use, [`dfx_runtime::scheduler::default_max_workers`]).
     pub fn max_workers(mut self, max: Option<usize>) -> Self {
         self.options.max_workers = max;
         self
     }
 
     /// Attempts per task, the first included (default
-    /// [`crate::retry::DEFAULT_MAX_ATTEMPTS`]; 1: no retry). A task is tried
+    /// [`dfx_runtime::scheduler::DEFAULT_MAX_ATTEMPTS`]; 1: no retry). A task is tried
     /// again when its worker died, was killed, timed out or left no readable
     /// report, or after an upstream map whose output was lost ran again.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
@@ -196,7 +194,7 @@ impl Host {
 
     /// Draw a progress bar on stderr while workers run (only on a terminal).
     pub fn progress(mut self, show: bool) -> Self {
-        self.options.progress = show;
+        self.progress = show;
         self
     }
 
@@ -223,37 +221,11 @@ impl Host {
         sql: &str,
         spec: &SessionSpec,
     ) -> Result<DistributedResult> {
-        let shuffle_dir = spec.shuffle_dir.clone().ok_or_else(|| {
-            HostError::Invalid(
-                "a distributed run needs a shuffle directory; the spec has none".into(),
-            )
-        })?;
         // Rule 6, first of all: nothing is built, planned or written into a
-        // location whose files the readers would take for this query's, or
-        // that another driver is using. A local directory is locked for the
-        // run; the plugin checks the location (and probes an S3 one) before
-        // any worker starts.
-        let location = ShuffleLocation::parse(&shuffle_dir)?;
-        let (task_dir, _scratch, _lock) = match &location {
-            ShuffleLocation::Local(dir) => {
-                let lock = DriverLock::acquire(dir).map_err(HostError::Invalid)?;
-                self.probe_location(&dir.display().to_string(), spec)
-                    .await?;
-                (dir.join(TASK_DIR), None, Some(lock))
-            }
-            ShuffleLocation::S3 { .. } => {
-                self.probe_location(&location.canonical(), spec).await?;
-                // Workers of this host run on this machine: envelopes and
-                // plans stay on its disk, for as long as the run.
-                let scratch = tempfile::Builder::new()
-                    .prefix("dfx-tasks-")
-                    .tempdir()
-                    .map_err(|e| HostError::io("cannot create", std::env::temp_dir(), e))?;
-                (scratch.path().join(TASK_DIR), Some(scratch), None)
-            }
-        };
+        // location another driver uses or that holds stage output.
+        let claim = ClaimedLocation::claim(&self.plugin, spec).await?;
 
-        // Rule 3: the spec's shuffle directory goes into the session config.
+        // Rule 3: the spec's shuffle location goes into the session config.
         let session = build_session(&self.plugin, spec).await?;
         // Planned once: the plan the stages are cut from is the plan whose
         // root runs here at the end, so both name the same files.
@@ -266,153 +238,76 @@ impl Host {
                 self.plugin.stage_node_name()
             )));
         }
-        check_stage_dirs(&stages, &shuffle_dir)?;
-        let infos: Vec<StageInfo> = stages.iter().map(|s| s.info.clone()).collect();
-        let waves = waves(&infos)?;
-
-        let tasks = self.write_tasks(&session, spec, &stages, &task_dir)?;
-        // One for the whole query: a lost map of an earlier wave is run again
-        // from its envelope, and attempt numbers never repeat.
-        let attempts = Attempts::new(&tasks, self.options.max_attempts);
-        let mut dispatched = Vec::new();
-        let mut task_reports = TaskReports::new();
-        let workers = match self.mode {
-            WorkerMode::Pool => Workers::Pool(&self.pool),
-            WorkerMode::Process => Workers::Process(&self.worker),
+        // Rules 1 and 5: every stage, encoded through the session that owns
+        // the codecs.
+        let encoded = stages
+            .iter()
+            .map(|stage| {
+                let bytes = session.encode(Arc::clone(&stage.plan)).map_err(|err| {
+                    HostError::Invalid(format!("stage {}: {err}", stage.stage_id()))
+                })?;
+                Ok(EncodedStage {
+                    info: stage.info.clone(),
+                    bytes,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // Rule 2: the ids the workers must carry.
+        let shipped = SessionSpec {
+            codec_ids: session.codec_ids(),
+            ..spec.clone()
         };
-        for (index, wave) in waves.iter().enumerate() {
-            let wave_tasks: Vec<Task> = tasks
-                .iter()
-                .filter(|t| wave.contains(&t.stage_id))
-                .cloned()
-                .collect();
-            // Rule 4: `run_tasks` returns only once every task of the wave has
-            // ended; a failed wave stops the query, so no stage ever runs
-            // over an input that was not published.
-            match run_wave(workers, &wave_tasks, &self.options, &attempts).await {
-                Ok(reports) => task_reports.extend(reports),
-                Err(HostError::Workers {
-                    total, failures, ..
-                }) => {
-                    return Err(HostError::Workers {
-                        wave: Some(index + 1),
-                        stages: wave.clone(),
-                        total,
-                        failures,
-                    });
-                }
-                Err(other) => return Err(other),
-            }
-            dispatched.extend(wave_tasks.iter().map(|t| (t.stage_id, t.map)));
-        }
+        // A process is given a path, so its envelope is a file; a pooled
+        // worker is sent the envelope itself.
+        let envelope_files = self.mode == WorkerMode::Process;
+        let run = self
+            .scheduler()
+            .run(&shipped, claim.task_dir(), encoded, envelope_files)
+            .await?;
 
         // The root of the same plan: every stage is published, so each reader
-        // finds its files (a missing one is an error naming it, never a
-        // recompute) and the driver runs only what sits above the stages.
-        let final_read = Instant::now();
-        let batches = collect(Arc::clone(&plan), session.ctx().task_ctx())
-            .await
+        // finds its files and the driver runs only what sits above the
+        // stages. A map whose output the root finds lost runs again first.
+        let read = || collect(Arc::clone(&plan), session.ctx().task_ctx());
+        let (batches, final_read_ms) = run
+            .read_root(&self.plugin, &claim.canonical(), read)
+            .await?
             .context(|| {
                 format!(
                     "cannot read the stage output of {sql:?} in {}",
-                    shuffle_dir.display()
+                    claim.canonical()
                 )
             })?;
-        let final_read_ms = final_read.elapsed().as_secs_f64() * 1e3;
-        // A map run again for a later wave published anew: its report is
-        // the one that counts.
-        task_reports.extend(attempts.reruns());
+        let task_reports = run.reports();
         let task_rows: TaskRows = task_reports
             .iter()
             .map(|(key, report)| (*key, report.rows))
             .collect();
         Ok(DistributedResult {
             batches,
-            stages: infos,
-            waves,
-            tasks: dispatched,
+            stages: run.stages().to_vec(),
+            waves: run.waves().to_vec(),
+            tasks: run.tasks().to_vec(),
             task_rows,
             task_reports,
             worker_mode: self.mode,
             final_read_ms,
-            attempts: attempts.made(),
-            retries: attempts.retries(),
+            attempts: run.attempts(),
+            retries: run.retries(),
         })
     }
 
-    /// The plugin's check of the spec's shuffle `location` (see the
-    /// plugin's probe): on a blocking thread, since an S3 probe waits on the
-    /// network for up to its timeout.
-    async fn probe_location(&self, location: &str, spec: &SessionSpec) -> Result<()> {
-        let plugin = self.plugin.clone();
-        let location = location.to_string();
-        let options = spec.store_options.clone();
-        tokio::task::spawn_blocking(move || plugin.probe_location(&location, &options))
-            .await
-            .map_err(|e| {
-                HostError::Invalid(format!("the shuffle location probe did not finish: {e}"))
-            })?
-            .map_err(HostError::Invalid)
-    }
-
-    /// Encode every stage and write its plan file into `task_dir`, and one
-    /// envelope per map (a file in process mode, in memory for the pool);
-    /// returns the tasks in pre-order of their stages, maps ascending.
-    fn write_tasks(
-        &self,
-        session: &DfxSession,
-        spec: &SessionSpec,
-        stages: &[Stage],
-        task_dir: &Path,
-    ) -> Result<Vec<Task>> {
-        // Rule 2: the ids the workers must carry. The driver's session
-        // checked its own against the spec's if the caller set any.
-        let shipped = SessionSpec {
-            codec_ids: session.codec_ids(),
-            ..spec.clone()
+    /// The scheduler over this host's executor and options.
+    fn scheduler(&self) -> Scheduler {
+        let executor: Arc<dyn Executor> = match self.mode {
+            WorkerMode::Pool => Arc::clone(&self.pool) as Arc<dyn Executor>,
+            WorkerMode::Process => Arc::new(ProcessExecutor::new(self.worker.clone())),
         };
-        // The driver's scratch lives in `tasks/`, never beside stage output.
-        std::fs::create_dir_all(task_dir)
-            .map_err(|e| HostError::io("cannot create", task_dir, e))?;
-
-        // Rule 5: every stage, every map.
-        let mut tasks = Vec::new();
-        for stage in stages {
-            let stage_id = stage.stage_id();
-            // Rule 1: encoded through the session that owns the codecs.
-            let bytes = session
-                .encode(Arc::clone(&stage.plan))
-                .map_err(|err| HostError::Invalid(format!("stage {stage_id}: {err}")))?;
-            let plan_file = plan_path(task_dir, stage_id);
-            std::fs::write(&plan_file, &bytes)
-                .map_err(|e| HostError::io("cannot write", &plan_file, e))?;
-            for map in 0..stage.info.maps {
-                let envelope = Envelope {
-                    spec: shipped.clone(),
-                    plan: plan_file.clone(),
-                    stage_id,
-                    partition: map,
-                    attempt: 0,
-                };
-                let path = envelope_path(task_dir, stage_id, map);
-                // A pooled worker is sent the envelope itself; a process is
-                // given a path, so its envelope is a file.
-                let inline = match self.mode {
-                    WorkerMode::Pool => Some(Arc::new(envelope)),
-                    WorkerMode::Process => {
-                        envelope.write(&path)?;
-                        None
-                    }
-                };
-                tasks.push(Task {
-                    stage_id,
-                    map,
-                    envelope: path,
-                    inline,
-                });
-            }
-        }
-        Ok(tasks)
+        let options = SchedulerOptions {
+            progress: progress_bar(self.progress),
+            ..self.options.clone()
+        };
+        Scheduler::new(executor, options)
     }
 
     /// Run `sql` in this process with the same session factory and no
@@ -463,18 +358,48 @@ impl Host {
     }
 }
 
-/// Refuse stages that would publish outside `shuffle_dir`: the workers would
-/// refuse every one of them, after the driver had spawned them all.
-fn check_stage_dirs(stages: &[Stage], shuffle_dir: &Path) -> Result<()> {
-    for stage in stages {
-        if !same_location(&stage.info.shuffle_dir, shuffle_dir) {
-            return Err(HostError::Invalid(format!(
-                "stage {} publishes into {}, not into the query's shuffle directory {}",
-                stage.stage_id(),
-                stage.info.shuffle_dir.display(),
-                shuffle_dir.display()
-            )));
+/// The scheduler's progress bar on stderr: indicatif's with the
+/// `cli-extras` feature, only on a terminal and when asked for.
+#[cfg(feature = "cli-extras")]
+fn progress_bar(wanted: bool) -> Option<Arc<dyn Progress>> {
+    use std::io::IsTerminal as _;
+    (wanted && std::io::stderr().is_terminal())
+        .then(|| Arc::new(Bar::default()) as Arc<dyn Progress>)
+}
+
+/// Without `cli-extras` there is no bar to draw.
+#[cfg(not(feature = "cli-extras"))]
+fn progress_bar(_wanted: bool) -> Option<Arc<dyn Progress>> {
+    None
+}
+
+/// One bar per wave of tasks.
+#[cfg(feature = "cli-extras")]
+#[derive(Default)]
+struct Bar(std::sync::Mutex<Option<indicatif::ProgressBar>>);
+
+#[cfg(feature = "cli-extras")]
+impl Progress for Bar {
+    fn start(&self, total: usize) {
+        use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+        let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
+        if let Ok(style) =
+            ProgressStyle::with_template("{spinner} workers {pos}/{len} [{bar:30}] {elapsed}")
+        {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(bar);
+    }
+
+    fn task_done(&self) {
+        if let Some(bar) = &*self.0.lock().unwrap_or_else(|p| p.into_inner()) {
+            bar.inc(1);
         }
     }
-    Ok(())
+
+    fn finish(&self) {
+        if let Some(bar) = self.0.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            bar.finish_and_clear();
+        }
+    }
 }

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{HostError, Result};
+use crate::error::{Result, RuntimeError};
 
 /// Scheme of an S3 location.
 pub const S3_SCHEME: &str = "s3://";
@@ -54,7 +54,7 @@ impl ShuffleLocation {
             let rest = rest.trim_end_matches('/');
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {
-                return Err(HostError::Invalid(format!(
+                return Err(RuntimeError::Invalid(format!(
                     "shuffle location {text}: no bucket after s3://"
                 )));
             }
@@ -72,7 +72,7 @@ impl ShuffleLocation {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '+')
         {
-            return Err(HostError::Invalid(format!(
+            return Err(RuntimeError::Invalid(format!(
                 "shuffle location {text}: unsupported scheme {scheme}://; use a local path, \
                  file:// or s3://bucket/prefix"
             )));

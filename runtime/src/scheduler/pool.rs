@@ -7,9 +7,9 @@
 //!            │  (or start   │ worker --serve (pid 42, warm) │   reported an error)
 //!            │   a new one) └──────────────────────────────┘
 //!            ▼
-//!   stdin  {"envelope": ".../task-S-M.json"}
+//!   stdin  {"task": {<envelope>}}  (or {"envelope": "<file>"})
 //!   stdout ... other lines, kept ...
-//!   stdout {"stage_id": S, "partition": M, "rows": R, ...}  or  {..., "error": "..."}
+//!   stdout {"stage_id": S, "partition": M, "rows": R, ...}  or  {..., "error": "...", "retry": ...}
 //! ```
 //!
 //! A task costs a request line and a response line instead of a process
@@ -17,7 +17,7 @@
 //! warm). The guarantees of process mode hold:
 //!
 //! - **nothing outlives its owner**: every worker is started `kill_on_drop`.
-//!   An idle worker is owned by the pool (dropping the last [`crate::Host`]
+//!   An idle worker is owned by the pool (dropping the last host
 //!   holding it kills it); a busy one by the future running its task, so
 //!   dropping that future (an error upstream, a timeout, Ctrl-C) kills the
 //!   worker mid-task rather than letting it write into a directory its driver
@@ -31,7 +31,7 @@
 //!
 //! A pool belongs to the tokio runtime it first started workers in (their
 //! pipes are registered with it); a host driven from several runtimes in
-//! turn should use [`crate::dispatch::WorkerMode::Process`].
+//! turn should use [`crate::scheduler::WorkerMode::Process`].
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,9 +41,13 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-use crate::dispatch::{Task, TaskReport, WorkerCommand, describe_exit};
-use crate::envelope::{Envelope, ServeRequest, ServeResponse};
+use async_trait::async_trait;
+
 use crate::error::{Retry, TaskFailure};
+use crate::protocol::{Envelope, Request, Response, WorkerReport};
+use crate::scheduler::executor::Executor;
+use crate::scheduler::process::{WorkerCommand, describe_exit};
+use crate::scheduler::task::{Task, TaskReport};
 
 /// Lines of stderr kept per worker: enough to explain a failure, bounded so
 /// a chatty worker serving thousands of tasks holds no more than this.
@@ -235,6 +239,17 @@ impl WorkerPool {
     }
 }
 
+#[async_trait]
+impl Executor for WorkerPool {
+    async fn run(&self, task: &Task, slots: usize) -> Result<TaskReport, TaskFailure> {
+        WorkerPool::run(self, task, slots).await
+    }
+
+    fn name(&self) -> String {
+        "pool".into()
+    }
+}
+
 /// A poisoned lock only means another task panicked while holding it; the
 /// data (a list of workers, a tail of lines) is still whole.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -331,13 +346,13 @@ impl Drop for PooledWorker {
 }
 
 impl PooledWorker {
-    async fn run(&mut self, task: &Task) -> Result<crate::WorkerReport, Failed> {
+    async fn run(&mut self, task: &Task) -> Result<WorkerReport, Failed> {
         let mark = lock(&self.tail).total;
         let request = match &task.inline {
-            Some(envelope) => ServeRequest::Inline {
+            Some(envelope) => Request::Inline {
                 task: Box::new(Envelope::clone(envelope)),
             },
-            None => ServeRequest::File {
+            None => Request::File {
                 envelope: task.envelope.clone(),
             },
         };
@@ -358,7 +373,7 @@ impl PooledWorker {
         let mut output = Vec::new();
         let response = loop {
             match self.stdout.next_line().await {
-                Ok(Some(line)) => match ServeResponse::parse_line(&line) {
+                Ok(Some(line)) => match Response::parse_line(&line) {
                     None => output.push(line),
                     Some(Ok(response)) => break response,
                     Some(Err(unreadable)) => {
@@ -383,7 +398,7 @@ impl PooledWorker {
             }
         };
         match response {
-            ServeResponse::Report(report) => {
+            Response::Report(report) => {
                 if (report.stage_id, report.partition) != (task.stage_id, task.map) {
                     let reason = format!(
                         "its worker (pid {}) reported stage {} map {} instead of its own task",
@@ -398,14 +413,14 @@ impl PooledWorker {
                 }
                 Ok(report)
             }
-            ServeResponse::Error(error) => {
+            Response::Error(error) => {
                 let own = error.stage_id.is_none_or(|s| s == task.stage_id)
                     && error.partition.is_none_or(|m| m == task.map);
                 let stderr = self.stderr_with_output(mark, &output);
                 if own {
-                    // The worker is in step and says why: final, unless an
-                    // upstream map's output is lost.
-                    let retry = Retry::of_reported(&error.error);
+                    // The worker is in step and says why, with the class the
+                    // plugin recorded where the error was made.
+                    let retry = Retry::from(error.retry);
                     Err(Failed::Reported(failure(
                         task,
                         format!("failed: {}", error.error),

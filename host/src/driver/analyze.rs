@@ -14,8 +14,8 @@
 //! make shorter. Task times are the driver's (dispatch to report), known for
 //! every worker, old or new.
 
-use crate::dispatch::TaskReport;
 use crate::driver::DistributedResult;
+use dfx_runtime::scheduler::TaskReport;
 
 /// One stage's tasks, summed up.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,8 +185,8 @@ pub fn render(result: &DistributedResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::{TaskReports, WorkerMode};
-    use crate::stages::StageInfo;
+    use crate::driver::stages::StageInfo;
+    use dfx_runtime::scheduler::{TaskReports, WorkerMode};
 
     fn stage(stage_id: u64, maps: usize, deps: Vec<u64>) -> StageInfo {
         StageInfo {

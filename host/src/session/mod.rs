@@ -6,7 +6,10 @@
 //! config extension and functions. Driver and worker call the same function
 //! with the same spec, so a plan one encodes the other can decode.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+pub mod codec_chain;
+pub mod query_planner;
+
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::SystemTime;
@@ -27,223 +30,14 @@ use datafusion_proto::bytes::{
 use datafusion_proto::logical_plan::DefaultLogicalExtensionCodec;
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 use dfx_abi::{PARQUET_FOOTER_HINT, Plugin};
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::codec_chain::CodecChain;
 use crate::error::{DataFusionContext, HostError, Result};
-use crate::query_planner::PluginQueryPlanner;
+use crate::session::codec_chain::CodecChain;
+use crate::session::query_planner::PluginQueryPlanner;
 
-/// Partitions a session plans for unless told otherwise. Pinned rather than
-/// the core count, so a plan's shape does not depend on the machine it was
-/// planned on.
-pub const DEFAULT_TARGET_PARTITIONS: usize = 2;
-
-/// Extension of the files a table directory is scanned for.
-pub const PARQUET_EXTENSION: &str = ".parquet";
-
-/// Everything a session depends on; travels as JSON in a task envelope.
-///
-/// ```
-/// let spec: dfx_host::SessionSpec = serde_json::from_str(
-///     r#"{"tables": {"lineitem": "/data/lineitem"}, "shuffle_dir": "/tmp/q1"}"#,
-/// ).unwrap();
-/// assert_eq!(spec.target_partitions, 2);
-/// assert!(spec.codec_ids.is_empty());
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionSpec {
-    /// Table name → directory of Parquet files (one partition per file).
-    #[serde(default)]
-    pub tables: BTreeMap<String, PathBuf>,
-    /// Where stage output goes: a local directory, `file://...` or
-    /// `s3://bucket/prefix`. `None` (written as `""`) means "do not
-    /// distribute": the planner inserts no stage.
-    #[serde(
-        default,
-        serialize_with = "write_shuffle_dir",
-        deserialize_with = "read_shuffle_dir"
-    )]
-    pub shuffle_dir: Option<PathBuf>,
-    /// Partitions the session plans for.
-    #[serde(default = "default_target_partitions")]
-    pub target_partitions: usize,
-    /// The physical codec ids a correctly built session carries. Empty means
-    /// "not known yet"; the driver fills it in before shipping the spec.
-    #[serde(default)]
-    pub codec_ids: Vec<String>,
-    /// Where the plugin's planner cuts the plan into stages
-    /// (`dfx_engine.split`). Absent in a spec means [`Split::Exchange`].
-    #[serde(default)]
-    pub split: Split,
-    /// How workers compress bucket files (`dfx_engine.shuffle_compression`).
-    /// Absent in a spec means [`ShuffleCompression::Auto`]; left out of the
-    /// JSON when it is the default, so older readers still take the spec.
-    #[serde(default, skip_serializing_if = "ShuffleCompression::is_default")]
-    pub shuffle_compression: ShuffleCompression,
-    /// How an `s3://` location is reached, over the AWS environment
-    /// variables: `s3_endpoint`, `s3_region`, `s3_allow_http` (`"true"`),
-    /// set as the plugin's `dfx_engine.<key>`. Never credentials: the spec
-    /// is written into every envelope; they come from the environment.
-    /// Left out of the JSON when empty.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub store_options: BTreeMap<String, String>,
-    /// The most memory, in bytes, each map task's operators may hold: a
-    /// memory pool in the worker (see [`crate::memory`]). `None`: no limit.
-    /// Left out of the JSON when unset.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_limit: Option<u64>,
-}
-
-impl Default for SessionSpec {
-    fn default() -> Self {
-        Self {
-            tables: BTreeMap::new(),
-            shuffle_dir: None,
-            target_partitions: DEFAULT_TARGET_PARTITIONS,
-            codec_ids: Vec::new(),
-            split: Split::default(),
-            shuffle_compression: ShuffleCompression::default(),
-            store_options: BTreeMap::new(),
-            memory_limit: None,
-        }
-    }
-}
-
-/// How workers compress the bucket files they publish: the value of
-/// `dfx_engine.shuffle_compression`.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum ShuffleCompression {
-    /// By location: none for a local directory, LZ4 for S3.
-    #[default]
-    Auto,
-    /// LZ4 frames, per Arrow IPC buffer.
-    Lz4,
-    /// Uncompressed Arrow IPC: more bytes, no codec time.
-    None,
-}
-
-impl ShuffleCompression {
-    /// The config value (`auto`, `lz4`, `none`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ShuffleCompression::Auto => "auto",
-            ShuffleCompression::Lz4 => "lz4",
-            ShuffleCompression::None => "none",
-        }
-    }
-
-    fn is_default(&self) -> bool {
-        *self == Self::default()
-    }
-}
-
-impl std::fmt::Display for ShuffleCompression {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Where the plugin's planner cuts a plan into stages: the value of
-/// `dfx_engine.split`, spelled in JSON and on the command line as the
-/// plugin spells it.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Split {
-    /// At every exchange: hash repartitions, merges, broadcast build sides,
-    /// and single-task stages for operators that need all of an input.
-    #[default]
-    Exchange,
-    /// Round 1's rule: every topmost partial aggregate is a stage, and a
-    /// plan without one is one stage.
-    Aggregate,
-}
-
-impl Split {
-    /// Both modes, for callers that check every one.
-    pub const ALL: [Split; 2] = [Split::Exchange, Split::Aggregate];
-
-    /// The config value (`exchange`, `aggregate`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Split::Exchange => "exchange",
-            Split::Aggregate => "aggregate",
-        }
-    }
-}
-
-impl std::fmt::Display for Split {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl SessionSpec {
-    /// A spec over `tables`, with defaults for everything else.
-    pub fn new(tables: impl IntoIterator<Item = (String, PathBuf)>) -> Self {
-        Self {
-            tables: tables.into_iter().collect(),
-            ..Self::default()
-        }
-    }
-
-    /// This spec with `shuffle_dir` set.
-    pub fn with_shuffle_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.shuffle_dir = Some(dir.into());
-        self
-    }
-
-    /// This spec with no shuffle directory (for a local run).
-    pub fn without_shuffle_dir(mut self) -> Self {
-        self.shuffle_dir = None;
-        self
-    }
-
-    /// This spec planning for `partitions` partitions.
-    pub fn with_target_partitions(mut self, partitions: usize) -> Self {
-        self.target_partitions = partitions;
-        self
-    }
-
-    /// This spec cutting plans into stages by `split`.
-    pub fn with_split(mut self, split: Split) -> Self {
-        self.split = split;
-        self
-    }
-
-    /// This spec's workers compressing bucket files with `compression`.
-    pub fn with_shuffle_compression(mut self, compression: ShuffleCompression) -> Self {
-        self.shuffle_compression = compression;
-        self
-    }
-}
-
-fn default_target_partitions() -> usize {
-    DEFAULT_TARGET_PARTITIONS
-}
-
-// `""` rather than `null` for "no directory": the Python driver's spec
-// spells it that way, and envelopes cross between the two hosts.
-fn write_shuffle_dir<S: Serializer>(
-    dir: &Option<PathBuf>,
-    s: S,
-) -> std::result::Result<S::Ok, S::Error> {
-    match dir {
-        Some(dir) => dir.serialize(s),
-        None => s.serialize_str(""),
-    }
-}
-
-fn read_shuffle_dir<'de, D: Deserializer<'de>>(
-    d: D,
-) -> std::result::Result<Option<PathBuf>, D::Error> {
-    let dir: Option<String> = Option::deserialize(d)?;
-    Ok(dir.filter(|d| !d.is_empty()).map(PathBuf::from))
-}
+pub use dfx_runtime::spec::{
+    DEFAULT_TARGET_PARTITIONS, PARQUET_EXTENSION, SessionSpec, ShuffleCompression, Split,
+};
 
 /// A session built by [`build_session`], with the codec chain it encodes and
 /// decodes stages with.
@@ -373,34 +167,22 @@ impl DfxSession {
             .context(|| format!("cannot encode the plan rooted at {name}"))
     }
 
-    /// Run `vet` on the encoded stage `bytes` unless this session already
-    /// vetted the same bytes. The verdict depends only on the bytes and the
-    /// spec (its tables and shuffle location), and a serving worker runs
-    /// every map of a stage from the same bytes: vetting walks the whole
-    /// plan, so it is done once per stage, not once per map. The bytes
-    /// themselves are the key, compared whole: no hash collision can pass a
-    /// stage that was never vetted.
-    ///
-    /// # Errors
-    ///
-    /// `vet`'s refusal; a refused stage is not remembered.
-    pub fn vet_once<E>(
-        &self,
-        bytes: &[u8],
-        vet: impl FnOnce() -> std::result::Result<(), E>,
-    ) -> std::result::Result<(), E> {
-        let known = |vetted: &HashSet<Vec<u8>>| vetted.contains(bytes);
-        if self.vetted.lock().is_ok_and(|v| known(&v)) {
-            return Ok(());
-        }
-        vet()?;
+    /// Whether this session vetted the encoded stage `bytes` already. The
+    /// bytes themselves are the key, compared whole: no hash collision can
+    /// pass a stage that was never vetted.
+    pub fn is_vetted(&self, bytes: &[u8]) -> bool {
+        self.vetted.lock().is_ok_and(|v| v.contains(bytes))
+    }
+
+    /// Remember that the encoded stage `bytes` passed the vet in this
+    /// session (its verdict depends only on the bytes and the spec).
+    pub fn mark_vetted(&self, bytes: &[u8]) {
         if let Ok(mut vetted) = self.vetted.lock() {
             if vetted.len() >= VETTED_STAGES {
                 vetted.clear();
             }
             vetted.insert(bytes.to_vec());
         }
-        Ok(())
     }
 
     /// The stage encoded as `bytes`, read from a plan file the driver wrote
@@ -625,7 +407,7 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
     // run alone (no join dynamic filter, no physical scalar subquery, which
     // joins may collect their build side) are the plugin planner's, defined
     // once there for both split modes: it plans with a copy of this config
-    // and sets them itself. Setting them here too is how round 1's copies
+    // and sets them itself. Setting them here too is how earlier copies
     // drifted apart; only what applies at *execution* in a worker, which the
     // planner cannot reach, is set above.
     let options = plugin

@@ -1,0 +1,131 @@
+//! A worker's checks of a task before anything is decoded from it: the one
+//! definition, called by the workers of both hosts.
+//!
+//! An envelope is code, and bytes decoded by the wrong codecs are misread
+//! rather than refused, so in this order:
+//!
+//! 1. the session's codec ids equal the ones the driver encoded with;
+//! 2. the encoded stage (read by the plugin without decoding) is the
+//!    envelope's stage, publishes into the spec's shuffle location (a plan
+//!    must not make a worker write outside its query's location), and has
+//!    the envelope's map;
+//! 3. the plugin vets it: no sink, no file outside the spec's tables, no
+//!    writer aimed elsewhere, no extension node that is not dfx's.
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use dfx_abi::Plugin;
+
+use crate::error::{Result, RuntimeError};
+use crate::protocol::Envelope;
+use crate::spec::same_location;
+
+/// A task as a worker receives it: its envelope and its encoded stage.
+#[derive(Debug, Clone)]
+pub struct TaskInput {
+    /// The envelope.
+    pub envelope: Envelope,
+    /// The encoded stage the envelope's `plan` names.
+    pub plan: Vec<u8>,
+    /// When the driver wrote the plan file, if known: a serving worker keeps
+    /// a decoded stage only for the same bytes written at the same time.
+    pub written: Option<SystemTime>,
+}
+
+impl TaskInput {
+    /// Read the encoded stage `envelope.plan` names.
+    ///
+    /// # Errors
+    ///
+    /// A plan file that cannot be read, named.
+    pub fn read(envelope: Envelope) -> Result<Self> {
+        let read = |path: &Path| -> std::io::Result<(Vec<u8>, Option<SystemTime>)> {
+            let mut file = std::fs::File::open(path)?;
+            let written = file.metadata().and_then(|meta| meta.modified()).ok();
+            let mut bytes = Vec::new();
+            file.read_to_end(&mut bytes)?;
+            Ok((bytes, written))
+        };
+        let (plan, written) = read(&envelope.plan)
+            .map_err(|e| RuntimeError::io("cannot read plan", &envelope.plan, e))?;
+        Ok(Self {
+            envelope,
+            plan,
+            written,
+        })
+    }
+
+    /// `stage S map M`, as every message of the task begins.
+    pub fn name(&self) -> String {
+        format!(
+            "stage {} map {}",
+            self.envelope.stage_id, self.envelope.partition
+        )
+    }
+}
+
+/// Check `task` before it is decoded, in a session carrying `codec_ids`:
+/// steps 1 and 2 of this module, then step 3 when `vet` (a worker that
+/// vetted the same bytes in the same session may skip it).
+///
+/// # Errors
+///
+/// The first check that fails, naming stage, map and plan file, what was
+/// expected and what was found.
+pub fn check_task(
+    plugin: &Plugin,
+    task: &TaskInput,
+    codec_ids: &[String],
+    vet: bool,
+) -> std::result::Result<(), String> {
+    let envelope = &task.envelope;
+    let name = task.name();
+    let plan_file = envelope.plan.display();
+    if codec_ids != envelope.spec.codec_ids.as_slice() {
+        return Err(format!(
+            "{name}: refusing to decode {plan_file}: it was encoded with codec ids {:?} but this \
+             worker's session carries {codec_ids:?}",
+            envelope.spec.codec_ids
+        ));
+    }
+    let info = plugin
+        .encoded_stage_info(&task.plan)
+        .map_err(|err| format!("{name}: plan {plan_file}: {}", err.strip_backtrace()))?;
+    if info.stage_id != envelope.stage_id {
+        return Err(format!(
+            "{name}: plan {plan_file} holds stage {}, not the envelope's stage {}",
+            info.stage_id, envelope.stage_id
+        ));
+    }
+    let Some(expected) = envelope.spec.shuffle_dir.as_deref() else {
+        return Err(format!(
+            "{name}: the envelope's spec has no shuffle directory, so no stage may run"
+        ));
+    };
+    // Compared as locations: `file:///x` is `/x`, a trailing `/` does not
+    // count, and an `s3://` URL keeps its `//`.
+    if !same_location(Path::new(info.shuffle_dir.as_str()), expected) {
+        return Err(format!(
+            "{name}: refusing a stage whose shuffle directory differs from the envelope's: the \
+             stage names {}, the envelope's spec {}; a plan must not make a worker write outside \
+             its query's directory",
+            info.shuffle_dir,
+            expected.display()
+        ));
+    }
+    if envelope.partition as u64 >= info.maps {
+        return Err(format!(
+            "{name}: map {} out of range; the stage in {plan_file} has {} map(s)",
+            envelope.partition, info.maps
+        ));
+    }
+    if vet {
+        let tables: Vec<PathBuf> = envelope.spec.tables.values().cloned().collect();
+        plugin
+            .vet_stage(&task.plan, &tables, &expected.display().to_string())
+            .map_err(|err| format!("{name}: plan {plan_file}: {}", err.strip_backtrace()))?;
+    }
+    Ok(())
+}

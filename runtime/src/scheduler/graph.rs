@@ -1,0 +1,135 @@
+//! The stage graph the scheduler is given: each stage's id, maps, buckets
+//! and the stages it reads, as the plugin describes them.
+//!
+//! ```text
+//! root (driver) ── reader ── writer S1 (deps [2]) ── ... ── reader ── writer S2 (deps [])
+//! ```
+//!
+//! A **stage** runs as one **map task** per partition of its input; each map
+//! splits its rows into **buckets**. A stage may run once every stage it
+//! **deps** on is published. The graph comes from the plugin's exports
+//! (`stage_info` of a writer, `encoded_stage_info` of its bytes), never from
+//! a display string.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use dfx_abi::DfxStageInfo;
+use serde::Serialize;
+
+use crate::error::{Result, RuntimeError};
+
+/// What the plugin says about one stage: everything a driver schedules by.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StageInfo {
+    /// The id the planner gave the writer (checked against its position).
+    pub stage_id: u64,
+    /// The shuffle directory the writer publishes into.
+    pub shuffle_dir: PathBuf,
+    /// Map tasks: one per partition of the writer's input.
+    pub maps: usize,
+    /// Buckets each map splits its rows into.
+    pub buckets: usize,
+    /// Ids of the stages this one reads, ascending: it runs once all of them
+    /// are published.
+    pub deps: Vec<u64>,
+    /// How rows are split into buckets, for display (`hash([k@0], 4)`, `single`).
+    pub partitioning: String,
+}
+
+impl From<DfxStageInfo> for StageInfo {
+    fn from(info: DfxStageInfo) -> Self {
+        Self {
+            stage_id: info.stage_id,
+            shuffle_dir: PathBuf::from(info.shuffle_dir.as_str()),
+            maps: info.maps as usize,
+            buckets: info.buckets as usize,
+            deps: info.deps.iter().copied().collect(),
+            partitioning: info.partitioning.into_string(),
+        }
+    }
+}
+
+/// Group `stages` into waves: each wave holds every stage (in the order
+/// given) whose deps are all in earlier waves.
+///
+/// # Errors
+///
+/// A dep that names no stage of the plan, or stages that can never run
+/// (each waits for another); either would leave the driver waiting forever.
+pub fn waves(stages: &[StageInfo]) -> Result<Vec<Vec<u64>>> {
+    let known: BTreeSet<u64> = stages.iter().map(|s| s.stage_id).collect();
+    for stage in stages {
+        if let Some(missing) = stage.deps.iter().find(|d| !known.contains(d)) {
+            return Err(RuntimeError::Invalid(format!(
+                "stage {} reads stage {missing}, which is not in the plan (stages {:?})",
+                stage.stage_id, known
+            )));
+        }
+    }
+    let mut done = BTreeSet::new();
+    let mut waves = Vec::new();
+    while done.len() < stages.len() {
+        let wave: Vec<u64> = stages
+            .iter()
+            .filter(|s| !done.contains(&s.stage_id) && s.deps.iter().all(|d| done.contains(d)))
+            .map(|s| s.stage_id)
+            .collect();
+        if wave.is_empty() {
+            let stuck: Vec<u64> = stages
+                .iter()
+                .map(|s| s.stage_id)
+                .filter(|id| !done.contains(id))
+                .collect();
+            return Err(RuntimeError::Invalid(format!(
+                "stages {stuck:?} wait for each other and can never run"
+            )));
+        }
+        done.extend(wave.iter().copied());
+        waves.push(wave);
+    }
+    Ok(waves)
+}
+
+/// One line describing a stage: `stage 2 (maps 4, buckets 4, hash([k@0], 4), deps [3])`.
+pub fn describe(info: &StageInfo) -> String {
+    format!(
+        "stage {} (maps {}, buckets {}, {}, deps {:?})",
+        info.stage_id, info.maps, info.buckets, info.partitioning, info.deps
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(stage_id: u64, deps: &[u64]) -> StageInfo {
+        StageInfo {
+            stage_id,
+            shuffle_dir: PathBuf::from("/s"),
+            maps: 2,
+            buckets: 2,
+            deps: deps.to_vec(),
+            partitioning: "single".into(),
+        }
+    }
+
+    #[test]
+    fn a_stage_runs_in_the_wave_after_its_last_dep() {
+        // 1 reads 2 and 4; 2 reads 3; 3 and 4 read nothing.
+        let stages = [info(1, &[2, 4]), info(2, &[3]), info(3, &[]), info(4, &[])];
+        assert_eq!(waves(&stages).unwrap(), vec![vec![3, 4], vec![2], vec![1]]);
+        assert_eq!(waves(&[info(1, &[])]).unwrap(), vec![vec![1]]);
+        assert!(waves(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn unknown_or_circular_deps_are_refused_instead_of_waiting_forever() {
+        let err = waves(&[info(1, &[7])]).unwrap_err().to_string();
+        assert!(err.contains("stage 1 reads stage 7"), "{err}");
+        let err = waves(&[info(1, &[2]), info(2, &[1])])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("[1, 2] wait for each other"), "{err}");
+    }
+}

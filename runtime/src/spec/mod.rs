@@ -1,0 +1,340 @@
+//! The session spec: everything a session depends on, written once for
+//! both hosts.
+//!
+//! A [`SessionSpec`] travels as JSON inside every task envelope, from a
+//! driver of either host to a worker of either host. Each host builds its
+//! DataFusion session from it (the Rust host in `dfx_host::session`, the
+//! Python package in `dfx_engine.session`, which reads the spec through this
+//! type), so both sides plan, encode and decode with the same settings.
+
+pub mod location;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+pub use location::{ShuffleLocation, same_location};
+
+/// Partitions a session plans for unless told otherwise. Pinned rather than
+/// the core count, so a plan's shape does not depend on the machine it was
+/// planned on.
+pub const DEFAULT_TARGET_PARTITIONS: usize = 2;
+
+/// Extension of the files a table directory is scanned for.
+pub const PARQUET_EXTENSION: &str = ".parquet";
+
+/// Everything a session depends on; travels as JSON in a task envelope.
+///
+/// ```
+/// let spec: dfx_runtime::SessionSpec = serde_json::from_str(
+///     r#"{"tables": {"lineitem": "/data/lineitem"}, "shuffle_dir": "/tmp/q1"}"#,
+/// ).unwrap();
+/// assert_eq!(spec.target_partitions, 2);
+/// assert!(spec.codec_ids.is_empty());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionSpec {
+    /// Table name → directory of Parquet files (one partition per file).
+    #[serde(default)]
+    pub tables: BTreeMap<String, PathBuf>,
+    /// Where stage output goes: a local directory, `file://...` or
+    /// `s3://bucket/prefix`. `None` (written as `""`) means "do not
+    /// distribute": the planner inserts no stage.
+    #[serde(
+        default,
+        serialize_with = "write_shuffle_dir",
+        deserialize_with = "read_shuffle_dir"
+    )]
+    pub shuffle_dir: Option<PathBuf>,
+    /// Partitions the session plans for.
+    #[serde(default = "default_target_partitions")]
+    pub target_partitions: usize,
+    /// The physical codec ids a correctly built session carries. Empty means
+    /// "not known yet"; the driver fills it in before shipping the spec.
+    #[serde(default)]
+    pub codec_ids: Vec<String>,
+    /// Where the plugin's planner cuts the plan into stages
+    /// (`dfx_engine.split`). Absent in a spec means [`Split::Exchange`].
+    #[serde(default)]
+    pub split: Split,
+    /// How workers compress the segments of their map files (`dfx_engine.shuffle_compression`).
+    /// Absent in a spec means [`ShuffleCompression::Auto`]; left out of the
+    /// JSON when it is the default, so older readers still take the spec.
+    #[serde(default, skip_serializing_if = "ShuffleCompression::is_default")]
+    pub shuffle_compression: ShuffleCompression,
+    /// How an `s3://` location is reached, over the AWS environment
+    /// variables: `s3_endpoint`, `s3_region`, `s3_allow_http` (`"true"`),
+    /// set as the plugin's `dfx_engine.<key>`. Never credentials: the spec
+    /// is written into every envelope; they come from the environment.
+    /// Left out of the JSON when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub store_options: BTreeMap<String, String>,
+    /// The most memory, in bytes, each map task's operators may hold: a
+    /// memory pool in the worker, below the stage's writer. `None`: no limit.
+    /// Left out of the JSON when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<u64>,
+}
+
+impl Default for SessionSpec {
+    fn default() -> Self {
+        Self {
+            tables: BTreeMap::new(),
+            shuffle_dir: None,
+            target_partitions: DEFAULT_TARGET_PARTITIONS,
+            codec_ids: Vec::new(),
+            split: Split::default(),
+            shuffle_compression: ShuffleCompression::default(),
+            store_options: BTreeMap::new(),
+            memory_limit: None,
+        }
+    }
+}
+
+/// How workers compress the map files they publish: the value of
+/// `dfx_engine.shuffle_compression`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum ShuffleCompression {
+    /// By location: none for a local directory, LZ4 for S3.
+    #[default]
+    Auto,
+    /// LZ4 frames, per Arrow IPC buffer.
+    Lz4,
+    /// Uncompressed Arrow IPC: more bytes, no codec time.
+    None,
+}
+
+impl ShuffleCompression {
+    /// The config value (`auto`, `lz4`, `none`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShuffleCompression::Auto => "auto",
+            ShuffleCompression::Lz4 => "lz4",
+            ShuffleCompression::None => "none",
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl std::fmt::Display for ShuffleCompression {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where the plugin's planner cuts a plan into stages: the value of
+/// `dfx_engine.split`, spelled in JSON and on the command line as the
+/// plugin spells it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum Split {
+    /// At every exchange: hash repartitions, merges, broadcast build sides,
+    /// and single-task stages for operators that need all of an input.
+    #[default]
+    Exchange,
+    /// The aggregate split: every topmost partial aggregate is a stage, and
+    /// a plan without one is one stage.
+    Aggregate,
+}
+
+impl Split {
+    /// Both modes, for callers that check every one.
+    pub const ALL: [Split; 2] = [Split::Exchange, Split::Aggregate];
+
+    /// The config value (`exchange`, `aggregate`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Split::Exchange => "exchange",
+            Split::Aggregate => "aggregate",
+        }
+    }
+}
+
+impl std::fmt::Display for Split {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl SessionSpec {
+    /// A spec over `tables`, with defaults for everything else.
+    pub fn new(tables: impl IntoIterator<Item = (String, PathBuf)>) -> Self {
+        Self {
+            tables: tables.into_iter().collect(),
+            ..Self::default()
+        }
+    }
+
+    /// This spec with `shuffle_dir` set.
+    pub fn with_shuffle_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.shuffle_dir = Some(dir.into());
+        self
+    }
+
+    /// This spec with no shuffle directory (for a local run).
+    pub fn without_shuffle_dir(mut self) -> Self {
+        self.shuffle_dir = None;
+        self
+    }
+
+    /// This spec planning for `partitions` partitions.
+    pub fn with_target_partitions(mut self, partitions: usize) -> Self {
+        self.target_partitions = partitions;
+        self
+    }
+
+    /// This spec cutting plans into stages by `split`.
+    pub fn with_split(mut self, split: Split) -> Self {
+        self.split = split;
+        self
+    }
+
+    /// This spec's workers compressing their map files with `compression`.
+    pub fn with_shuffle_compression(mut self, compression: ShuffleCompression) -> Self {
+        self.shuffle_compression = compression;
+        self
+    }
+}
+
+fn default_target_partitions() -> usize {
+    DEFAULT_TARGET_PARTITIONS
+}
+
+// `""` rather than `null` for "no directory": the Python driver's spec
+// spells it that way, and envelopes cross between the two hosts.
+fn write_shuffle_dir<S: Serializer>(
+    dir: &Option<PathBuf>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match dir {
+        Some(dir) => dir.serialize(s),
+        None => s.serialize_str(""),
+    }
+}
+
+fn read_shuffle_dir<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<PathBuf>, D::Error> {
+    let dir: Option<String> = Option::deserialize(d)?;
+    Ok(dir.filter(|d| !d.is_empty()).map(PathBuf::from))
+}
+
+/// The keys of [`SessionSpec::store_options`], each set as the plugin's
+/// `dfx_engine.<key>`: the S3 endpoint, region, and whether plain http is
+/// allowed (`"true"` or `"false"`). Never credentials: the spec is written
+/// into every envelope.
+pub const STORE_OPTION_KEYS: [&str; 3] = [
+    location::S3_ENDPOINT,
+    location::S3_REGION,
+    location::S3_ALLOW_HTTP,
+];
+
+impl SessionSpec {
+    /// Read a spec from its JSON text and check it ([`Self::validate`]).
+    ///
+    /// # Errors
+    ///
+    /// JSON that is not a spec (the parser's message names the field), or a
+    /// spec [`Self::validate`] refuses.
+    pub fn from_json(text: &str) -> crate::Result<Self> {
+        // Through the path of the field that failed, so the message names it
+        // (serde's own says only "unknown variant" for a bad `split`).
+        let deserializer = &mut serde_json::Deserializer::from_str(text);
+        let spec: Self = serde_path_to_error::deserialize(deserializer).map_err(|err| {
+            crate::RuntimeError::Invalid(format!(
+                "not a dfx session spec: field {}: {}",
+                err.path(),
+                err.inner()
+            ))
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// The spec as JSON text.
+    pub fn to_json(&self) -> String {
+        // Cannot fail: strings, numbers and maps with string keys.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Refuse a spec no session can be built from, naming the field: a
+    /// `target_partitions` of 0, a store option the plugin does not take, an
+    /// `s3_allow_http` other than `true` or `false`, or a shuffle location of
+    /// an unsupported scheme.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::RuntimeError::Invalid`] saying what was expected and found.
+    pub fn validate(&self) -> crate::Result<()> {
+        let invalid = |message: String| Err(crate::RuntimeError::Invalid(message));
+        if self.target_partitions == 0 {
+            return invalid("session spec target_partitions must be at least 1, got 0".into());
+        }
+        let unknown: Vec<&String> = self
+            .store_options
+            .keys()
+            .filter(|key| !STORE_OPTION_KEYS.contains(&key.as_str()))
+            .collect();
+        if !unknown.is_empty() {
+            return invalid(format!(
+                "session spec store_options has unknown keys {unknown:?}; the keys are \
+                 {STORE_OPTION_KEYS:?} (credentials come from the environment, never from the \
+                 spec)"
+            ));
+        }
+        if let Some(allow) = self.store_options.get(location::S3_ALLOW_HTTP)
+            && !matches!(allow.trim().to_ascii_lowercase().as_str(), "true" | "false")
+        {
+            return invalid(format!(
+                "session spec store_options s3_allow_http must be 'true' or 'false', got \
+                 {allow:?}"
+            ));
+        }
+        if let Some(dir) = &self.shuffle_dir {
+            ShuffleLocation::parse(dir)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_field_round_trips_and_defaults_are_left_out() {
+        let spec = SessionSpec::new([("t".to_string(), PathBuf::from("/d/t"))])
+            .with_shuffle_dir("s3://b/q")
+            .with_shuffle_compression(ShuffleCompression::Lz4)
+            .with_split(Split::Aggregate);
+        let text = spec.to_json();
+        assert!(text.contains("\"shuffle_compression\":\"lz4\""), "{text}");
+        assert_eq!(SessionSpec::from_json(&text).unwrap(), spec);
+        let plain = SessionSpec::default().to_json();
+        assert!(!plain.contains("shuffle_compression"), "{plain}");
+        assert!(!plain.contains("memory_limit"), "{plain}");
+        assert!(plain.contains("\"shuffle_dir\":\"\""), "{plain}");
+    }
+
+    #[test]
+    fn a_bad_spec_is_refused_naming_the_field() {
+        let err = SessionSpec::from_json(r#"{"target_partitions": 0}"#).unwrap_err();
+        assert!(err.to_string().contains("target_partitions"), "{err}");
+        let err = SessionSpec::from_json(r#"{"store_options": {"aws_secret": "x"}}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown keys"), "{err}");
+        let err =
+            SessionSpec::from_json(r#"{"store_options": {"s3_allow_http": "yes"}}"#).unwrap_err();
+        assert!(err.to_string().contains("s3_allow_http"), "{err}");
+        let err = SessionSpec::from_json(r#"{"shuffle_dir": "gs://b/p"}"#).unwrap_err();
+        assert!(err.to_string().contains("unsupported scheme"), "{err}");
+        let err = SessionSpec::from_json(r#"{"split": "waves"}"#).unwrap_err();
+        assert!(err.to_string().contains("split"), "{err}");
+    }
+}
