@@ -165,7 +165,7 @@ fn refusing_twice_gives_the_same_answer() {
 }
 
 #[test]
-fn an_older_root_module_from_round_one_is_refused_without_calling_in() {
+fn a_root_module_of_abi_version_one_is_refused_without_calling_in() {
     // The prefix of ABI version 1: no `bucket_path` and no
     // `reader_node_name`, `partition_path` naming its last argument
     // `partition`, `encoded_stage_info` returning that version's
@@ -235,7 +235,9 @@ fn a_newer_root_module_with_a_trailing_field_loads_and_works() {
     let info = plugin.encoded_stage_info(b"/shuffle").unwrap();
     assert_eq!(info.shuffle_dir.as_str(), "/shuffle");
     assert_eq!(info.deps.as_slice(), &[4, 5]);
-    // Each of the six calls above ran the library's function, and nothing
+    // The last field the host knows: nothing recorded, an empty list.
+    assert_eq!(plugin.take_failures("/shuffle"), Ok(Vec::new()));
+    // Each of the seven calls above ran the library's function, and nothing
     // else was called (the appended function would count too).
-    assert_eq!(test_library_calls(&path).constructors, before + 6);
+    assert_eq!(test_library_calls(&path).constructors, before + 7);
 }

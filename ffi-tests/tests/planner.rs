@@ -171,7 +171,7 @@ async fn a_join_is_cut_into_stages_that_answer_as_one_process() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_aggregate_split_keeps_round_ones_stage_counts() {
+async fn the_aggregate_split_makes_one_stage_per_topmost_partial_aggregate() {
     check_numbering(AGGREGATE_SQL, SPLIT_AGGREGATE, 1, AGGREGATE_ANSWER).await;
     check_numbering(UNION_SQL, SPLIT_AGGREGATE, 2, UNION_ANSWER).await;
     check_numbering(SCAN_SQL, SPLIT_AGGREGATE, 1, SCAN_ANSWER).await;

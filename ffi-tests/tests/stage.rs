@@ -11,7 +11,7 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::DataType;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_ffi::execution_plan::ForeignExecutionPlan;
-use dfx_abi::DfxStageInfo;
+use dfx_abi::{DfxStageInfo, FailureClass};
 use dfx_ffi_tests::fixtures::{
     AGGREGATE_ANSWER, AGGREGATE_SQL, JOIN_ANSWER, JOIN_SQL, SCAN_SQL, distributed_lineitem,
 };
@@ -323,4 +323,48 @@ async fn a_reader_never_executes_its_writer() {
             stage.info.deps
         );
     }
+}
+
+/// A reader that misses a published map records the map as lost, for its
+/// shuffle location, and a host takes that class as data across the
+/// boundary, once: the message is for people, the class is what a driver
+/// runs the map again by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_missing_a_map_records_it_lost_for_its_location_until_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let shuffle = dir.path().join("shuffle");
+    let location = shuffle.display().to_string();
+    let session = TestSession::new(plugin(), &distributed_lineitem(dir.path()))
+        .await
+        .unwrap();
+    let plan = session.plan(AGGREGATE_SQL).await.unwrap();
+    let runs = run_stages(plugin(), &plan, session.ctx.task_ctx())
+        .await
+        .unwrap();
+    // Every map published: nothing recorded.
+    assert_eq!(plugin().take_failures(&location), Ok(Vec::new()));
+
+    // The stage the root reads loses its map 0.
+    let read = &runs[0].0.info;
+    std::fs::remove_file(plugin().marker_path(&shuffle, read.stage_id, 0)).unwrap();
+    let error = run_to_table(&plan, session.ctx.task_ctx())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_names_a_marker(&error, &shuffle, read);
+
+    // Taken by another spelling of the same location, then gone.
+    let taken = plugin()
+        .take_failures(&format!("file://{location}/"))
+        .unwrap();
+    assert_eq!(
+        FailureClass::lost_maps(&taken),
+        vec![(read.stage_id, 0)],
+        "{taken:?}"
+    );
+    assert_eq!(
+        FailureClass::most_telling(&taken),
+        FailureClass::Lost([read.stage_id, 0])
+    );
+    assert_eq!(plugin().take_failures(&location), Ok(Vec::new()));
 }

@@ -277,7 +277,7 @@ async fn no_shuffle_directory_means_no_stage_and_the_right_answer() {
         .await
         .unwrap_err();
     assert!(
-        err.to_string().contains("needs a shuffle directory"),
+        err.to_string().contains("needs a shuffle location"),
         "{err}"
     );
 }

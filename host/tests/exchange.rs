@@ -29,8 +29,8 @@ use datafusion::arrow::array::{Array, Int32Array, RecordBatch};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use dfx_host::driver::stages::{Stage, node_display};
 use dfx_host::session::{SessionSpec, Split};
-use dfx_host::stages::{Stage, node_display};
 
 /// Files per table.
 const FILES: usize = 4;

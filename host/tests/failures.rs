@@ -9,10 +9,37 @@ use common::*;
 use datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec;
 use datafusion_proto::physical_plan::DefaultPhysicalExtensionCodec;
 use dfx_host::HostError;
-use dfx_host::dispatch::{FanOutOptions, Task, WorkerCommand, fan_out};
-use dfx_host::envelope::{Envelope, TASK_DIR, envelope_path, plan_path};
-use dfx_host::session::{SessionSpec, Split, build_session};
-use dfx_host::stages::{Stage, StageInfo, stages};
+use dfx_host::driver::stages::{Stage, StageInfo, node_display, stages};
+use dfx_host::session::{SessionSpec, Split, build_session, build_worker_session};
+use dfx_host::worker::decode_checked;
+use dfx_runtime::protocol::{Envelope, Response, TASK_DIR, TaskInput, envelope_path, plan_path};
+use dfx_runtime::scheduler::{
+    ProcessExecutor, Scheduler, SchedulerOptions, Task, WorkerCommand, default_max_workers,
+};
+use dfx_runtime::{FailureClass, Retry, RuntimeError, TaskFailure};
+
+/// The worker failures of a failed run, or a panic naming what it was.
+fn worker_failures(err: &HostError) -> (&Option<usize>, &Vec<u64>, usize, &Vec<TaskFailure>) {
+    match err {
+        HostError::Runtime(RuntimeError::Workers {
+            wave,
+            stages,
+            total,
+            failures,
+        }) => (wave, stages, *total, failures),
+        other => panic!("expected worker failures, got {other}"),
+    }
+}
+
+/// A scheduler running each task as `command <envelope>`, at most
+/// `max_workers` at once (`None`: the default bound).
+fn process_scheduler(command: WorkerCommand, max_workers: Option<usize>) -> Scheduler {
+    let options = SchedulerOptions {
+        max_workers,
+        ..SchedulerOptions::default()
+    };
+    Scheduler::new(Arc::new(ProcessExecutor::new(command)), options)
+}
 
 /// Rows in order, no aggregate: in both split modes the stage the driver
 /// reads (stage 1) has a map 0 holding rows, in one bucket.
@@ -56,11 +83,14 @@ async fn encoded_leaf_stage(
 async fn a_deleted_bucket_file_fails_the_final_read_naming_stage_map_bucket_and_file() {
     let fixture = Fixture::new();
     // Stage 1 map 0 runs for real, then its file is deleted: the map's
-    // output is lost, so the reader must fail, not recompute.
+    // output is lost, so the reader must fail, not recompute it itself. One
+    // attempt, so the driver does not run the map again either (that it
+    // does, given attempts, is a test of its own in `retries`).
     let host = host_with_script(
         r#""$DFX" worker "$1" || exit $?
 case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/map-0.arrow ;; esac"#,
-    );
+    )
+    .max_attempts(1);
     for split in SPLITS {
         let spec = fixture
             .distributed_spec(&format!("shuffle-{split}"))
@@ -93,10 +123,12 @@ case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/map-0
 #[tokio::test]
 async fn a_corrupt_bucket_file_fails_the_final_read_naming_it() {
     let fixture = Fixture::new();
+    // One attempt: the final read's error is the point, not a rerun.
     let host = host_with_script(
         r#""$DFX" worker "$1" || exit $?
 case "$1" in */task-1-0.json) printf 'not arrow' > "$(dirname "$(dirname "$1")")/stage-1/map-0.arrow" ;; esac"#,
-    );
+    )
+    .max_attempts(1);
     let spec = fixture.distributed_spec("shuffle");
     let err = host
         .run_distributed(SORTED, &spec)
@@ -141,10 +173,18 @@ async fn a_worker_whose_codec_ids_differ_refuses_before_decoding() {
         .env("DFX_PLUGIN", plugin_path())
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("codec ids differ"), "{stderr}");
-    assert!(out.stdout.is_empty(), "no report from a refusing worker");
+    // Its response, on its last stdout line, is the refusal with its class:
+    // final, since a worker built the same way would refuse again.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let Ok(Response::Error(error)) = Response::parse_last(&stdout) else {
+        panic!("no error response from a refusing worker: {stdout:?}");
+    };
+    assert_eq!((error.stage_id, error.partition), (Some(1), Some(0)));
+    assert!(error.error.contains("codec ids differ"), "{error:?}");
+    assert_eq!(error.retry, FailureClass::Final, "{error:?}");
 }
 
 #[tokio::test]
@@ -169,7 +209,7 @@ async fn a_stage_encoded_without_the_sessions_codecs_fails_to_encode() {
     // decodes to a writer again.
     let bytes = session.encode(stage).unwrap();
     let decoded = session.decode(&bytes).unwrap();
-    assert!(dfx_host::stages::node_display(decoded.as_ref()).contains("ShuffleWriterExec"));
+    assert!(node_display(decoded.as_ref()).contains("ShuffleWriterExec"));
 }
 
 #[tokio::test]
@@ -185,23 +225,18 @@ async fn an_out_of_range_map_names_stage_and_map_with_its_stderr_and_stops_the_q
 exec "$DFX" worker "$1""#
     ));
     let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
-    let HostError::Workers {
-        wave,
-        stages,
-        total,
-        failures,
-    } = &err
-    else {
-        panic!("expected worker failures, got {err}");
-    };
+    let (wave, stages, total, failures) = worker_failures(&err);
     assert_eq!(*wave, Some(1));
     assert!(stages.contains(&s), "{err}");
     assert_eq!(failures.len(), 1, "{err}");
     assert_eq!((failures[0].stage_id, failures[0].map), (s, 3));
-    assert!(failures[0].reason.contains("exited with status 1"), "{err}");
+    // The worker's response says why, and that it is final (another attempt
+    // would ask for the same map); its stderr says it too.
+    assert!(failures[0].reason.contains("map 99 out of range"), "{err}");
+    assert_eq!(failures[0].retry, Retry::No, "{err}");
     assert!(failures[0].stderr.contains("map 99 out of range"), "{err}");
     assert_eq!(
-        *total,
+        total,
         all.iter()
             .filter(|st| st.deps.is_empty())
             .map(|st| st.maps)
@@ -301,13 +336,15 @@ async fn every_failure_of_a_wave_is_reported_together() {
 exec "$DFX" worker "$1""#
     ));
     let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
-    let HostError::Workers { failures, .. } = &err else {
-        panic!("expected worker failures, got {err}");
-    };
+    let (_, _, _, failures) = worker_failures(&err);
     let tasks: Vec<(u64, usize)> = failures.iter().map(|f| (f.stage_id, f.map)).collect();
     assert_eq!(tasks, vec![(s, 0), (s, 2)]);
+    // A worker that exits with an error and prints no response is final, as
+    // its exit says.
     assert!(
-        failures.iter().all(|f| f.reason == "exited with status 3"),
+        failures
+            .iter()
+            .all(|f| f.reason == "exited with status 3" && f.retry == Retry::No),
         "{err}"
     );
     assert!(
@@ -328,9 +365,7 @@ async fn a_failure_in_a_later_wave_names_that_wave_after_the_earlier_ones_publis
 exec "$DFX" worker "$1""#,
     );
     let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
-    let HostError::Workers { wave, failures, .. } = &err else {
-        panic!("expected worker failures, got {err}");
-    };
+    let (wave, _, _, failures) = worker_failures(&err);
     assert_eq!(*wave, Some(2), "{err}");
     assert_eq!((failures[0].stage_id, failures[0].map), (1, 2), "{err}");
     assert!(err.to_string().contains("in wave 2 (stages [1])"), "{err}");
@@ -343,7 +378,7 @@ exec "$DFX" worker "$1""#,
 }
 
 #[tokio::test]
-async fn dropping_the_fan_out_kills_every_worker() {
+async fn dropping_a_scheduler_run_kills_every_worker() {
     let fixture = Fixture::new();
     let dir = fixture.shuffle_dir("scratch");
     std::fs::create_dir_all(&dir).unwrap();
@@ -367,11 +402,8 @@ async fn dropping_the_fan_out_kills_every_worker() {
         .arg(r#"exec tail -f /dev/null "$1" >/dev/null"#)
         .arg("sh");
     let marker = dir.to_str().unwrap().to_string();
-    let options = FanOutOptions {
-        max_workers: Some(3),
-        ..FanOutOptions::default()
-    };
-    let fan = fan_out(&command, &tasks, &options);
+    let scheduler = process_scheduler(command, Some(3));
+    let run = scheduler.run_tasks(&tasks);
     let all_started = async {
         let marker = marker.clone();
         tokio::task::spawn_blocking(move || {
@@ -381,10 +413,10 @@ async fn dropping_the_fan_out_kills_every_worker() {
         .unwrap()
     };
     tokio::select! {
-        outcome = fan => panic!("the fan-out ended on its own: {outcome:?}"),
+        outcome = run => panic!("the run ended on its own: {outcome:?}"),
         started = all_started => assert!(started, "three workers never started"),
     }
-    // The fan-out future is dropped here, as on an error or Ctrl-C upstream.
+    // The run's future is dropped here, as on an error or Ctrl-C upstream.
     assert!(
         eventually(|| live_processes_mentioning(&marker).is_empty()),
         "workers survived their driver: {:?}",
@@ -397,7 +429,7 @@ async fn the_default_bound_keeps_workers_to_the_cores() {
     let fixture = Fixture::new();
     let dir = fixture.shuffle_dir("bounded");
     std::fs::create_dir_all(&dir).unwrap();
-    let cores = dfx_host::dispatch::default_max_workers();
+    let cores = default_max_workers();
     let tasks: Vec<Task> = (0..cores + 2)
         .map(|map| Task {
             stage_id: 1,
@@ -416,10 +448,11 @@ async fn the_default_bound_keeps_workers_to_the_cores() {
             log = log.display()
         ))
         .arg("sh");
-    let err = fan_out(&command, &tasks, &FanOutOptions::default())
+    let err = process_scheduler(command, None)
+        .run_tasks(&tasks)
         .await
         .unwrap_err();
-    assert!(matches!(err, HostError::Workers { .. }), "{err}");
+    assert!(matches!(err, RuntimeError::Workers { .. }), "{err}");
     let mut running = 0usize;
     let mut peak = 0;
     for line in std::fs::read_to_string(&log).unwrap().lines() {
@@ -433,7 +466,7 @@ async fn the_default_bound_keeps_workers_to_the_cores() {
 }
 
 #[tokio::test]
-async fn a_decoded_stage_whose_shuffle_directory_differs_from_the_spec_is_refused() {
+async fn a_stage_whose_shuffle_directory_differs_from_the_spec_is_refused_before_decoding() {
     let fixture = Fixture::new();
     let plugin = plugin();
     // A stage planned to publish into `elsewhere`...
@@ -446,7 +479,7 @@ async fn a_decoded_stage_whose_shuffle_directory_differs_from_the_spec_is_refuse
     spec.codec_ids = codec_ids.clone();
     let envelope = Envelope {
         spec,
-        plan: plan_file,
+        plan: plan_file.clone(),
         stage_id: stage.stage_id(),
         partition: 0,
         attempt: 0,
@@ -455,12 +488,12 @@ async fn a_decoded_stage_whose_shuffle_directory_differs_from_the_spec_is_refuse
         .await
         .unwrap_err()
         .to_string();
-    // The plugin's vetting refuses it before anything is decoded.
-    assert!(err.contains("refusing the stage"), "{err}");
+    // The worker's checks read the stage's location from its bytes and
+    // refuse it before anything is decoded, naming both locations.
     assert!(
         err.contains(&format!(
-            "stage {} (at plan.extension) publishes into {}, not the spec's shuffle location {}",
-            stage.stage_id(),
+            "refusing a stage whose shuffle directory differs from the envelope's: the stage \
+             names {}, the envelope's spec {}",
             fixture.shuffle_dir("elsewhere").display(),
             fixture.shuffle_dir("shuffle").display()
         )),
@@ -469,6 +502,24 @@ async fn a_decoded_stage_whose_shuffle_directory_differs_from_the_spec_is_refuse
     assert!(
         err.contains(&format!("stage {} map 0", stage.stage_id())),
         "{err}"
+    );
+    // The plugin's vet refuses the same bytes on its own, at the writer.
+    let bytes = std::fs::read(&plan_file).unwrap();
+    let tables: Vec<std::path::PathBuf> = envelope.spec.tables.values().cloned().collect();
+    let shuffle = fixture.shuffle_dir("shuffle").display().to_string();
+    let vetted = plugin
+        .vet_stage(&bytes, &tables, &shuffle)
+        .unwrap_err()
+        .strip_backtrace();
+    assert!(vetted.contains("refusing the stage"), "{vetted}");
+    assert!(
+        vetted.contains(&format!(
+            "stage {} (at plan.extension) publishes into {}, not the spec's shuffle location {}",
+            stage.stage_id(),
+            fixture.shuffle_dir("elsewhere").display(),
+            fixture.shuffle_dir("shuffle").display()
+        )),
+        "{vetted}"
     );
     assert!(
         !fixture.shuffle_dir("elsewhere").exists(),
@@ -738,7 +789,9 @@ async fn a_plan_holding_a_sink_is_refused_by_the_worker_before_it_runs() {
         .strip_backtrace();
     assert!(err.contains("it holds a sink (parquetSink"), "{err}");
 
-    // Shipped to a worker in an envelope, it is refused before decoding.
+    // Shipped to a worker in an envelope, it is refused before decoding:
+    // its root is no dfx writer, so the worker's first look at the bytes
+    // (which stage, which location) finds no stage in them.
     let task_dir = fixture.shuffle_dir("scratch");
     std::fs::create_dir_all(&task_dir).unwrap();
     let plan_file = task_dir.join("sink.plan");
@@ -748,7 +801,7 @@ async fn a_plan_holding_a_sink_is_refused_by_the_worker_before_it_runs() {
     shipped.codec_ids = session.codec_ids();
     let envelope = Envelope {
         spec: shipped,
-        plan: plan_file,
+        plan: plan_file.clone(),
         stage_id: 1,
         partition: 0,
         attempt: 0,
@@ -757,34 +810,52 @@ async fn a_plan_holding_a_sink_is_refused_by_the_worker_before_it_runs() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(err.contains("it holds a sink (parquetSink"), "{err}");
+    assert!(
+        err.contains(&format!("stage 1 map 0: plan {}", plan_file.display())),
+        "{err}"
+    );
+    assert!(err.contains("not a dfx stage"), "{err}");
     assert!(!out.exists(), "the sink wrote {}", out.display());
 }
 
 #[tokio::test]
 async fn a_session_vets_the_same_stage_once_and_never_remembers_a_refusal() {
     let fixture = Fixture::new();
-    let session = build_session(&plugin(), &fixture.distributed_spec("shuffle"))
-        .await
-        .unwrap();
-    let stage = b"the bytes of one encoded stage".as_slice();
-    let mut calls = 0;
-    let refused: Result<(), String> = session.vet_once(stage, || {
-        calls += 1;
-        Err("refused".to_string())
-    });
-    assert_eq!(refused, Err("refused".to_string()));
-    // A refusal is not remembered: the same bytes are vetted again.
-    for _ in 0..3 {
-        let vetted: Result<(), String> = session.vet_once(stage, || {
-            calls += 1;
-            Ok(())
-        });
-        assert_eq!(vetted, Ok(()));
+    let plugin = plugin();
+    let spec = fixture.distributed_spec("shuffle");
+    let task_dir = fixture.shuffle_dir("scratch");
+    let (stage, plan_file, codec_ids) = encoded_leaf_stage(&spec, BY_FLAG, &task_dir).await;
+    let mut shipped = spec.clone();
+    shipped.codec_ids = codec_ids;
+    let envelope = Envelope {
+        spec: shipped.clone(),
+        plan: plan_file,
+        stage_id: stage.stage_id(),
+        partition: 0,
+        attempt: 0,
+    };
+    let task = TaskInput::read(envelope.clone()).unwrap();
+
+    // Refused by the vet (its table is elsewhere in this worker's spec): a
+    // refusal is not remembered, so the same bytes are vetted again.
+    let other = fixture.shuffle_dir("other-table");
+    std::fs::create_dir_all(&other).unwrap();
+    let refusing = {
+        let mut envelope = envelope.clone();
+        envelope.spec.tables = [("lineitem".to_string(), other)].into();
+        TaskInput::read(envelope).unwrap()
+    };
+    let session = build_worker_session(&plugin, &shipped).await.unwrap();
+    for _ in 0..2 {
+        let err = decode_checked(&session, &refusing).unwrap_err().to_string();
+        assert!(err.contains("under none of the spec's tables"), "{err}");
+        assert!(!session.is_vetted(&refusing.plan));
     }
-    assert_eq!(calls, 2, "vetted again after the refusal, then remembered");
+
+    // Passed once, remembered for the bytes: the next map of the stage is
+    // not vetted again.
+    decode_checked(&session, &task).unwrap();
+    assert!(session.is_vetted(&task.plan));
     // Other bytes (even a prefix of vetted ones) are vetted on their own.
-    let other: Result<(), String> =
-        session.vet_once(&stage[..10], || Err("refused too".to_string()));
-    assert_eq!(other, Err("refused too".to_string()));
+    assert!(!session.is_vetted(&task.plan[..10]));
 }

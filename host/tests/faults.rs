@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
-use dfx_host::{DistributedResult, Host, SessionSpec};
+use dfx_host::{
+    DistributedResult, Host, HostError, Retry, RuntimeError, SessionSpec, WorkerCommand,
+};
 
 /// Every key meets its own row: a hash join whose two sides are both
 /// shuffled, so every map of the scan stages writes every row it reads.
@@ -214,20 +216,30 @@ async fn a_full_disk_fails_the_query_after_its_attempts_with_nothing_published()
     // Room for the envelopes, not for the stage output (megabytes).
     let small = SmallFilesystem::mount(dir.path(), "256k");
     let shuffle = small.dir.join("shuffle");
-    let host =
-        dfx_host::Host::with_worker(plugin(), dfx_host::dispatch::WorkerCommand::dfx(dfx_bin()));
-    let err = host
+    let host = Host::with_worker(plugin(), WorkerCommand::dfx(dfx_bin()));
+    let failed = host
         .run_distributed(SELF_JOIN, &spec_for(&table, &shuffle))
         .await
-        .unwrap_err()
-        .to_string();
+        .unwrap_err();
+    let err = failed.to_string();
     assert!(err.contains("No space left on device"), "{err}");
     assert!(err.contains("I/O failure"), "{err}");
-    // Storage failing under a task is worth another attempt: each had
-    // three (or, when the disk filled before the driver could write the last
-    // retry's envelope, the driver says so, naming that third attempt's).
+    // Storage failing under a task is worth another attempt: the plugin
+    // classed each failure `io` where it made it, so each had three (or,
+    // when the disk filled before the driver could write the last retry's
+    // envelope, the driver says so, naming that third attempt's).
     assert!(
         err.contains("failed 3 attempts") || err.contains(".attempt-2.json"),
+        "{err}"
+    );
+    let HostError::Runtime(RuntimeError::Workers { failures, .. }) = &failed else {
+        panic!("not a worker failure: {err}");
+    };
+    assert!(
+        failures
+            .iter()
+            .filter(|f| f.reason.contains("failed 3 attempts"))
+            .all(|f| f.retry == Retry::Yes),
         "{err}"
     );
     shut_down(&host).await;

@@ -9,20 +9,23 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use common::*;
-use dfx_host::dispatch::{FanOutOptions, Task, WorkerCommand, Workers, run_tasks};
-use dfx_host::envelope::{Envelope, TASK_DIR, envelope_path, plan_path};
+use dfx_host::driver::stages::stages;
 use dfx_host::session::{SessionSpec, build_session, build_worker_session};
-use dfx_host::stages::stages;
-use dfx_host::{Host, HostError, WorkerMode};
+use dfx_host::{Host, WorkerMode};
+use dfx_runtime::protocol::{Envelope, TASK_DIR, envelope_path, plan_path};
+use dfx_runtime::scheduler::{Scheduler, SchedulerOptions, Task, WorkerCommand};
+use dfx_runtime::{Retry, RuntimeError};
 
-/// At most `max_workers`, one attempt per task: these tests look at what
-/// one attempt does (retries have their own tests).
-fn options(max_workers: usize) -> FanOutOptions {
-    FanOutOptions {
+/// A scheduler over `host`'s pool, at most `max_workers` at once, one
+/// attempt per task: these tests look at what one attempt does (retries
+/// have their own tests).
+fn pool_scheduler(host: &Host, max_workers: usize) -> Scheduler {
+    let options = SchedulerOptions {
         max_workers: Some(max_workers),
         max_attempts: 1,
-        ..FanOutOptions::default()
-    }
+        ..SchedulerOptions::default()
+    };
+    Scheduler::new(host.shared_pool(), options)
 }
 
 /// A FIFO at `path`: a worker reading it blocks until a writer opens it.
@@ -203,8 +206,8 @@ async fn a_pooled_worker_killed_mid_task_fails_that_task_and_is_replaced() {
         inline: None,
     };
     let tasks = [task.clone()];
-    let one = options(1);
-    let run = run_tasks(Workers::Pool(host.pool()), &tasks, &one);
+    let scheduler = pool_scheduler(&host, 1);
+    let run = scheduler.run_tasks(&tasks);
     let kill = async {
         let writer = wait_for_reader(task.envelope.clone()).await;
         // The worker is inside its task, blocked reading the envelope.
@@ -215,11 +218,13 @@ async fn a_pooled_worker_killed_mid_task_fails_that_task_and_is_replaced() {
     };
     let (outcome, (pid, _writer)) = tokio::join!(run, kill);
     let err = outcome.unwrap_err();
-    let HostError::Workers { failures, .. } = &err else {
+    let RuntimeError::Workers { failures, .. } = &err else {
         panic!("not a worker failure: {err}");
     };
     assert_eq!(failures.len(), 1, "{err}");
     assert_eq!((failures[0].stage_id, failures[0].map), (7, 3), "{err}");
+    // A death says nothing against the task: another attempt may succeed.
+    assert_eq!(failures[0].retry, Retry::Yes, "{err}");
     let message = err.to_string();
     assert!(message.contains("stage 7 map 3 failed"), "{message}");
     assert!(
@@ -304,14 +309,18 @@ async fn a_task_error_in_serve_mode_is_reported_and_the_same_worker_serves_the_n
         inline: None,
     };
 
-    let pool = Workers::Pool(host.pool());
-    let err = run_tasks(pool, &[missing_plan, missing_envelope], &options(1))
+    let scheduler = pool_scheduler(&host, 1);
+    let err = scheduler
+        .run_tasks(&[missing_plan, missing_envelope])
         .await
         .unwrap_err();
-    let HostError::Workers { failures, .. } = &err else {
+    let RuntimeError::Workers { failures, .. } = &err else {
         panic!("not a worker failure: {err}");
     };
     assert_eq!(failures.len(), 2, "{err}");
+    // Both are errors about the task itself, reported as final: retrying
+    // would read the same missing file.
+    assert!(failures.iter().all(|f| f.retry == Retry::No), "{err}");
     let s = good.stage_id;
     assert!(
         failures[0].reason.contains("cannot read plan") && failures[0].reason.contains("missing"),
@@ -324,7 +333,8 @@ async fn a_task_error_in_serve_mode_is_reported_and_the_same_worker_serves_the_n
     assert_eq!(pids.len(), 1, "{pids:?}");
     assert_eq!(host.pool().started(), 1);
 
-    let reports = run_tasks(pool, std::slice::from_ref(&good), &options(1))
+    let reports = scheduler
+        .run_tasks(std::slice::from_ref(&good))
         .await
         .unwrap();
     let report = reports[&(good.stage_id, 0)];
@@ -397,8 +407,8 @@ async fn dropping_a_pooled_run_mid_task_kills_its_worker() {
         envelope: fifo(&scratch.join("task-1-0.json")),
         inline: None,
     }];
-    let one = options(1);
-    let run = run_tasks(Workers::Pool(host.pool()), &tasks, &one);
+    let scheduler = pool_scheduler(&host, 1);
+    let run = scheduler.run_tasks(&tasks);
     let in_task = async {
         let writer = wait_for_reader(tasks[0].envelope.clone()).await;
         (writer, host.pool().pids())
@@ -447,10 +457,11 @@ kill -KILL $$"#;
             inline: None,
         })
         .collect();
-    let err = run_tasks(Workers::Pool(host.pool()), &tasks, &options(1))
+    let err = pool_scheduler(&host, 1)
+        .run_tasks(&tasks)
         .await
         .unwrap_err();
-    let HostError::Workers { failures, .. } = &err else {
+    let RuntimeError::Workers { failures, .. } = &err else {
         panic!("not a worker failure: {err}");
     };
     assert_eq!(failures.len(), 1, "{err}");
@@ -500,6 +511,9 @@ fn dfx_worker_serve_answers_each_request_with_one_line_and_exits_at_end_of_input
             .contains("cannot read envelope"),
         "{response}"
     );
+    // The class travels with the error, as data: a missing envelope stays
+    // missing, so no driver should try again.
+    assert_eq!(response["retry"], "final", "{response}");
     let response = ask("not json");
     assert!(
         response["error"]
@@ -508,6 +522,7 @@ fn dfx_worker_serve_answers_each_request_with_one_line_and_exits_at_end_of_input
             .contains("cannot read the request"),
         "{response}"
     );
+    assert_eq!(response["retry"], "final", "{response}");
     drop(stdin);
     let status = worker.wait().unwrap();
     assert!(status.success(), "{status}");

@@ -1,14 +1,34 @@
 //! Retries: a task whose worker died runs again and the query answers; one
 //! that finds an upstream map's output lost has that map run again first;
-//! an error the worker reports about the task itself is not retried. Real
-//! workers (some behind a wrapper script) and the real plugin file.
+//! an error the worker reports about the task itself is not retried. Which
+//! it is comes from the class the worker's response carries, never from its
+//! message. Real workers (some behind a wrapper script) and the real plugin
+//! file.
 
 mod common;
 
 use common::*;
-use dfx_host::dispatch::WorkerCommand;
-use dfx_host::envelope::Envelope;
-use dfx_host::{Host, HostError, Retry, WorkerMode};
+use dfx_host::{Envelope, Host, HostError, Retry, RuntimeError, WorkerCommand, WorkerMode};
+
+/// The failures of a run whose tasks failed, or a panic naming what it was.
+fn worker_failures(err: &HostError) -> &[dfx_host::TaskFailure] {
+    match err {
+        HostError::Runtime(RuntimeError::Workers { failures, .. }) => failures,
+        other => panic!("not a worker failure: {other}"),
+    }
+}
+
+/// The stage of `BY_FLAG`'s plan over the table (it reads no other stage),
+/// and one stage that reads it.
+async fn leaf_and_reader(spec: &dfx_host::SessionSpec) -> (u64, u64) {
+    let (_, stages) = planned(spec, BY_FLAG).await;
+    let leaf = stages.iter().find(|s| s.info.deps.is_empty()).unwrap();
+    let reader = stages
+        .iter()
+        .find(|s| s.info.deps.contains(&leaf.stage_id()))
+        .unwrap();
+    (leaf.stage_id(), reader.stage_id())
+}
 
 /// A pooled host whose serving workers are `/bin/sh -c SCRIPT sh --serve`,
 /// with `$DFX` the real `dfx` binary.
@@ -109,9 +129,7 @@ exec "$DFX" worker "$1""#
     ))
     .max_attempts(2);
     let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
-    let HostError::Workers { failures, .. } = &err else {
-        panic!("not a worker failure: {err}");
-    };
+    let failures = worker_failures(&err);
     assert_eq!(failures.len(), 1, "{err}");
     assert_eq!(failures[0].retry, Retry::Yes);
     assert!(
@@ -123,18 +141,13 @@ exec "$DFX" worker "$1""#
 }
 
 #[tokio::test]
-async fn an_error_the_worker_reports_is_not_retried() {
+async fn a_worker_that_exits_with_an_error_and_no_response_is_not_retried() {
     let fixture = Fixture::new();
     let spec = fixture.distributed_spec("shuffle");
-    let (_, stages) = planned(&spec, BY_FLAG).await;
-    let s = stages
-        .iter()
-        .find(|s| s.info.deps.is_empty())
-        .unwrap()
-        .stage_id();
+    let (s, _) = leaf_and_reader(&spec).await;
     let tried = fixture.root.path().join("tried");
-    // Map 3's worker reports a planning-like error each time; the script
-    // notes every attempt it sees.
+    // Map 3's worker says on stderr what went wrong and exits 1, printing no
+    // response; the script notes every attempt it sees.
     let host = host_with_script(&format!(
         r#"echo "$1" >> {tried}
 case "$1" in */task-{s}-3*) echo "cannot plan: no such column" >&2; exit 1 ;; esac
@@ -143,12 +156,130 @@ exec "$DFX" worker "$1""#,
     ));
     let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
     assert!(err.to_string().contains("no such column"), "{err}");
+    let failures = worker_failures(&err);
+    assert_eq!(failures[0].reason, "exited with status 1", "{err}");
+    assert_eq!(failures[0].retry, Retry::No, "{err}");
     let log = std::fs::read_to_string(&tried).unwrap();
     let attempts = log
         .lines()
         .filter(|l| l.contains(&format!("task-{s}-3")))
         .count();
     assert_eq!(attempts, 1, "{log}");
+}
+
+/// A response whose class is final is not retried, though its message
+/// reads like a storage failure and lost output: the class decides.
+#[tokio::test]
+async fn an_error_the_worker_reports_as_final_is_not_retried_whatever_its_message_says() {
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("shuffle");
+    let (s, _) = leaf_and_reader(&spec).await;
+    let tried = fixture.root.path().join("tried");
+    let host = host_with_script(&format!(
+        r#"echo "$1" >> {tried}
+case "$1" in */task-{s}-3*)
+  echo '{{"stage_id": {s}, "partition": 3, "error": "I/O failure: No space left on device; the output of stage {s} map 0 is lost", "retry": "final"}}'
+  exit 1 ;;
+esac
+exec "$DFX" worker "$1""#,
+        tried = tried.display()
+    ));
+    let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
+    let failures = worker_failures(&err);
+    assert_eq!(failures.len(), 1, "{err}");
+    assert_eq!((failures[0].stage_id, failures[0].map), (s, 3), "{err}");
+    assert_eq!(failures[0].retry, Retry::No, "{err}");
+    assert!(
+        failures[0]
+            .reason
+            .starts_with("failed: I/O failure: No space left on device"),
+        "{err}"
+    );
+    let log = std::fs::read_to_string(&tried).unwrap();
+    let attempts: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(&format!("task-{s}-")))
+        .collect();
+    // Map 3 once; no map of the stage ran again.
+    assert_eq!(
+        attempts
+            .iter()
+            .filter(|l| l.contains(&format!("task-{s}-3")))
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(attempts.iter().all(|l| !l.contains(".attempt-")), "{log}");
+}
+
+/// A response classed `io` (storage failed under the task) is retried,
+/// though its message says nothing a reader could take for a retry.
+#[tokio::test]
+async fn an_error_the_worker_reports_as_io_is_retried_and_the_query_answers() {
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("shuffle");
+    let (s, _) = leaf_and_reader(&spec).await;
+    // Only the first attempt of map 2 reports; its retry runs for real.
+    let host = host_with_script(&format!(
+        r#"case "$1" in */task-{s}-2.json)
+  echo '{{"stage_id": {s}, "partition": 2, "error": "the store went away", "retry": "io"}}'
+  exit 1 ;;
+esac
+exec "$DFX" worker "$1""#
+    ));
+    let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), by_flag_expected());
+    assert_eq!(result.attempts[&(s, 2)], 2, "{:?}", result.attempts);
+    assert_eq!(result.task_reports[&(s, 2)].attempt, 1);
+    assert_eq!(
+        result.retries,
+        vec![format!(
+            "stage {s} map 2 attempt 0: failed: the store went away"
+        )]
+    );
+}
+
+/// A response classed `{"lost": [U, M]}` has map M of stage U run again
+/// before the task's next attempt, though its message names no map.
+#[tokio::test]
+async fn an_error_the_worker_reports_as_lost_output_runs_that_map_again_first() {
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("shuffle");
+    let (u, r) = leaf_and_reader(&spec).await;
+    let tried = fixture.root.path().join("tried");
+    // The first attempt of the reader's map 0 says map 1 of stage U is lost.
+    let host = host_with_script(&format!(
+        r#"echo "$1" >> {tried}
+case "$1" in */task-{r}-0.json)
+  echo '{{"stage_id": {r}, "partition": 0, "error": "an input went missing", "retry": {{"lost": [{u}, 1]}}}}'
+  exit 1 ;;
+esac
+exec "$DFX" worker "$1""#,
+        tried = tried.display()
+    ));
+    let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), by_flag_expected());
+    assert_eq!(result.attempts[&(u, 1)], 2, "{:?}", result.attempts);
+    assert_eq!(result.attempts[&(r, 0)], 2, "{:?}", result.attempts);
+    assert_eq!(result.task_reports[&(u, 1)].attempt, 1);
+    // The rerun of U/1 ran before the reader's second attempt.
+    let log = std::fs::read_to_string(&tried).unwrap();
+    let at = |name: &str| {
+        log.lines()
+            .position(|l| l.ends_with(name))
+            .unwrap_or_else(|| panic!("{name} never ran:\n{log}"))
+    };
+    assert!(
+        at(&format!("task-{u}-1.attempt-1.json")) < at(&format!("task-{r}-0.attempt-1.json")),
+        "{log}"
+    );
+    let retries = result.retries.join("\n");
+    assert!(
+        retries.contains(&format!(
+            "stage {u} map 1 attempt 1: run again, its output was lost (read by stage {r} map 0)"
+        )),
+        "{retries}"
+    );
 }
 
 /// Map 0 of the table's stage loses its output after the first wave: a
@@ -197,4 +328,35 @@ exec "$DFX" worker "$1""#,
     );
     assert_eq!(retries.matches(&rerun).count(), 1, "{retries}");
     assert!(retries.contains(&format!("stage {r} map ")), "{retries}");
+}
+
+/// The stage the driver reads loses a map's file after it published: the
+/// root's read misses it, the plugin records that map as lost, and the
+/// driver runs it again (its next attempt) and reads the root again.
+#[tokio::test]
+async fn a_map_the_root_finds_lost_runs_again_and_the_query_answers() {
+    const SORTED: &str = "SELECT l_orderkey, l_quantity FROM lineitem ORDER BY l_orderkey";
+    let fixture = Fixture::new();
+    let spec = fixture.distributed_spec("shuffle");
+    // Only the first attempt's file is deleted; the rerun's envelope is
+    // another file (`task-1-0.attempt-1.json`).
+    let host = host_with_script(
+        r#""$DFX" worker "$1" || exit $?
+case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/map-0.arrow ;; esac"#,
+    );
+    let local = host.run_local(SORTED, &fixture.spec()).await.unwrap();
+    let result = host.run_distributed(SORTED, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), rows(&local));
+    assert_eq!(result.attempts[&(1, 0)], 2, "{:?}", result.attempts);
+    assert_eq!(result.task_reports[&(1, 0)].attempt, 1);
+    assert_eq!(
+        result.retries,
+        vec!["stage 1 map 0 attempt 1: run again, its output was lost (read by the query's root)"]
+    );
+    let map_file = spec
+        .shuffle_dir
+        .as_deref()
+        .unwrap()
+        .join("stage-1/map-0.arrow");
+    assert_eq!(read_marker(&map_file)["map"], 0);
 }

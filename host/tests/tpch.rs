@@ -183,7 +183,7 @@ async fn all_queries_agree(split: Split) -> Vec<QueryReport> {
 async fn all_22_queries_agree_distributed_and_local_split_at_every_exchange() {
     let reports = all_queries_agree(Split::Exchange).await;
     // Q1 aggregates one table: partial aggregates, a hash exchange, the final
-    // aggregates below the merge: more than round 1's one stage.
+    // aggregates below the merge: more than the aggregate split's one stage.
     assert!(reports[0].stages.unwrap() >= 2, "{:?}", reports[0]);
     // TPC-H's answer sizes at any scale (Q1 four groups, Q6 one sum).
     assert_eq!(reports[0].rows, Some(4));
@@ -193,7 +193,8 @@ async fn all_22_queries_agree_distributed_and_local_split_at_every_exchange() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_22_queries_agree_distributed_and_local_split_at_aggregates() {
     let reports = all_queries_agree(Split::Aggregate).await;
-    // Round 1's rule: one aggregate, one stage, one task per partition.
+    // The aggregate split: one stage per topmost partial aggregate (Q1 and Q6
+    // have one), one task per partition.
     for query in [1, 6] {
         let report = &reports[query - 1];
         assert_eq!(report.stages, Some(1), "q{query}: {report:?}");

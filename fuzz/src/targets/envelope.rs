@@ -1,7 +1,7 @@
 //! The driver/worker contract: the task envelope and the worker's
-//! report line. Both are read from files and pipes another process wrote.
+//! response line. Both are read from files and pipes another process wrote.
 
-use dfx_host::{Envelope, WorkerReport};
+use dfx_runtime::{Envelope, Response};
 
 use super::json_dictionary;
 use crate::{Outcome, Target};
@@ -65,7 +65,8 @@ impl Target for EnvelopeTarget {
     }
 }
 
-/// `WorkerReport::parse` over a worker's whole stdout.
+/// `Response::parse_last` over a worker's whole stdout: its report, or its
+/// error with the failure class the driver retries by.
 #[derive(Debug, Default)]
 pub struct WorkerReportTarget;
 
@@ -80,6 +81,10 @@ impl Target for WorkerReportTarget {
             "a library printed this\n\n{\"stage_id\":1,\"partition\":0,\"rows\":0,\"bytes\":1234,\"elapsed_ms\":12.5}\n  \n",
             "{\"stage_id\":3,\"partition\":7,\"rows\":18446744073709551615,\"bytes\":0}",
             "{\"stage_id\":1,\"partition\":0,\"rows\":5,\"elapsed_ms\":null}\r\n",
+            "{\"stage_id\":2,\"partition\":1,\"error\":\"stage 2 map 1: I/O failure: No space left on device\",\"retry\":\"io\"}\n",
+            "{\"stage_id\":3,\"partition\":0,\"error\":\"stage 3 map 0: stage-2/map-5.arrow is missing\",\"retry\":{\"lost\":[2,5]}}",
+            "{\"stage_id\":null,\"partition\":null,\"error\":\"cannot read envelope /t.json\",\"retry\":\"final\"}\n",
+            "{\"stage_id\":1,\"partition\":0,\"error\":\"a worker that names no class\"}",
         ]
         .iter()
         .map(|s| s.as_bytes().to_vec())
@@ -94,6 +99,11 @@ impl Target for WorkerReportTarget {
             "\"rows\"",
             "\"bytes\"",
             "\"elapsed_ms\"",
+            "\"error\"",
+            "\"retry\"",
+            "\"final\"",
+            "\"io\"",
+            "\"lost\"",
             "\r\n",
         ] {
             tokens.push(key.as_bytes().to_vec());
@@ -103,25 +113,34 @@ impl Target for WorkerReportTarget {
 
     fn run(&mut self, input: &[u8]) -> Result<Outcome, String> {
         let stdout = String::from_utf8_lossy(input);
-        let Ok(report) = WorkerReport::parse(&stdout) else {
+        let Ok(response) = Response::parse_last(&stdout) else {
             return Ok(Outcome::Refused);
         };
-        let line = report.to_line();
-        let again = WorkerReport::parse(&line)
-            .map_err(|e| format!("the report written as {line:?} does not read back: {e}"))?;
-        // Integers must come back exactly; the float (`elapsed_ms`, when the
+        let line = response.to_line();
+        let again = Response::parse_last(&line)
+            .map_err(|e| format!("the response written as {line:?} does not read back: {e}"))?;
+        if again.is_error() != response.is_error() {
+            return Err(format!(
+                "the response changed kind through to_line and parse_last: {response:?} \
+                 became {again:?}"
+            ));
+        }
+        // Everything but the float must come back exactly (the integers, an
+        // error's message and its class); the float (`elapsed_ms`, when the
         // report has it) may lose its last bit or, non-finite, become null,
         // which no reader relies on.
-        let integers = |r: &WorkerReport| {
-            let mut value = serde_json::to_value(r).unwrap_or_default();
+        let exact = |r: &Response| {
+            let mut value: serde_json::Value =
+                serde_json::from_str(&r.to_line()).unwrap_or_default();
             if let Some(fields) = value.as_object_mut() {
                 fields.remove("elapsed_ms");
             }
             value
         };
-        if integers(&again) != integers(&report) {
+        if exact(&again) != exact(&response) {
             return Err(format!(
-                "the report changed through to_line and parse: {report:?} became {again:?}"
+                "the response changed through to_line and parse_last: {response:?} became \
+                 {again:?}"
             ));
         }
         Ok(Outcome::Accepted)

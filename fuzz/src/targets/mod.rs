@@ -6,7 +6,7 @@
 //! | `stage-info` | reading a stage description from encoded plan bytes (`encoded_stage_info`) | every error names dfx |
 //! | `vet-stage` | a worker's check of an encoded stage (`vet_stage`: protobuf walked as JSON) | every refusal says what it refuses |
 //! | `envelope` | the task envelope (serde) | an accepted envelope survives write and read unchanged |
-//! | `worker-report` | a worker's report (`WorkerReport::parse`) | an accepted report survives `to_line` and `parse` |
+//! | `worker-report` | a worker's response, report or classified error (`Response::parse_last`) | an accepted response survives `to_line` and `parse_last` |
 //! | `marker` | a `ShuffleReaderExec` reading a map file closed by the input as its commit marker | every error names the stage; no panic caught by the plugin's guard |
 //! | `bucket` | a `ShuffleReaderExec` reading a map file whose one segment is the input | the same |
 

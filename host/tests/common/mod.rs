@@ -45,10 +45,9 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::parquet::arrow::ArrowWriter;
 use datafusion::physical_plan::ExecutionPlan;
-use dfx_host::dispatch::WorkerCommand;
+use dfx_host::driver::stages::{Stage, stages};
 use dfx_host::session::{SessionSpec, Split, build_session};
-use dfx_host::stages::{Stage, stages};
-use dfx_host::{Host, WorkerMode};
+use dfx_host::{Host, WorkerCommand, WorkerMode};
 
 /// Group by flag: count, sum of quantity, sum of price.
 pub const BY_FLAG: &str = "SELECT l_returnflag, count(*) AS n, sum(l_quantity) AS qty, \

@@ -38,7 +38,7 @@ pub static DFX_TEST_ROOT_CALLS: AtomicU64 = AtomicU64::new(0);
 pub static DFX_TEST_CONSTRUCTOR_CALLS: AtomicU64 = AtomicU64::new(0);
 
 /// The dfx ABI version this root module declares.
-const ROUND_ONE_ABI_VERSION: u32 = 1;
+const ABI_VERSION_ONE: u32 = 1;
 
 /// The root module of ABI version 1, field for field (doc comments shortened).
 #[repr(C)]
@@ -197,7 +197,7 @@ extern "C" fn encoded_stage_info(_plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxSt
 pub fn root_module() -> DfxPluginRef {
     DFX_TEST_ROOT_CALLS.fetch_add(1, Ordering::SeqCst);
     DfxPlugin {
-        dfx_abi_version: ROUND_ONE_ABI_VERSION,
+        dfx_abi_version: ABI_VERSION_ONE,
         datafusion_ffi_major: datafusion_ffi::version(),
         // Not CARGO_PKG_NAME: build.rs gives this crate dfx-abi's.
         plugin_name: RStr::from_str("dfx-test-plugin-older-root"),
