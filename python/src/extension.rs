@@ -28,7 +28,7 @@ use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
-pub use crate::error::runtime_error;
+use crate::error::runtime_error;
 use crate::plugin::plugin;
 use crate::{capsule, functions};
 

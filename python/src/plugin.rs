@@ -194,7 +194,7 @@ pub fn bucket_path(
 ) -> PyResult<String> {
     let path = plugin(py)?
         .bucket_path(&dir, stage, map, bucket)
-        .map_err(crate::extension::runtime_error)?;
+        .map_err(crate::error::runtime_error)?;
     Ok(path.to_string_lossy().into_owned())
 }
 

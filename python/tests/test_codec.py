@@ -46,7 +46,7 @@ def test_stage_without_the_session_cannot_be_encoded(
 def test_counters_show_planning_and_encoding(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
-    # Round 1's split: one stage, and no reader for the codec to count.
+    # The aggregate split: one stage, and no reader for the codec to count.
     ctx, engine = build_session(make_spec(split="aggregate"))
     start = (
         engine.plan_calls(),

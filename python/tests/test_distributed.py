@@ -178,7 +178,7 @@ def test_the_query_is_planned_once(make_spec: Callable[..., SessionSpec]) -> Non
     assert _internal.counters()["planner_calls"] == before + 1
 
 
-def test_aggregate_split_keeps_round_one_stages(
+def test_aggregate_split_makes_one_stage_per_topmost_partial_aggregate(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
     spec = make_spec(split="aggregate")
