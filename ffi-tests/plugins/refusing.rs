@@ -116,6 +116,11 @@ extern "C" fn take_failures(_location: RStr<'_>) -> RString {
     RString::from("[]")
 }
 
+extern "C" fn session_settings() -> RString {
+    DFX_TEST_CONSTRUCTOR_CALLS.fetch_add(1, Ordering::SeqCst);
+    RString::from("{}")
+}
+
 /// A dfx root module that declares `dfx_abi_version` and
 /// `datafusion_ffi_major` as given, every function of which only counts.
 pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPluginRef {
@@ -145,6 +150,7 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         vet_stage,
         probe_location,
         take_failures,
+        session_settings,
     }
     .leak_into_prefix()
 }

@@ -200,3 +200,26 @@ async fn no_shuffle_dir_at_all_inserts_no_stage() {
         plan_display(&plan)
     );
 }
+
+#[test]
+fn the_plugins_session_settings_are_datafusion_keys_that_keep_each_partition_to_its_files() {
+    let settings = plugin().session_settings().unwrap();
+    let mut options = datafusion::config::ConfigOptions::new();
+    for (key, value) in &settings {
+        options
+            .set(key, value)
+            .unwrap_or_else(|err| panic!("{key}={value} is not a DataFusion setting: {err}"));
+    }
+    // What a worker running one partition alone depends on: no file is
+    // stolen from a sibling partition, and no file is split across two.
+    assert!(!options.execution.enable_file_stream_work_stealing);
+    assert!(!options.optimizer.repartition_file_scans);
+    assert_eq!(
+        options.execution.parquet.metadata_size_hint,
+        Some(dfx_abi::PARQUET_FOOTER_HINT)
+    );
+    let keys: Vec<&str> = settings.iter().map(|(key, _)| key.as_str()).collect();
+    let mut sorted = keys.clone();
+    sorted.sort_unstable();
+    assert_eq!(keys, sorted, "in key order");
+}

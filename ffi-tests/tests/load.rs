@@ -237,7 +237,15 @@ fn a_newer_root_module_with_a_trailing_field_loads_and_works() {
     assert_eq!(info.deps.as_slice(), &[4, 5]);
     // The last field the host knows: nothing recorded, an empty list.
     assert_eq!(plugin.take_failures("/shuffle"), Ok(Vec::new()));
-    // Each of the seven calls above ran the library's function, and nothing
+    // The last field the host knows.
+    assert_eq!(
+        plugin.session_settings(),
+        Ok(vec![(
+            "datafusion.optimizer.repartition_file_scans".to_string(),
+            "false".to_string()
+        )])
+    );
+    // Each of the eight calls above ran the library's function, and nothing
     // else was called (the appended function would count too).
-    assert_eq!(test_library_calls(&path).constructors, before + 7);
+    assert_eq!(test_library_calls(&path).constructors, before + 8);
 }

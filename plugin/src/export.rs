@@ -29,7 +29,7 @@ use crate::exchange::probe;
 use crate::exchange::store::S3Options;
 use crate::exchange::{READER_NODE_NAME, ShuffleWriterExec, WRITER_NODE_NAME};
 use crate::guard::{self, GuardedQueryPlanner};
-use crate::planner::DfxQueryPlanner;
+use crate::planner::{self, DfxQueryPlanner};
 use crate::vet::{Allowed, vet_encoded_stage};
 use crate::{counters, failures, functions, paths};
 
@@ -61,6 +61,7 @@ pub fn root_module() -> DfxPluginRef {
         vet_stage,
         probe_location,
         take_failures,
+        session_settings,
     }
     .leak_into_prefix()
 }
@@ -227,6 +228,23 @@ extern "C" fn take_failures(location: RStr<'_>) -> RString {
             .map_err(|e| DataFusionError::Execution(format!("cannot encode failure classes: {e}")))
     });
     match taken {
+        Ok(json) => RString::from(json),
+        Err(err) => RString::from(err.strip_backtrace()),
+    }
+}
+
+/// The settings every session running the plugin's stages must carry
+/// ([`planner::session_settings`]), as a JSON object. A caught panic
+/// answers its message, which a host cannot parse as one.
+extern "C" fn session_settings() -> RString {
+    let answered = guard::catch("session_settings", || {
+        let settings: serde_json::Map<String, serde_json::Value> = planner::session_settings()
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), serde_json::Value::String(value)))
+            .collect();
+        Ok(serde_json::Value::Object(settings).to_string())
+    });
+    match answered {
         Ok(json) => RString::from(json),
         Err(err) => RString::from(err.strip_backtrace()),
     }

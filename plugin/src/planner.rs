@@ -183,6 +183,36 @@ pub fn isolate_partitions(options: &mut ConfigOptions) {
     options.execution.enable_file_stream_work_stealing = false;
 }
 
+/// The settings a session running the plugin's stages must carry, by their
+/// DataFusion key: those that act when a stage executes, in the host's
+/// session rather than the planner's copy of it. Handed to hosts by the
+/// export `session_settings`, so no host spells them.
+pub fn session_settings() -> Vec<(&'static str, String)> {
+    vec![
+        // Off, or a task running partition 0 alone would steal every file of
+        // its sibling partitions (which no process polls), and the answer
+        // would count those rows once per task.
+        (
+            "datafusion.execution.enable_file_stream_work_stealing",
+            "false".to_string(),
+        ),
+        // Off: one partition per file is a table's contract (a task per
+        // file). Split into byte ranges, a range holding no row group's start
+        // reads nothing and its neighbour reads the file whole, and the task
+        // list would change with the file sizes.
+        (
+            "datafusion.optimizer.repartition_file_scans",
+            "false".to_string(),
+        ),
+        // Each worker opens its map's files afresh: read a footer with one
+        // small read rather than DataFusion's object-store default.
+        (
+            "datafusion.execution.parquet.metadata_size_hint",
+            dfx_abi::PARQUET_FOOTER_HINT.to_string(),
+        ),
+    ]
+}
+
 /// `context` under the isolation settings that matter at execution time.
 ///
 /// A map task's context comes from the host's session, not the planner's, so

@@ -59,7 +59,6 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plugin::reader_node_name, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::config_prefix, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::physical_codec_id, m)?)?;
-    m.add_function(wrap_pyfunction!(plugin::parquet_footer_hint, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::map_footer, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::stage_id, m)?)?;
     m.add_function(wrap_pyfunction!(plugin::map_path, m)?)?;

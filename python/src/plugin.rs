@@ -131,13 +131,6 @@ pub fn config_prefix(py: Python<'_>) -> PyResult<&'static str> {
     Ok(plugin(py)?.config_prefix())
 }
 
-/// How many bytes from a Parquet file's end a table reads at once (the
-/// Rust host's value, so both hosts read footers alike).
-#[pyfunction]
-pub fn parquet_footer_hint() -> usize {
-    dfx_abi::PARQUET_FOOTER_HINT
-}
-
 /// The last bytes of every published map file, and the length of the
 /// footer they end (the commit marker's length, then the magic): what a
 /// reader of a shuffle directory needs to find a map's marker.

@@ -29,7 +29,7 @@ use datafusion_proto::bytes::{
 };
 use datafusion_proto::logical_plan::DefaultLogicalExtensionCodec;
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
-use dfx_abi::{PARQUET_FOOTER_HINT, Plugin};
+use dfx_abi::Plugin;
 
 use crate::error::{DataFusionContext, HostError, Result};
 use crate::session::codec_chain::CodecChain;
@@ -391,25 +391,20 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
 
     let mut config =
         SessionConfig::new().with_target_partitions(effective_target_partitions(spec)?);
-    // One partition per file is the contract of a table here (a task per
-    // file); splitting a large file across partitions would change the task
-    // list with the file sizes.
-    config.options_mut().optimizer.repartition_file_scans = false;
-    // Each partition must read only its own files. With work stealing (the
-    // default) a partition that finishes early reads its siblings' files, so
-    // a worker executing partition 0 alone would compute every partition and
-    // the final merge would count every row once per task.
-    config
-        .options_mut()
-        .execution
-        .enable_file_stream_work_stealing = false;
+    // The settings that act when a stage executes (no file-stream work
+    // stealing, one partition per file, the footer read) are the plugin's:
+    // set as it states them, on the driver's session and each worker's.
+    let settings = plugin.session_settings().map_err(HostError::Invalid)?;
+    for (key, value) in &settings {
+        config
+            .options_mut()
+            .set(key, value)
+            .context(|| plugin_what(&format!("states the setting {key}={value}, which")))?;
+    }
     // The optimizer settings a stage needs so that each of its partitions can
     // run alone (no join dynamic filter, no physical scalar subquery, which
-    // joins may collect their build side) are the plugin planner's, defined
-    // once there for both split modes: it plans with a copy of this config
-    // and sets them itself. Setting them here too is how earlier copies
-    // drifted apart; only what applies at *execution* in a worker, which the
-    // planner cannot reach, is set above.
+    // joins may collect their build side) are the plugin planner's too: it
+    // plans with a copy of this config and sets them itself.
     let options = plugin
         .config_options()
         .context(|| plugin_what("cannot build its config extension"))?;
@@ -518,10 +513,10 @@ pub fn effective_target_partitions(spec: &SessionSpec) -> Result<usize> {
     Ok(partitions)
 }
 
-/// Register `dir` as table `name`, one partition per Parquet file, footers
-/// read with [`PARQUET_FOOTER_HINT`].
+/// Register `dir` as table `name`, one partition per Parquet file, read with
+/// the session's Parquet options (the footer read the plugin's settings set).
 async fn register_parquet_dir(ctx: &SessionContext, name: &str, dir: &Path) -> Result<()> {
-    let format = ParquetFormat::default().with_metadata_size_hint(Some(PARQUET_FOOTER_HINT));
+    let format = ParquetFormat::default().with_options(ctx.state().default_table_options().parquet);
     let options = ListingOptions::new(Arc::new(format)).with_file_extension(PARQUET_EXTENSION);
     let dir = std::path::absolute(dir).map_err(|e| HostError::io("cannot resolve", dir, e))?;
     // A trailing slash makes the URL a directory, not a file.

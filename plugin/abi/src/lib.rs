@@ -481,6 +481,35 @@ impl Plugin {
         self.take_failures_answer(location).map(|(json, _)| json)
     }
 
+    /// The DataFusion settings a session running the plugin's stages must
+    /// carry, as `(key, value)` pairs in key order: set each on every
+    /// session built for the plugin (`ConfigOptions::set`). They are the
+    /// plugin's to state, so no host spells them.
+    ///
+    /// # Errors
+    ///
+    /// A plugin built before the export, or an answer that is not a JSON
+    /// object of strings (a caught panic's message), naming the plugin file.
+    pub fn session_settings(&self) -> std::result::Result<Vec<(String, String)>, String> {
+        let Some(settings) = self.module.session_settings() else {
+            return Err(format!(
+                "dfx plugin {} was built before session_settings: it cannot tell a host the \
+                 settings its stages need; rebuild the plugin",
+                self.path.display()
+            ));
+        };
+        let answer = settings().into_string();
+        let parsed: std::collections::BTreeMap<String, String> = serde_json::from_str(&answer)
+            .map_err(|err| {
+                format!(
+                    "dfx plugin {}: session_settings answered {answer:?}, not a JSON object of \
+                     setting names to values: {err}",
+                    self.path.display()
+                )
+            })?;
+        Ok(parsed.into_iter().collect())
+    }
+
     fn take_failures_answer(
         &self,
         location: &str,

@@ -173,6 +173,16 @@ pub struct DfxPlugin {
     /// JSON: a host reports it as an error (see
     /// [`crate::Plugin::take_failures`]).
     pub take_failures: extern "C" fn(location: RStr<'_>) -> RString,
+
+    /// The DataFusion settings every session running this plugin's stages
+    /// must carry, as a JSON object of DataFusion keys to values
+    /// (`{"datafusion.execution.enable_file_stream_work_stealing": "false"}`).
+    /// They act when a stage executes, in a session the host builds (the
+    /// planner shapes plans under settings of its own), so a host sets each
+    /// on every session it builds, the driver's and each worker's. A caught
+    /// panic answers its message instead, which is not JSON (see
+    /// [`crate::Plugin::session_settings`]).
+    pub session_settings: extern "C" fn() -> RString,
 }
 
 /// What [`DfxPlugin::stage_info`] and [`DfxPlugin::encoded_stage_info`]

@@ -1,6 +1,6 @@
 //! A test-only dfx plugin declaring a *newer* root module: every field of the
 //! current one, same versions, plus one field appended after
-//! `take_failures`, as a later version may append an export.
+//! `session_settings`, as a later version may append an export.
 //!
 //! A current host must load it and use every field it knows. The functions
 //! here do no query work (the constructors of DataFusion objects return an
@@ -112,6 +112,8 @@ pub struct DfxPlugin {
     pub probe_location: extern "C" fn(location: RStr<'_>, options_json: RStr<'_>) -> FfiResult<()>,
     /// The failure classes recorded for a shuffle location, as JSON.
     pub take_failures: extern "C" fn(location: RStr<'_>) -> RString,
+    /// The session settings the plugin's stages need, as JSON.
+    pub session_settings: extern "C" fn() -> RString,
     /// The appended field: an export a later version might add.
     pub newer_field: extern "C" fn() -> u64,
 }
@@ -221,6 +223,12 @@ extern "C" fn take_failures(_location: RStr<'_>) -> RString {
     RString::from("[]")
 }
 
+/// One setting, as the real plugin answers its settings.
+extern "C" fn session_settings() -> RString {
+    count();
+    RString::from(r#"{"datafusion.optimizer.repartition_file_scans":"false"}"#)
+}
+
 /// A current host cannot name this field, so never calls it.
 extern "C" fn newer_field() -> u64 {
     count();
@@ -257,6 +265,7 @@ pub fn root_module() -> DfxPluginRef {
         vet_stage,
         probe_location,
         take_failures,
+        session_settings,
         newer_field,
     }
     .leak_into_prefix()
