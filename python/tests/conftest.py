@@ -404,6 +404,35 @@ def require_dfx() -> None:
     pytest.fail(f"{missing}; set DFX_SKIP_CROSS_HOST=1 to skip", pytrace=False)
 
 
+HOOKS_ENV = "DFX_PLUGIN_TEST_HOOKS"
+"""Names the plugin built with its ``test-hooks`` feature, overriding the default."""
+
+
+def hooks_plugin() -> pathlib.Path:
+    """The plugin built with its ``test-hooks`` feature (fault injection in it).
+
+    ``DFX_PLUGIN_TEST_HOOKS``, else ``<target>/debug/test-hooks/``, where
+    ``ffi-tests/build-plugins.sh`` puts it (``scripts/test.sh`` runs that
+    before this suite). Fails the test when it is absent: a fault test that
+    skipped would pass having injected nothing.
+    """
+    named = os.environ.get(HOOKS_ENV)
+    if named:
+        path = pathlib.Path(named)
+    else:
+        target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+        # The file name of the plugin this package loaded: one spelling.
+        name = pathlib.Path(_internal.plugin_path()).name
+        path = target / "debug" / "test-hooks" / name
+    if not path.is_file():
+        pytest.fail(
+            f"the test-hooks plugin {path} is missing: build it with "
+            f"ffi-tests/build-plugins.sh (or name it in {HOOKS_ENV})",
+            pytrace=False,
+        )
+    return path
+
+
 def _data_dir() -> pathlib.Path:
     """Where generated data is cached: beside the build output."""
     if "DFX_TPCH_DATA_DIR" in os.environ:

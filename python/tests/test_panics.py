@@ -6,7 +6,8 @@ door the host calls through). The panic comes from ``dfx_test_panic(x, at)``,
 which only the plugin's ``test-hooks`` build registers: it panics on the row
 where ``x = at``. That build is ``<target>/debug/test-hooks/libdfx_plugin.so``
 (``ffi-tests/build-plugins.sh`` makes it) or the file
-``DFX_PLUGIN_TEST_HOOKS`` names; these tests fail, never skip, without it.
+``DFX_PLUGIN_TEST_HOOKS`` names (:func:`conftest.hooks_plugin`); these tests
+fail, never skip, without it.
 
 Each test runs in a child interpreter with ``DFX_PLUGIN`` pointing at that
 build (the module loads its plugin once per process), so an abort is seen as
@@ -17,15 +18,16 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys
 import textwrap
+from typing import TYPE_CHECKING
 
-import pytest
+from conftest import hooks_plugin
 
-HOOKS_ENV = "DFX_PLUGIN_TEST_HOOKS"
+if TYPE_CHECKING:
+    import pathlib
 
 # A row of the last fixture file has l_quantity 70: earlier files yield rows
 # before the panic.
@@ -79,23 +81,6 @@ CHILD = textwrap.dedent(
 )
 
 
-def _hooks_plugin() -> pathlib.Path:
-    """The ``test-hooks`` build of the plugin; fails the test if it is absent."""
-    named = os.environ.get(HOOKS_ENV)
-    if named:
-        path = pathlib.Path(named)
-    else:
-        root = pathlib.Path(__file__).resolve().parents[2]
-        target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", root / "target"))
-        path = target / "debug" / "test-hooks" / "libdfx_plugin.so"
-    if not path.is_file():
-        pytest.fail(
-            f"{path} is missing: build it with ffi-tests/build-plugins.sh "
-            f"(or name the test-hooks plugin in {HOOKS_ENV})"
-        )
-    return path
-
-
 def test_a_panic_in_a_query_is_an_error_naming_dfx_and_the_next_query_runs(
     lineitem: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
@@ -109,7 +94,7 @@ def test_a_panic_in_a_query_is_an_error_naming_dfx_and_the_next_query_runs(
             str(tmp_path / "shuffle-next"),
         ],
     }
-    env = dict(os.environ, DFX_PLUGIN=str(_hooks_plugin()))
+    env = dict(os.environ, DFX_PLUGIN=str(hooks_plugin()))
     child = subprocess.run(
         [sys.executable, "-c", CHILD, json.dumps(args)],
         env=env,
