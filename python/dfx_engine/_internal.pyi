@@ -138,7 +138,7 @@ def normalize_spec(json: str) -> str:
     """The spec checked and written by the runtime; ValueError naming the fault."""
 
 def session_settings() -> dict[str, str]:
-    """The DataFusion settings every dfx session is built with, as the plugin states them."""
+    """The DataFusion settings every dfx session needs, as the plugin states them."""
 
 # The runtime's scheduler.
 MALLOC_TUNABLES_VAR: str
