@@ -46,6 +46,14 @@
 //! `error` key) and keeps the others as the task's output. A worker that
 //! exits or is killed while a request is outstanding fails that task; the
 //! driver replaces it for later tasks.
+//!
+//! # Worker side
+//!
+//! Both hosts' workers speak the protocol through [`serve`]: the loop of a
+//! serving worker ([`serve::serve`], or [`serve::serve_blocking`] for a host
+//! without an async runtime), process mode's read of its envelope file
+//! ([`serve::read_task_file`]), and the writing of one response line
+//! ([`serve::write_response`]). A host supplies only how a task is run.
 
 pub mod checks;
 pub mod envelope;
