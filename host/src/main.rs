@@ -475,7 +475,7 @@ async fn worker(args: WorkerArgs) -> Result<()> {
         failed => failed,
     };
     // The last line of stdout is the response; the driver reads nothing else.
-    println!("{}", response.to_line());
+    dfx_runtime::protocol::serve::write_response(&mut std::io::stdout().lock(), &response)?;
     match response {
         Response::Report(_) => Ok(()),
         Response::Error(error) => Err(HostError::Invalid(error.error)),

@@ -14,8 +14,9 @@
 //!                 what the plugin recorded while the task ran ─► one line
 //! ```
 //!
-//! The protocol, its checks and the classification of failures are the
-//! runtime's (`dfx_runtime::protocol`); the handler only runs the task.
+//! The protocol (its serve loop, the read of an envelope file, the writing
+//! of a response line), its checks and the classification of failures are
+//! the runtime's (`dfx_runtime::protocol`); the handler only runs the task.
 
 use std::io::{BufRead, Write};
 use std::os::fd::{BorrowedFd, RawFd};
@@ -24,13 +25,13 @@ use std::time::{Instant, SystemTime};
 
 use dfx_abi::FailureClass;
 use dfx_runtime::protocol::report::clear_recorded;
-use dfx_runtime::protocol::{
-    Envelope, Published, Request, Response, TaskError, TaskInput, check_task,
-};
+use dfx_runtime::protocol::serve::{read_task_file, serve_blocking, write_response};
+use dfx_runtime::protocol::{Envelope, Published, Response, TaskError, TaskInput, check_task};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::error::from_runtime;
 use crate::plugin::plugin;
 
 /// One task as the handler receives it: the envelope's fields and the
@@ -159,19 +160,6 @@ fn unclassified(envelope: &Envelope, error: String) -> Response {
     })
 }
 
-/// The response to one request line.
-fn answer_request(py: Python<'_>, handler: &Bound<'_, PyAny>, line: &str) -> Response {
-    let request = match Request::parse(line) {
-        Ok(request) => request,
-        Err(err) => return Response::unknown_task(err),
-    };
-    let envelope = match py.detach(|| request.envelope()) {
-        Ok(envelope) => envelope,
-        Err(err) => return Response::unknown_task(err.to_string()),
-    };
-    answer_envelope(py, handler, envelope)
-}
-
 /// The response to the task of `envelope`, its plan read from its file.
 fn answer_envelope(py: Python<'_>, handler: &Bound<'_, PyAny>, envelope: Envelope) -> Response {
     let read = {
@@ -211,7 +199,9 @@ fn flush_python(py: Python<'_>) {
 /// Serve tasks: read one request per line of standard input, call
 /// `handler(task)` for each, and write exactly one response line to the
 /// file descriptor `responses_fd`, flushed. A failed task does not end the
-/// loop; the end of input does, with status 0.
+/// loop; the end of input does, with status 0. The loop is the runtime's
+/// (`dfx_runtime::protocol::serve`), the same as the Rust host's worker;
+/// this function brings the lines, the handler and the descriptor.
 ///
 /// The responses go to their own descriptor (the caller's copy of the real
 /// stdout, with fd 1 pointed at stderr), so a library or a UDF that prints
@@ -226,26 +216,45 @@ pub fn serve(py: Python<'_>, handler: &Bound<'_, PyAny>, responses_fd: RawFd) ->
     // call; it is only borrowed here to be duplicated, and the duplicate is
     // what is written and closed.
     let owned = unsafe { BorrowedFd::borrow_raw(responses_fd) }.try_clone_to_owned()?;
-    let mut responses = std::fs::File::from(owned);
+    let mut responses = Detached {
+        py,
+        inner: std::fs::File::from(owned),
+    };
     let stdin = std::io::stdin();
     let mut line = String::new();
-    loop {
+    let requests = std::iter::from_fn(|| {
         line.clear();
         // Without the GIL: a serving worker waits here between tasks.
-        let read = py.detach(|| stdin.lock().read_line(&mut line))?;
-        if read == 0 {
-            return Ok(0);
+        match py.detach(|| stdin.lock().read_line(&mut line)) {
+            Ok(0) => None,
+            Ok(_) => Some(Ok(line.clone())),
+            Err(err) => Some(Err(err)),
         }
-        if line.trim().is_empty() {
-            continue;
-        }
-        let response = answer_request(py, handler, &line);
+    });
+    serve_blocking(requests, &mut responses, |envelope| {
+        let response = answer_envelope(py, handler, envelope);
+        // What the task printed lands before its response, not after it.
         flush_python(py);
-        let text = format!("{}\n", response.to_line());
-        py.detach(|| {
-            responses.write_all(text.as_bytes())?;
-            responses.flush()
-        })?;
+        response
+    })
+    .map_err(from_runtime)?;
+    Ok(0)
+}
+
+/// A writer that releases the GIL while it writes: a driver slow to read
+/// its pipe blocks this thread only, not every Python thread.
+struct Detached<'py, W> {
+    py: Python<'py>,
+    inner: W,
+}
+
+impl<W: Write + Send> Write for Detached<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.py.detach(|| self.inner.write(buf))
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.py.detach(|| self.inner.flush())
     }
 }
 
@@ -254,17 +263,19 @@ pub fn serve(py: Python<'_>, handler: &Bound<'_, PyAny>, responses_fd: RawFd) ->
 /// stderr and exits with status 1 (the returned status).
 #[pyfunction]
 pub fn run_task_file(py: Python<'_>, path: &str, handler: &Bound<'_, PyAny>) -> i32 {
-    let response = match py.detach(|| Envelope::read(Path::new(path))) {
+    let response = match py.detach(|| read_task_file(Path::new(path))) {
         Ok(envelope) => answer_envelope(py, handler, envelope),
-        Err(err) => Response::unknown_task(err.to_string()),
+        Err(unknown) => unknown,
     };
     flush_python(py);
     if let Response::Error(error) = &response {
         eprintln!("dfx worker: {}", error.error);
     }
     // Last, and flushed: the driver reads only the last non-empty line.
-    let mut stdout = std::io::stdout().lock();
-    let written = writeln!(stdout, "{}", response.to_line()).and_then(|()| stdout.flush());
+    let written = write_response(&mut std::io::stdout().lock(), &response);
+    if let Err(err) = &written {
+        eprintln!("dfx worker: {err}");
+    }
     match (written, response.is_error()) {
         (Ok(()), false) => 0,
         _ => 1,

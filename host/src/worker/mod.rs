@@ -30,7 +30,8 @@ use datafusion::arrow::array::{Array, UInt64Array};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::ExecutionPlan;
 use dfx_runtime::protocol::report::clear_recorded;
-use dfx_runtime::protocol::{Envelope, Published, Request, Response, TaskInput, check_task};
+use dfx_runtime::protocol::serve::{read_task_file, serve as serve_requests};
+use dfx_runtime::protocol::{Envelope, Published, Response, TaskInput, check_task};
 use futures::StreamExt;
 
 use crate::Plugin;
@@ -138,62 +139,51 @@ impl SessionCache {
     }
 }
 
-/// Answer one serve request line: run its task and return the response.
-/// Never fails: a task that cannot run is an error response, and the worker
-/// serves the next one.
-pub async fn serve_one(plugin: &Plugin, cache: &mut SessionCache, line: &str) -> Response {
-    let envelope = match Request::parse(line).map(Request::envelope) {
-        Ok(Ok(envelope)) => envelope,
-        Ok(Err(err)) => return Response::unknown_task(err.to_string()),
-        Err(err) => return Response::unknown_task(err),
-    };
-    respond(plugin, cache, envelope).await
-}
-
 /// Serve request lines from `requests` until it ends, writing one response
-/// line to `out` for each: the serve protocol of [`dfx_runtime::protocol`].
-/// Blank lines are skipped.
+/// line to `out` for each: the runtime's serve loop
+/// ([`dfx_runtime::protocol::serve::serve`]), each task run by [`respond`]
+/// with the warm sessions of one [`SessionCache`].
 ///
 /// # Errors
 ///
-/// Only when `out` cannot be written (the driver is gone).
+/// Only when a request cannot be read (stdin) or `out` cannot be written
+/// (the driver is gone); a task that fails is its response, and serving
+/// goes on.
 pub async fn serve(
     plugin: &Plugin,
-    mut requests: tokio::sync::mpsc::Receiver<String>,
+    mut requests: tokio::sync::mpsc::Receiver<std::io::Result<String>>,
     out: &mut impl Write,
 ) -> Result<()> {
     let mut cache = SessionCache::default();
-    while let Some(line) = requests.recv().await {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let response = serve_one(plugin, &mut cache, &line).await;
-        // One whole line, flushed: the driver waits for it.
-        writeln!(out, "{}", response.to_line())
-            .and_then(|()| out.flush())
-            .map_err(|e| HostError::io("cannot write the response to", "stdout", e))?;
-    }
+    let requests = futures::stream::poll_fn(|cx| requests.poll_recv(cx));
+    serve_requests(requests, out, async |envelope| {
+        respond(plugin, &mut cache, envelope).await
+    })
+    .await?;
     Ok(())
 }
 
 /// Run the task of the envelope file `path` (process mode): its response,
-/// for the caller to print as the last line of stdout.
+/// for the caller to write as the last line of stdout
+/// ([`dfx_runtime::protocol::serve::write_response`]). A file that cannot
+/// be read is an unknown task's response ([`read_task_file`]).
 pub async fn run_envelope_file(plugin: &Plugin, path: &Path) -> Response {
-    match Envelope::read(path) {
+    match read_task_file(path) {
         Ok(envelope) => respond(plugin, &mut SessionCache::default(), envelope).await,
-        Err(err) => Response::unknown_task(err.to_string()),
+        Err(unknown) => unknown,
     }
 }
 
 /// The lines of this process's stdin, read on their own thread so the
 /// runtime (and a Ctrl-C handler) is never blocked by a read. The channel
-/// ends at end of input or on a read error.
-pub fn stdin_lines() -> tokio::sync::mpsc::Receiver<String> {
+/// ends at end of input, or after a read error (sent on, for [`serve`] to
+/// report).
+pub fn stdin_lines() -> tokio::sync::mpsc::Receiver<std::io::Result<String>> {
     let (sender, receiver) = tokio::sync::mpsc::channel(16);
     std::thread::spawn(move || {
         for line in std::io::stdin().lines() {
-            let Ok(line) = line else { break };
-            if sender.blocking_send(line).is_err() {
+            let failed = line.is_err();
+            if sender.blocking_send(line).is_err() || failed {
                 break;
             }
         }
