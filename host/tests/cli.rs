@@ -415,6 +415,25 @@ fn dfx_fails_with_a_clear_message_and_a_non_zero_status() {
         "{stderr}"
     );
 
+    // A table function is named, with what to do instead, distributed and
+    // in one process alike; nothing about codecs.
+    for local in [false, true] {
+        let sql = "SELECT count(*) FROM generate_series(1, 10)";
+        let out = if local {
+            dfx(&["run", "--local", sql])
+        } else {
+            dfx(&["run", sql])
+        };
+        assert!(!out.status.success(), "local {local}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains("dfx cannot plan a query that reads generate_series")
+                && stderr.contains("register the data as a table instead")
+                && !stderr.contains("LogicalExtensionCodec"),
+            "local {local}: {stderr}"
+        );
+    }
+
     // Zero partitions or zero workers is refused, not rounded up.
     for (flag, value) in [("--partitions", "0"), ("--max-workers", "0")] {
         let out = dfx(&["run", flag, value, "--table", &table, BY_FLAG]);

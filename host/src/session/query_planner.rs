@@ -8,13 +8,24 @@
 //! the plugin a plan whose empty relations say their columns in a form the
 //! bytes keep: a zero-row limit over typed nulls, aliased to the same
 //! qualified names. It yields no row, as the empty relation did.
+//!
+//! The bytes carry a table as DataFusion's plan format knows it: a listing
+//! table, a view, an empty table, a recursive query's work table. A scan of
+//! anything else (a table function such as `generate_series`, an in-memory
+//! table) cannot cross; [`refuse_uncarried_scans`] names it before the
+//! encoder fails with words about a codec.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::Transformed;
-use datafusion::common::{Result, ScalarValue};
+use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::{DataFusionError, Result, ScalarValue};
+use datafusion::datasource::cte_worktable::CteWorkTable;
+use datafusion::datasource::empty::EmptyTable;
+use datafusion::datasource::listing::ListingTable;
+use datafusion::datasource::source_as_provider;
+use datafusion::datasource::view::ViewTable;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder};
 use datafusion::physical_plan::ExecutionPlan;
@@ -32,8 +43,46 @@ impl QueryPlanner for PluginQueryPlanner {
         logical_plan: &LogicalPlan,
         session: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        refuse_uncarried_scans(logical_plan)?;
         let plan = typed_empty_relations(logical_plan.clone())?;
         self.0.create_physical_plan(&plan, session).await
+    }
+}
+
+/// A planning error naming the first scan in `plan` (subqueries included)
+/// whose table the plan's bytes cannot carry into the plugin's planner (see
+/// the module docs); `Ok` when every table can cross.
+///
+/// # Errors
+///
+/// `DataFusionError::NotImplemented` naming the table as the query spelled
+/// it, saying what dfx runs instead.
+pub fn refuse_uncarried_scans(plan: &LogicalPlan) -> Result<()> {
+    let mut uncarried = None;
+    plan.apply_with_subqueries(|node| {
+        let LogicalPlan::TableScan(scan) = node else {
+            return Ok(TreeNodeRecursion::Continue);
+        };
+        let Ok(provider) = source_as_provider(&scan.source) else {
+            return Ok(TreeNodeRecursion::Continue);
+        };
+        let carried = provider.downcast_ref::<ListingTable>().is_some()
+            || provider.downcast_ref::<ViewTable>().is_some()
+            || provider.downcast_ref::<EmptyTable>().is_some()
+            || provider.downcast_ref::<CteWorkTable>().is_some();
+        if carried {
+            return Ok(TreeNodeRecursion::Continue);
+        }
+        uncarried = Some(scan.table_name.to_string());
+        Ok(TreeNodeRecursion::Stop)
+    })?;
+    match uncarried {
+        None => Ok(()),
+        Some(table) => Err(DataFusionError::NotImplemented(format!(
+            "dfx cannot plan a query that reads {table}: it is a table function or an \
+             in-memory table, and dfx's planner receives only tables DataFusion's plan format \
+             carries (files registered as tables, views); register the data as a table instead"
+        ))),
     }
 }
 
@@ -111,6 +160,30 @@ mod tests {
             .collect();
         assert_eq!(types, vec![DataType::Int32, DataType::Decimal128(10, 2)]);
         assert!(matches!(kept, LogicalPlan::Limit(_)), "no row: {kept}");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_table_function_is_named_and_a_listing_table_passes() -> Result<()> {
+        let ctx = SessionContext::new();
+        for sql in [
+            "SELECT count(*) FROM generate_series(1, 10)",
+            "SELECT v FROM (SELECT 1 AS v) WHERE v IN (SELECT value FROM range(1, 3))",
+        ] {
+            let plan = ctx.state().create_logical_plan(sql).await?;
+            let err = refuse_uncarried_scans(&plan).unwrap_err().to_string();
+            assert!(
+                err.contains("dfx cannot plan a query that reads")
+                    && (err.contains("generate_series") || err.contains("range")),
+                "{sql}: {err}"
+            );
+        }
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("t.csv"), "k\n1\n")?;
+        ctx.register_csv("t", dir.path().to_str().unwrap(), Default::default())
+            .await?;
+        let plan = ctx.state().create_logical_plan("SELECT k FROM t").await?;
+        refuse_uncarried_scans(&plan)?;
         Ok(())
     }
 
