@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dfx_engine import _internal
-from dfx_engine.session import SessionSpec, build_session
+from dfx_engine.session import SessionSpec, build_session, plain_planning_errors
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -271,6 +271,8 @@ def run_distributed(
         ValueError: A spec without a shuffle location, settings that
             contradict each other, a location of another scheme, one in use
             or holding stage output, or an S3 location failing its probe.
+        UnsupportedQueryError: A query datafusion-python's planner boundary
+            refuses (:mod:`dfx_engine.session` says which), in plain words.
         RuntimeError: If the plan has no stage, any task of a wave failed
             for good (every failure of that wave is reported, and no later
             wave runs), or reading the root failed.
@@ -300,7 +302,9 @@ def run_distributed(
             # Planned once: the stages shipped and the root read below are
             # parts of this one plan, so they cannot disagree about a stage
             # id or a cut.
-            plan = ctx.sql(sql).execution_plan()
+            df = ctx.sql(sql)
+            with plain_planning_errors(ctx, df):
+                plan = df.execution_plan()
             run = scheduler.run(
                 spec_json,
                 claim.task_dir,
@@ -388,10 +392,17 @@ def run_local(
 
     The spec's shuffle directory is dropped, so the planner inserts no stage;
     anything else differing from :func:`run_distributed` is a bug in the split.
+
+    Raises:
+        UnsupportedQueryError: A query datafusion-python's planner boundary
+            refuses; it plans through the plugin's planner here too.
     """
     ctx, _engine = build_session(dataclasses.replace(spec, shuffle_dir=""))
     _register(ctx, extra_udfs)
-    return ctx.sql(sql).collect()
+    df = ctx.sql(sql)
+    # collect plans before it reads a row: a refusal is met at planning.
+    with plain_planning_errors(ctx, df):
+        return df.collect()
 
 
 def dataframe_for(sql: str, spec: SessionSpec) -> tuple[SessionContext, DataFrame]:

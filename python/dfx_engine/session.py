@@ -10,28 +10,60 @@ codecs and functions the driver encoded it with.
 The spec's rules (what each field may hold, what its JSON leaves out) are
 the runtime's ``SessionSpec``, the type the Rust host uses too: this module
 validates and serializes every spec through it.
+
+What such a session cannot plan: its planner is the plugin's, behind
+datafusion-python's planner boundary, which moves plans as DataFusion's
+protobuf plan format both ways::
+
+    datafusion-python                          the plugin (dfx's prost)
+    optimized logical plan ──► bytes ──────►   decoded, planned, cut
+    physical plan ◄─ decoded with ◄─ bytes ◄─  encoded
+                     datafusion-python's prost
+
+Two kinds of query fail on that path, in DataFusion's words naming
+neither dfx nor the cause; :func:`plain_planning_errors` says them as
+:class:`UnsupportedQueryError`:
+
+- a plan nesting deeper than datafusion-python's prost decodes (100
+  messages): long join chains; a distributed plan's stage nodes add depth,
+  so some (thirty scalar subqueries) fail only distributed. The Rust host's
+  prost has no such limit.
+- a scan of a table the format does not carry, a table function such as
+  ``generate_series``: datafusion-python cannot encode the logical plan.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import pathlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import datafusion
 from datafusion import SessionConfig, SessionContext
+from datafusion.expr import TableScan
 
 from dfx_engine import _internal
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from datafusion import DataFrame
+    from datafusion.plan import LogicalPlan
 
 __all__ = [
     "SPLIT_MODES",
     "STORE_OPTION_KEYS",
+    "UNSUPPORTED_REASONS",
     "SessionSpec",
+    "UnsupportedQueryError",
     "build_session",
     "build_worker_session",
     "effective_target_partitions",
     "expected_codec_ids",
+    "plain_planning_errors",
 ]
 
 SPLIT_MODES: tuple[str, ...] = tuple(_internal.SPLIT_MODES)
@@ -224,3 +256,117 @@ def build_worker_session(
     reads every file's footer.
     """
     return build_session(spec, register_tables=False)
+
+
+UNSUPPORTED_REASONS = ("deep_plan", "table_function")
+"""Why a session cannot plan a query (:attr:`UnsupportedQueryError.reason`).
+
+``deep_plan``: the plan nests deeper than datafusion-python decodes;
+``table_function``: it reads a table the plan format cannot carry.
+"""
+
+# DataFusion's words for the two refusals, matched once, to reword them for
+# the user and never to decide a retry: datafusion-python raises a bare
+# Exception, so its text is all that tells them apart.
+_PROST_DECODE = "failed to decode Protobuf message"
+_PROST_DEPTH = "recursion limit reached"
+_UNENCODED_TABLE = "Error serializing custom table"
+
+
+class UnsupportedQueryError(NotImplementedError):
+    """A query a dfx session of datafusion-python cannot plan, in plain words.
+
+    The original error is its ``__cause__``.
+
+    Attributes:
+        reason: One of :data:`UNSUPPORTED_REASONS`.
+        tables: For ``table_function``, the tables the plan format cannot
+            carry, named as the plan names them (``generate_series()``);
+            empty when none could be found.
+    """
+
+    def __init__(self, message: str, reason: str, tables: tuple[str, ...] = ()) -> None:
+        """The error, its reason and the tables it names."""
+        super().__init__(message)
+        self.reason = reason
+        self.tables = tables
+
+
+@contextlib.contextmanager
+def plain_planning_errors(ctx: SessionContext, df: DataFrame) -> Iterator[None]:
+    """Plan ``df`` of ``ctx`` inside, its refusals said in plain words.
+
+    A refusal leaves as :class:`UnsupportedQueryError`; any other error
+    leaves as it came.
+
+    Raises:
+        UnsupportedQueryError: If the plan nests deeper than datafusion-python
+            decodes, or reads a table the plan format cannot carry.
+    """
+    try:
+        yield
+    except Exception as err:
+        refusal = _unsupported(err, ctx, df)
+        if refusal is None:
+            raise
+        raise refusal from err
+
+
+def _unsupported(
+    err: Exception, ctx: SessionContext, df: DataFrame
+) -> UnsupportedQueryError | None:
+    """The plain error for ``err`` planning ``df``, or ``None`` if it is no refusal."""
+    text = str(err)
+    if _PROST_DECODE in text and _PROST_DEPTH in text:
+        major = datafusion.__version__.split(".")[0]
+        first_line = text.splitlines()[0]
+        message = (
+            f"dfx cannot plan this query in Python: its plan nests deeper than "
+            f"datafusion-python {major} decodes (prost's limit of 100 nested "
+            "messages), and datafusion-python decodes the plan dfx's planner "
+            "hands back to it; the Rust host (`dfx run`) runs it. "
+            f"datafusion-python said: {first_line}"
+        )
+        return UnsupportedQueryError(message, "deep_plan")
+    if _UNENCODED_TABLE in text:
+        tables = _uncarried_tables(ctx, df)
+        what = (
+            ", ".join(tables)
+            if tables
+            else "a table DataFusion's plan format cannot carry"
+        )
+        message = (
+            f"dfx cannot plan a query that reads {what}: a table function or an "
+            "in-memory table is not supported distributed, nor by run_local, "
+            "since both hand the plan to dfx's planner in DataFusion's plan "
+            "format, which carries only tables read from files and views; "
+            "register the data as a table instead"
+        )
+        return UnsupportedQueryError(message, "table_function", tables)
+    return None
+
+
+def _uncarried_tables(ctx: SessionContext, df: DataFrame) -> tuple[str, ...]:
+    """The scans in ``df``'s plan of tables ``ctx`` does not hold, in plan order.
+
+    A table function's scan is named ``<function>()`` and is in no catalog.
+    The optimized plan, the one that crosses: its subqueries are joins by
+    then, so a walk of the plan's inputs finds the scans inside them too.
+    """
+    try:
+        plan = df.optimized_logical_plan()
+    except Exception:
+        # Wanted only for the names: the unoptimized plan will do.
+        plan = df.logical_plan()
+    names: list[str] = []
+    pending: list[LogicalPlan] = [plan]
+    while pending:
+        node = pending.pop()
+        variant = node.to_variant()
+        if isinstance(variant, TableScan):
+            name = variant.table_name()
+            if not ctx.table_exist(name) and name not in names:
+                names.append(name)
+        # Reversed so the leftmost input is visited first.
+        pending.extend(reversed(node.inputs()))
+    return tuple(names)
