@@ -42,6 +42,7 @@ from dfx_engine._internal import (
 )
 from dfx_engine.session import (
     SessionSpec,
+    UnsupportedQueryError,
     build_session,
     build_worker_session,
     expected_codec_ids,
@@ -52,6 +53,7 @@ __all__ = [
     "DfxEngineExtension",
     "SessionSpec",
     "StageInfo",
+    "UnsupportedQueryError",
     "bucket_path",
     "build_session",
     "build_worker_session",
