@@ -22,6 +22,7 @@
 
 pub mod compat;
 pub mod failure;
+pub mod location;
 pub mod lock;
 pub mod module;
 pub mod stages;
@@ -90,6 +91,7 @@ pub fn map_marker_range(file: &[u8]) -> Option<std::ops::Range<usize>> {
 
 pub use compat::{DFX_ABI_VERSION, LoadCheck, LoadError, host_datafusion_ffi_major};
 pub use failure::FailureClass;
+pub use location::{LocationError, S3Location, ShuffleLocation};
 pub use lock::DriverLock;
 pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 

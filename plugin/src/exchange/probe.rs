@@ -44,7 +44,7 @@ pub const S3_LOCK_OBJECT: &str = "_dfx-driver.lock";
 ///
 /// One message naming the location and what is wrong with it.
 pub fn probe_location(location: &str, options: &S3Options) -> Result<(), String> {
-    match ShuffleLocation::parse(std::path::Path::new(location))? {
+    match ShuffleLocation::parse(std::path::Path::new(location)).map_err(|e| e.to_string())? {
         ShuffleLocation::Local(dir) => probe_local(&dir),
         ShuffleLocation::S3(s3) => {
             let url = s3.url();

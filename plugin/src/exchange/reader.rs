@@ -52,7 +52,9 @@ use object_store::ObjectStore;
 
 use super::files::{decode_segment, describe_fields, same_fields};
 use super::marker::{Located, MapFileRef, MapMarker, Segment, TAIL_GUESS};
-use super::store::{S3Location, S3Options, ShuffleLocation, get_range, get_tail, s3_store};
+use super::store::{
+    ObjectKey, S3Location, S3Options, ShuffleLocation, get_range, get_tail, location_root, s3_store,
+};
 use super::writer::ShuffleWriterExec;
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
@@ -327,7 +329,7 @@ impl ShuffleReaderExec {
         }
         let location =
             ShuffleLocation::parse(&self.shuffle_dir).map_err(|e| self.error(partition, e))?;
-        let root = location.root();
+        let root = location_root(&location);
         let pieces = self.pieces(partition);
         let mut stream = BucketStream {
             stage_id: self.stage_id,

@@ -10,6 +10,10 @@
 //!                           segments
 //! ```
 //!
+//! A location is parsed and compared by [`dfx_abi::location`], the one rule
+//! the plugin and every host share; this module is what the plugin does with
+//! a parsed one: object keys, S3 options, the client and its requests.
+//!
 //! The location travels as a string inside the encoded stage (the writer's
 //! and reader's `shuffle_dir`), so the names of [`crate::paths`] apply to
 //! both: `s3://bucket/prefix/stage-1/map-0.arrow` is both the name
@@ -41,6 +45,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
 
+use dfx_abi::location::{S3_ALLOW_HTTP, S3_ENDPOINT, S3_REGION, S3_SCHEME};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::path::Path as ObjectPath;
 // The base trait's methods, not `ObjectStoreExt`'s: theirs are not known to
@@ -54,11 +59,10 @@ use tokio::task::JoinHandle;
 use crate::config::DfxConfig;
 use crate::failures::io_failure;
 
-/// Scheme of an S3 location.
-pub const S3_SCHEME: &str = "s3://";
-
-/// Scheme of a local location spelled as a URL.
-pub const FILE_SCHEME: &str = "file://";
+// Parsed and compared by the rule every host shares: re-exported for the
+// exchange, and for `failures` and `vet`, which key and compare locations
+// by `canonical_location`.
+pub use dfx_abi::location::{S3Location, ShuffleLocation, canonical_location};
 
 /// A bucket's bytes are sent as one part of a multipart upload each time
 /// this many are buffered; a smaller bucket is one PUT. S3 needs at least
@@ -72,106 +76,27 @@ pub const MAX_PARTS_IN_FLIGHT: usize = 2;
 /// Threads of the plugin's I/O runtime.
 const IO_THREADS: usize = 2;
 
-/// A parsed shuffle location.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ShuffleLocation {
-    /// A local directory (given as a path or a `file://` URL).
-    Local(PathBuf),
-    /// A prefix (possibly empty) in an S3 bucket.
-    S3(S3Location),
-}
-
-/// `s3://bucket/prefix`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct S3Location {
-    /// The bucket.
-    pub bucket: String,
-    /// The key prefix, without leading or trailing `/` (empty: the bucket's root).
-    pub prefix: String,
-}
-
-impl ShuffleLocation {
-    /// Parse the `shuffle_dir` a writer or reader carries.
-    ///
-    /// # Errors
-    ///
-    /// A URL of another scheme (`gs://`, `http://`), an `s3://` URL without
-    /// a bucket, or a path that is not UTF-8 when it looks like a URL.
-    pub fn parse(dir: &Path) -> Result<Self, String> {
-        let Some(text) = dir.to_str() else {
-            return Ok(Self::Local(dir.to_path_buf()));
-        };
-        if let Some(rest) = text.strip_prefix(S3_SCHEME) {
-            let rest = rest.trim_end_matches('/');
-            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            if bucket.is_empty() {
-                return Err(format!("shuffle location {text}: no bucket after s3://"));
-            }
-            return Ok(Self::S3(S3Location {
-                bucket: bucket.to_string(),
-                prefix: prefix.trim_matches('/').to_string(),
-            }));
-        }
-        if let Some(path) = text.strip_prefix(FILE_SCHEME) {
-            return Ok(Self::Local(PathBuf::from(path)));
-        }
-        if let Some((scheme, _)) = text.split_once("://")
-            && !scheme.is_empty()
-            && scheme
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '+')
-        {
-            return Err(format!(
-                "shuffle location {text}: unsupported scheme {scheme}://; use a local path, \
-                 file:// or s3://bucket/prefix"
-            ));
-        }
-        Ok(Self::Local(dir.to_path_buf()))
-    }
-
-    /// The root the names of [`crate::paths`] are built under: the local
-    /// directory, or the location's URL.
-    pub fn root(&self) -> PathBuf {
-        match self {
-            Self::Local(dir) => dir.clone(),
-            Self::S3(s3) => PathBuf::from(s3.url()),
-        }
+/// The directory (or URL) the names of [`crate::paths`] are built under:
+/// the local directory as written, or the S3 location's URL.
+pub fn location_root(location: &ShuffleLocation) -> PathBuf {
+    match location {
+        ShuffleLocation::Local(dir) => dir.clone(),
+        ShuffleLocation::S3(s3) => PathBuf::from(s3.url()),
     }
 }
 
-/// The one spelling of a shuffle location, for telling whether two name the
-/// same one: `file:///x` is `/x`, and a trailing `/` (or a `.` component)
-/// does not count, so `/x/`, `/x` and `file:///x/` are one location, and
-/// `s3://b/p/` is `s3://b/p`. Nothing is resolved on disk: a relative path
-/// stays relative.
-pub fn canonical_location(location: &str) -> String {
-    let local = location.strip_prefix(FILE_SCHEME).unwrap_or(location);
-    if local.contains("://") {
-        return local.trim_end_matches('/').to_string();
-    }
-    Path::new(local)
-        .components()
-        .collect::<PathBuf>()
-        .display()
-        .to_string()
-}
-
-impl S3Location {
-    /// `s3://bucket/prefix` (no trailing `/`).
-    pub fn url(&self) -> String {
-        if self.prefix.is_empty() {
-            format!("{S3_SCHEME}{}", self.bucket)
-        } else {
-            format!("{S3_SCHEME}{}/{}", self.bucket, self.prefix)
-        }
-    }
-
-    /// The object key of `name`, a name built under [`ShuffleLocation::root`].
+/// The plugin's side of an [`S3Location`]: the object key of a name.
+pub trait ObjectKey {
+    /// The object key of `name`, a name built under [`location_root`].
     ///
     /// # Errors
     ///
     /// A name outside this location, or not a valid object key.
-    pub fn key(&self, name: &Path) -> Result<ObjectPath, String> {
+    fn key(&self, name: &Path) -> Result<ObjectPath, String>;
+}
+
+impl ObjectKey for S3Location {
+    fn key(&self, name: &Path) -> Result<ObjectPath, String> {
         let bucket_root = format!("{S3_SCHEME}{}/", self.bucket);
         let key = name
             .to_str()
@@ -220,13 +145,13 @@ impl S3Options {
         for (key, value) in map {
             let value = value.trim().to_string();
             match key.as_str() {
-                "s3_endpoint" => options.endpoint = (!value.is_empty()).then_some(value),
-                "s3_region" => options.region = (!value.is_empty()).then_some(value),
-                "s3_allow_http" => options.allow_http = value.eq_ignore_ascii_case("true"),
+                S3_ENDPOINT => options.endpoint = (!value.is_empty()).then_some(value),
+                S3_REGION => options.region = (!value.is_empty()).then_some(value),
+                S3_ALLOW_HTTP => options.allow_http = value.eq_ignore_ascii_case("true"),
                 other => {
                     return Err(format!(
-                        "unknown store option {other:?}; expected s3_endpoint, s3_region or \
-                         s3_allow_http"
+                        "unknown store option {other:?}; expected {S3_ENDPOINT}, {S3_REGION} or \
+                         {S3_ALLOW_HTTP}"
                     ));
                 }
             }
@@ -561,56 +486,58 @@ impl Drop for ObjectMap {
 mod tests {
     use super::*;
 
-    #[test]
-    fn locations_parse() {
-        let local = |s: &str| ShuffleLocation::parse(Path::new(s)).unwrap();
-        assert_eq!(local("/tmp/q"), ShuffleLocation::Local("/tmp/q".into()));
-        assert_eq!(local("rel/q"), ShuffleLocation::Local("rel/q".into()));
-        assert_eq!(
-            local("file:///tmp/q"),
-            ShuffleLocation::Local("/tmp/q".into())
-        );
-        let s3 = local("s3://b/p/q/");
-        assert_eq!(
-            s3,
-            ShuffleLocation::S3(S3Location {
-                bucket: "b".into(),
-                prefix: "p/q".into()
-            })
-        );
-        assert_eq!(s3.root(), PathBuf::from("s3://b/p/q"));
-        let bare = local("s3://b");
-        assert_eq!(bare.root(), PathBuf::from("s3://b"));
-        for bad in ["s3://", "s3:///p", "gs://b/p", "http://host/p"] {
-            let err = ShuffleLocation::parse(Path::new(bad)).unwrap_err();
-            assert!(err.contains(bad), "{err}");
-        }
+    fn parse(text: &str) -> ShuffleLocation {
+        ShuffleLocation::parse(Path::new(text)).unwrap()
     }
 
     #[test]
-    fn locations_compare_as_urls() {
-        let same = |a: &str, b: &str| canonical_location(a) == canonical_location(b);
-        assert!(same("/tmp/x/", "/tmp/x"));
-        assert!(same("file:///tmp/x", "/tmp/x"));
-        assert!(same("file:///tmp/x/", "/tmp/./x"));
-        assert!(same("s3://b/p/", "s3://b/p"));
-        assert!(!same("s3://b/p", "s3://b/q"));
-        assert!(!same("/tmp/x", "/tmp/y"));
-        assert!(!same("s3://b/p", "/b/p"));
+    fn names_are_built_under_the_directory_as_written_or_the_url() {
+        assert_eq!(location_root(&parse("/tmp/q/")), PathBuf::from("/tmp/q/"));
+        assert_eq!(
+            location_root(&parse("file://rel/q")),
+            PathBuf::from("rel/q")
+        );
+        assert_eq!(
+            location_root(&parse("s3://b/p/q/")),
+            PathBuf::from("s3://b/p/q")
+        );
+        assert_eq!(location_root(&parse("s3://b")), PathBuf::from("s3://b"));
     }
 
     #[test]
     fn keys_are_names_past_the_bucket() {
-        let ShuffleLocation::S3(s3) = ShuffleLocation::parse(Path::new("s3://b/p")).unwrap() else {
+        let ShuffleLocation::S3(s3) = parse("s3://b/p") else {
             panic!("not s3");
         };
         let name = crate::paths::map_path(&PathBuf::from(s3.url()), 2, 1);
         assert_eq!(s3.key(&name).unwrap().as_ref(), "p/stage-2/map-1.arrow");
-        let ShuffleLocation::S3(root) = ShuffleLocation::parse(Path::new("s3://b")).unwrap() else {
+        let ShuffleLocation::S3(root) = parse("s3://b") else {
             panic!("not s3");
         };
         let name = crate::paths::map_path(&PathBuf::from(root.url()), 1, 0);
         assert_eq!(root.key(&name).unwrap().as_ref(), "stage-1/map-0.arrow");
         assert!(root.key(Path::new("s3://other/x")).is_err());
+    }
+
+    #[test]
+    fn store_options_are_the_specs_keys() {
+        let options = S3Options::from_json(
+            r#"{"s3_endpoint": " http://h:9000 ", "s3_region": "", "s3_allow_http": "TRUE"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            options,
+            S3Options {
+                endpoint: Some("http://h:9000".into()),
+                region: None,
+                allow_http: true,
+            }
+        );
+        let err = S3Options::from_json(r#"{"aws_secret": "x"}"#).unwrap_err();
+        assert!(err.contains("\"aws_secret\""), "{err}");
+        assert!(
+            err.contains("s3_endpoint, s3_region or s3_allow_http"),
+            "{err}"
+        );
     }
 }

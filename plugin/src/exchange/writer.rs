@@ -51,7 +51,9 @@ use object_store::ObjectStore;
 use super::dirs::prepare_stage_dir;
 use super::files::{MapFile, encode_segment};
 use super::marker::{BucketEntry, MapMarker, Segment};
-use super::store::{ObjectMap, S3Location, S3Options, ShuffleLocation, s3_store};
+use super::store::{
+    ObjectKey, ObjectMap, S3Location, S3Options, ShuffleLocation, location_root, s3_store,
+};
 use crate::config::{DfxConfig, ShuffleCompression};
 use crate::counters::LiveObject;
 use crate::guard::{self, GuardedStream};
@@ -338,7 +340,7 @@ impl ShuffleWriterExec {
         let job = MapJob {
             stage_id: self.stage_id,
             map,
-            root: location.root(),
+            root: location_root(&location),
             target,
             schema: self.data_schema(),
             partitioner: self.partitioner(map)?,
