@@ -59,36 +59,13 @@ pub enum HostError {
         source: DataFusionError,
     },
 
-    /// A file or directory operation failed.
-    #[error("{action} {}: {source}", path.display())]
-    Io {
-        /// What the host tried to do ("cannot read", "cannot create").
-        action: &'static str,
-        /// The path involved.
-        path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: std::io::Error,
-    },
-
-    /// A JSON file (spec, envelope) did not parse.
-    #[error("cannot parse {what} {}: {source}", path.display())]
-    Json {
-        /// Which kind of file.
-        what: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// The parser's error.
-        #[source]
-        source: serde_json::Error,
-    },
-
     /// Anything the user passed in that the host refuses before doing work.
     #[error("{0}")]
     Invalid(String),
 
     /// The runtime refused the query, or its tasks failed (every failure of
-    /// the wave, together; nothing after that wave ran).
+    /// the wave, together; nothing after that wave ran), or a file or
+    /// directory operation failed ([`HostError::io`]).
     #[error(transparent)]
     Runtime(#[from] dfx_runtime::RuntimeError),
 }
@@ -104,11 +81,7 @@ impl HostError {
 
     /// Wrap an I/O error with the action and the path.
     pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        HostError::Io {
-            action,
-            path: path.into(),
-            source,
-        }
+        HostError::Runtime(dfx_runtime::RuntimeError::io(action, path, source))
     }
 }
 
