@@ -237,7 +237,6 @@ fn a_newer_root_module_with_a_trailing_field_loads_and_works() {
     assert_eq!(info.deps.as_slice(), &[4, 5]);
     // The last field the host knows: nothing recorded, an empty list.
     assert_eq!(plugin.take_failures("/shuffle"), Ok(Vec::new()));
-    // The last field the host knows.
     assert_eq!(
         plugin.session_settings(),
         Ok(vec![(
@@ -245,6 +244,8 @@ fn a_newer_root_module_with_a_trailing_field_loads_and_works() {
             "false".to_string()
         )])
     );
+    // The last fields the host knows (an id: no call).
+    assert_eq!(plugin.logical_codec_id(), Some("dfx_engine.logical.v1"));
     // Each of the eight calls above ran the library's function, and nothing
     // else was called (the appended function would count too).
     assert_eq!(test_library_calls(&path).constructors, before + 8);

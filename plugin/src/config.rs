@@ -18,6 +18,9 @@
 //!   the standard AWS environment variables (credentials come only from the
 //!   environment: a config travels inside every encoded stage). Plain http
 //!   only when `s3_allow_http` (or `AWS_ALLOW_HTTP`) asks for it.
+//! - `dfx_engine.memory_table_limit`: the most bytes (as Arrow IPC) an
+//!   in-memory table may carry into a plan (see [`crate::memory_table`]);
+//!   64 MiB by default.
 //!
 //! A host that loaded the plugin registers the options as an
 //! `FFI_ExtensionOptions`, so on the plugin's side of the boundary they arrive
@@ -51,6 +54,10 @@ pub const S3_REGION_KEY: &str = "dfx_engine.s3_region";
 
 /// The full key allowing plain http to the S3 endpoint.
 pub const S3_ALLOW_HTTP_KEY: &str = "dfx_engine.s3_allow_http";
+
+/// The full key of the in-memory table limit ([`dfx_abi::MEMORY_TABLE_LIMIT`]
+/// under [`CONFIG_PREFIX`]).
+pub const MEMORY_TABLE_LIMIT_KEY: &str = "dfx_engine.memory_table_limit";
 
 /// How a writer compresses the segments of its map files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +103,8 @@ extensions_options! {
         pub s3_region: String, default = String::new()
         /// Allow plain http to the S3 endpoint (local endpoints only).
         pub s3_allow_http: bool, default = false
+        /// The most bytes (Arrow IPC) an in-memory table may carry into a plan.
+        pub memory_table_limit: u64, default = crate::memory_table::DEFAULT_MEMORY_TABLE_LIMIT
     }
 }
 
@@ -135,7 +144,8 @@ impl DfxConfig {
                 DataFusionError::Configuration(format!(
                     "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` (dfx declares \
                      `{SHUFFLE_DIR_KEY}`, `{SPLIT_KEY}`, `{SHUFFLE_COMPRESSION_KEY}`, \
-                     `{S3_ENDPOINT_KEY}`, `{S3_REGION_KEY}` and `{S3_ALLOW_HTTP_KEY}`): {err}"
+                     `{S3_ENDPOINT_KEY}`, `{S3_REGION_KEY}`, `{S3_ALLOW_HTTP_KEY}` and \
+                     `{MEMORY_TABLE_LIMIT_KEY}`): {err}"
                 ))
             })?;
         }
@@ -282,6 +292,19 @@ mod tests {
         assert_eq!(config.s3_region, "eu-west-1");
         assert!(config.s3_allow_http);
         assert!(!DfxConfig::default().s3_allow_http);
+        Ok(())
+    }
+
+    #[test]
+    fn the_memory_table_limit_key_is_the_abi_one_under_the_prefix() -> Result<()> {
+        let key = format!("{CONFIG_PREFIX}.{}", dfx_abi::MEMORY_TABLE_LIMIT);
+        assert_eq!(key, MEMORY_TABLE_LIMIT_KEY);
+        let options = options_with_ffi(&key, "1000")?;
+        assert_eq!(DfxConfig::from_config(&options)?.memory_table_limit, 1000);
+        assert_eq!(
+            DfxConfig::default().memory_table_limit,
+            crate::memory_table::DEFAULT_MEMORY_TABLE_LIMIT
+        );
         Ok(())
     }
 

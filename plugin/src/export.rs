@@ -29,6 +29,7 @@ use crate::exchange::probe;
 use crate::exchange::store::S3Options;
 use crate::exchange::{READER_NODE_NAME, ShuffleWriterExec, WRITER_NODE_NAME};
 use crate::guard::{self, GuardedQueryPlanner};
+use crate::memory_table::{DfxLogicalCodec, LOGICAL_CODEC_ID};
 use crate::planner::{self, DfxQueryPlanner};
 use crate::vet::{Allowed, vet_encoded_stage};
 use crate::{counters, failures, functions, paths};
@@ -62,6 +63,8 @@ pub fn root_module() -> DfxPluginRef {
         probe_location,
         take_failures,
         session_settings,
+        logical_codec_id: RStr::from_str(LOGICAL_CODEC_ID),
+        new_logical_codec,
     }
     .leak_into_prefix()
 }
@@ -97,6 +100,18 @@ extern "C" fn new_physical_codec(
     guarded("physical codec", || {
         Ok(FFI_PhysicalExtensionCodec::new(
             Arc::new(DfxPhysicalCodec::default()),
+            None,
+            task_ctx_provider,
+        ))
+    })
+}
+
+extern "C" fn new_logical_codec(
+    task_ctx_provider: FFI_TaskContextProvider,
+) -> FfiResult<FFI_LogicalExtensionCodec> {
+    guarded("logical codec", || {
+        Ok(FFI_LogicalExtensionCodec::new(
+            Arc::new(DfxLogicalCodec::new(task_ctx_provider.clone())),
             None,
             task_ctx_provider,
         ))

@@ -7,7 +7,8 @@
 //!
 //! - a sink of any kind (`DataSinkExec`: Parquet, CSV, JSON, ...): a stage
 //!   writes through its writer only;
-//! - a file scan of a path outside the tables the worker's spec names, or on
+//! - a file scan of a path outside the tables the worker's spec names (and
+//!   the tables its driver carried into the location's `sources/`), or on
 //!   an object store other than the local file system;
 //! - a dfx writer aimed at another shuffle location (nested stages too);
 //! - an extension node that is not dfx's: nothing here can say what it does.
@@ -28,6 +29,7 @@ use serde_json::Value;
 
 use crate::codec::{PAYLOAD_MAGIC, Payload};
 use crate::exchange::store::canonical_location;
+use crate::memory_table::is_source_file;
 
 /// What a worker may touch: its spec's tables and its shuffle location.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -210,7 +212,8 @@ impl<'v> Walk<'v> {
         let mut paths = Vec::new();
         collect_paths(groups, &mut paths);
         for path in paths {
-            if !self.roots.holds(path) {
+            // A table the driver carried into the location is read as one.
+            if !self.roots.holds(path) && !is_source_file(path, &self.allowed.shuffle_dir) {
                 let finding = format!(
                     "it reads /{path} (at {}), which is under none of the spec's tables {:?}",
                     self.at(),

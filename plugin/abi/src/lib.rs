@@ -50,6 +50,17 @@ use datafusion_ffi::udf::FFI_ScalarUDF;
 /// error, and a host takes the class with [`Plugin::take_failures`].
 pub const IO_FAILURE: &str = "I/O failure";
 
+/// The config key, under the plugin's prefix (`dfx_engine.`), of the most
+/// bytes (as Arrow IPC) an in-memory table may carry into a plan; hosts
+/// name it to users and set it without spelling it.
+pub const MEMORY_TABLE_LIMIT: &str = "memory_table_limit";
+
+/// The stable start of the plugin's error refusing an in-memory table over
+/// that limit. A host's planning wraps the error in words of its own (the
+/// table's encoding failed), so a host finds the plugin's sentence by it,
+/// to raise it alone; it never decides a retry.
+pub const MEMORY_TABLE_TOO_LARGE: &str = "dfx in-memory table too large";
+
 /// How many bytes from a Parquet file's end a host's tables read at once,
 /// hoping the footer fits in them (a larger footer costs a second read);
 /// both hosts register their tables with it.
@@ -510,6 +521,34 @@ impl Plugin {
                 )
             })?;
         Ok(parsed.into_iter().collect())
+    }
+
+    /// The id the plugin's logical codec is installed under
+    /// (`dfx_engine.logical.v1`), or `None` for a plugin built before it.
+    pub fn logical_codec_id(&self) -> Option<&'static str> {
+        self.module.logical_codec_id().map(|id| id.as_str())
+    }
+
+    /// The plugin's logical codec, bound to `task_ctx_provider`: it carries
+    /// in-memory tables (and table functions' rows) into the plugin's
+    /// planner, up to the session's `dfx_engine.memory_table_limit`.
+    ///
+    /// # Errors
+    ///
+    /// A plugin built before the export, or the constructor's error, naming
+    /// the plugin file.
+    pub fn logical_codec(
+        &self,
+        task_ctx_provider: FFI_TaskContextProvider,
+    ) -> Result<FFI_LogicalExtensionCodec> {
+        let Some(new_codec) = self.module.new_logical_codec() else {
+            return Err(DataFusionError::Execution(format!(
+                "dfx plugin {} was built before its logical codec: it cannot carry an \
+                 in-memory table into a plan; rebuild the plugin",
+                self.path.display()
+            )));
+        };
+        self.result("logical codec", new_codec(task_ctx_provider))
     }
 
     fn take_failures_answer(

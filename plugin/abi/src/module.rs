@@ -183,6 +183,20 @@ pub struct DfxPlugin {
     /// panic answers its message instead, which is not JSON (see
     /// [`crate::Plugin::session_settings`]).
     pub session_settings: extern "C" fn() -> RString,
+
+    /// Id of the plugin's logical extension codec (`dfx_engine.logical.v1`),
+    /// under which a host installs [`DfxPlugin::new_logical_codec`]'s codec.
+    pub logical_codec_id: RStr<'static>,
+
+    /// The logical extension codec that carries a table the plan format
+    /// cannot (an in-memory table, a table function's rows) into the
+    /// plugin's planner by value, bound to a task-context provider of the
+    /// host's session (whose `dfx_engine.memory_table_limit` bounds it). A
+    /// host installs it on its session's logical codec chain.
+    #[sabi(unsafe_opaque_field)]
+    pub new_logical_codec: extern "C" fn(
+        task_ctx_provider: FFI_TaskContextProvider,
+    ) -> FfiResult<FFI_LogicalExtensionCodec>,
 }
 
 /// What [`DfxPlugin::stage_info`] and [`DfxPlugin::encoded_stage_info`]

@@ -1,6 +1,6 @@
 //! A test-only dfx plugin declaring a *newer* root module: every field of the
 //! current one, same versions, plus one field appended after
-//! `session_settings`, as a later version may append an export.
+//! `new_logical_codec`, as a later version may append an export.
 //!
 //! A current host must load it and use every field it knows. The functions
 //! here do no query work (the constructors of DataFusion objects return an
@@ -114,6 +114,13 @@ pub struct DfxPlugin {
     pub take_failures: extern "C" fn(location: RStr<'_>) -> RString,
     /// The session settings the plugin's stages need, as JSON.
     pub session_settings: extern "C" fn() -> RString,
+    /// The logical codec's id.
+    pub logical_codec_id: RStr<'static>,
+    /// The logical codec.
+    #[sabi(unsafe_opaque_field)]
+    pub new_logical_codec: extern "C" fn(
+        task_ctx_provider: FFI_TaskContextProvider,
+    ) -> FfiResult<FFI_LogicalExtensionCodec>,
     /// The appended field: an export a later version might add.
     pub newer_field: extern "C" fn() -> u64,
 }
@@ -141,6 +148,12 @@ extern "C" fn new_query_planner(
     _logical: FFI_LogicalExtensionCodec,
     _physical: FFI_PhysicalExtensionCodec,
 ) -> FfiResult<FFI_QueryPlanner> {
+    no_query_work()
+}
+
+extern "C" fn new_logical_codec(
+    _provider: FFI_TaskContextProvider,
+) -> FfiResult<FFI_LogicalExtensionCodec> {
     no_query_work()
 }
 
@@ -266,6 +279,8 @@ pub fn root_module() -> DfxPluginRef {
         probe_location,
         take_failures,
         session_settings,
+        logical_codec_id: RStr::from_str("dfx_engine.logical.v1"),
+        new_logical_codec,
         newer_field,
     }
     .leak_into_prefix()
