@@ -319,8 +319,14 @@ impl MapMarker {
 
 /// Why a missing map file is lost output, for people: hosts take the class
 /// the reader records with it ([`MapFileRef::lost`]), not these words.
+///
+/// The second sentence is for the one way a user meets it outside a run: a
+/// plan of a session with a shuffle location collected directly (a
+/// DataFrame's `collect()`), whose stages no driver ran.
 pub const LOST: &str = "lost output: the map's file is missing, so its output was never \
-                        published or has been removed";
+                        published or has been removed. Stage output is published only when \
+                        a driver runs the plan's stages: run a query of a session with a \
+                        shuffle location with run_distributed (or `dfx run`), not collect()";
 
 fn short_file(size: u64) -> String {
     format!(
