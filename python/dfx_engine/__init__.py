@@ -11,7 +11,8 @@ its planner, codec, config and functions to datafusion-python::
     ctx = SessionContext(config).with_extensions(DfxEngineExtension())
 
 :mod:`dfx_engine.session` builds such sessions from a :class:`SessionSpec`,
-:mod:`dfx_engine.driver` runs a query over worker processes,
+:mod:`dfx_engine.driver` runs a query (SQL or a DataFrame built on
+:func:`session_for`) over worker processes,
 :mod:`dfx_engine.worker` is the worker, and :mod:`dfx_engine.ray` (the
 ``ray`` extra) runs the same worker code as Ray tasks.
 
@@ -40,6 +41,7 @@ from dfx_engine._internal import (
     stage_id,
     stage_node_name,
 )
+from dfx_engine.dataframes import MemoryTableTooLargeError, session_for
 from dfx_engine.session import (
     SessionSpec,
     UnsupportedQueryError,
@@ -51,6 +53,7 @@ from dfx_engine.session import (
 __all__ = [
     "DfxEngineConfig",
     "DfxEngineExtension",
+    "MemoryTableTooLargeError",
     "SessionSpec",
     "StageInfo",
     "UnsupportedQueryError",
@@ -65,6 +68,7 @@ __all__ = [
     "plugin_path",
     "plugin_version",
     "reader_node_name",
+    "session_for",
     "stage_id",
     "stage_node_name",
 ]

@@ -27,6 +27,15 @@ class DfxEngineExtension:
     def live_objects(self) -> int: ...
     def physical_codec_id(self) -> str: ...
 
+class DfxLogicalCodec:
+    """The plugin's logical codec bound to one session: carries in-memory tables."""
+
+    @property
+    def __datafusion_codec_id__(self) -> str: ...
+    def __datafusion_logical_extension_codec__(
+        self, session: object | None = None
+    ) -> object: ...
+
 class DfxPhysicalCodec:
     """The plugin's physical codec bound to one session."""
 
@@ -133,6 +142,10 @@ DEFAULT_SPLIT: str
 DEFAULT_SHUFFLE_COMPRESSION: str
 SPLIT_MODES: list[str]
 STORE_OPTION_KEYS: list[str]
+MEMORY_TABLE_LIMIT: str
+"""The config key, under the plugin's prefix, bounding an in-memory table."""
+MEMORY_TABLE_TOO_LARGE: str
+"""The stable start of the plugin's error refusing an in-memory table."""
 
 def normalize_spec(json: str) -> str:
     """The spec checked and written by the runtime; ValueError naming the fault."""

@@ -9,7 +9,8 @@ graph and its waves, the executors, attempts, timeouts and the reruns of
 lost output::
 
     ClaimedLocation(spec)                      lock / probe the location
-    plan = ctx.sql(sql).execution_plan()       planned ONCE, with the session
+    df = ctx.sql(sql), or the caller's DataFrame
+    plan = df.execution_plan()                 planned ONCE, with the session
     writers in pre-order ─► to_bytes(ctx)      encoded with the same session
     Scheduler(executor).run(spec, stages)      waves, attempts, reruns
     run.read_root(location, read)              the root of the same plan,
@@ -27,14 +28,21 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from datafusion import DataFrame
+
 from dfx_engine import _internal
+from dfx_engine.dataframes import (
+    not_a_dfx_dataframe,
+    plain_memory_table_errors,
+    session_of,
+)
 from dfx_engine.session import SessionSpec, build_session, plain_planning_errors
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import pyarrow as pa
-    from datafusion import DataFrame, SessionContext
+    from datafusion import SessionContext
     from datafusion.plan import ExecutionPlan
     from datafusion.user_defined import AggregateUDF, ScalarUDF
 
@@ -232,7 +240,7 @@ class WorkerPool(_internal.WorkerPool):
 
 
 def run_distributed(
-    sql: str,
+    query: str | DataFrame,
     spec: SessionSpec,
     extra_udfs: list[ScalarUDF | AggregateUDF] | None = None,
     *,
@@ -244,7 +252,13 @@ def run_distributed(
     task_timeout: float | None = None,
     executor: Executor | None = None,
 ) -> DistributedResult:
-    """Run ``sql`` with every map of every stage on a worker.
+    """Run ``query`` with every map of every stage on a worker.
+
+    ``query`` is SQL, or a DataFrame built on a dfx session of ``spec``
+    (:func:`dfx_engine.session_for`); SQL becomes that session's DataFrame,
+    and both take one path from there. A table the DataFrame holds in
+    memory (``from_arrow``, ``register_record_batches``) is written once into
+    the shuffle location for the workers (:mod:`dfx_engine.dataframes`).
 
     ``spec.shuffle_dir`` is required and must hold no stage output yet: a
     local directory (a path or ``file://``) or ``s3://bucket/prefix``,
@@ -273,6 +287,8 @@ def run_distributed(
             or holding stage output, or an S3 location failing its probe.
         UnsupportedQueryError: A query datafusion-python's planner boundary
             refuses (:mod:`dfx_engine.session` says which), in plain words.
+        MemoryTableTooLargeError: An in-memory table over
+            ``dfx_engine.memory_table_limit``, naming its size and the limit.
         RuntimeError: If the plan has no stage, any task of a wave failed
             for good (every failure of that wave is reported, and no later
             wave runs), or reading the root failed.
@@ -297,18 +313,24 @@ def run_distributed(
         # First, so a used or busy location is refused before anything is
         # built.
         with _internal.ClaimedLocation(spec_json) as claim:
-            ctx, _engine = build_session(spec)
+            # A DataFrame is planned by its own session, and encoded and read
+            # with one of the spec (the same codecs and location).
+            given = isinstance(query, DataFrame)
+            ctx = session_of(spec) if given else build_session(spec)[0]
             _register(ctx, extra_udfs)
+            df = query if isinstance(query, DataFrame) else ctx.sql(query)
             # Planned once: the stages shipped and the root read below are
             # parts of this one plan, so they cannot disagree about a stage
-            # id or a cut.
-            df = ctx.sql(sql)
-            with plain_planning_errors(ctx, df):
+            # id or a cut. Also where in-memory tables are written.
+            with plain_planning_errors(ctx, df), plain_memory_table_errors():
                 plan = df.execution_plan()
+            stages = encode_stages(ctx, plan)
+            if not stages and given:
+                raise not_a_dfx_dataframe(spec)
             run = scheduler.run(
                 spec_json,
                 claim.task_dir,
-                encode_stages(ctx, plan),
+                stages,
                 envelope_files=executor_of == "process",
             )
             batches = run.read_root(claim.canonical, lambda: execute_plan(ctx, plan))

@@ -6,6 +6,9 @@
 //! phase 1  __datafusion_session_components__(ctx)
 //!            ctx's task-context provider ──► plugin.physical_codec(provider)
 //!            ──► DfxPhysicalCodec (id dfx_engine.physical.v2) joins the chain
+//!            ctx's task-context provider ──► plugin.logical_codec(provider)
+//!            ──► DfxLogicalCodec (id dfx_engine.logical.v1) joins the logical
+//!                chain: it carries in-memory tables into the planner
 //! phase 2  __datafusion_session_planner__(ctx, fallback)
 //!            ctx's final logical + physical chains ──► plugin.query_planner(..)
 //!            ──► datafusion_query_planner capsule
@@ -65,10 +68,15 @@ impl DfxEngineExtension {
             "__datafusion_task_context_provider__",
             c"datafusion_task_context_provider",
         )?;
+        let logical = plugin
+            .logical_codec(provider.clone())
+            .map_err(runtime_error)?;
         let codec = plugin.physical_codec(provider).map_err(runtime_error)?;
         let codec = Bound::new(py, DfxPhysicalCodec { codec })?;
+        let logical = Bound::new(py, DfxLogicalCodec { codec: logical })?;
         let kwargs = PyDict::new(py);
         kwargs.set_item("physical_extension_codecs", PyTuple::new(py, [codec])?)?;
+        kwargs.set_item("logical_extension_codecs", PyTuple::new(py, [logical])?)?;
         py.import("datafusion.extensions")?
             .getattr("SessionExtensionComponents")?
             .call((), Some(&kwargs))
@@ -186,6 +194,53 @@ impl DfxPhysicalCodec {
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!("DfxPhysicalCodec({:?})", plugin(py)?.codec_id()))
     }
+}
+
+/// The plugin's logical codec, bound to one session, as datafusion-python
+/// installs codecs. It carries a table the plan format cannot (an in-memory
+/// table, a table function's rows) into the plugin's planner by value, up
+/// to the session's `dfx_engine.memory_table_limit`.
+#[pyclass(frozen, module = "dfx_engine._internal")]
+pub struct DfxLogicalCodec {
+    codec: FFI_LogicalExtensionCodec,
+}
+
+#[pymethods]
+impl DfxLogicalCodec {
+    /// The plugin's logical codec id (`dfx_engine.logical.v1`).
+    #[getter(__datafusion_codec_id__)]
+    fn codec_id(&self, py: Python<'_>) -> PyResult<&'static str> {
+        logical_codec_id(py)
+    }
+
+    /// A `datafusion_logical_extension_codec` capsule. `session` is ignored:
+    /// the codec was bound to its session when the bundle built it.
+    #[pyo3(signature = (session = None))]
+    #[allow(unused_variables)]
+    fn __datafusion_logical_extension_codec__<'py>(
+        &self,
+        py: Python<'py>,
+        session: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        capsule::export(
+            py,
+            self.codec.clone(),
+            c"datafusion_logical_extension_codec",
+        )
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("DfxLogicalCodec({:?})", logical_codec_id(py)?))
+    }
+}
+
+/// The id the plugin's logical codec is installed under.
+pub fn logical_codec_id(py: Python<'_>) -> PyResult<&'static str> {
+    plugin(py)?.logical_codec_id().ok_or_else(|| {
+        pyo3::exceptions::PyRuntimeError::new_err(
+            "the dfx plugin was built before its logical codec; rebuild it",
+        )
+    })
 }
 
 /// Register every plugin function on `ctx`, a datafusion-python

@@ -44,6 +44,7 @@ use pyo3::prelude::*;
 fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<extension::DfxEngineExtension>()?;
     m.add_class::<extension::DfxPhysicalCodec>()?;
+    m.add_class::<extension::DfxLogicalCodec>()?;
     m.add_class::<config::DfxEngineConfig>()?;
     m.add_class::<functions::DfxScalarFunction>()?;
     m.add_class::<functions::DfxAggregateFunction>()?;
@@ -92,6 +93,8 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::serve, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_task_file, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_task_value, m)?)?;
+    m.add("MEMORY_TABLE_LIMIT", dfx_abi::MEMORY_TABLE_LIMIT)?;
+    m.add("MEMORY_TABLE_TOO_LARGE", dfx_abi::MEMORY_TABLE_TOO_LARGE)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,0 +1,156 @@
+"""DataFrames for the driver: the session they are built on, and their tables.
+
+A DataFrame is planned by the session it was built on, so
+:func:`dfx_engine.driver.run_distributed` runs one only if that session is
+a dfx session made for the run's spec: its planner cuts the plan into
+stages aimed at the spec's shuffle location. :func:`session_for` makes one::
+
+    ctx = session_for(spec)
+    df = ctx.table("lineitem").filter(col("l_quantity") > lit(10))
+    run_distributed(df, spec)
+
+A table held in memory (``ctx.from_arrow``, ``ctx.from_pydict``,
+``ctx.register_record_batches``) is not in DataFusion's plan format, which
+carries tables over files. The plugin's logical codec carries it into the
+planner by value, and the planner writes it once into the shuffle location
+(``<location>/sources/<digest>/part-<p>.arrow``, one Arrow IPC file per
+partition), where the workers read it as they read any table::
+
+    driver: encode the plan ─► the codec scans the table, its rows as Arrow
+            IPC (at most dfx_engine.memory_table_limit bytes, 64 MiB unless
+            set) ─► the planner writes each partition once ─► the stages
+            scan those files
+    workers: read them like the spec's tables (the stage check allows the
+             location's sources/)
+
+A larger table is refused by :class:`MemoryTableTooLargeError`, naming its
+size, the limit and the setting; :func:`session_for` takes the limit. Only a
+local shuffle location can hold such tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import TYPE_CHECKING
+
+from dfx_engine import _internal
+from dfx_engine.session import SessionSpec, build_session
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from datafusion import SessionContext
+
+__all__ = [
+    "MEMORY_TABLE_LIMIT_KEY",
+    "MemoryTableTooLargeError",
+    "plain_memory_table_errors",
+    "session_for",
+    "session_of",
+    "set_memory_table_limit",
+]
+
+MEMORY_TABLE_LIMIT_KEY = f"{_internal.config_prefix()}.{_internal.MEMORY_TABLE_LIMIT}"
+"""The setting bounding an in-memory table, in bytes of Arrow IPC (64 MiB)."""
+
+# The last session made for each spec (by its JSON), while the caller holds
+# it: the one a DataFrame of that spec is planned, encoded and read with.
+_SESSIONS: weakref.WeakValueDictionary[str, SessionContext] = (
+    weakref.WeakValueDictionary()
+)
+
+
+class MemoryTableTooLargeError(ValueError):
+    """An in-memory table over the limit it may carry into a dfx plan.
+
+    The message is the plugin's: the table, its size, the limit and the
+    setting that raises it (:data:`MEMORY_TABLE_LIMIT_KEY`). The error the
+    plugin's words came in is its ``__cause__``.
+
+    Attributes:
+        setting: :data:`MEMORY_TABLE_LIMIT_KEY`.
+    """
+
+    setting = MEMORY_TABLE_LIMIT_KEY
+
+
+def session_for(
+    spec: SessionSpec, *, memory_table_limit: int | None = None
+) -> SessionContext:
+    """A dfx session for ``spec``, to build DataFrames on for ``run_distributed``.
+
+    :func:`dfx_engine.session.build_session`'s session, remembered (while
+    the caller holds it) as the one :func:`dfx_engine.driver.run_distributed`
+    encodes and reads a DataFrame of ``spec`` with. ``memory_table_limit``
+    sets :data:`MEMORY_TABLE_LIMIT_KEY` on it.
+
+    Raises:
+        ValueError: A negative ``memory_table_limit``.
+        FileNotFoundError: If a table's directory does not exist.
+    """
+    ctx, _engine = build_session(spec)
+    if memory_table_limit is not None:
+        set_memory_table_limit(ctx, memory_table_limit)
+    _SESSIONS[spec.to_json_text()] = ctx
+    return ctx
+
+
+def session_of(spec: SessionSpec) -> SessionContext:
+    """The session :func:`session_for` last made for ``spec``, or a new one.
+
+    A new one plans nothing here: a DataFrame is already planned by its own
+    session, and any dfx session of the spec encodes its stages and reads
+    its root alike (the same codecs, the same location).
+    """
+    ctx = _SESSIONS.get(spec.to_json_text())
+    if ctx is None:
+        ctx, _engine = build_session(spec)
+    return ctx
+
+
+def set_memory_table_limit(ctx: SessionContext, limit: int) -> None:
+    """Set :data:`MEMORY_TABLE_LIMIT_KEY` to ``limit`` bytes on ``ctx``'s session.
+
+    Raises:
+        ValueError: A limit that is not a whole number of bytes, 0 or more.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        message = (
+            f"{MEMORY_TABLE_LIMIT_KEY} is a number of bytes, 0 or more; got {limit!r}"
+        )
+        raise ValueError(message)
+    # A statement takes effect as it is planned, before anything is collected.
+    ctx.sql(f"SET {MEMORY_TABLE_LIMIT_KEY} = {limit}")
+
+
+def not_a_dfx_dataframe(spec: SessionSpec) -> ValueError:
+    """The error for a DataFrame whose plan has no stage to run."""
+    message = (
+        "the DataFrame's plan has no stage: it was built on a session without "
+        "dfx's planner or without a shuffle location. Build it on "
+        f"dfx_engine.session_for(spec) for the spec of shuffle_dir "
+        f"{spec.shuffle_dir!r}, the session run_distributed plans it with"
+    )
+    return ValueError(message)
+
+
+@contextlib.contextmanager
+def plain_memory_table_errors() -> Iterator[None]:
+    """Plan inside; the plugin's refusal of a table too large leaves alone.
+
+    datafusion-python reports it inside its own words about a table that
+    failed to encode, which would otherwise read as an unsupported query.
+
+    Raises:
+        MemoryTableTooLargeError: The plugin's sentence, from its stable
+            start (``_internal.MEMORY_TABLE_TOO_LARGE``) to the end of its line.
+    """
+    try:
+        yield
+    except Exception as err:
+        text = str(err)
+        start = text.find(_internal.MEMORY_TABLE_TOO_LARGE)
+        if start < 0:
+            raise
+        raise MemoryTableTooLargeError(text[start:].splitlines()[0]) from err
