@@ -31,9 +31,12 @@ fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 # ray: the Ray executor's tests start a local Ray (the `ray` extra's pin).
 # moto[server]: the S3 tests' endpoint, a local moto_server (boto3 with it).
+# tpcgen-cli: the TPC-DS data of test_tpcds.py; duckdb with its tpcds
+# extension: the 99 query texts it ships (no engine of the comparison).
 "$venv/bin/python" -m pip install --quiet \
     "maturin>=1.7,<2" "datafusion==55.0.0" pyarrow pytest cloudpickle ruff mypy \
-    "ray==2.60.0" "moto[server]>=5,<6"
+    "ray==2.60.0" "moto[server]>=5,<6" \
+    "tpcgen-cli==4.0.0" "duckdb==1.5.5" "duckdb-extension-tpcds==1.5.5"
 
 # The wheel the tests install, built as a user builds one; test_wheel.py also
 # installs it into a fresh virtual environment.
