@@ -94,13 +94,14 @@ WINDOW_ORDERING = DfxFailure(
     reason=(
         "a filter pushed below a window aggregate makes one of its PARTITION BY "
         "keys a constant, so the planner sorts on the other keys only; the "
-        "exchange split cuts between that sort and the filter, the stage's "
-        "ShuffleReaderExec does not carry the constant, and the WindowAggExec "
-        "rebuilt when the stage is decoded finds too few ordered keys (Internal "
-        "error: Assertion failed: window_expr[0].partition_by().len() == "
-        "ordered_partition_by_indices.len()). Smallest: SELECT ss_store_sk, "
-        "ss_item_sk, avg(ss_sales_price) OVER (PARTITION BY ss_store_sk, "
-        "ss_item_sk) AS a FROM store_sales WHERE ss_item_sk = 1"
+        "exchange split puts a hash ShuffleReaderExec between that sort and the "
+        "filter, and the reader starts its equivalence properties afresh from "
+        "the schema (RepartitionExec keeps the input's constants), so the "
+        "WindowAggExec rebuilt when the stage is decoded finds too few ordered "
+        "keys (Internal error: Assertion failed: window_expr[0].partition_by()"
+        ".len() == ordered_partition_by_indices.len()). Smallest: SELECT "
+        "ss_store_sk, ss_item_sk, avg(ss_sales_price) OVER (PARTITION BY "
+        "ss_store_sk, ss_item_sk) AS a FROM store_sales WHERE ss_item_sk = 1"
     ),
 )
 
