@@ -32,6 +32,7 @@ import json
 import math
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -209,6 +210,7 @@ def tpcds_tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         (tables / directory.name).mkdir()
         for index, part in enumerate(p for p in parts if p.num_rows):
             pq.write_table(part, tables / directory.name / f"part-{index}.parquet")
+    shutil.rmtree(generated)  # split into `tables`: the disk holds one copy
     found = {path.name: str(path) for path in sorted(tables.iterdir())}
     assert len(found) == 24, sorted(found)
     return found
