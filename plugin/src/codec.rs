@@ -20,6 +20,8 @@
 //! sealed recursive query (kind 5): plan blob (datafusion-proto
 //!                  `PhysicalPlanNode` of the whole recursive query, this codec
 //!                  for kinds 3 and 4); no inputs
+//! store scan (kind 6): plan blob (datafusion-proto `PhysicalPlanNode` of
+//!                  the scan of a table on an object store); no inputs
 //! ```
 //!
 //! A recursive query's work table is shared, in memory, between the query
@@ -60,6 +62,7 @@ use crate::counters::{self, LiveObject};
 use crate::exchange::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
 use crate::guard;
 use crate::recursive::{SEALED_NODE_NAME, SealedRecursiveQueryExec};
+use crate::tables::{STORE_SCAN_NODE_NAME, StoreScanExec, with_table_stores_context};
 
 /// The codec's id, as hosts list it among their session's codecs: one id per
 /// payload version, so a plan encoded by another version is refused by id
@@ -77,6 +80,7 @@ const KIND_READER: u8 = 2;
 const KIND_RECURSIVE: u8 = 3;
 const KIND_WORK_TABLE: u8 = 4;
 const KIND_SEALED: u8 = 5;
+const KIND_STORE_SCAN: u8 = 6;
 
 /// What a writer carries across a process boundary: its stage's description
 /// and how it splits rows (as encoded protobuf, decoded against its input).
@@ -125,6 +129,11 @@ pub enum Payload {
     /// datafusion-proto bytes.
     Sealed {
         /// The `PhysicalPlanNode` of the sealed query.
+        plan: Vec<u8>,
+    },
+    /// A `StoreScanExec`: its scan as encoded datafusion-proto bytes.
+    StoreScan {
+        /// The `PhysicalPlanNode` of the scan.
         plan: Vec<u8>,
     },
 }
@@ -207,6 +216,7 @@ impl Payload {
             Payload::Recursive { .. } => "RecursiveQueryExec",
             Payload::WorkTable { .. } => "WorkTableExec",
             Payload::Sealed { .. } => SEALED_NODE_NAME,
+            Payload::StoreScan { .. } => STORE_SCAN_NODE_NAME,
         }
     }
 
@@ -215,7 +225,7 @@ impl Payload {
         match self {
             Payload::Writer(_) | Payload::Reader(_) => 1,
             Payload::Recursive { .. } => 2,
-            Payload::WorkTable { .. } | Payload::Sealed { .. } => 0,
+            Payload::WorkTable { .. } | Payload::Sealed { .. } | Payload::StoreScan { .. } => 0,
         }
     }
 
@@ -265,6 +275,10 @@ impl Payload {
             Payload::Sealed { plan } => {
                 buf.push(KIND_SEALED);
                 put_blob(buf, plan, "sealed plan")?;
+            }
+            Payload::StoreScan { plan } => {
+                buf.push(KIND_STORE_SCAN);
+                put_blob(buf, plan, "store scan")?;
             }
         }
         Ok(())
@@ -341,6 +355,9 @@ impl Payload {
             },
             KIND_SEALED => Payload::Sealed {
                 plan: cursor.blob("sealed plan")?.to_vec(),
+            },
+            KIND_STORE_SCAN => Payload::StoreScan {
+                plan: cursor.blob("store scan")?.to_vec(),
             },
             other => return Err(fail(format!("unknown node kind {other}"))),
         };
@@ -558,6 +575,13 @@ impl DfxPhysicalCodec {
                     })?;
                 Ok(Arc::new(SealedRecursiveQueryExec::new(query)))
             }
+            Payload::StoreScan { plan } => {
+                // Decoding a file scan looks its store up: the plugin's.
+                let ctx = with_table_stores_context(ctx)?;
+                let scan = physical_plan_from_bytes_with_extension_codec(&plan, &ctx, self)
+                    .map_err(|e| fail(format!("the store scan does not decode: {e}")))?;
+                Ok(Arc::new(StoreScanExec::new(scan)))
+            }
         }
     }
 
@@ -576,6 +600,13 @@ impl DfxPhysicalCodec {
             let plan =
                 physical_plan_to_bytes_with_extension_codec(Arc::clone(sealed.query()), self)?;
             return Payload::Sealed {
+                plan: plan.to_vec(),
+            }
+            .encode(buf);
+        }
+        if let Some(scan) = node.downcast_ref::<StoreScanExec>() {
+            let plan = physical_plan_to_bytes_with_extension_codec(Arc::clone(scan.scan()), self)?;
+            return Payload::StoreScan {
                 plan: plan.to_vec(),
             }
             .encode(buf);
@@ -601,7 +632,8 @@ impl DfxPhysicalCodec {
         let Some(writer) = node.downcast_ref::<ShuffleWriterExec>() else {
             return Err(DataFusionError::NotImplemented(format!(
                 "dfx codec encodes only ShuffleWriterExec, ShuffleReaderExec, \
-                 {SEALED_NODE_NAME}, RecursiveQueryExec and WorkTableExec, not {}",
+                 {SEALED_NODE_NAME}, {STORE_SCAN_NODE_NAME}, RecursiveQueryExec and \
+                 WorkTableExec, not {}",
                 node.name()
             )));
         };

@@ -29,6 +29,7 @@ pub mod paths;
 pub mod planner;
 pub mod recursive;
 pub mod split;
+pub mod tables;
 pub mod test_hooks;
 pub mod vet;
 

@@ -20,8 +20,10 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
 use crate::config::DfxConfig;
 use crate::counters::{self, LiveObject};
+use crate::exchange::store::S3Options;
 use crate::recursive::seal_recursive_queries;
 use crate::split::insert_stages;
+use crate::tables::{with_table_stores, wrap_store_scans};
 
 /// dfx's query planner.
 ///
@@ -59,9 +61,12 @@ impl QueryPlanner for DfxQueryPlanner {
         if shuffle_dir.is_some() {
             isolate_partitions(config.options_mut());
         }
+        // The host's object stores do not cross the boundary: a table on S3
+        // is listed through the plugin's (see `crate::tables`).
+        let runtime = with_table_stores(session.runtime_env(), S3Options::from_config(&dfx))?;
         let mut state = SessionStateBuilder::new()
             .with_config(config)
-            .with_runtime_env(Arc::clone(session.runtime_env()))
+            .with_runtime_env(runtime)
             .with_default_features()
             .build();
         for udf in crate::functions::scalar_udfs() {
@@ -86,6 +91,7 @@ impl QueryPlanner for DfxQueryPlanner {
         match shuffle_dir {
             None => Ok(plan),
             Some(dir) => {
+                let plan = wrap_store_scans(plan)?;
                 let (plan, stages) = insert_stages(plan, &dir, split)?;
                 counters::stages_inserted(stages);
                 Ok(plan)

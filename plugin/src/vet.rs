@@ -34,7 +34,8 @@ use crate::memory_table::is_source_file;
 /// What a worker may touch: its spec's tables and its shuffle location.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Allowed {
-    /// Table roots (directories or files), as the spec names them.
+    /// Table roots (directories, files, `s3://bucket/prefix`), as the spec
+    /// names them.
     pub tables: Vec<PathBuf>,
     /// The shuffle location every dfx writer in the stage must publish into.
     pub shuffle_dir: String,
@@ -94,44 +95,83 @@ fn plan_findings(plan_bytes: &[u8], allowed: &Allowed) -> Result<Vec<String>, St
         allowed,
         roots,
         findings: Vec::new(),
+        store: LOCAL_STORE.to_string(),
         path: Vec::new(),
     };
     walk.value(&value);
     Ok(walk.findings)
 }
 
-/// Each table root in the spellings a file scan may use: as written made
-/// absolute, and with symlinks resolved.
-struct TableRoots(Vec<ObjectPath>);
+/// Each table root in the spellings a file scan may use: the store it is
+/// on (`file://`, `s3://bucket`) and its path there, for a local root both
+/// as written made absolute and with symlinks resolved.
+struct TableRoots(Vec<(String, ObjectPath)>);
+
+/// The store of local files, as a scan names it.
+const LOCAL_STORE: &str = "file://";
 
 impl TableRoots {
     fn new(tables: &[PathBuf]) -> Self {
         let mut roots = Vec::new();
         for table in tables {
-            if let Ok(absolute) = std::path::absolute(table)
+            let text = table.to_string_lossy();
+            if let Some(rest) = text.strip_prefix(dfx_abi::location::S3_SCHEME) {
+                let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+                if let Ok(prefix) = ObjectPath::parse(prefix.trim_end_matches('/')) {
+                    roots.push((format!("s3://{bucket}"), prefix));
+                }
+                continue;
+            }
+            let table = match text.strip_prefix(dfx_abi::location::FILE_SCHEME) {
+                Some(path) => PathBuf::from(path),
+                None => table.clone(),
+            };
+            if let Ok(absolute) = std::path::absolute(&table)
                 && let Ok(path) = ObjectPath::from_absolute_path(&absolute)
             {
-                roots.push(path);
+                roots.push((LOCAL_STORE.to_string(), path));
             }
-            if let Ok(path) = ObjectPath::from_filesystem_path(table) {
-                roots.push(path);
+            if let Ok(path) = ObjectPath::from_filesystem_path(&table) {
+                roots.push((LOCAL_STORE.to_string(), path));
             }
         }
         Self(roots)
     }
 
-    fn holds(&self, file: &str) -> bool {
+    /// Whether `store` (as a scan names it: `file:///`, `s3://bucket/`)
+    /// holds a table root.
+    fn has_store(&self, store: &str) -> bool {
+        let store = store_key(store);
+        self.0.iter().any(|(root_store, _)| *root_store == store)
+    }
+
+    fn holds(&self, store: &str, file: &str) -> bool {
+        let store = store_key(store);
         let Ok(file) = ObjectPath::parse(file) else {
             return false;
         };
-        self.0.iter().any(|root| file.prefix_match(root).is_some())
+        self.0
+            .iter()
+            .any(|(root_store, root)| *root_store == store && file.prefix_match(root).is_some())
     }
+}
+
+/// A scan's store URL as roots key it: `file:///` is `file://`,
+/// `s3://bucket/` is `s3://bucket`.
+fn store_key(store: &str) -> String {
+    if store.starts_with(LOCAL_STORE) && store[LOCAL_STORE.len()..].trim_matches('/').is_empty() {
+        return LOCAL_STORE.to_string();
+    }
+    store.trim_end_matches('/').to_string()
 }
 
 struct Walk<'a> {
     allowed: &'a Allowed,
     roots: TableRoots,
     findings: Vec<String>,
+    /// The store of the scan being walked (`objectStoreUrl`), which its
+    /// files' paths are on.
+    store: String,
     /// Where the walk is: object keys and array indices from the root. It is
     /// rendered (`plan.extension.inputs[0]`) only for a finding, since a
     /// stage carries every stage below it and most nodes are fine.
@@ -164,10 +204,18 @@ impl<'v> Walk<'v> {
     fn value(&mut self, value: &'v Value) {
         match value {
             Value::Object(fields) => {
+                // A scan's files are on the store it names beside them.
+                let outer = fields
+                    .get("objectStoreUrl")
+                    .and_then(Value::as_str)
+                    .map(|store| std::mem::replace(&mut self.store, store.to_string()));
                 for (key, field) in fields {
                     self.path.push(Step::Key(key));
                     self.field(key, field);
                     self.path.pop();
+                }
+                if let Some(outer) = outer {
+                    self.store = outer;
                 }
             }
             Value::Array(items) => {
@@ -191,10 +239,19 @@ impl<'v> Walk<'v> {
             "extension" => self.extension(field),
             "objectStoreUrl" => {
                 let url = field.as_str().unwrap_or_default();
-                if !url.starts_with("file://") {
+                let shuffle_store = self
+                    .allowed
+                    .shuffle_dir
+                    .strip_prefix(dfx_abi::location::S3_SCHEME)
+                    .map(|rest| format!("s3://{}", rest.split('/').next().unwrap_or_default()));
+                let on_shuffle_store = shuffle_store.is_some_and(|s| s == store_key(url));
+                if store_key(url) != LOCAL_STORE && !self.roots.has_store(url) && !on_shuffle_store
+                {
                     let finding = format!(
-                        "it scans the object store {url:?} (at {}); tables are local files",
-                        self.at()
+                        "it scans the object store {url:?} (at {}), which holds none of the \
+                         spec's tables {:?}",
+                        self.at(),
+                        self.allowed.tables
                     );
                     self.findings.push(finding);
                 }
@@ -213,9 +270,15 @@ impl<'v> Walk<'v> {
         collect_paths(groups, &mut paths);
         for path in paths {
             // A table the driver carried into the location is read as one.
-            if !self.roots.holds(path) && !is_source_file(path, &self.allowed.shuffle_dir) {
+            if !self.roots.holds(&self.store, path)
+                && !is_source_file(path, &self.allowed.shuffle_dir)
+            {
+                let shown = match store_key(&self.store).as_str() {
+                    LOCAL_STORE => format!("/{path}"),
+                    store => format!("{store}/{path}"),
+                };
                 let finding = format!(
-                    "it reads /{path} (at {}), which is under none of the spec's tables {:?}",
+                    "it reads {shown} (at {}), which is under none of the spec's tables {:?}",
                     self.at(),
                     self.allowed.tables
                 );
@@ -254,6 +317,20 @@ impl<'v> Walk<'v> {
                 }
                 Err(e) => {
                     let finding = format!("its sealed recursive query (at {}) is {e}", self.at());
+                    self.findings.push(finding);
+                }
+            },
+            // A scan of its own: walked as a whole stage is.
+            Some(Payload::StoreScan { plan }) => match plan_findings(&plan, self.allowed) {
+                Ok(inner) => {
+                    let at = self.at();
+                    for finding in inner {
+                        let finding = format!("in the store scan at {at}, {finding}");
+                        self.findings.push(finding);
+                    }
+                }
+                Err(e) => {
+                    let finding = format!("its store scan (at {}) is {e}", self.at());
                     self.findings.push(finding);
                 }
             },
@@ -310,9 +387,22 @@ mod tests {
     #[test]
     fn a_table_root_holds_its_files_and_nothing_beside_it() {
         let roots = TableRoots::new(&[PathBuf::from("/data/t")]);
-        assert!(roots.holds("data/t/part-0.parquet"));
-        assert!(roots.holds("data/t/sub/part-0.parquet"));
-        assert!(!roots.holds("data/tt/part-0.parquet"));
-        assert!(!roots.holds("etc/passwd"));
+        let local = "file:///";
+        assert!(roots.holds(local, "data/t/part-0.parquet"));
+        assert!(roots.holds(local, "data/t/sub/part-0.parquet"));
+        assert!(!roots.holds(local, "data/tt/part-0.parquet"));
+        assert!(!roots.holds(local, "etc/passwd"));
+        assert!(!roots.holds("s3://data/", "t/part-0.parquet"));
+    }
+
+    #[test]
+    fn an_s3_root_holds_its_prefix_in_its_bucket_only() {
+        let roots = TableRoots::new(&[PathBuf::from("s3://b/tpch/lineitem/")]);
+        assert!(roots.has_store("s3://b/"));
+        assert!(!roots.has_store("s3://c/"));
+        assert!(roots.holds("s3://b/", "tpch/lineitem/part-0.parquet"));
+        assert!(!roots.holds("s3://b/", "tpch/lineitem2/part-0.parquet"));
+        assert!(!roots.holds("s3://c/", "tpch/lineitem/part-0.parquet"));
+        assert!(!roots.holds("file:///", "tpch/lineitem/part-0.parquet"));
     }
 }

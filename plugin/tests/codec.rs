@@ -92,7 +92,8 @@ fn dfx_claims_nothing_but_its_nodes() {
     assert!(
         err.contains(
             "dfx codec encodes only ShuffleWriterExec, ShuffleReaderExec, \
-             SealedRecursiveQueryExec, RecursiveQueryExec and WorkTableExec, not EmptyExec"
+             SealedRecursiveQueryExec, StoreScanExec, RecursiveQueryExec and WorkTableExec, \
+             not EmptyExec"
         ),
         "{err}"
     );
