@@ -116,6 +116,12 @@ extern "C" fn take_failures(_location: RStr<'_>) -> RString {
     RString::from("[]")
 }
 
+extern "C" fn new_logical_codec(
+    _provider: FFI_TaskContextProvider,
+) -> FfiResult<FFI_LogicalExtensionCodec> {
+    called()
+}
+
 extern "C" fn session_settings() -> RString {
     DFX_TEST_CONSTRUCTOR_CALLS.fetch_add(1, Ordering::SeqCst);
     RString::from("{}")
@@ -151,6 +157,8 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         probe_location,
         take_failures,
         session_settings,
+        logical_codec_id: RStr::from_str("dfx_engine.logical.v1"),
+        new_logical_codec,
     }
     .leak_into_prefix()
 }
