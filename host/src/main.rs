@@ -7,12 +7,13 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use datafusion::arrow::record_batch::RecordBatch;
-use dfx_host::session::{ShuffleCompression, Split};
+use dfx_host::session::{ShuffleCompression, Split, TableDefinition, TableFormat};
 use dfx_host::{
     Host, HostError, Response, Result, SessionSpec, WorkerCommand, WorkerMode, load_plugin,
 };
+use dfx_runtime::spec::Script;
 
-/// Distributed SQL over Parquet with the dfx plugin.
+/// Distributed SQL over tables of files (Parquet, CSV, JSON, Arrow; local or on S3) with the dfx plugin.
 #[derive(Debug, Parser)]
 #[command(name = "dfx", version, about, propagate_version = true)]
 struct Cli {
@@ -44,9 +45,17 @@ struct QueryArgs {
     /// The plugin file (default: $DFX_PLUGIN, else beside this executable).
     #[arg(long, value_name = "PATH")]
     plugin: Option<PathBuf>,
-    /// A table: NAME=DIR, a directory of Parquet files (one partition per file). Repeatable.
-    #[arg(long = "table", value_name = "NAME=DIR", value_parser = parse_table)]
-    tables: Vec<(String, PathBuf)>,
+    /// A table: NAME=LOCATION, a directory, one file or a glob, as a local
+    /// path, file://... or s3://BUCKET/PREFIX (one partition per file).
+    /// Repeatable. Its format is --table-format, else the location's
+    /// extension, else Parquet. A script's CREATE EXTERNAL TABLE says more
+    /// (options, partition columns).
+    #[arg(long = "table", value_name = "NAME=LOCATION", value_parser = parse_table)]
+    tables: Vec<(String, String)>,
+    /// The format of every --table: parquet, csv, json (newline-delimited)
+    /// or arrow. Default: from each location's extension, else Parquet.
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    table_format: Option<TableFormat>,
     /// Partitions the session plans for.
     #[arg(
         long,
@@ -72,7 +81,9 @@ struct QueryArgs {
     /// directory and LZ4 for S3; `lz4` and `none` force one.
     #[arg(long, value_enum, default_value_t = ShuffleCompression::Auto)]
     shuffle_compression: ShuffleCompression,
-    /// Read the SQL query from FILE (`-` for stdin) instead of the argument.
+    /// Read the SQL from FILE (`-` for stdin) instead of the argument: a
+    /// query, or a script of CREATE EXTERNAL TABLE statements, then
+    /// queries, separated by `;` (each query runs and prints in turn).
     #[arg(
         short = 'f',
         long = "file",
@@ -205,12 +216,12 @@ enum Format {
     Json,
 }
 
-fn parse_table(value: &str) -> std::result::Result<(String, PathBuf), String> {
+fn parse_table(value: &str) -> std::result::Result<(String, String), String> {
     match value.split_once('=') {
-        Some((name, dir)) if !name.is_empty() && !dir.is_empty() => {
-            Ok((name.to_string(), PathBuf::from(dir)))
+        Some((name, location)) if !name.is_empty() && !location.is_empty() => {
+            Ok((name.to_string(), location.to_string()))
         }
-        _ => Err(format!("expected NAME=DIR, got {value:?}")),
+        _ => Err(format!("expected NAME=LOCATION, got {value:?}")),
     }
 }
 
@@ -287,24 +298,46 @@ fn absolute(path: &Path) -> Result<PathBuf> {
     std::path::absolute(path).map_err(|e| HostError::io("cannot resolve", path, e))
 }
 
-/// The spec `args` describe, every path absolute: workers may resolve them
-/// from another directory.
-fn spec_of(args: &QueryArgs) -> Result<SessionSpec> {
-    let mut tables = Vec::new();
-    for (name, dir) in &args.tables {
-        tables.push((name.clone(), absolute(dir)?));
+/// The spec `args` and the tables of `script` describe, every path
+/// absolute: workers may resolve them from another directory.
+fn spec_of(args: &QueryArgs, script: &Script) -> Result<SessionSpec> {
+    let mut tables: Vec<(String, TableDefinition)> = Vec::new();
+    for (name, location) in &args.tables {
+        let format = args.table_format.unwrap_or_else(|| {
+            // A glob's or a file's extension says the format; a directory's
+            // name says nothing.
+            TableFormat::from_file_name(location.trim_end_matches('/'))
+                .unwrap_or(TableFormat::Parquet)
+        });
+        tables.push((name.clone(), TableDefinition::new(location.clone(), format)));
     }
-    Ok(SessionSpec::new(tables)
+    tables.extend(script.tables.iter().cloned());
+    let mut seen = std::collections::BTreeSet::new();
+    let mut absolute_tables = Vec::new();
+    for (name, table) in tables {
+        if !seen.insert(name.clone()) {
+            return Err(HostError::Invalid(format!(
+                "table {name} is defined twice (by --table or CREATE EXTERNAL TABLE)"
+            )));
+        }
+        let table = table
+            .absolute()
+            .map_err(|e| HostError::io("cannot resolve", name.as_str(), e))?;
+        absolute_tables.push((name, table));
+    }
+    Ok(SessionSpec::new(absolute_tables)
         .with_target_partitions(args.partitions)
         .with_split(args.split)
         .with_shuffle_compression(args.shuffle_compression))
 }
 
 /// A shuffle directory for one query: the user's, or a fresh temporary one.
-fn shuffle_dir(args: &QueryArgs) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
-    match &args.shuffle_dir {
+fn shuffle_dir(dir: Option<&Path>) -> Result<(PathBuf, Option<tempfile::TempDir>)> {
+    match dir {
         // A URL is taken as written: made "absolute" it would be a path.
-        Some(url) if dfx_runtime::spec::ShuffleLocation::is_url(url) => Ok((url.clone(), None)),
+        Some(url) if dfx_runtime::spec::ShuffleLocation::is_url(url) => {
+            Ok((url.to_path_buf(), None))
+        }
         Some(dir) => Ok((absolute(dir)?, None)),
         None => {
             let temp = tempfile::Builder::new()
@@ -337,10 +370,36 @@ async fn run(args: RunArgs) -> Result<()> {
             .map(|secs| std::time::Duration::from_secs(secs as u64)),
     )
     .progress(true);
-    let sql = args.query.sql()?;
-    let spec = spec_of(&args.query)?;
+    let script = Script::parse(&args.query.sql()?)?;
+    let spec = spec_of(&args.query, &script)?;
+    let count = script.queries.len();
+    for (index, sql) in script.queries.iter().enumerate() {
+        if count > 1 {
+            eprintln!("query {} of {count}", index + 1);
+        }
+        let shuffle = match (&args.query.shuffle_dir, count) {
+            // One location per query: a location must hold no stage output yet.
+            (Some(dir), 2..) => Some(dir.join(format!("query-{}", index + 1))),
+            (dir, _) => dir.clone(),
+        };
+        let last = index + 1 == count;
+        run_query(&host, &args, sql, &spec, shuffle, started, last).await?;
+    }
+    Ok(())
+}
+
+/// Run one query of a script and print its answer and figures.
+async fn run_query(
+    host: &Host,
+    args: &RunArgs,
+    sql: &str,
+    spec: &SessionSpec,
+    shuffle: Option<PathBuf>,
+    started: Instant,
+    last: bool,
+) -> Result<()> {
     if args.query.local {
-        let batches = host.run_local(&sql, &spec).await?;
+        let batches = host.run_local(sql, spec).await?;
         print_batches(&batches, args.format)?;
         eprintln!(
             "local run: no stages, no tasks; {} row(s) in {:.2?}",
@@ -349,13 +408,16 @@ async fn run(args: RunArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let (dir, temp) = shuffle_dir(&args.query)?;
-    let mut spec = spec.with_shuffle_dir(&dir);
+    let (dir, temp) = shuffle_dir(shuffle.as_deref())?;
+    let mut spec = spec.clone().with_shuffle_dir(&dir);
     spec.memory_limit = args.memory_limit;
-    let outcome = host.run_distributed(&sql, &spec).await;
+    let outcome = host.run_distributed(sql, &spec).await;
     // Workers end and are reaped before the answer is printed, so their CPU
     // time counts as this process's children's (`/usr/bin/time dfx run`).
-    host.shutdown().await;
+    // Pooled workers stay for a script's next query.
+    if last || args.worker_mode != WorkerMode::Pool {
+        host.shutdown().await;
+    }
     let result = match outcome {
         Ok(result) => result,
         Err(err) => {
@@ -444,16 +506,18 @@ async fn run(args: RunArgs) -> Result<()> {
 }
 
 async fn explain(args: ExplainArgs) -> Result<()> {
-    let sql = args.query.sql()?;
+    let script = Script::parse(&args.query.sql()?)?;
     let plugin = load_plugin(args.query.plugin.as_deref())?;
     let host = Host::new(plugin)?;
-    let mut spec = spec_of(&args.query)?;
+    let mut spec = spec_of(&args.query, &script)?;
     // Planning writes nothing, so a temporary directory is only a name here.
-    let (dir, _temp) = shuffle_dir(&args.query)?;
+    let (dir, _temp) = shuffle_dir(args.query.shuffle_dir.as_deref())?;
     if !args.query.local {
         spec = spec.with_shuffle_dir(dir);
     }
-    print!("{}", host.explain(&sql, &spec).await?);
+    for sql in &script.queries {
+        print!("{}", host.explain(sql, &spec).await?);
+    }
     Ok(())
 }
 

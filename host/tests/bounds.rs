@@ -16,7 +16,7 @@ async fn a_table_of_a_thousand_files_runs_on_at_most_max_workers_processes() {
     let table = numbers_table(dir.path(), FILES, ROWS);
     assert_eq!(std::fs::read_dir(&table).unwrap().count(), FILES as usize);
     let spec = SessionSpec {
-        tables: [("t".to_string(), table)].into(),
+        tables: [("t".to_string(), table.into())].into(),
         target_partitions: 4,
         ..SessionSpec::default()
     }
@@ -61,7 +61,7 @@ async fn a_table_of_a_thousand_files_runs_on_at_most_max_workers_processes() {
 /// A spec over `numbers_table(dir, 4, 40_000)` with a memory limit.
 fn limited_spec(dir: &std::path::Path, limit: Option<u64>, name: &str) -> SessionSpec {
     let mut spec = SessionSpec {
-        tables: [("t".to_string(), dir.join("t"))].into(),
+        tables: [("t".to_string(), dir.join("t").into())].into(),
         ..SessionSpec::default()
     }
     .with_shuffle_dir(dir.join(name));

@@ -402,7 +402,7 @@ fn dfx_fails_with_a_clear_message_and_a_non_zero_status() {
     let out = dfx(&["run", "--table", "no-equals-sign", BY_FLAG]);
     assert!(!out.status.success());
     assert!(
-        text(&out.stderr).contains("expected NAME=DIR"),
+        text(&out.stderr).contains("expected NAME=LOCATION"),
         "{}",
         text(&out.stderr)
     );
@@ -411,7 +411,7 @@ fn dfx_fails_with_a_clear_message_and_a_non_zero_status() {
     assert!(!out.status.success());
     let stderr = text(&out.stderr);
     assert!(
-        stderr.contains("table orders: cannot list /nonexistent/orders"),
+        stderr.contains("table orders (/nonexistent/orders): /nonexistent/orders does not exist"),
         "{stderr}"
     );
 

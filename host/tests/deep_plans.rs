@@ -48,7 +48,7 @@ async fn assert_distributed_equals_local(sql: &str, expected: Vec<Vec<Value>>) {
     let dir = tempfile::tempdir().unwrap();
     let table = numbers_table(dir.path(), FILES, ROWS_PER_FILE);
     let spec = dfx_host::SessionSpec {
-        tables: [("t".to_string(), table)].into(),
+        tables: [("t".to_string(), table.into())].into(),
         ..dfx_host::SessionSpec::default()
     };
     let host = host();

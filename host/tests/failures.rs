@@ -505,7 +505,7 @@ async fn a_stage_whose_shuffle_directory_differs_from_the_spec_is_refused_before
     );
     // The plugin's vet refuses the same bytes on its own, at the writer.
     let bytes = std::fs::read(&plan_file).unwrap();
-    let tables: Vec<std::path::PathBuf> = envelope.spec.tables.values().cloned().collect();
+    let tables = envelope.spec.table_roots();
     let shuffle = fixture.shuffle_dir("shuffle").display().to_string();
     let vetted = plugin
         .vet_stage(&bytes, &tables, &shuffle)
@@ -666,7 +666,7 @@ async fn a_recursive_query_reading_outside_the_specs_tables_is_refused_inside_it
     let (_, plan_file, _) = encoded_leaf_stage(&spec, sql, &task_dir).await;
     let bytes = std::fs::read(&plan_file).unwrap();
     let shuffle = spec.shuffle_dir.as_deref().unwrap().display().to_string();
-    let tables: Vec<std::path::PathBuf> = spec.tables.values().cloned().collect();
+    let tables = spec.table_roots();
     plugin.vet_stage(&bytes, &tables, &shuffle).unwrap();
 
     let other = fixture.shuffle_dir("other-table");
@@ -691,7 +691,7 @@ async fn a_stage_reading_outside_the_specs_tables_is_refused_before_it_runs() {
     let (stage, plan_file, codec_ids) = encoded_leaf_stage(&spec, BY_FLAG, &task_dir).await;
     let bytes = std::fs::read(&plan_file).unwrap();
     let shuffle = spec.shuffle_dir.as_deref().unwrap().display().to_string();
-    let tables: Vec<std::path::PathBuf> = spec.tables.values().cloned().collect();
+    let tables = spec.table_roots();
 
     // The stage as planned reads only the spec's table.
     plugin.vet_stage(&bytes, &tables, &shuffle).unwrap();
@@ -722,7 +722,7 @@ async fn a_stage_reading_outside_the_specs_tables_is_refused_before_it_runs() {
     // its table, so the worker refuses, and nothing is published.
     let mut shipped = spec.clone();
     shipped.codec_ids = codec_ids;
-    shipped.tables = [("lineitem".to_string(), other.clone())].into();
+    shipped.tables = [("lineitem".to_string(), other.clone().into())].into();
     let envelope = Envelope {
         spec: shipped,
         plan: plan_file,
@@ -781,7 +781,7 @@ async fn a_plan_holding_a_sink_is_refused_by_the_worker_before_it_runs() {
     let bytes =
         physical_plan_to_bytes_with_extension_codec(plan, &DefaultPhysicalExtensionCodec {})
             .unwrap();
-    let tables: Vec<std::path::PathBuf> = spec.tables.values().cloned().collect();
+    let tables = spec.table_roots();
     let shuffle = spec.shuffle_dir.as_deref().unwrap().display().to_string();
     let err = plugin
         .vet_stage(&bytes, &tables, &shuffle)
@@ -842,7 +842,7 @@ async fn a_session_vets_the_same_stage_once_and_never_remembers_a_refusal() {
     std::fs::create_dir_all(&other).unwrap();
     let refusing = {
         let mut envelope = envelope.clone();
-        envelope.spec.tables = [("lineitem".to_string(), other)].into();
+        envelope.spec.tables = [("lineitem".to_string(), other.into())].into();
         TaskInput::read(envelope).unwrap()
     };
     let session = build_worker_session(&plugin, &shipped).await.unwrap();

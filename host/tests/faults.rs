@@ -29,7 +29,7 @@ fn self_join_expected(files: u64, rows: u64) -> Vec<Vec<Value>> {
 
 fn spec_for(table: &Path, shuffle: &Path) -> SessionSpec {
     SessionSpec {
-        tables: [("t".to_string(), table.to_path_buf())].into(),
+        tables: [("t".to_string(), table.into())].into(),
         ..SessionSpec::default()
     }
     .with_shuffle_dir(shuffle)

@@ -264,7 +264,11 @@ async fn a_worker_session_registers_no_table_and_still_runs_a_stage() {
     let spec = fixture.distributed_spec("worker-session");
     let plugin = plugin();
     let driver = build_session(&plugin, &spec).await.unwrap();
-    let worker = build_worker_session(&plugin, &spec).await.unwrap();
+    // As the driver ships it: with the partitions it planned for.
+    let shipped = spec
+        .clone()
+        .with_target_partitions(driver.ctx().copied_config().target_partitions());
+    let worker = build_worker_session(&plugin, &shipped).await.unwrap();
     assert!(driver.ctx().table_exist("lineitem").unwrap());
     assert!(!worker.ctx().table_exist("lineitem").unwrap());
     assert_eq!(worker.codec_ids(), driver.codec_ids());

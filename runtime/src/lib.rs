@@ -12,7 +12,9 @@
 //!   stage, map, attempt); the worker answers with one **response**.
 //!
 //! ```text
-//! spec/       SessionSpec (one serde type), the shuffle location
+//! spec/       SessionSpec (one serde type), the shuffle location, a table's
+//!             definition, a script of CREATE EXTERNAL TABLE and queries
+//! tables      a table's S3 client, its files, the partition floor
 //! protocol/   envelope, response (its failure class as data), serve requests,
 //!             the worker's checks before decoding
 //! scheduler/  graph, attempts, claim, executors: pool, process, foreign
@@ -29,6 +31,7 @@ pub mod error;
 pub mod protocol;
 pub mod scheduler;
 pub mod spec;
+pub mod tables;
 
 pub use dfx_abi::FailureClass;
 pub use error::{Result, Retry, RuntimeError, TaskFailure};

@@ -89,7 +89,7 @@ impl DistributedResult {
 /// # async fn demo() -> dfx_host::Result<()> {
 /// let plugin = dfx_host::load_plugin(None)?;
 /// let host = dfx_host::Host::new(plugin)?;
-/// let spec = dfx_host::SessionSpec::new([("t".to_string(), "data/t".into())])
+/// let spec = dfx_host::SessionSpec::new([("t".to_string(), "data/t")])
 ///     .with_shuffle_dir("/tmp/dfx-q1");
 /// let result = host.run_distributed("SELECT count(*) FROM t", &spec).await?;
 /// println!("{} stages, {} tasks", result.stages.len(), result.tasks.len());
@@ -252,9 +252,12 @@ impl Host {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        // Rule 2: the ids the workers must carry.
+        // Rule 2: the ids the workers must carry. And the partitions the
+        // driver planned for (the spec's, raised to its largest table's file
+        // count): a worker takes them as they are, listing no table.
         let shipped = SessionSpec {
             codec_ids: session.codec_ids(),
+            target_partitions: session.ctx().copied_config().target_partitions(),
             ..spec.clone()
         };
         // A process is given a path, so its envelope is a file; a pooled

@@ -10,12 +10,10 @@ pub mod codec_chain;
 pub mod query_planner;
 
 use std::collections::{BTreeSet, HashSet};
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::SystemTime;
 
-use datafusion::datasource::file_format::parquet::ParquetFormat;
-use datafusion::datasource::listing::ListingOptions;
+use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::{TaskContext, TaskContextProvider};
 use datafusion::physical_plan::ExecutionPlan;
@@ -36,7 +34,7 @@ use crate::session::codec_chain::CodecChain;
 use crate::session::query_planner::PluginQueryPlanner;
 
 pub use dfx_runtime::spec::{
-    DEFAULT_TARGET_PARTITIONS, PARQUET_EXTENSION, SessionSpec, ShuffleCompression, Split,
+    DEFAULT_TARGET_PARTITIONS, SessionSpec, ShuffleCompression, Split, TableDefinition, TableFormat,
 };
 
 /// A session built by [`build_session`], with the codec chain it encodes and
@@ -389,8 +387,13 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
         .query_planner(logical, physical)
         .context(|| plugin_what("cannot build its query planner"))?;
 
-    let mut config =
-        SessionConfig::new().with_target_partitions(effective_target_partitions(spec)?);
+    // A worker runs stages whose partitions are already fixed: only a
+    // session that plans lists its tables for the partition floor.
+    let partitions = match tables {
+        Tables::Register => effective_target_partitions(spec).await?,
+        Tables::Skip => spec.target_partitions,
+    };
+    let mut config = SessionConfig::new().with_target_partitions(partitions);
     // The settings that act when a stage executes (no file-stream work
     // stealing, one partition per file, the footer read) are the plugin's:
     // set as it states them, on the driver's session and each worker's.
@@ -431,13 +434,15 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
             .options_mut()
             .set(&key, spec.shuffle_compression.as_str())
             .context(|| plugin_what(&format!("cannot set {key}")))?;
-        for (name, value) in &spec.store_options {
-            let key = format!("{}.{name}", plugin.config_prefix());
-            config
-                .options_mut()
-                .set(&key, value)
-                .context(|| plugin_what(&format!("cannot set {key}")))?;
-        }
+    }
+    // Every session reaches S3 by the spec's options: its tables may be
+    // there, distributed or not.
+    for (name, value) in &spec.store_options {
+        let key = format!("{}.{name}", plugin.config_prefix());
+        config
+            .options_mut()
+            .set(&key, value)
+            .context(|| plugin_what(&format!("cannot set {key}")))?;
     }
 
     let state = SessionStateBuilder::new()
@@ -462,8 +467,8 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
         ctx.register_udaf(udaf);
     }
     if tables == Tables::Register {
-        for (name, dir) in &spec.tables {
-            register_parquet_dir(&ctx, name, dir).await?;
+        for (name, table) in &spec.tables {
+            register_table(&ctx, name, table, spec).await?;
         }
     }
 
@@ -479,73 +484,82 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
 }
 
 /// The partitions a session built from `spec` plans for: the spec's
-/// `target_partitions`, raised to the file count of its largest table.
-///
-/// A task is one partition of a stage and the unit of work over a table is a
-/// file, so a table of N files must scan as N partitions. DataFusion groups a
-/// listing table's files into `target_partitions` groups, and across the FFI
-/// planner only the session config reaches the scan (a custom table provider
-/// would have to cross as bytes), so the floor is raised here. The result
-/// depends only on the spec and the files, never on the machine.
+/// `target_partitions`, raised to the file count of its largest table (the
+/// runtime's rule, [`dfx_runtime::tables::effective_target_partitions`],
+/// which the Python host applies too).
 ///
 /// # Errors
 ///
-/// A `target_partitions` of 0, or a table directory that cannot be listed
-/// or holds no Parquet file.
-pub fn effective_target_partitions(spec: &SessionSpec) -> Result<usize> {
-    if spec.target_partitions == 0 {
-        return Err(HostError::Invalid(
-            "session spec target_partitions must be at least 1, got 0".to_string(),
-        ));
+/// A `target_partitions` of 0, or a table whose location cannot be listed
+/// or holds no file of its format.
+pub async fn effective_target_partitions(spec: &SessionSpec) -> Result<usize> {
+    Ok(dfx_runtime::tables::effective_target_partitions(spec).await?)
+}
+
+/// Register `table` as `name` in `ctx`, by the statement its definition
+/// writes ([`TableDefinition::create_statement`]), after giving the session
+/// the S3 client for its bucket. The Parquet options are the session's
+/// (the footer read the plugin's settings set).
+///
+/// # Errors
+///
+/// A location DataFusion cannot list or read a schema from, files whose
+/// schemas conflict, or a partition column that is also a column of the
+/// files: each names the table and its location.
+async fn register_table(
+    ctx: &SessionContext,
+    name: &str,
+    table: &TableDefinition,
+    spec: &SessionSpec,
+) -> Result<()> {
+    let what = || format!("cannot register table {name} over {}", table.location);
+    let table = table
+        .clone()
+        .absolute()
+        .map_err(|e| HostError::io("cannot resolve", table.location.as_str(), e))?;
+    if let Some(bucket) = table.s3_bucket() {
+        let store = dfx_runtime::tables::s3_store(bucket, &spec.store_options)?;
+        let url = ObjectStoreUrl::parse(format!("s3://{bucket}")).context(what)?;
+        ctx.register_object_store(url.as_ref(), store);
     }
-    let mut partitions = spec.target_partitions;
-    for (name, dir) in &spec.tables {
-        let files =
-            parquet_files(dir).map_err(|err| HostError::Invalid(format!("table {name}: {err}")))?;
-        if files.is_empty() {
+    // Run by `sql` itself: the empty frame it answers needs no collect,
+    // which would plan it (with stages, in a distributing session).
+    ctx.sql(&table.create_statement(name)).await.context(what)?;
+    check_partition_columns(ctx, name, &table).await
+}
+
+/// Refuse a table whose partition column is also a column of its files:
+/// DataFusion takes the definition, and a query would then read one of
+/// the two by chance.
+async fn check_partition_columns(
+    ctx: &SessionContext,
+    name: &str,
+    table: &TableDefinition,
+) -> Result<()> {
+    if table.partition_columns.is_empty() {
+        return Ok(());
+    }
+    let provider = ctx
+        .table_provider(name)
+        .await
+        .context(|| format!("table {name} is not registered"))?;
+    // A listing table's columns: its files', then its partition columns.
+    let file_schema = provider.schema();
+    let file_columns = file_schema
+        .fields()
+        .len()
+        .saturating_sub(table.partition_columns.len());
+    for column in &table.partition_columns {
+        let clash = file_schema.fields()[..file_columns]
+            .iter()
+            .any(|field| field.name() == &column.name);
+        if clash {
             return Err(HostError::Invalid(format!(
-                "table {name}: no {PARQUET_EXTENSION} files in {}",
-                dir.display()
+                "table {name} ({}): partition column {} is also a column of its files; name \
+                 the partition column differently or leave it out of the definition",
+                table.location, column.name
             )));
         }
-        partitions = partitions.max(files.len());
     }
-    Ok(partitions)
-}
-
-/// Register `dir` as table `name`, one partition per Parquet file, read with
-/// the session's Parquet options (the footer read the plugin's settings set).
-async fn register_parquet_dir(ctx: &SessionContext, name: &str, dir: &Path) -> Result<()> {
-    let format = ParquetFormat::default().with_options(ctx.state().default_table_options().parquet);
-    let options = ListingOptions::new(Arc::new(format)).with_file_extension(PARQUET_EXTENSION);
-    let dir = std::path::absolute(dir).map_err(|e| HostError::io("cannot resolve", dir, e))?;
-    // A trailing slash makes the URL a directory, not a file.
-    let url = format!("{}/", dir.display());
-    ctx.register_listing_table(name, &url, options, None, None)
-        .await
-        .context(|| format!("cannot register table {name} over {}", dir.display()))
-}
-
-/// The Parquet files directly in `dir`, sorted by name.
-///
-/// # Errors
-///
-/// A directory that cannot be read.
-pub fn parquet_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(dir).map_err(|e| HostError::io("cannot list", dir, e))?;
-    let mut files = Vec::new();
-    for entry in entries {
-        let path = entry
-            .map_err(|e| HostError::io("cannot list", dir, e))?
-            .path();
-        if path.is_file()
-            && path
-                .file_name()
-                .is_some_and(|n| n.to_string_lossy().ends_with(PARQUET_EXTENSION))
-        {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok(files)
+    Ok(())
 }

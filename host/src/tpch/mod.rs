@@ -24,6 +24,7 @@ pub mod plot;
 pub mod queries;
 pub mod report;
 pub mod runner;
+pub mod upload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -70,6 +71,12 @@ pub struct TpchArgs {
     /// a temporary directory per run).
     #[arg(long, value_name = "DIR|URL")]
     pub shuffle_dir: Option<PathBuf>,
+    /// Read the tables from s3://BUCKET/PREFIX: the generated files are
+    /// copied there first (kept when already there), and every mode, stock
+    /// DataFusion too, reads them from S3 (endpoint, region and credentials
+    /// from the AWS_* environment variables). Default: the local files.
+    #[arg(long, value_name = "URL")]
+    pub tables_on: Option<String>,
     /// Queries to run: `all`, or a list such as `1,3,6` or `1-5,18`.
     #[arg(long, default_value = "all", value_name = "LIST")]
     pub queries: String,
@@ -129,6 +136,7 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
         queries,
         data_dir,
         shuffle_root: args.shuffle_dir.clone(),
+        tables_on: args.tables_on.clone(),
         runs: args.runs,
         progress: true,
         timeout: std::time::Duration::from_secs(args.timeout.max(1)),
@@ -136,9 +144,10 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
     let report = run_tpch(&host, &options).await;
     host.shutdown().await;
     let report = report?;
+    let tables = args.tables_on.as_deref().unwrap_or("local files");
     println!(
-        "TPC-H sf{} with {} partitions, split {}, shuffle compression {}, worker mode {}, median \
-         of {} run(s) per mode\n",
+        "TPC-H sf{} with {} partitions, split {}, shuffle compression {}, worker mode {}, tables \
+         on {tables}, median of {} run(s) per mode\n",
         report.scale,
         report.partitions,
         report.split,

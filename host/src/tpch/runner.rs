@@ -1,17 +1,19 @@
 //! Run TPC-H queries both ways, time them, and check the answers agree.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
+use datafusion::execution::object_store::ObjectStoreUrl;
+use datafusion::prelude::{SessionConfig, SessionContext};
 
 use super::TpchError;
 use super::compare::{RowOrder, compare, compare_columns, row_order, rows_of};
 use super::datagen::{Dataset, Provenance, ensure_dataset};
 use super::queries::query;
 use super::report::{Outcome, QueryReport, RunReport, first_line, median};
-use crate::session::{ShuffleCompression, Split};
+use crate::session::{ShuffleCompression, Split, TableDefinition};
 use crate::{Host, HostError, SessionSpec, build_session};
 
 /// What to run.
@@ -32,6 +34,9 @@ pub struct TpchOptions {
     /// Where each distributed run gets a fresh location (a directory or an
     /// `s3://` URL); `None`: a temporary directory per run.
     pub shuffle_root: Option<PathBuf>,
+    /// Where the tables are read from: `None` for the generated files, or
+    /// an `s3://bucket/prefix` they are copied under first.
+    pub tables_on: Option<String>,
     /// Timed runs per query and mode (at least 1).
     pub runs: usize,
     /// Progress on stderr (data generation bar, one line per query).
@@ -51,7 +56,17 @@ pub async fn run_tpch(host: &Host, options: &TpchOptions) -> Result<RunReport, T
         return Err(TpchError::Invalid("--runs must be at least 1".to_string()));
     }
     let dataset = prepare_data(options).await?;
-    let spec = SessionSpec::new(dataset.tables())
+    let tables = match &options.tables_on {
+        None => dataset
+            .tables()
+            .into_iter()
+            .map(|(name, dir)| (name, TableDefinition::from(dir)))
+            .collect(),
+        Some(url) => {
+            super::upload::upload_dataset(&dataset, url, &BTreeMap::new(), options.progress).await?
+        }
+    };
+    let spec = SessionSpec::new(tables)
         .with_target_partitions(options.partitions)
         .with_split(options.split)
         .with_shuffle_compression(options.shuffle_compression);
@@ -271,13 +286,8 @@ pub async fn run_query_in(
 pub async fn run_stock(sql: &str, spec: &SessionSpec) -> Result<Vec<RecordBatch>, HostError> {
     let config = SessionConfig::new().with_target_partitions(spec.target_partitions);
     let ctx = SessionContext::new_with_config(config);
-    for (name, dir) in &spec.tables {
-        let path = dir.to_str().ok_or_else(|| {
-            HostError::Invalid(format!("table {name}: {} is not UTF-8", dir.display()))
-        })?;
-        ctx.register_parquet(name, path, ParquetReadOptions::default())
-            .await
-            .map_err(|e| HostError::datafusion(format!("cannot register table {name}"), e))?;
+    for (name, table) in &spec.tables {
+        register_stock_table(&ctx, name, table, spec).await?;
     }
     ctx.sql(sql)
         .await
@@ -285,6 +295,28 @@ pub async fn run_stock(sql: &str, spec: &SessionSpec) -> Result<Vec<RecordBatch>
         .collect()
         .await
         .map_err(|e| HostError::datafusion("stock DataFusion cannot run the query", e))
+}
+
+/// Register `table` in the stock session `ctx` as a DataFusion user would:
+/// the S3 client for its bucket, then its `CREATE EXTERNAL TABLE`.
+async fn register_stock_table(
+    ctx: &SessionContext,
+    name: &str,
+    table: &TableDefinition,
+    spec: &SessionSpec,
+) -> Result<(), HostError> {
+    let failed =
+        |e| HostError::datafusion(format!("stock DataFusion cannot register table {name}"), e);
+    if let Some(bucket) = table.s3_bucket() {
+        let store = dfx_runtime::tables::s3_store(bucket, &spec.store_options)?;
+        let url = ObjectStoreUrl::parse(format!("s3://{bucket}")).map_err(failed)?;
+        ctx.register_object_store(url.as_ref(), store);
+    }
+    // Run by `sql` itself; the empty frame it answers needs no collect.
+    ctx.sql(&table.create_statement(name))
+        .await
+        .map_err(failed)?;
+    Ok(())
 }
 
 /// How the answer of `sql` is ordered, from its logical plan in a local session.

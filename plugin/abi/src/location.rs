@@ -31,6 +31,8 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+
 /// Scheme of an S3 location.
 pub const S3_SCHEME: &str = "s3://";
 
@@ -48,6 +50,37 @@ pub const S3_REGION: &str = "s3_region";
 /// The spec's `store_options` key allowing plain http (`"true"` or
 /// `"false"`), and the plugin's `dfx_engine.s3_allow_http`.
 pub const S3_ALLOW_HTTP: &str = "s3_allow_http";
+
+/// `builder` with a session's S3 settings over the AWS environment's:
+/// `endpoint` and `region` when given, plain http when `allow_http`, and a
+/// region of `us-east-1` when neither gave one. The one rule for every S3
+/// client dfx makes: the plugin's for shuffles and tables, each host's for
+/// tables.
+pub fn apply_s3_options(
+    mut builder: AmazonS3Builder,
+    endpoint: Option<&str>,
+    region: Option<&str>,
+    allow_http: bool,
+) -> AmazonS3Builder {
+    if let Some(endpoint) = endpoint {
+        builder = builder.with_endpoint(endpoint);
+    }
+    if let Some(region) = region {
+        builder = builder.with_region(region);
+    }
+    if allow_http {
+        builder = builder.with_allow_http(true);
+    }
+    // An endpoint given without a region (a local server) needs one for
+    // signing; S3's default is the one every compatible server accepts.
+    if builder
+        .get_config_value(&AmazonS3ConfigKey::Region)
+        .is_none()
+    {
+        builder = builder.with_region("us-east-1");
+    }
+    builder
+}
 
 /// A parsed shuffle location. Its `==` compares the parsed parts; whether
 /// two spellings name one location is [`same_location`].

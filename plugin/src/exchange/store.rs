@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use dfx_abi::location::{S3_ALLOW_HTTP, S3_ENDPOINT, S3_REGION, S3_SCHEME};
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 // The base trait's methods, not `ObjectStoreExt`'s: theirs are not known to
 // be `Send`, and every request is spawned onto the I/O runtime.
@@ -187,26 +187,15 @@ pub fn s3_store(bucket: &str, options: &S3Options) -> Result<Arc<dyn ObjectStore
     Ok(store)
 }
 
-/// `builder` with the session's options over the environment's settings.
-pub fn apply_options(mut builder: AmazonS3Builder, options: &S3Options) -> AmazonS3Builder {
-    if let Some(endpoint) = &options.endpoint {
-        builder = builder.with_endpoint(endpoint);
-    }
-    if let Some(region) = &options.region {
-        builder = builder.with_region(region);
-    }
-    if options.allow_http {
-        builder = builder.with_allow_http(true);
-    }
-    // An endpoint given without a region (a local server) needs one for
-    // signing; S3's default is the one every compatible server accepts.
-    if builder
-        .get_config_value(&AmazonS3ConfigKey::Region)
-        .is_none()
-    {
-        builder = builder.with_region("us-east-1");
-    }
-    builder
+/// `builder` with the session's options over the environment's settings
+/// ([`dfx_abi::location::apply_s3_options`]).
+pub fn apply_options(builder: AmazonS3Builder, options: &S3Options) -> AmazonS3Builder {
+    dfx_abi::location::apply_s3_options(
+        builder,
+        options.endpoint.as_deref(),
+        options.region.as_deref(),
+        options.allow_http,
+    )
 }
 
 /// Start `work` on the I/O runtime without awaiting it: for a caller that

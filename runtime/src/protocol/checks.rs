@@ -13,7 +13,7 @@
 //!    writer aimed elsewhere, no extension node that is not dfx's.
 
 use std::io::Read as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::SystemTime;
 
 use dfx_abi::Plugin;
@@ -122,7 +122,7 @@ pub fn check_task(
         ));
     }
     if vet {
-        let tables: Vec<PathBuf> = envelope.spec.tables.values().cloned().collect();
+        let tables = envelope.spec.table_roots();
         plugin
             .vet_stage(&task.plan, &tables, &expected.display().to_string())
             .map_err(|err| format!("{name}: plan {plan_file}: {}", err.strip_backtrace()))?;

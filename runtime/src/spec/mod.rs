@@ -8,6 +8,8 @@
 //! type), so both sides plan, encode and decode with the same settings.
 
 pub mod location;
+pub mod script;
+pub mod table;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,14 +17,13 @@ use std::path::PathBuf;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 pub use location::{ShuffleLocation, same_location};
+pub use script::Script;
+pub use table::{Column, TableDefinition, TableFormat};
 
 /// Partitions a session plans for unless told otherwise. Pinned rather than
 /// the core count, so a plan's shape does not depend on the machine it was
 /// planned on.
 pub const DEFAULT_TARGET_PARTITIONS: usize = 2;
-
-/// Extension of the files a table directory is scanned for.
-pub const PARQUET_EXTENSION: &str = ".parquet";
 
 /// Everything a session depends on; travels as JSON in a task envelope.
 ///
@@ -35,9 +36,11 @@ pub const PARQUET_EXTENSION: &str = ".parquet";
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionSpec {
-    /// Table name → directory of Parquet files (one partition per file).
+    /// Table name → its definition ([`TableDefinition`]): a location of
+    /// Parquet files, or files of another format with options and partition
+    /// columns. Every file is a partition of its table's scan.
     #[serde(default)]
-    pub tables: BTreeMap<String, PathBuf>,
+    pub tables: BTreeMap<String, TableDefinition>,
     /// Where stage output goes: a local directory, `file://...` or
     /// `s3://bucket/prefix`. `None` (written as `""`) means "do not
     /// distribute": the planner inserts no stage.
@@ -164,12 +167,22 @@ impl std::fmt::Display for Split {
 }
 
 impl SessionSpec {
-    /// A spec over `tables`, with defaults for everything else.
-    pub fn new(tables: impl IntoIterator<Item = (String, PathBuf)>) -> Self {
+    /// A spec over `tables` (a path alone is a location of Parquet files),
+    /// with defaults for everything else.
+    pub fn new<T: Into<TableDefinition>>(tables: impl IntoIterator<Item = (String, T)>) -> Self {
         Self {
-            tables: tables.into_iter().collect(),
+            tables: tables
+                .into_iter()
+                .map(|(name, table)| (name, table.into()))
+                .collect(),
             ..Self::default()
         }
+    }
+
+    /// Where each table's files lie ([`TableDefinition::root`]): what a
+    /// worker's vet lets a stage read.
+    pub fn table_roots(&self) -> Vec<PathBuf> {
+        self.tables.values().map(TableDefinition::root).collect()
     }
 
     /// This spec with `shuffle_dir` set.
@@ -299,6 +312,9 @@ impl SessionSpec {
         }
         if let Some(dir) = &self.shuffle_dir {
             ShuffleLocation::parse(dir)?;
+        }
+        for (name, table) in &self.tables {
+            table.validate(name).map_err(crate::RuntimeError::Invalid)?;
         }
         Ok(())
     }
