@@ -150,6 +150,15 @@ MEMORY_TABLE_TOO_LARGE: str
 def normalize_spec(json: str) -> str:
     """The spec checked and written by the runtime; ValueError naming the fault."""
 
+def table_statement(name: str, json: str) -> str:
+    """The CREATE EXTERNAL TABLE statement registering the table ``json`` defines."""
+
+def effective_target_partitions(json: str) -> int:
+    """The spec's partitions, raised to its largest table's file count."""
+
+def parse_script(sql: str) -> tuple[str, list[str]]:
+    """A script's tables (a JSON object of definitions) and its queries' texts."""
+
 def session_settings() -> dict[str, str]:
     """The DataFusion settings every dfx session needs, as the plugin states them."""
 

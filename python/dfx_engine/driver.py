@@ -36,7 +36,12 @@ from dfx_engine.dataframes import (
     plain_memory_table_errors,
     session_of,
 )
-from dfx_engine.session import SessionSpec, build_session, plain_planning_errors
+from dfx_engine.session import (
+    SessionSpec,
+    build_session,
+    effective_target_partitions,
+    plain_planning_errors,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -327,8 +332,13 @@ def run_distributed(
             stages = encode_stages(ctx, plan)
             if not stages and given:
                 raise not_a_dfx_dataframe(spec)
+            # With the partitions the session planned for: a worker takes
+            # them as they are, listing no table.
+            shipped = dataclasses.replace(
+                spec, target_partitions=effective_target_partitions(spec)
+            )
             run = scheduler.run(
-                spec_json,
+                shipped.to_json_text(),
                 claim.task_dir,
                 stages,
                 envelope_files=executor_of == "process",

@@ -1,11 +1,13 @@
 """One session factory for the driver and every worker.
 
-A :class:`SessionSpec` says everything a session depends on: the tables, the
-shuffle location, the partition count, where plans are cut, how stage output
-is compressed and how an ``s3://`` location is reached. It travels to every
-worker inside the task envelope, and :func:`build_session` turns it into the
-same session on both sides, so a worker decodes a stage with exactly the
-codecs and functions the driver encoded it with.
+A :class:`SessionSpec` says everything a session depends on: the tables (a
+location of Parquet files, or a :class:`Table` of any of DataFusion's file
+formats, local or on S3), the shuffle location, the partition count, where
+plans are cut, how stage output is compressed and how an ``s3://`` location
+is reached. It travels to every worker inside the task envelope, and
+:func:`build_session` turns it into the same session on both sides, so a
+worker decodes a stage with exactly the codecs and functions the driver
+encoded it with.
 
 The spec's rules (what each field may hold, what its JSON leaves out) are
 the runtime's ``SessionSpec``, the type the Rust host uses too: this module
@@ -37,13 +39,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import pathlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import datafusion
 from datafusion import SessionConfig, SessionContext
 from datafusion.expr import TableScan
+from datafusion.object_store import AmazonS3
 
 from dfx_engine import _internal
 
@@ -56,8 +58,10 @@ if TYPE_CHECKING:
 __all__ = [
     "SPLIT_MODES",
     "STORE_OPTION_KEYS",
+    "TABLE_FORMATS",
     "UNSUPPORTED_REASONS",
     "SessionSpec",
+    "Table",
     "UnsupportedQueryError",
     "build_session",
     "build_worker_session",
@@ -81,6 +85,71 @@ come from each process's environment.
 """
 
 
+TABLE_FORMATS: tuple[str, ...] = ("parquet", "csv", "json", "arrow")
+"""The formats a :class:`Table` may be stored as (``json``: one object a line)."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table as DataFusion's ``CREATE EXTERNAL TABLE`` defines one.
+
+    Both hosts register it by the statement the runtime writes for it, so a
+    definition reads alike in the Rust host, in Python and in every worker.
+
+    Attributes:
+        location: A local path, ``file://...`` or ``s3://bucket/prefix``: a
+            directory, one file, or a glob (``/data/t/part-*.csv``).
+        format: One of :data:`TABLE_FORMATS`.
+        options: Format options as ``OPTIONS`` takes them, such as
+            ``{"format.has_header": "true", "format.delimiter": ";"}``.
+        columns: The files' columns as ``(name, SQL type)``, when declared
+            rather than inferred (a CSV file without a header row).
+        partition_columns: Hive partition columns (``year=2024/...``),
+            outermost first, as ``(name, SQL type)``, or ``(name, None)`` to
+            read the values as strings. A typed one needs ``columns``.
+    """
+
+    location: str
+    format: str = "parquet"
+    options: dict[str, str] = field(default_factory=dict)
+    columns: list[tuple[str, str]] = field(default_factory=list)
+    partition_columns: list[tuple[str, str | None]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The definition as a spec's JSON holds it."""
+        data: dict[str, Any] = {"location": self.location, "format": self.format}
+        if self.options:
+            data["options"] = dict(self.options)
+        if self.columns:
+            data["columns"] = [{"name": n, "type": t} for n, t in self.columns]
+        if self.partition_columns:
+            data["partition_columns"] = [
+                {"name": n} if t is None else {"name": n, "type": t}
+                for n, t in self.partition_columns
+            ]
+        return data
+
+    @classmethod
+    def from_json(cls, data: str | dict[str, Any]) -> Table:
+        """A definition from a spec's JSON: a location (Parquet) or an object."""
+        if isinstance(data, str):
+            return cls(location=data)
+        return cls(
+            location=data["location"],
+            format=data.get("format", "parquet"),
+            options=dict(data.get("options", {})),
+            columns=[(c["name"], c["type"]) for c in data.get("columns", [])],
+            partition_columns=[
+                (c["name"], c.get("type")) for c in data.get("partition_columns", [])
+            ],
+        )
+
+
+def _table_json(table: str | Table) -> str | dict[str, Any]:
+    """A spec's table as JSON: a location as written, a :class:`Table` as an object."""
+    return table if isinstance(table, str) else table.to_json()
+
+
 def expected_codec_ids() -> list[str]:
     """The physical codec ids a correctly built session carries, in order.
 
@@ -96,7 +165,9 @@ class SessionSpec:
     """What a session is built from; travels to workers as JSON.
 
     Attributes:
-        tables: Table name to a directory of Parquet files.
+        tables: Table name to a location of Parquet files (a directory, one
+            file or a glob; local or ``s3://``), or to a :class:`Table` of
+            another format, options or partition columns.
         shuffle_dir: Where stages publish (a path, ``file://`` or
             ``s3://bucket/prefix``). Empty means "do not distribute": the
             planner inserts no stage.
@@ -112,7 +183,7 @@ class SessionSpec:
             worker refuses a task that sets one.
     """
 
-    tables: dict[str, str] = field(default_factory=dict)
+    tables: dict[str, str | Table] = field(default_factory=dict)
     shuffle_dir: str = ""
     target_partitions: int = _internal.DEFAULT_TARGET_PARTITIONS
     split: str = _internal.DEFAULT_SPLIT
@@ -139,6 +210,9 @@ class SessionSpec:
             ValueError: If the runtime refuses the spec.
         """
         fields = dataclasses.asdict(self) | {"codec_ids": expected_codec_ids()}
+        fields["tables"] = {
+            name: _table_json(table) for name, table in self.tables.items()
+        }
         try:
             text = json.dumps(fields)
         except (TypeError, ValueError) as err:
@@ -162,32 +236,52 @@ class SessionSpec:
         fields = json.loads(_internal.normalize_spec(text))
         # Not part of the spec itself: a session's, filled in when it ships.
         fields.pop("codec_ids", None)
+        fields["tables"] = {
+            name: table if isinstance(table, str) else Table.from_json(table)
+            for name, table in fields.get("tables", {}).items()
+        }
         return cls(**fields)
+
+    def with_tables_from_sql(self, sql: str) -> SessionSpec:
+        """This spec with the tables ``CREATE EXTERNAL TABLE`` statements define.
+
+        ``sql`` holds only such statements, separated by ``;``, as
+        datafusion-cli reads them: a user's DDL becomes definitions every
+        worker is given.
+
+        Raises:
+            ValueError: SQL that does not parse, a statement that is not
+                ``CREATE EXTERNAL TABLE``, or a table defined twice.
+        """
+        statements = sql.rstrip().rstrip(";")
+        tables_text, queries = _internal.parse_script(f"{statements};\nSELECT 1")
+        if queries != ["SELECT 1"]:
+            message = "with_tables_from_sql takes CREATE EXTERNAL TABLE statements only"
+            raise ValueError(message)
+        added = {
+            name: Table.from_json(table)
+            for name, table in json.loads(tables_text).items()
+        }
+        twice = sorted(set(added) & set(self.tables))
+        if twice:
+            message = f"tables defined twice: {', '.join(twice)}"
+            raise ValueError(message)
+        return dataclasses.replace(self, tables={**self.tables, **added})
 
 
 def effective_target_partitions(spec: SessionSpec) -> int:
     """``spec.target_partitions``, raised to the file count of its largest table.
 
     A task is one partition of a stage and the unit of work over a table is a
-    file, so a table of N Parquet files scans as N partitions. The Rust host
-    applies the same rule, so one spec plans alike in both.
+    file, so a table of N files scans as N partitions. The files are listed
+    as DataFusion lists them, by the runtime the Rust host applies too, so
+    one spec plans alike in both.
 
     Raises:
-        FileNotFoundError: If a table's directory does not exist or holds no
-            Parquet file.
+        ValueError: If a table's location cannot be listed or holds no file
+            of its format.
     """
-    partitions = spec.target_partitions
-    for name, directory in sorted(spec.tables.items()):
-        path = pathlib.Path(directory)
-        if not path.is_dir():
-            message = f"table {name!r}: {directory} is not a directory"
-            raise FileNotFoundError(message)
-        files = [f for f in path.iterdir() if f.suffix == ".parquet" and f.is_file()]
-        if not files:
-            message = f"table {name!r}: no .parquet files in {directory}"
-            raise FileNotFoundError(message)
-        partitions = max(partitions, len(files))
-    return partitions
+    return _internal.effective_target_partitions(spec.to_json_text())
 
 
 def build_session(
@@ -203,7 +297,8 @@ def build_session(
        store options, set only with one) from the first query on.
     2. ``with_extensions`` installs the plugin's codec and planner and
        registers its functions (plans name them).
-    3. Each table is registered as Parquet over its directory, unless
+    3. Each table is registered by the statement the runtime writes for it
+       (``CREATE EXTERNAL TABLE``), after the S3 client of its bucket, unless
        ``register_tables`` is false (see :func:`build_worker_session`).
 
     Returns:
@@ -212,28 +307,37 @@ def build_session(
 
     Raises:
         RuntimeError: If the session did not end up with the expected codecs.
-        FileNotFoundError: If a table's directory does not exist.
+        ValueError: If a table cannot be listed or registered, or a partition
+            column is also a column of its files.
     """
     split = spec.split if spec.shuffle_dir else None
-    config = SessionConfig().with_target_partitions(effective_target_partitions(spec))
+    # A worker runs stages whose partitions are fixed: only a session that
+    # plans lists its tables for the partition floor.
+    partitions = (
+        effective_target_partitions(spec) if register_tables else spec.target_partitions
+    )
+    config = SessionConfig().with_target_partitions(partitions)
     for key, value in sorted(_internal.session_settings().items()):
         config = config.set(key, value)
     config = config.with_extension(
         _internal.DfxEngineConfig(shuffle_dir=spec.shuffle_dir, split=split)
     )
-    if spec.shuffle_dir:
-        prefix = _internal.config_prefix()
-        options = {"shuffle_compression": spec.shuffle_compression}
-        for key, value in sorted((options | spec.store_options).items()):
-            # Onto the extension just added: keys under the plugin's prefix
-            # go to its options (checked by the plugin when it plans).
-            config = config.set(f"{prefix}.{key}", value)
+    prefix = _internal.config_prefix()
+    # Every session reaches S3 by the spec's options (its tables may be
+    # there); only a distributing one compresses stage output.
+    options = (
+        {"shuffle_compression": spec.shuffle_compression} if spec.shuffle_dir else {}
+    )
+    for key, value in sorted((options | spec.store_options).items()):
+        # Onto the extension just added: keys under the plugin's prefix
+        # go to its options (checked by the plugin when it plans).
+        config = config.set(f"{prefix}.{key}", value)
     engine = _internal.DfxEngineExtension()
     ctx = SessionContext(config).with_extensions(engine)
 
     if register_tables:
-        for name, directory in sorted(spec.tables.items()):
-            ctx.register_parquet(name, directory)
+        for name, table in sorted(spec.tables.items()):
+            _register_table(ctx, name, table, spec.store_options)
 
     found = ctx.physical_extension_codec_ids()
     expected = expected_codec_ids()
@@ -244,6 +348,49 @@ def build_session(
         )
         raise RuntimeError(message)
     return ctx, engine
+
+
+def _register_table(
+    ctx: SessionContext, name: str, table: str | Table, store_options: dict[str, str]
+) -> None:
+    """Register ``table`` as ``name`` in ``ctx`` by the runtime's statement.
+
+    Raises:
+        ValueError: A table DataFusion cannot list or read, naming it, or a
+            partition column that is also a column of its files.
+    """
+    definition = table if isinstance(table, Table) else Table(location=table)
+    if definition.location.startswith("s3://"):
+        bucket = definition.location.removeprefix("s3://").split("/", 1)[0]
+        endpoint = store_options.get("s3_endpoint") or None
+        allow_http = store_options.get("s3_allow_http", "").strip().lower() == "true"
+        region = store_options.get("s3_region") or None
+        store = AmazonS3(
+            bucket_name=bucket,
+            region=region,
+            endpoint=endpoint,
+            allow_http=allow_http,
+        )
+        ctx.register_object_store(f"s3://{bucket}", store)
+    statement = _internal.table_statement(name, json.dumps(_table_json(table)))
+    try:
+        # Run by ``sql`` itself: the empty frame it answers is not collected.
+        ctx.sql(statement)
+    except Exception as err:
+        message = f"cannot register table {name} over {definition.location}: {err}"
+        raise ValueError(message) from err
+    partitions = [column for column, _ in definition.partition_columns]
+    if partitions:
+        fields = ctx.table(name).schema().names
+        files = fields[: len(fields) - len(partitions)]
+        clash = [column for column in partitions if column in files]
+        if clash:
+            message = (
+                f"table {name} ({definition.location}): partition column "
+                f"{clash[0]} is also a column of its files; name the partition "
+                "column differently or leave it out of the definition"
+            )
+            raise ValueError(message)
 
 
 def build_worker_session(

@@ -74,6 +74,9 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(location::vet_stage, m)?)?;
     m.add_class::<location::DriverLock>()?;
     m.add_function(wrap_pyfunction!(spec::normalize_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::table_statement, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::effective_target_partitions, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::parse_script, m)?)?;
     spec::add_constants(m)?;
     m.add_function(wrap_pyfunction!(settings::session_settings, m)?)?;
     m.add_class::<scheduler::WorkerPool>()?;

@@ -3,8 +3,9 @@
 //! none of its rules again: what a field may hold, what is left out of the
 //! JSON, what an absent field means.
 
-use dfx_runtime::spec::{DEFAULT_TARGET_PARTITIONS, STORE_OPTION_KEYS};
+use dfx_runtime::spec::{DEFAULT_TARGET_PARTITIONS, STORE_OPTION_KEYS, Script, TableDefinition};
 use dfx_runtime::{SessionSpec, ShuffleCompression, Split};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::error::from_runtime;
@@ -21,6 +22,56 @@ use crate::error::from_runtime;
 pub fn normalize_spec(json: &str) -> PyResult<String> {
     let spec = SessionSpec::from_json(json).map_err(from_runtime)?;
     Ok(spec.to_json())
+}
+
+/// The `CREATE EXTERNAL TABLE` statement that registers the table `json`
+/// defines (a location string, or a definition object) as `name`: the one
+/// rule both hosts register tables by.
+///
+/// Raises:
+///     ValueError: A definition that does not parse or that no session can
+///         register, naming the table.
+#[pyfunction]
+pub fn table_statement(name: &str, json: &str) -> PyResult<String> {
+    let table: TableDefinition = serde_json::from_str(json)
+        .map_err(|e| PyValueError::new_err(format!("table {name}: {e}")))?;
+    table.validate(name).map_err(PyValueError::new_err)?;
+    let table = table
+        .absolute()
+        .map_err(|e| PyValueError::new_err(format!("table {name}: cannot resolve: {e}")))?;
+    Ok(table.create_statement(name))
+}
+
+/// The partitions a session built from the spec `json` plans for: its
+/// `target_partitions`, raised to the file count of its largest table,
+/// listed as DataFusion lists them (the Rust host's rule too). Lists local
+/// directories and S3 prefixes, with the GIL released.
+///
+/// Raises:
+///     ValueError: A spec the runtime refuses, or a table whose location
+///         cannot be listed or holds no file of its format.
+#[pyfunction]
+pub fn effective_target_partitions(py: Python<'_>, json: &str) -> PyResult<usize> {
+    let spec = SessionSpec::from_json(json).map_err(from_runtime)?;
+    let runtime = crate::blocking::runtime()?;
+    py.detach(|| runtime.block_on(dfx_runtime::tables::effective_target_partitions(&spec)))
+        .map_err(from_runtime)
+}
+
+/// A script's tables and queries: each `CREATE EXTERNAL TABLE` as a
+/// definition (a JSON object of name to definition), then each query's text.
+///
+/// Raises:
+///     ValueError: SQL that does not parse, a table after a query, or a
+///         statement that is neither a table nor a query, naming it.
+#[pyfunction]
+pub fn parse_script(sql: &str) -> PyResult<(String, Vec<String>)> {
+    let script = Script::parse(sql).map_err(from_runtime)?;
+    let tables: std::collections::BTreeMap<String, TableDefinition> =
+        script.tables.into_iter().collect();
+    let tables = serde_json::to_string(&tables)
+        .map_err(|e| PyValueError::new_err(format!("cannot write the tables: {e}")))?;
+    Ok((tables, script.queries))
 }
 
 /// Add the spec's constants to the module: the defaults of the fields that

@@ -165,7 +165,7 @@ def test_spec_refuses_what_it_cannot_read(data: object) -> None:
 
 def test_missing_table_directory_is_named(tmp_path: pathlib.Path) -> None:
     missing = tmp_path / "nope"
-    with pytest.raises(FileNotFoundError, match="nope"):
+    with pytest.raises(ValueError, match=r"table t .*nope does not exist"):
         build_session(SessionSpec(tables={"t": str(missing)}))
 
 
@@ -184,9 +184,12 @@ def test_a_worker_session_has_no_table_and_decodes_the_drivers_stage(
     # The scan travels whole inside the stage: no catalog lookup is needed.
     decoded = ExecutionPlan.from_bytes(worker, stage.to_bytes(driver))
     assert decoded.display() == stage.display()
-    # A missing table directory is still named, tables registered or not.
-    with pytest.raises(FileNotFoundError, match="nope"):
-        build_worker_session(SessionSpec(tables={"t": str(spec.shuffle_dir) + "/nope"}))
+    # A worker lists no table (the driver ships the partitions it planned
+    # for), so a location only the driver could reach does not stop it.
+    missing = SessionSpec(tables={"t": str(spec.shuffle_dir) + "/nope"})
+    build_worker_session(missing)
+    with pytest.raises(ValueError, match="nope does not exist"):
+        build_session(missing)
 
 
 def test_the_extension_speaks_both_bundle_hooks() -> None:
