@@ -44,6 +44,7 @@ from dfx_engine._internal import (
 from dfx_engine.dataframes import MemoryTableTooLargeError, session_for
 from dfx_engine.session import (
     SessionSpec,
+    Table,
     UnsupportedQueryError,
     build_session,
     build_worker_session,
@@ -56,6 +57,7 @@ __all__ = [
     "MemoryTableTooLargeError",
     "SessionSpec",
     "StageInfo",
+    "Table",
     "UnsupportedQueryError",
     "bucket_path",
     "build_session",
