@@ -320,3 +320,30 @@ async fn a_capped_fan_out_still_runs_every_task() {
     assert_eq!(result.tasks.len(), maps);
     assert_eq!(result.task_rows.len(), maps);
 }
+
+/// A window partitioned by a column the filter makes constant: the plan
+/// sorts on the other key only, so the exchange below the window must keep
+/// the constant, or the window decoded in a worker refuses its input
+/// ("All partition by columns should have an ordering").
+#[tokio::test]
+async fn a_window_over_a_filtered_constant_key_runs_distributed() {
+    let fixture = Fixture::new();
+    let host = host();
+    let sql = "SELECT l_returnflag, l_orderkey, \
+               avg(l_quantity) OVER (PARTITION BY l_returnflag, l_orderkey) AS a \
+               FROM lineitem WHERE l_returnflag = 'A'";
+    let expected = vec![
+        "A | 1 | 1.0".to_string(),
+        "A | 3 | 3.0".to_string(),
+        "A | 7 | 7.0".to_string(),
+    ];
+    let local = host.run_local(sql, &fixture.spec()).await.unwrap();
+    assert_eq!(sorted_rows(&local), expected);
+    for split in SPLITS {
+        let spec = fixture
+            .distributed_spec(&format!("window-{split}"))
+            .with_split(split);
+        let result = host.run_distributed(sql, &spec).await.unwrap();
+        assert_eq!(sorted_rows(&result.batches), expected, "{split}");
+    }
+}

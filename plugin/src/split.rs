@@ -33,7 +33,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::common::{JoinType, Result};
-use datafusion::physical_expr::Partitioning;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column, IsNullExpr, Literal};
+use datafusion::physical_expr::utils::conjunction;
+use datafusion::physical_expr::{AcrossPartitions, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
@@ -259,6 +262,7 @@ impl Cutter {
         }
         let writer = self.writer(Arc::clone(repartition.input()), partitioning)?;
         let reader = self.read(ReadMode::Hash, writer)?;
+        let reader = with_constants_restated(reader, repartition.input())?;
         // A reader concatenates each bucket map after map; an order-keeping
         // repartition promised each partition sorted, so sort it again.
         match (repartition.preserve_order(), plan.output_ordering()) {
@@ -565,4 +569,54 @@ pub(crate) fn first_writers(plan: &Arc<dyn ExecutionPlan>, ids: &mut Vec<u64>) {
     for child in plan.children() {
         first_writers(child, ids);
     }
+}
+
+/// `reader` under a filter restating each column its stage's input holds
+/// constant (`b = 'x'` after `WHERE b = 'x'`), when there is one.
+///
+/// Why: a host sees the reader across the FFI boundary, which carries a
+/// plan's partitioning and ordering but not its constants. The plan above
+/// the reader was optimized knowing them (a window over `PARTITION BY b, a`
+/// sorted on `a` alone), and decoded in a worker its operators check their
+/// input again: without the constant the window refused to run. A filter is
+/// a node every host decodes, and its predicate states the constant there;
+/// the rows already satisfy it. Only a column with a known value can be
+/// restated; one of no known value stays lost.
+fn with_constants_restated(
+    reader: Arc<dyn ExecutionPlan>,
+    input: &Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let schema = reader.schema();
+    let mut predicates: Vec<Arc<dyn PhysicalExpr>> = Vec::new();
+    for constant in input.equivalence_properties().constants() {
+        let AcrossPartitions::Uniform(Some(value)) = &constant.across_partitions else {
+            continue;
+        };
+        let Some(column) = constant.expr.downcast_ref::<Column>() else {
+            continue;
+        };
+        let same_type = schema.fields().get(column.index()).is_some_and(|field| {
+            field.name() == column.name() && *field.data_type() == value.data_type()
+        });
+        if !same_type {
+            continue;
+        }
+        let column: Arc<dyn PhysicalExpr> = Arc::new(column.clone());
+        predicates.push(if value.is_null() {
+            Arc::new(IsNullExpr::new(column))
+        } else {
+            Arc::new(BinaryExpr::new(
+                column,
+                Operator::Eq,
+                Arc::new(Literal::new(value.clone())),
+            ))
+        });
+    }
+    if predicates.is_empty() {
+        return Ok(reader);
+    }
+    Ok(Arc::new(FilterExec::try_new(
+        conjunction(predicates),
+        reader,
+    )?))
 }

@@ -90,22 +90,6 @@ class DfxFailure:
     reason: str
 
 
-WINDOW_ORDERING = DfxFailure(
-    error="All partition by columns should have an ordering",
-    reason=(
-        "a filter pushed below a window aggregate makes one of its PARTITION BY "
-        "keys a constant, so the planner sorts on the other keys only; the "
-        "exchange split puts a hash ShuffleReaderExec between that sort and the "
-        "filter, and the reader starts its equivalence properties afresh from "
-        "the schema (RepartitionExec keeps the input's constants), so the "
-        "WindowAggExec rebuilt when the stage is decoded finds too few ordered "
-        "keys (Internal error: Assertion failed: window_expr[0].partition_by()"
-        ".len() == ordered_partition_by_indices.len()). Smallest: SELECT "
-        "ss_store_sk, ss_item_sk, avg(ss_sales_price) OVER (PARTITION BY "
-        "ss_store_sk, ss_item_sk) AS a FROM store_sales WHERE ss_item_sk = 1"
-    ),
-)
-
 PROTOBUF_DEPTH = DfxFailure(
     error="nests deeper than datafusion-python 55 decodes",
     reason=(
@@ -117,11 +101,7 @@ PROTOBUF_DEPTH = DfxFailure(
 
 DFX_FAILS: dict[tuple[str, str, int], DfxFailure] = {
     ("python", "exchange", 9): PROTOBUF_DEPTH,
-    ("python", "exchange", 47): WINDOW_ORDERING,
-    ("python", "exchange", 57): WINDOW_ORDERING,
     ("python", "exchange", 64): PROTOBUF_DEPTH,
-    ("rust", "exchange", 47): WINDOW_ORDERING,
-    ("rust", "exchange", 57): WINDOW_ORDERING,
 }
 """(host, split, query) -> how dfx fails it while stock answers."""
 

@@ -120,6 +120,27 @@ pub struct ShuffleReaderExec {
     _live: LiveObject,
 }
 
+/// What still holds of `input`'s equivalences once its rows are shuffled
+/// (hash) or gathered (broadcast): its equal columns and the constants of
+/// every partition, not its orderings nor one partition's constants; as
+/// DataFusion's `RepartitionExec` keeps them. Dropping them all would make
+/// the plan above it, decoded in a worker, disagree with the plan the
+/// planner checked: a window over `PARTITION BY a, b` with `b` filtered to a
+/// constant was sorted on `a` only, and its decoded operator then refused to
+/// run ("All partition by columns should have an ordering").
+fn shuffled_equivalences(
+    input: &Arc<dyn ExecutionPlan>,
+    schema: &SchemaRef,
+) -> EquivalenceProperties {
+    if input.schema() != *schema {
+        return EquivalenceProperties::new(Arc::clone(schema));
+    }
+    let mut equivalences = input.properties().equivalence_properties().clone();
+    equivalences.clear_orderings();
+    equivalences.clear_per_partition_constants();
+    equivalences
+}
+
 impl ShuffleReaderExec {
     /// A reader of `writer`'s stage in `mode`.
     ///
@@ -145,7 +166,7 @@ impl ShuffleReaderExec {
                     )));
                 }
                 PlanProperties::new(
-                    EquivalenceProperties::new(Arc::clone(&schema)),
+                    shuffled_equivalences(w.input(), &schema),
                     w.partitioning().clone(),
                     EmissionType::Incremental,
                     Boundedness::Bounded,
@@ -171,7 +192,7 @@ impl ShuffleReaderExec {
                 )
             }
             ReadMode::Broadcast => PlanProperties::new(
-                EquivalenceProperties::new(Arc::clone(&schema)),
+                shuffled_equivalences(w.input(), &schema),
                 Partitioning::UnknownPartitioning(1),
                 EmissionType::Incremental,
                 Boundedness::Bounded,
