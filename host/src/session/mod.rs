@@ -373,11 +373,22 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
         )));
     }
 
-    let logical = FFI_LogicalExtensionCodec::new(
-        Arc::new(DefaultLogicalExtensionCodec {}),
-        runtime.clone(),
-        FFI_TaskContextProvider::from(&provider),
-    );
+    // The plugin's logical codec carries what the plan format cannot (an
+    // in-memory table, a table function's rows) into its planner by value;
+    // a plugin built before it gets DataFusion's, and such scans are refused
+    // by name (see `query_planner`).
+    let carries_tables = plugin.logical_codec_id().is_some();
+    let logical = if carries_tables {
+        plugin
+            .logical_codec(FFI_TaskContextProvider::from(&provider))
+            .context(|| plugin_what("cannot build its logical codec"))?
+    } else {
+        FFI_LogicalExtensionCodec::new(
+            Arc::new(DefaultLogicalExtensionCodec {}),
+            runtime.clone(),
+            FFI_TaskContextProvider::from(&provider),
+        )
+    };
     let physical = FFI_PhysicalExtensionCodec::new(
         Arc::clone(&chain) as Arc<dyn PhysicalExtensionCodec>,
         runtime,
@@ -448,7 +459,10 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
     let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(config)
-        .with_query_planner(Arc::new(PluginQueryPlanner(ForeignQueryPlanner(planner))))
+        .with_query_planner(Arc::new(PluginQueryPlanner {
+            planner: ForeignQueryPlanner(planner),
+            carries_tables,
+        }))
         .build();
     let ctx = Arc::new(SessionContext::new_with_state(state));
     // Cannot fail: `late` was created above and bound nowhere else.

@@ -10,10 +10,11 @@
 //! qualified names. It yields no row, as the empty relation did.
 //!
 //! The bytes carry a table as DataFusion's plan format knows it: a listing
-//! table, a view, an empty table, a recursive query's work table. A scan of
-//! anything else (a table function such as `generate_series`, an in-memory
-//! table) cannot cross; [`refuse_uncarried_scans`] names it before the
-//! encoder fails with words about a codec.
+//! table, a view, an empty table, a recursive query's work table. Anything
+//! else (a table function such as `generate_series`, an in-memory table)
+//! crosses through the plugin's logical codec, by value. A plugin built
+//! before that codec cannot carry it: [`refuse_uncarried_scans`] names such
+//! a scan before the encoder fails with words about a codec.
 
 use std::sync::Arc;
 
@@ -34,7 +35,14 @@ use datafusion_ffi::query_planner::ForeignQueryPlanner;
 /// The plugin's planner, handed plans whose empty relations keep their
 /// columns across the boundary (see the module docs).
 #[derive(Debug)]
-pub struct PluginQueryPlanner(pub ForeignQueryPlanner);
+pub struct PluginQueryPlanner {
+    /// The plugin's planner, across the boundary.
+    pub planner: ForeignQueryPlanner,
+    /// Whether the session's logical codec is the plugin's, which carries
+    /// every table; without it, scans the plan format cannot carry are
+    /// refused by name.
+    pub carries_tables: bool,
+}
 
 #[async_trait]
 impl QueryPlanner for PluginQueryPlanner {
@@ -43,9 +51,11 @@ impl QueryPlanner for PluginQueryPlanner {
         logical_plan: &LogicalPlan,
         session: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        refuse_uncarried_scans(logical_plan)?;
+        if !self.carries_tables {
+            refuse_uncarried_scans(logical_plan)?;
+        }
         let plan = typed_empty_relations(logical_plan.clone())?;
-        self.0.create_physical_plan(&plan, session).await
+        self.planner.create_physical_plan(&plan, session).await
     }
 }
 
