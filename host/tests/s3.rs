@@ -319,6 +319,91 @@ fn tpch_q1_q3_q9_q18_give_the_local_answer_through_s3() {
     }
 }
 
+/// TPC-H with its tables on S3: copied there by `dfx tpch --tables-on`,
+/// then read from the bucket by stock DataFusion, by the dfx session in one
+/// process and by the workers, with stage output on S3 and on a local
+/// directory; every answer agrees with stock's.
+#[test]
+fn tpch_with_its_tables_on_s3_agrees_with_stock_reading_the_same_bucket() {
+    let moto = Moto::start(false);
+    moto.create_bucket(BUCKET);
+    moto.create_bucket("dfx-tables");
+    let data = tempfile::Builder::new()
+        .prefix("dfx-s3-tables-")
+        .tempdir()
+        .unwrap();
+    let shuffle_on_s3 = format!("s3://{BUCKET}/tables-run");
+    let local_shuffle = data.path().join("shuffle").display().to_string();
+    for shuffle in [shuffle_on_s3.as_str(), local_shuffle.as_str()] {
+        let json = data.path().join("report.json");
+        let out = dfx_s3(
+            &moto.endpoint,
+            ACCESS_KEY,
+            &[
+                "tpch",
+                "--scale",
+                "0.01",
+                "--partitions",
+                "2",
+                "--queries",
+                "1,3,5,9,18",
+                "--runs",
+                "1",
+                "--data-dir",
+                data.path().join("data").to_str().unwrap(),
+                "--tables-on",
+                "s3://dfx-tables/tpch",
+                "--shuffle-dir",
+                shuffle,
+                "--json",
+                json.to_str().unwrap(),
+            ],
+        );
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        assert!(out.status.success(), "{shuffle}: {stdout}\n{stderr}");
+        assert!(
+            stdout.contains("tables on s3://dfx-tables/tpch"),
+            "{stdout}"
+        );
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert!(report.to_string().contains("agree"), "{report}");
+    }
+    // Every table's files are objects of the bucket.
+    let keys = moto.keys("dfx-tables", "tpch/");
+    for table in ["lineitem", "orders", "nation"] {
+        assert!(
+            keys.iter()
+                .any(|k| k.contains(&format!("/{table}/")) && k.ends_with(".parquet")),
+            "{table}: {keys:#?}"
+        );
+    }
+}
+
+/// A table on a bucket that does not exist: refused while the driver
+/// registers it, naming the table, before any task.
+#[test]
+fn a_table_on_a_missing_bucket_is_refused_by_name() {
+    let moto = Moto::start(false);
+    let out = dfx_s3(
+        &moto.endpoint,
+        ACCESS_KEY,
+        &[
+            "run",
+            "--table",
+            "t=s3://no-such-bucket/t/",
+            "SELECT count(*) FROM t",
+        ],
+    );
+    let stderr = text(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("table t (s3://no-such-bucket/t/)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("map 0"), "{stderr}");
+}
+
 /// `dfx run` over `url` through `endpoint` with `key`, with workers that
 /// would leave a trace if one ever started: it must fail before any task,
 /// naming the URL and `reason`.

@@ -156,6 +156,9 @@ def table_statement(name: str, json: str) -> str:
 def effective_target_partitions(json: str) -> int:
     """The spec's partitions, raised to its largest table's file count."""
 
+def unreadable_file(name: str, json: str, store_options: dict[str, str]) -> str | None:
+    """Which file of the table cannot be registered, and why; or None."""
+
 def parse_script(sql: str) -> tuple[str, list[str]]:
     """A script's tables (a JSON object of definitions) and its queries' texts."""
 

@@ -372,12 +372,19 @@ def _register_table(
             allow_http=allow_http,
         )
         ctx.register_object_store(f"s3://{bucket}", store)
-    statement = _internal.table_statement(name, json.dumps(_table_json(table)))
+    table_json = json.dumps(_table_json(table))
+    statement = _internal.table_statement(name, table_json)
     try:
         # Run by ``sql`` itself: the empty frame it answers is not collected.
         ctx.sql(statement)
     except Exception as err:
-        message = f"cannot register table {name} over {definition.location}: {err}"
+        # Which file, when one is to blame: DataFusion names the location.
+        file = _internal.unreadable_file(name, table_json, store_options)
+        message = (
+            f"cannot register {file}"
+            if file is not None
+            else f"cannot register table {name} over {definition.location}: {err}"
+        )
         raise ValueError(message) from err
     partitions = [column for column, _ in definition.partition_columns]
     if partitions:

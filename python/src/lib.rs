@@ -77,6 +77,7 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spec::table_statement, m)?)?;
     m.add_function(wrap_pyfunction!(spec::effective_target_partitions, m)?)?;
     m.add_function(wrap_pyfunction!(spec::parse_script, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::unreadable_file, m)?)?;
     spec::add_constants(m)?;
     m.add_function(wrap_pyfunction!(settings::session_settings, m)?)?;
     m.add_class::<scheduler::WorkerPool>()?;

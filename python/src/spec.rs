@@ -58,6 +58,31 @@ pub fn effective_target_partitions(py: Python<'_>, json: &str) -> PyResult<usize
         .map_err(from_runtime)
 }
 
+/// Which file of the table `json` defines cannot be registered, and why
+/// (`"table t: /d/x.parquet cannot be read as parquet: ..."`), or `None`:
+/// asked after registering the table failed, so the error names the file.
+///
+/// Raises:
+///     ValueError: A definition or store options that do not parse.
+#[pyfunction]
+pub fn unreadable_file(
+    py: Python<'_>,
+    name: &str,
+    json: &str,
+    store_options: std::collections::BTreeMap<String, String>,
+) -> PyResult<Option<String>> {
+    let table: TableDefinition = serde_json::from_str(json)
+        .map_err(|e| PyValueError::new_err(format!("table {name}: {e}")))?;
+    let runtime = crate::blocking::runtime()?;
+    Ok(py.detach(|| {
+        runtime.block_on(dfx_runtime::tables::unreadable_file(
+            name,
+            &table,
+            &store_options,
+        ))
+    }))
+}
+
 /// A script's tables and queries: each `CREATE EXTERNAL TABLE` as a
 /// definition (a JSON object of name to definition), then each query's text.
 ///

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use datafusion::datasource::listing::ListingTableUrl;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::object_store::ObjectStoreUrl;
 use futures::TryStreamExt;
 use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
@@ -119,6 +120,81 @@ pub async fn table_file_count(
         )));
     }
     Ok(count)
+}
+
+/// Which file of table `name` DataFusion cannot register, and why, when a
+/// whole table could not be: each file is read alone as the table's format
+/// reads it, and the files' schemas are compared, so the error names the
+/// file (a corrupt footer, a line that does not parse, a column whose type
+/// differs from the first file's). `None` when every file reads alike.
+///
+/// Called only after registering the table failed: it reads every file's
+/// schema again.
+pub async fn unreadable_file(
+    name: &str,
+    table: &TableDefinition,
+    store_options: &BTreeMap<String, String>,
+) -> Option<String> {
+    let location = table.clone().absolute().ok()?;
+    let url = ListingTableUrl::parse(location.location.as_str()).ok()?;
+    let bucket = location.s3_bucket().map(str::to_string);
+    let store: Arc<dyn ObjectStore> = match &bucket {
+        Some(bucket) => s3_store(bucket, store_options).ok()?,
+        None => Arc::new(LocalFileSystem::new()),
+    };
+    let ctx = datafusion::prelude::SessionContext::new();
+    if let Some(bucket) = &bucket {
+        let store_url = ObjectStoreUrl::parse(format!("s3://{bucket}")).ok()?;
+        ctx.register_object_store(store_url.as_ref(), Arc::clone(&store));
+    }
+    let state = ctx.state();
+    let extension = file_extension(table);
+    let files: Vec<_> = url
+        .list_all_files(&state, store.as_ref(), &extension)
+        .await
+        .ok()?
+        .try_collect()
+        .await
+        .ok()?;
+    let mut first: Option<(String, datafusion::arrow::datatypes::SchemaRef)> = None;
+    for file in files {
+        let path = match &bucket {
+            Some(bucket) => format!("s3://{bucket}/{}", file.location),
+            None => format!("/{}", file.location),
+        };
+        let mut probe = table.clone();
+        probe.location = path.clone();
+        probe.partition_columns.clear();
+        let schema = match ctx.sql(&probe.create_statement("dfx_probe")).await {
+            Ok(_) => ctx.table("dfx_probe").await.ok()?.schema().inner().clone(),
+            Err(err) => {
+                return Some(format!(
+                    "table {name}: {path} cannot be read as {}: {err}",
+                    table.format
+                ));
+            }
+        };
+        let _ = ctx.deregister_table("dfx_probe");
+        match &first {
+            None => first = Some((path, schema)),
+            Some((first_path, first_schema)) => {
+                for field in schema.fields() {
+                    if let Ok(other) = first_schema.field_with_name(field.name())
+                        && other.data_type() != field.data_type()
+                    {
+                        return Some(format!(
+                            "table {name}: column {} is {} in {path} but {} in {first_path}; \
+                             every file of a table must give a column one type",
+                            field.name(),
+                            field.data_type(),
+                            other.data_type()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    None
 }
 
 /// The partitions a session built from `spec` plans for: its

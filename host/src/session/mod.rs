@@ -538,7 +538,15 @@ async fn register_table(
     }
     // Run by `sql` itself: the empty frame it answers needs no collect,
     // which would plan it (with stages, in a distributing session).
-    ctx.sql(&table.create_statement(name)).await.context(what)?;
+    if let Err(err) = ctx.sql(&table.create_statement(name)).await {
+        // Which file, when one is to blame: DataFusion names the table's
+        // location at most.
+        let file = dfx_runtime::tables::unreadable_file(name, &table, &spec.store_options).await;
+        return Err(match file {
+            Some(file) => HostError::Invalid(format!("cannot register {file}")),
+            None => HostError::datafusion(what(), err),
+        });
+    }
     check_partition_columns(ctx, name, &table).await
 }
 
