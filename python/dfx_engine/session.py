@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import datafusion
 from datafusion import SessionConfig, SessionContext
-from datafusion.expr import TableScan
+from datafusion.expr import EmptyRelation, TableScan
 from datafusion.object_store import AmazonS3
 
 from dfx_engine import _internal
@@ -412,11 +412,13 @@ def build_worker_session(
     return build_session(spec, register_tables=False)
 
 
-UNSUPPORTED_REASONS = ("deep_plan", "table_function")
+UNSUPPORTED_REASONS = ("deep_plan", "table_function", "empty_relation")
 """Why a session cannot plan a query (:attr:`UnsupportedQueryError.reason`).
 
 ``deep_plan``: the plan nests deeper than datafusion-python decodes;
-``table_function``: it reads a table the plan format cannot carry.
+``table_function``: it reads a table the plan format cannot carry;
+``empty_relation``: the optimizer proved part of it empty (``WHERE false``),
+and the plan format carries an empty relation without its columns.
 """
 
 # DataFusion's words for the two refusals, matched once, to reword them for
@@ -425,6 +427,7 @@ UNSUPPORTED_REASONS = ("deep_plan", "table_function")
 _PROST_DECODE = "failed to decode Protobuf message"
 _PROST_DEPTH = "recursion limit reached"
 _UNENCODED_TABLE = "Error serializing custom table"
+_NO_FIELD = "No field named"
 
 
 class UnsupportedQueryError(NotImplementedError):
@@ -497,7 +500,34 @@ def _unsupported(
             "register the data as a table instead"
         )
         return UnsupportedQueryError(message, "table_function", tables)
+    if _NO_FIELD in text and _has_empty_relation(df):
+        message = (
+            "dfx cannot plan this query in Python: DataFusion's optimizer proved "
+            "part of it empty (an always-false filter such as WHERE false or "
+            "1 = 0), and datafusion-python hands dfx's planner that empty "
+            "relation in DataFusion's plan format, which keeps no columns, so "
+            "the operators above it cannot find theirs. Drop the always-false "
+            "condition, or run the query with the Rust host (`dfx run`), which "
+            "hands over the empty relation with its columns. "
+            f"DataFusion said: {text.splitlines()[0]}"
+        )
+        return UnsupportedQueryError(message, "empty_relation")
     return None
+
+
+def _has_empty_relation(df: DataFrame) -> bool:
+    """Whether ``df``'s optimized plan holds an empty relation with columns."""
+    try:
+        plan = df.optimized_logical_plan()
+    except Exception:
+        return False
+    pending: list[LogicalPlan] = [plan]
+    while pending:
+        node = pending.pop()
+        if isinstance(node.to_variant(), EmptyRelation):
+            return True
+        pending.extend(node.inputs())
+    return False
 
 
 def _uncarried_tables(ctx: SessionContext, df: DataFrame) -> tuple[str, ...]:

@@ -240,3 +240,25 @@ def test_quantified_subqueries_run_distributed_as_they_run_locally(
     assert as_rows(run_local(sql, spec())) == [{"n": n}]
     result = run_distributed(sql, spec(), pool=pool)
     assert as_rows(result.batches) == [{"n": n}]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT count(v) AS n FROM t WHERE false",
+        "SELECT sum(s.v) AS n FROM (SELECT v FROM t WHERE 1 = 0) s",
+    ],
+)
+def test_an_empty_relation_is_refused_in_plain_words(
+    spec: Callable[[], SessionSpec], pool: WorkerPool, sql: str
+) -> None:
+    for run in (
+        lambda: run_local(sql, spec()),
+        lambda: run_distributed(sql, spec(), pool=pool),
+    ):
+        with pytest.raises(
+            UnsupportedQueryError, match="proved part of it empty"
+        ) as err:
+            run()
+        assert err.value.reason == "empty_relation"
+        assert "dfx run" in str(err.value)
