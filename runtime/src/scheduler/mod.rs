@@ -3,11 +3,18 @@
 //!
 //! ```text
 //! encoded stages + spec ─► graph (ids, deps, maps) ─► tasks (plan files, envelopes)
-//!   ─► wave 1: stages reading nothing ─► wave 2: stages whose deps are done ─► ...
+//!   ─► ready queue: a stage's tasks enter it once every stage it reads is
+//!      published; a free slot takes the task on the longest remaining path
 //!        each task on the executor (pool | process | foreign), at most `max_workers`
 //!        at once, attempt after attempt (see `attempts`)
 //!   ─► QueryRun: the host reads the root; lost output it finds runs again
 //! ```
+//!
+//! No barrier between the graph's levels (its waves): a stage starts while
+//! unrelated stages of an earlier level still run. The waves remain the
+//! unit of the failure report: once a task fails, no task of a later wave
+//! starts, every task of the failed wave and before runs out, and the
+//! failures of the first failed wave are reported together.
 //!
 //! Both hosts drive queries through [`Scheduler::run`] and
 //! [`QueryRun::read_root`]: the Rust host with its plan, the Python package
@@ -23,12 +30,14 @@ pub mod pool;
 pub mod process;
 pub mod task;
 
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use dfx_abi::{FailureClass, Plugin};
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 
 pub use attempts::{Attempts, DEFAULT_MAX_ATTEMPTS};
 pub use claim::ClaimedLocation;
@@ -169,8 +178,8 @@ impl Scheduler {
         self.executor.name()
     }
 
-    /// Run every task of `stages` (a query's, in pre-order), stage after
-    /// stage as their inputs are published; `spec` is shipped to every
+    /// Run every task of `stages` (a query's, in pre-order), each as soon as
+    /// every stage it reads is published (see the module doc); `spec` is shipped to every
     /// worker (with the codec ids the host encoded with) and `task_dir`
     /// receives the encoded stages. Envelopes travel inline unless
     /// `envelope_files`.
@@ -218,6 +227,7 @@ impl Scheduler {
         // One for the whole query: a lost map of an earlier wave is run again
         // from its first envelope, and attempt numbers never repeat.
         let attempts = Attempts::new(&tasks, self.options.attempts());
+        let (tasks, failures) = self.run_ready(&infos, &waves, &tasks, &attempts).await;
         let mut run = QueryRun {
             scheduler: self.clone(),
             attempts,
@@ -226,33 +236,172 @@ impl Scheduler {
             tasks: Vec::new(),
             reports: TaskReports::new(),
         };
-        for (index, wave) in waves.iter().enumerate() {
-            let wave_tasks: Vec<Task> = tasks
-                .iter()
-                .filter(|t| wave.contains(&t.stage_id))
-                .cloned()
-                .collect();
-            // A wave returns only once every task of it has ended, and a
-            // failed wave stops the query: no stage ever runs over an input
-            // that was not published.
-            match self.run_wave(&wave_tasks, &run.attempts).await {
-                Ok(reports) => run.reports.extend(reports),
-                Err(RuntimeError::Workers {
-                    total, failures, ..
-                }) => {
-                    return Err(RuntimeError::Workers {
-                        wave: Some(index + 1),
-                        stages: wave.clone(),
-                        total,
-                        failures,
-                    });
+        match failures {
+            None => {
+                for (task, report) in tasks {
+                    run.tasks.push(task);
+                    run.reports.insert(task, report);
                 }
-                Err(other) => return Err(other),
+                Ok(run)
             }
-            run.tasks
-                .extend(wave_tasks.iter().map(|t| (t.stage_id, t.map)));
+            Some(failed) => Err(failed),
         }
-        Ok(run)
+    }
+
+    /// Every task of `tasks` through the ready queue: the reports in
+    /// dispatch order, or the failure report of the first wave that had a
+    /// failure (see the module doc).
+    async fn run_ready(
+        &self,
+        infos: &[StageInfo],
+        waves: &[Vec<u64>],
+        tasks: &[Task],
+        attempts: &Attempts,
+    ) -> (Vec<((u64, usize), TaskReport)>, Option<RuntimeError>) {
+        let slots = self.options.slots();
+        let timeout = self.options.task_timeout;
+        let executor = self.executor.as_ref();
+        let progress = self.options.progress.clone();
+        if let Some(progress) = &progress {
+            progress.start(tasks.len());
+        }
+        let wave_of: BTreeMap<u64, usize> = waves
+            .iter()
+            .enumerate()
+            .flat_map(|(index, wave)| wave.iter().map(move |&stage| (stage, index)))
+            .collect();
+        let remaining_path = remaining_paths(infos);
+        let mut unpublished: BTreeMap<u64, usize> = infos
+            .iter()
+            .map(|info| (info.stage_id, info.maps))
+            .collect();
+        let mut waiting: BTreeMap<u64, BTreeSet<u64>> = infos
+            .iter()
+            .map(|info| (info.stage_id, info.deps.iter().copied().collect()))
+            .collect();
+        let mut ready: BinaryHeap<Ready> = BinaryHeap::new();
+        // Queue the tasks of `stage`, whose inputs are all published; a
+        // stage of no map is published at once, and may ready its readers.
+        let enqueue = |ready: &mut BinaryHeap<Ready>,
+                       waiting: &mut BTreeMap<u64, BTreeSet<u64>>,
+                       stage: u64| {
+            let mut pending = vec![stage];
+            while let Some(stage) = pending.pop() {
+                let mut any = false;
+                for (index, task) in tasks.iter().enumerate() {
+                    if task.stage_id == stage {
+                        any = true;
+                        ready.push(Ready {
+                            path: remaining_path[&stage],
+                            stage,
+                            map: task.map,
+                            index,
+                        });
+                    }
+                }
+                if !any {
+                    pending.extend(published(waiting, stage));
+                }
+            }
+        };
+        let sources: Vec<u64> = infos
+            .iter()
+            .filter(|info| info.deps.is_empty())
+            .map(|info| info.stage_id)
+            .collect();
+        for stage in sources {
+            enqueue(&mut ready, &mut waiting, stage);
+        }
+        let mut running = FuturesUnordered::new();
+        let mut dispatched: Vec<usize> = Vec::new();
+        let mut done: Vec<((u64, usize), TaskReport)> = Vec::new();
+        // (dispatch position, wave, failure) of every task that failed.
+        let mut failures: Vec<(usize, usize, crate::TaskFailure)> = Vec::new();
+        loop {
+            // After a failure no later wave starts: the report is the first
+            // failed wave's, with every task of it run out.
+            let last_wave = failures.iter().map(|(_, wave, _)| *wave).min();
+            while running.len() < slots {
+                let Some(next) = ready.peek() else {
+                    break;
+                };
+                if last_wave.is_some_and(|last| wave_of[&next.stage] > last) {
+                    break;
+                }
+                let next = ready.pop().expect("peeked");
+                let position = dispatched.len();
+                dispatched.push(next.index);
+                let task = &tasks[next.index];
+                running.push(async move {
+                    let outcome =
+                        attempts::run_with_attempts(executor, attempts, task, slots, timeout).await;
+                    (position, task, outcome)
+                });
+            }
+            let Some((position, task, outcome)) = running.next().await else {
+                break;
+            };
+            if let Some(progress) = &progress {
+                progress.task_done();
+            }
+            match outcome {
+                Ok(report) => {
+                    done.push(((task.stage_id, task.map), report));
+                    let left = unpublished.entry(task.stage_id).or_default();
+                    *left = left.saturating_sub(1);
+                    if *left == 0 {
+                        // Published: its readers may be ready now.
+                        for stage in published(&mut waiting, task.stage_id) {
+                            enqueue(&mut ready, &mut waiting, stage);
+                        }
+                    }
+                }
+                Err(failure) => failures.push((position, wave_of[&task.stage_id], failure)),
+            }
+        }
+        if let Some(progress) = &progress {
+            progress.finish();
+        }
+        if failures.is_empty() && done.len() < tasks.len() {
+            // Cannot happen for a graph `waves` accepted; said rather than
+            // returning a run with tasks missing.
+            let error = RuntimeError::Invalid(format!(
+                "{} of {} tasks never became ready",
+                tasks.len() - done.len(),
+                tasks.len()
+            ));
+            return (Vec::new(), Some(error));
+        }
+        let Some(first_wave) = failures.iter().map(|(_, wave, _)| *wave).min() else {
+            // In dispatch order, as the tasks started.
+            let order: BTreeMap<(u64, usize), usize> = dispatched
+                .iter()
+                .enumerate()
+                .map(|(position, &index)| ((tasks[index].stage_id, tasks[index].map), position))
+                .collect();
+            done.sort_by_key(|(key, _)| order[key]);
+            return (done, None);
+        };
+        // Failures in dispatch order, not completion order, so a message
+        // reads the same from one run to the next.
+        failures.sort_by_key(|(position, _, _)| *position);
+        let stages = waves[first_wave].clone();
+        let total = tasks
+            .iter()
+            .filter(|t| stages.contains(&t.stage_id))
+            .count();
+        let failures = failures
+            .into_iter()
+            .filter(|(_, wave, _)| *wave == first_wave)
+            .map(|(_, _, failure)| failure)
+            .collect();
+        let error = RuntimeError::Workers {
+            wave: Some(first_wave + 1),
+            stages,
+            total,
+            failures,
+        };
+        (Vec::new(), Some(error))
     }
 
     /// Run `tasks` outside any query's graph (each once, with its attempts),
@@ -323,6 +472,74 @@ impl Scheduler {
             failures,
         })
     }
+}
+
+/// `stage` is published: take it off each reader's wait list, and answer
+/// the readers now waiting for nothing.
+fn published(waiting: &mut BTreeMap<u64, BTreeSet<u64>>, stage: u64) -> Vec<u64> {
+    let mut ready = Vec::new();
+    for (&reader, deps) in waiting.iter_mut() {
+        if deps.remove(&stage) && deps.is_empty() {
+            ready.push(reader);
+        }
+    }
+    ready
+}
+
+/// A task in the ready queue: the longest remaining path first, then the
+/// stage first in pre-order, then its maps in order.
+#[derive(Debug, PartialEq, Eq)]
+struct Ready {
+    /// Stages from this one to the root, this one and the root included.
+    path: usize,
+    stage: u64,
+    map: usize,
+    /// Its position in the query's task list.
+    index: usize,
+}
+
+impl Ord for Ready {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.path
+            .cmp(&other.path)
+            .then_with(|| other.stage.cmp(&self.stage))
+            .then_with(|| other.map.cmp(&self.map))
+    }
+}
+
+impl PartialOrd for Ready {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// For each stage, the stages on the longest chain from it to the root
+/// (itself and the root included): the critical path it starts, as far as
+/// the graph alone tells, before any task has run.
+fn remaining_paths(infos: &[StageInfo]) -> BTreeMap<u64, usize> {
+    fn path(stage: u64, infos: &[StageInfo], paths: &mut BTreeMap<u64, usize>) -> usize {
+        if let Some(&known) = paths.get(&stage) {
+            return known;
+        }
+        let readers: Vec<u64> = infos
+            .iter()
+            .filter(|reader| reader.deps.contains(&stage))
+            .map(|reader| reader.stage_id)
+            .collect();
+        // The graph was checked for cycles (`waves`), so this ends.
+        let longest = readers
+            .into_iter()
+            .map(|reader| path(reader, infos, paths))
+            .max()
+            .unwrap_or(0);
+        paths.insert(stage, longest + 1);
+        longest + 1
+    }
+    let mut paths = BTreeMap::new();
+    for info in infos {
+        path(info.stage_id, infos, &mut paths);
+    }
+    paths
 }
 
 /// Write every stage's plan file into `task_dir` and make one task per map:
@@ -473,5 +690,181 @@ impl QueryRun {
     /// The executor's name.
     pub fn executor_name(&self) -> String {
         self.scheduler.executor_name()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::error::{Retry, TaskFailure};
+
+    fn info(stage_id: u64, deps: &[u64]) -> StageInfo {
+        StageInfo {
+            stage_id,
+            shuffle_dir: "/s".into(),
+            maps: 1,
+            buckets: 1,
+            deps: deps.to_vec(),
+            partitioning: "single".into(),
+        }
+    }
+
+    /// Runs a task in process: it takes its stage's time and records when it
+    /// started and ended. The times differ by far more than a busy machine
+    /// delays a timer, so the order of events is the scheduler's.
+    #[derive(Debug, Default)]
+    struct Timed {
+        millis: BTreeMap<u64, u64>,
+        failing: BTreeSet<u64>,
+        events: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl Executor for Timed {
+        async fn run(
+            &self,
+            task: &Task,
+            _slots: usize,
+        ) -> std::result::Result<TaskReport, TaskFailure> {
+            let log = |what: &str| {
+                let event = format!("{what} {}", task.stage_id);
+                self.events.lock().unwrap().push(event);
+            };
+            log("start");
+            let millis = self.millis.get(&task.stage_id).copied().unwrap_or(1);
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+            log("end");
+            if self.failing.contains(&task.stage_id) {
+                return Err(TaskFailure {
+                    stage_id: task.stage_id,
+                    map: task.map,
+                    reason: "failed on purpose".into(),
+                    stderr: String::new(),
+                    retry: Retry::No,
+                });
+            }
+            Ok(TaskReport {
+                rows: 1,
+                bytes: None,
+                elapsed_ms: None,
+                wall_ms: 0.0,
+                worker: None,
+                attempt: 0,
+            })
+        }
+
+        fn name(&self) -> String {
+            "timed".into()
+        }
+    }
+
+    fn tasks(infos: &[StageInfo]) -> Vec<Task> {
+        infos
+            .iter()
+            .map(|info| Task {
+                stage_id: info.stage_id,
+                map: 0,
+                envelope: format!("/t/{}", info.stage_id).into(),
+                inline: None,
+            })
+            .collect()
+    }
+
+    async fn run(
+        executor: Arc<Timed>,
+        infos: &[StageInfo],
+        slots: usize,
+    ) -> Result<Vec<(u64, usize)>> {
+        let scheduler = Scheduler::new(
+            executor,
+            SchedulerOptions {
+                max_workers: Some(slots),
+                max_attempts: 1,
+                ..SchedulerOptions::default()
+            },
+        );
+        let waves = waves(infos)?;
+        let tasks = tasks(infos);
+        let attempts = Attempts::new(&tasks, 1);
+        match scheduler.run_ready(infos, &waves, &tasks, &attempts).await {
+            (done, None) => Ok(done.into_iter().map(|(task, _)| task).collect()),
+            (_, Some(error)) => Err(error),
+        }
+    }
+
+    /// 1 reads 2 and 3; 2 reads 4. Waves: [3, 4], [2], [1].
+    fn graph() -> Vec<StageInfo> {
+        vec![info(1, &[2, 3]), info(2, &[4]), info(3, &[]), info(4, &[])]
+    }
+
+    #[tokio::test]
+    async fn a_stage_starts_when_its_own_inputs_are_published_not_its_waves() {
+        // 3 is slow; 2 needs only 4, so it starts while 3 still runs.
+        let executor = Arc::new(Timed {
+            millis: [(3, 600), (4, 10), (2, 10), (1, 10)].into(),
+            ..Timed::default()
+        });
+        let order = run(Arc::clone(&executor), &graph(), 2).await.unwrap();
+        assert_eq!(order, vec![(4, 0), (3, 0), (2, 0), (1, 0)]);
+        let events = executor.events.lock().unwrap().clone();
+        let at = |event: &str| events.iter().position(|e| e == event).unwrap();
+        assert!(at("start 2") < at("end 3"), "{events:?}");
+        assert!(
+            at("end 2") < at("start 1") && at("end 3") < at("start 1"),
+            "{events:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_free_slot_takes_the_task_on_the_longest_remaining_path() {
+        // One slot: 4 (three stages to the root) before 3 (two).
+        let executor = Arc::new(Timed::default());
+        let order = run(executor, &graph(), 1).await.unwrap();
+        assert_eq!(order, vec![(4, 0), (2, 0), (3, 0), (1, 0)]);
+        let paths = remaining_paths(&graph());
+        assert_eq!(paths, [(1, 1), (2, 2), (3, 2), (4, 3)].into());
+    }
+
+    #[tokio::test]
+    async fn a_failure_stops_later_waves_and_reports_its_wave_whole() {
+        // 4 fails; 3, of the same wave, still runs and its reader does not.
+        let executor = Arc::new(Timed {
+            millis: [(3, 50)].into(),
+            failing: [4].into(),
+            ..Timed::default()
+        });
+        let err = run(Arc::clone(&executor), &graph(), 2).await.unwrap_err();
+        let events = executor.events.lock().unwrap().clone();
+        assert!(events.contains(&"end 3".to_string()), "{events:?}");
+        assert!(
+            !events.iter().any(|e| e == "start 2" || e == "start 1"),
+            "{events:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("1 of 2 worker task(s) failed in wave 1 (stages [3, 4])"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stage_of_no_map_is_published_at_once() {
+        let mut infos = graph();
+        infos[3].maps = 0;
+        let executor = Arc::new(Timed::default());
+        let scheduler = Scheduler::new(executor, SchedulerOptions::default());
+        let waves = waves(&infos).unwrap();
+        let tasks: Vec<Task> = tasks(&infos)
+            .into_iter()
+            .filter(|t| t.stage_id != 4)
+            .collect();
+        let attempts = Attempts::new(&tasks, 1);
+        let (done, error) = scheduler.run_ready(&infos, &waves, &tasks, &attempts).await;
+        assert!(error.is_none(), "{error:?}");
+        assert_eq!(done.len(), 3);
     }
 }
