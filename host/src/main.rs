@@ -45,8 +45,8 @@ struct QueryArgs {
     /// The plugin file (default: $DFX_PLUGIN, else beside this executable).
     #[arg(long, value_name = "PATH")]
     plugin: Option<PathBuf>,
-    /// A table: NAME=LOCATION, a directory, one file or a glob, as a local
-    /// path, file://... or s3://BUCKET/PREFIX (one partition per file).
+    /// A table: NAME=LOCATION, a directory or one file, as a local path,
+    /// file://... or s3://BUCKET/PREFIX (one partition per file).
     /// Repeatable. Its format is --table-format, else the location's
     /// extension, else Parquet. A script's CREATE EXTERNAL TABLE says more
     /// (options, partition columns).
@@ -304,8 +304,8 @@ fn spec_of(args: &QueryArgs, script: &Script) -> Result<SessionSpec> {
     let mut tables: Vec<(String, TableDefinition)> = Vec::new();
     for (name, location) in &args.tables {
         let format = args.table_format.unwrap_or_else(|| {
-            // A glob's or a file's extension says the format; a directory's
-            // name says nothing.
+            // A file's extension says the format; a directory's name says
+            // nothing.
             TableFormat::from_file_name(location.trim_end_matches('/'))
                 .unwrap_or(TableFormat::Parquet)
         });

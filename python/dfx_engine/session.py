@@ -98,7 +98,8 @@ class Table:
 
     Attributes:
         location: A local path, ``file://...`` or ``s3://bucket/prefix``: a
-            directory, one file, or a glob (``/data/t/part-*.csv``).
+            directory or one file. A glob is refused: DataFusion's plan format
+            drops it, and a stage would read every file of its directory.
         format: One of :data:`TABLE_FORMATS`.
         options: Format options as ``OPTIONS`` takes them, such as
             ``{"format.has_header": "true", "format.delimiter": ";"}``.
@@ -165,8 +166,8 @@ class SessionSpec:
     """What a session is built from; travels to workers as JSON.
 
     Attributes:
-        tables: Table name to a location of Parquet files (a directory, one
-            file or a glob; local or ``s3://``), or to a :class:`Table` of
+        tables: Table name to a location of Parquet files (a directory or one
+            file; local or ``s3://``), or to a :class:`Table` of
             another format, options or partition columns.
         shuffle_dir: Where stages publish (a path, ``file://`` or
             ``s3://bucket/prefix``). Empty means "do not distribute": the
@@ -371,7 +372,9 @@ def _register_table(
             endpoint=endpoint,
             allow_http=allow_http,
         )
-        ctx.register_object_store(f"s3://{bucket}", store)
+        # datafusion-python keys the store by scheme and host, the host
+        # defaulting to the store's bucket: "s3://" names this bucket.
+        ctx.register_object_store("s3://", store)
     table_json = json.dumps(_table_json(table))
     statement = _internal.table_statement(name, table_json)
     try:
@@ -387,17 +390,32 @@ def _register_table(
         )
         raise ValueError(message) from err
     partitions = [column for column, _ in definition.partition_columns]
-    if partitions:
+    if not partitions:
+        return
+    try:
         fields = ctx.table(name).schema().names
-        files = fields[: len(fields) - len(partitions)]
-        clash = [column for column in partitions if column in files]
-        if clash:
-            message = (
-                f"table {name} ({definition.location}): partition column "
-                f"{clash[0]} is also a column of its files; name the partition "
-                "column differently or leave it out of the definition"
-            )
-            raise ValueError(message)
+    except Exception as err:
+        # DataFusion refuses the table's schema when a partition column
+        # repeats a file column: said as the clash it is.
+        repeated = [column for column in partitions if column in str(err)]
+        if repeated:
+            raise _partition_clash(name, definition.location, repeated[0]) from err
+        message = f"table {name} ({definition.location}): {err}"
+        raise ValueError(message) from err
+    files = fields[: len(fields) - len(partitions)]
+    clash = [column for column in partitions if column in files]
+    if clash:
+        raise _partition_clash(name, definition.location, clash[0])
+
+
+def _partition_clash(name: str, location: str, column: str) -> ValueError:
+    """The error for partition column ``column`` also being a file column."""
+    message = (
+        f"table {name} ({location}): partition column {column} is also a column "
+        "of its files; name the partition column differently or leave it out "
+        "of the definition"
+    )
+    return ValueError(message)
 
 
 def build_worker_session(

@@ -350,6 +350,9 @@ enum Tables {
 }
 
 async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<DfxSession> {
+    // A spec made in code was never read from JSON: checked here as one read
+    // would be (its tables' definitions among the rest).
+    spec.validate()?;
     let plugin_what = |what: &str| format!("dfx plugin {}: {what}", plugin.path().display());
     let late = Arc::new(LateTaskContext::default());
     let provider: Arc<dyn TaskContextProvider> = late.clone();

@@ -17,7 +17,9 @@
 //! ```
 //!
 //! A location is a local path, `file://...` or `s3://bucket/prefix`; it names
-//! a directory, one file, or a glob (`/data/t/part-*.parquet`).
+//! a directory or one file. A glob (`/data/t/part-*.parquet`) is refused:
+//! DataFusion's plan format keeps a listing table's directory but drops its
+//! glob, so a stage would read every file beside the ones it selects.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -131,7 +133,8 @@ pub struct Column {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TableDefinition {
     /// Where the files are: a local path, `file://...` or
-    /// `s3://bucket/prefix`; a directory, one file or a glob.
+    /// `s3://bucket/prefix`; a directory or one file (see the module doc on
+    /// globs).
     pub location: String,
     /// How the files are stored.
     pub format: TableFormat,
@@ -349,6 +352,16 @@ impl TableDefinition {
                 "table {name}: location {} has the unsupported scheme {scheme}://; a table is \
                  a local path, file://... or s3://bucket/prefix",
                 self.location
+            ));
+        }
+        if self.location.contains(['*', '?', '[']) {
+            return Err(format!(
+                "table {name}: location {} is a glob; DataFusion's plan format carries a \
+                 table's directory but not its glob, so a stage would read every file of \
+                 {}. Name a directory (move the files the glob selects into one of their \
+                 own) or one file",
+                self.location,
+                self.root().display()
             ));
         }
         if self.is_s3() && self.s3_bucket().is_none() {
@@ -601,6 +614,7 @@ mod tests {
             (TableDefinition::parquet(""), "empty"),
             (TableDefinition::parquet("gs://b/t"), "unsupported scheme"),
             (TableDefinition::parquet("s3:///t"), "no bucket"),
+            (TableDefinition::parquet("/d/t/part-*.parquet"), "is a glob"),
             (
                 TableDefinition::parquet("/d")
                     .with_column("v", "INT")
