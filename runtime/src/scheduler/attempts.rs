@@ -148,7 +148,7 @@ impl Attempts {
         Ok((attempt, attempted))
     }
 
-    fn log(&self, line: String) {
+    pub(crate) fn log(&self, line: String) {
         self.lock().retries.push(line);
     }
 
@@ -222,6 +222,32 @@ pub(crate) fn run_with_attempts<'a>(
         unreachable!("every attempt returns or goes on to the next, and there is at least one")
     }
     .boxed()
+}
+
+/// One speculative attempt of `task` while its first attempt still runs
+/// (see [`super::speculation`]): a number of its own and no retry of its own,
+/// since the first attempt keeps its retries. `why` says what made it a
+/// straggler.
+///
+/// # Errors
+///
+/// The attempt's failure.
+pub(crate) async fn speculate(
+    executor: &dyn Executor,
+    attempts: &Attempts,
+    task: &Task,
+    limit: usize,
+    timeout: Option<Duration>,
+    why: &str,
+) -> Result<TaskReport, TaskFailure> {
+    let (attempt, attempted) = attempts.next(task)?;
+    attempts.log(format!(
+        "stage {} map {} attempt {attempt}: speculative, {why}",
+        task.stage_id, task.map
+    ));
+    let mut report = run_attempt(executor, &attempted, limit, timeout).await?;
+    report.attempt = attempt;
+    Ok(report)
 }
 
 /// Run the map whose output `reader` (`stage S map M`, or the query's root)

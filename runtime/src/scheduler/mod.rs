@@ -16,6 +16,10 @@
 //! starts, every task of the failed wave and before runs out, and the
 //! failures of the first failed wave are reported together.
 //!
+//! With [`SchedulerOptions::speculation`] set, a slot nothing is waiting for
+//! may run a second attempt of a task running well past its stage's median
+//! (see [`speculation`]); the first of the two to publish is the task's.
+//!
 //! Both hosts drive queries through [`Scheduler::run`] and
 //! [`QueryRun::read_root`]: the Rust host with its plan, the Python package
 //! with the plan its user's session made. What only a host can do (plan,
@@ -28,6 +32,7 @@ pub mod foreign;
 pub mod graph;
 pub mod pool;
 pub mod process;
+pub mod speculation;
 pub mod task;
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -37,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use dfx_abi::{FailureClass, Plugin};
 use futures::StreamExt;
+use futures::future::{AbortHandle, Aborted, BoxFuture, abortable};
 use futures::stream::FuturesUnordered;
 
 pub use attempts::{Attempts, DEFAULT_MAX_ATTEMPTS};
@@ -46,11 +52,24 @@ pub use foreign::{ForeignExecutor, ForeignFailure, ForeignRunner};
 pub use graph::{StageInfo, describe, waves};
 pub use pool::{Shutdown, WorkerPool};
 pub use process::{ProcessExecutor, WorkerCommand};
+pub use speculation::Speculation;
 pub use task::{Task, TaskReport, TaskReports, TaskRows};
 
 use crate::error::{Result, RuntimeError};
 use crate::protocol::{Envelope, envelope_path, plan_path};
 use crate::spec::{SessionSpec, same_location};
+use speculation::{Running, stage_median, straggler};
+
+/// How often the ready queue looks for stragglers while speculation is on.
+const SPECULATION_TICK: Duration = Duration::from_millis(100);
+
+/// One attempt's end: its task's index, whether it was the speculative
+/// twin, and its outcome (or that its twin published first and stopped it).
+type Finished = (
+    usize,
+    bool,
+    std::result::Result<std::result::Result<TaskReport, crate::TaskFailure>, Aborted>,
+);
 
 /// Told of each task that ended, for a progress display.
 pub trait Progress: Send + Sync {
@@ -75,6 +94,9 @@ pub struct SchedulerOptions {
     pub task_timeout: Option<Duration>,
     /// Told of each task that ends.
     pub progress: Option<Arc<dyn Progress>>,
+    /// A second attempt for a task running well past its stage's median;
+    /// `None` (the default): none.
+    pub speculation: Option<Speculation>,
 }
 
 impl std::fmt::Debug for SchedulerOptions {
@@ -84,6 +106,7 @@ impl std::fmt::Debug for SchedulerOptions {
             .field("max_attempts", &self.max_attempts)
             .field("task_timeout", &self.task_timeout)
             .field("progress", &self.progress.is_some())
+            .field("speculation", &self.speculation)
             .finish()
     }
 }
@@ -261,6 +284,7 @@ impl Scheduler {
         let slots = self.options.slots();
         let timeout = self.options.task_timeout;
         let executor = self.executor.as_ref();
+        let speculation = self.options.speculation;
         let progress = self.options.progress.clone();
         if let Some(progress) = &progress {
             progress.start(tasks.len());
@@ -312,7 +336,20 @@ impl Scheduler {
         for stage in sources {
             enqueue(&mut ready, &mut waiting, stage);
         }
-        let mut running = FuturesUnordered::new();
+        let maps_of: BTreeMap<u64, usize> = infos
+            .iter()
+            .map(|info| (info.stage_id, info.maps))
+            .collect();
+        let mut running: FuturesUnordered<BoxFuture<'_, Finished>> = FuturesUnordered::new();
+        // What stops each running attempt, by (task index, speculative).
+        let mut stoppers: BTreeMap<(usize, bool), AbortHandle> = BTreeMap::new();
+        // When each unfinished task was dispatched, and its dispatch position.
+        let mut began: BTreeMap<usize, (Instant, usize)> = BTreeMap::new();
+        // The times of each stage's finished tasks, for its median.
+        let mut times: BTreeMap<u64, Vec<Duration>> = BTreeMap::new();
+        let mut speculated: BTreeSet<usize> = BTreeSet::new();
+        // A first attempt's failure while its speculative twin still runs.
+        let mut held: BTreeMap<usize, crate::TaskFailure> = BTreeMap::new();
         let mut dispatched: Vec<usize> = Vec::new();
         let mut done: Vec<((u64, usize), TaskReport)> = Vec::new();
         // (dispatch position, wave, failure) of every task that failed.
@@ -329,23 +366,99 @@ impl Scheduler {
                     break;
                 }
                 let next = ready.pop().expect("peeked");
-                let position = dispatched.len();
-                dispatched.push(next.index);
-                let task = &tasks[next.index];
-                running.push(async move {
-                    let outcome =
-                        attempts::run_with_attempts(executor, attempts, task, slots, timeout).await;
-                    (position, task, outcome)
-                });
+                let index = next.index;
+                began.insert(index, (Instant::now(), dispatched.len()));
+                dispatched.push(index);
+                let task = &tasks[index];
+                let (attempt, stopper) = abortable(attempts::run_with_attempts(
+                    executor, attempts, task, slots, timeout,
+                ));
+                stoppers.insert((index, false), stopper);
+                running.push(Box::pin(async move { (index, false, attempt.await) }));
             }
-            let Some((position, task, outcome)) = running.next().await else {
+            // A slot nothing is waiting for may take a straggler's twin.
+            let speculating = speculation.filter(|_| failures.is_empty());
+            if let Some(policy) = &speculating
+                && running.len() < slots
+                && ready.is_empty()
+            {
+                let candidates: Vec<Running> = began
+                    .iter()
+                    .filter(|(index, _)| !speculated.contains(index))
+                    .map(|(&index, (start, _))| {
+                        let stage = tasks[index].stage_id;
+                        Running {
+                            index,
+                            elapsed: start.elapsed(),
+                            median: stage_median(
+                                times.get(&stage).map_or(&[][..], Vec::as_slice),
+                                maps_of[&stage],
+                            ),
+                        }
+                    })
+                    .collect();
+                if let Some(index) = straggler(policy, &candidates) {
+                    let slow = candidates
+                        .iter()
+                        .find(|c| c.index == index)
+                        .expect("chosen");
+                    let why = format!(
+                        "its first attempt ran {:.1?}, past {} times its stage's median {:.1?}",
+                        slow.elapsed,
+                        policy.factor,
+                        slow.median.unwrap_or_default()
+                    );
+                    speculated.insert(index);
+                    let task = &tasks[index];
+                    let (attempt, stopper) = abortable(async move {
+                        attempts::speculate(executor, attempts, task, slots, timeout, &why).await
+                    });
+                    stoppers.insert((index, true), stopper);
+                    running.push(Box::pin(async move { (index, true, attempt.await) }));
+                }
+            }
+            let next = if speculating.is_some() && !began.is_empty() {
+                // Wake now and then to look for stragglers.
+                match tokio::time::timeout(SPECULATION_TICK, running.next()).await {
+                    Ok(next) => next,
+                    Err(_) => continue,
+                }
+            } else {
+                running.next().await
+            };
+            let Some((index, speculative, outcome)) = next else {
                 break;
             };
-            if let Some(progress) = &progress {
-                progress.task_done();
-            }
+            // Stopped because its twin published first.
+            let Ok(outcome) = outcome else {
+                continue;
+            };
+            stoppers.remove(&(index, speculative));
+            let task = &tasks[index];
+            let twin = (index, !speculative);
             match outcome {
                 Ok(report) => {
+                    if let Some(stopper) = stoppers.remove(&twin) {
+                        stopper.abort();
+                        attempts.log(format!(
+                            "stage {} map {} attempt {}: published first; the {} attempt was \
+                             stopped",
+                            task.stage_id,
+                            task.map,
+                            report.attempt,
+                            if speculative { "first" } else { "speculative" }
+                        ));
+                    }
+                    held.remove(&index);
+                    if let Some((start, _)) = began.remove(&index) {
+                        times
+                            .entry(task.stage_id)
+                            .or_default()
+                            .push(start.elapsed());
+                    }
+                    if let Some(progress) = &progress {
+                        progress.task_done();
+                    }
                     done.push(((task.stage_id, task.map), report));
                     let left = unpublished.entry(task.stage_id).or_default();
                     *left = left.saturating_sub(1);
@@ -356,7 +469,22 @@ impl Scheduler {
                         }
                     }
                 }
-                Err(failure) => failures.push((position, wave_of[&task.stage_id], failure)),
+                Err(failure) => {
+                    if stoppers.contains_key(&twin) {
+                        // The twin may still publish; a first attempt's
+                        // failure is reported if it does not.
+                        if !speculative {
+                            held.insert(index, failure);
+                        }
+                        continue;
+                    }
+                    let failure = held.remove(&index).unwrap_or(failure);
+                    let position = began.remove(&index).map_or(0, |(_, position)| position);
+                    if let Some(progress) = &progress {
+                        progress.task_done();
+                    }
+                    failures.push((position, wave_of[&task.stage_id], failure));
+                }
             }
         }
         if let Some(progress) = &progress {
@@ -866,5 +994,180 @@ mod tests {
         let (done, error) = scheduler.run_ready(&infos, &waves, &tasks, &attempts).await;
         assert!(error.is_none(), "{error:?}");
         assert_eq!(done.len(), 3);
+    }
+
+    /// Runs a task in process: each attempt `(stage, map, attempt)` in
+    /// `millis` sleeps that long, every other one 100 ms; attempts in
+    /// `failing` fail for good.
+    #[derive(Debug, Default)]
+    struct Straggling {
+        millis: BTreeMap<(u64, usize, u32), u64>,
+        failing: BTreeSet<(u64, usize, u32)>,
+        events: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl Executor for Straggling {
+        async fn run(
+            &self,
+            task: &Task,
+            _slots: usize,
+        ) -> std::result::Result<TaskReport, TaskFailure> {
+            let attempt = task.inline.as_ref().map_or(0, |e| e.attempt);
+            let name = format!("{}/{} attempt {attempt}", task.stage_id, task.map);
+            self.events.lock().unwrap().push(format!("start {name}"));
+            let key = (task.stage_id, task.map, attempt);
+            let millis = self.millis.get(&key).copied().unwrap_or(100);
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+            self.events.lock().unwrap().push(format!("end {name}"));
+            if self.failing.contains(&(task.stage_id, task.map, attempt)) {
+                return Err(TaskFailure {
+                    stage_id: task.stage_id,
+                    map: task.map,
+                    reason: format!("{name} failed on purpose"),
+                    stderr: String::new(),
+                    retry: Retry::No,
+                });
+            }
+            Ok(TaskReport {
+                rows: 1,
+                bytes: None,
+                elapsed_ms: None,
+                wall_ms: 0.0,
+                worker: None,
+                attempt: 0,
+            })
+        }
+
+        fn name(&self) -> String {
+            "straggling".into()
+        }
+    }
+
+    /// Stage 1 reads stage 2, whose three maps run at once on three slots
+    /// (a fourth is free for a twin); map 2's first attempt straggles.
+    async fn run_straggling(
+        executor: Arc<Straggling>,
+    ) -> (Result<Vec<((u64, usize), TaskReport)>>, Vec<String>) {
+        let mut infos = vec![info(1, &[2]), info(2, &[])];
+        infos[1].maps = 3;
+        let spec = SessionSpec::new(std::iter::empty::<(String, String)>());
+        let tasks: Vec<Task> = [(1, 0), (2, 0), (2, 1), (2, 2)]
+            .into_iter()
+            .map(|(stage_id, map)| Task {
+                stage_id,
+                map,
+                envelope: format!("/t/{stage_id}-{map}").into(),
+                inline: Some(Arc::new(Envelope {
+                    spec: spec.clone(),
+                    plan: "/t/plan".into(),
+                    stage_id,
+                    partition: map,
+                    attempt: 0,
+                })),
+            })
+            .collect();
+        let scheduler = Scheduler::new(
+            executor,
+            SchedulerOptions {
+                max_workers: Some(4),
+                max_attempts: 1,
+                speculation: Some(Speculation {
+                    factor: 2.0,
+                    min_elapsed: Duration::from_millis(200),
+                }),
+                ..SchedulerOptions::default()
+            },
+        );
+        let waves = waves(&infos).unwrap();
+        let attempts = Attempts::new(&tasks, 1);
+        let outcome = match scheduler.run_ready(&infos, &waves, &tasks, &attempts).await {
+            (done, None) => Ok(done),
+            (_, Some(error)) => Err(error),
+        };
+        (outcome, attempts.retries())
+    }
+
+    #[tokio::test]
+    async fn a_straggler_gets_a_twin_and_the_first_to_finish_wins() {
+        let executor = Arc::new(Straggling {
+            millis: [((2, 2, 0), 60_000)].into(),
+            ..Straggling::default()
+        });
+        let (done, retries) = run_straggling(Arc::clone(&executor)).await;
+        let done: BTreeMap<_, _> = done.unwrap().into_iter().collect();
+        assert_eq!(done.len(), 4);
+        assert_eq!(done[&(2, 2)].attempt, 1, "{retries:?}");
+        assert_eq!(done[&(2, 0)].attempt, 0);
+        let events = executor.events.lock().unwrap().clone();
+        // The straggler was stopped, never finished; its reader ran.
+        assert!(
+            !events.iter().any(|e| e == "end 2/2 attempt 0"),
+            "{events:?}"
+        );
+        assert!(
+            events.iter().any(|e| e == "end 1/0 attempt 0"),
+            "{events:?}"
+        );
+        assert!(
+            retries[0].starts_with("stage 2 map 2 attempt 1: speculative, its first attempt ran"),
+            "{retries:?}"
+        );
+        assert!(
+            retries[1].contains("published first; the first attempt was stopped"),
+            "{retries:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_twin_leaves_the_first_attempt_to_finish() {
+        let executor = Arc::new(Straggling {
+            millis: [((2, 2, 0), 1_500)].into(),
+            failing: [(2, 2, 1)].into(),
+            ..Straggling::default()
+        });
+        let (done, retries) = run_straggling(Arc::clone(&executor)).await;
+        let done: BTreeMap<_, _> = done.unwrap().into_iter().collect();
+        assert_eq!(done[&(2, 2)].attempt, 0, "{retries:?}");
+        let events = executor.events.lock().unwrap().clone();
+        assert!(
+            events.iter().any(|e| e == "end 2/2 attempt 1"),
+            "{events:?}"
+        );
+        assert!(
+            events.iter().any(|e| e == "end 2/2 attempt 0"),
+            "{events:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_first_attempt_waits_for_its_twin() {
+        // The first attempt fails for good while its twin runs; the twin
+        // publishes, so the task succeeds.
+        let millis: BTreeMap<_, _> = [((2, 2, 0), 1_000), ((2, 2, 1), 2_000)].into();
+        let executor = Arc::new(Straggling {
+            millis: millis.clone(),
+            failing: [(2, 2, 0)].into(),
+            ..Straggling::default()
+        });
+        let (done, retries) = run_straggling(Arc::clone(&executor)).await;
+        let done: BTreeMap<_, _> = done.unwrap().into_iter().collect();
+        assert_eq!(done[&(2, 2)].attempt, 1, "{retries:?}");
+        let events = executor.events.lock().unwrap().clone();
+        let at = |event: &str| events.iter().position(|e| e == event).unwrap();
+        assert!(
+            at("end 2/2 attempt 0") < at("end 2/2 attempt 1"),
+            "{events:?}"
+        );
+
+        // Both fail: the first attempt's failure is the one reported.
+        let executor = Arc::new(Straggling {
+            millis,
+            failing: [(2, 2, 0), (2, 2, 1)].into(),
+            ..Straggling::default()
+        });
+        let (done, _) = run_straggling(executor).await;
+        let text = done.unwrap_err().to_string();
+        assert!(text.contains("2/2 attempt 0 failed on purpose"), "{text}");
     }
 }
