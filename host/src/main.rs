@@ -160,6 +160,11 @@ struct RunArgs {
     /// counts as failed and is retried. Default: no limit.
     #[arg(long, value_name = "SECS", value_parser = parse_at_least_one)]
     task_timeout: Option<usize>,
+    /// Give a task running FACTOR times its stage's median (and at least a
+    /// second) a second attempt on an idle worker slot; the first attempt to
+    /// publish wins and the other is stopped. Default: no speculation.
+    #[arg(long, value_name = "FACTOR", value_parser = parse_speculation)]
+    speculate: Option<dfx_runtime::scheduler::Speculation>,
     /// The most memory each map task's operators may hold (512M, 2G): a
     /// DataFusion memory pool in every worker; sorts and aggregations spill
     /// to disk past it, operators that cannot spill fail. Default: no limit.
@@ -235,6 +240,15 @@ fn parse_at_least_one(value: &str) -> std::result::Result<usize, String> {
             "expected a whole number of at least 1, got {value:?}"
         )),
     }
+}
+
+fn parse_speculation(
+    value: &str,
+) -> std::result::Result<dfx_runtime::scheduler::Speculation, String> {
+    let factor = value
+        .parse::<f64>()
+        .map_err(|_| format!("expected a number above 1, got {value:?}"))?;
+    dfx_runtime::scheduler::Speculation::after(factor)
 }
 
 #[tokio::main]
@@ -369,6 +383,7 @@ async fn run(args: RunArgs) -> Result<()> {
         args.task_timeout
             .map(|secs| std::time::Duration::from_secs(secs as u64)),
     )
+    .speculation(args.speculate)
     .progress(true);
     let script = Script::parse(&args.query.sql()?)?;
     let spec = spec_of(&args.query, &script)?;

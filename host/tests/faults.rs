@@ -12,7 +12,8 @@ use std::process::Command;
 
 use common::*;
 use dfx_host::{
-    DistributedResult, Host, HostError, Retry, RuntimeError, SessionSpec, WorkerCommand,
+    DistributedResult, Host, HostError, Retry, RuntimeError, SessionSpec, Speculation,
+    WorkerCommand,
 };
 
 /// Every key meets its own row: a hash join whose two sides are both
@@ -113,6 +114,53 @@ async fn a_worker_killed_after_k_batches_while_writing_is_retried_and_publishes_
     );
     assert_published_whole(&shuffle, &result);
     shut_down(&host).await;
+}
+
+#[tokio::test]
+async fn a_straggling_map_is_overtaken_by_its_speculative_twin() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = numbers_table(dir.path(), 4, 1_000);
+    let shuffle = dir.path().join("shuffle");
+    let spec = spec_for(&table, &shuffle);
+    let (_, stages) = planned(&spec, SELF_JOIN).await;
+    let leaf = stages
+        .iter()
+        .find(|s| s.info.deps.is_empty() && s.info.maps >= 2)
+        .expect("a scan stage of several maps");
+    let s = leaf.stage_id();
+    // Map 1's first attempt sleeps a minute before it publishes; its twin
+    // does not (the flag is taken).
+    let flag = dir.path().join("slowed");
+    let slow = format!("stage-{s}/map-1.arrow:60000:{}", flag.display());
+    let host = hooks_host(&[("DFX_TEST_SLOW_PUBLISH", &slow)])
+        .max_workers(Some(4))
+        .speculation(Some(Speculation {
+            factor: 2.0,
+            min_elapsed: std::time::Duration::from_millis(500),
+        }));
+    let result = host.run_distributed(SELF_JOIN, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), self_join_expected(4, 1_000));
+    assert!(flag.exists(), "the straggler never got to its publish");
+    // The twin (attempt 1) published; the straggler was stopped.
+    assert_eq!(
+        result.task_reports[&(s, 1)].attempt,
+        1,
+        "{:?}",
+        result.retries
+    );
+    assert_eq!(result.attempts[&(s, 1)], 2, "{:?}", result.attempts);
+    let speculative = format!("stage {s} map 1 attempt 1: speculative, its first attempt ran");
+    let won = format!("stage {s} map 1 attempt 1: published first; the first attempt was stopped");
+    assert!(
+        result.retries.iter().any(|r| r.starts_with(&speculative)),
+        "{:?}",
+        result.retries
+    );
+    assert!(result.retries.contains(&won), "{:?}", result.retries);
+    assert_published_whole(&shuffle, &result);
+    // The stopped straggler's worker is the only one killed.
+    let ended = host.shutdown().await;
+    assert!(ended.killed <= 1, "{ended:?}");
 }
 
 /// A small LCG, seeded and printed, so a failing run can be replayed.

@@ -192,6 +192,15 @@ impl Host {
         self
     }
 
+    /// Give a task running well past its stage's median a second attempt on
+    /// a slot no other task is waiting for; the first of the two to publish
+    /// is the task's, the other is stopped. `None` (the default): no
+    /// speculation.
+    pub fn speculation(mut self, speculation: Option<dfx_runtime::scheduler::Speculation>) -> Self {
+        self.options.speculation = speculation;
+        self
+    }
+
     /// Draw a progress bar on stderr while workers run (only on a terminal).
     pub fn progress(mut self, show: bool) -> Self {
         self.progress = show;

@@ -1,6 +1,6 @@
 //! Map files: segments of Arrow IPC (LZ4-compressed unless the session turns
 //! it off) closed by the commit marker, written under a temp name and
-//! published by rename.
+//! published by a link that never replaces a published file.
 //!
 //! File I/O happens inline, on the thread polling the stream, rather than on
 //! a blocking pool: the plugin has its own copy of tokio and no runtime of its
@@ -50,6 +50,27 @@ impl TempFile {
             self.temp = None;
         }
         Ok(())
+    }
+
+    /// Publish as `to` unless a file is already published there: link the
+    /// temp file to its name, which fails rather than replacing anything
+    /// (and does not follow a link planted there). Answers whether this file
+    /// is the one published; either way the temp name is removed.
+    ///
+    /// Two attempts of one map (a retry after a lost report, a speculative
+    /// twin) both publish; the first keeps its file, so a reader never sees
+    /// a map file change under it.
+    pub fn publish_new(&mut self, to: &Path) -> std::io::Result<bool> {
+        let Some(temp) = &self.temp else {
+            return Ok(false);
+        };
+        match std::fs::hard_link(temp, to) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        }
+        // Dropping `self` removes the temp name: the published file is the
+        // link, and a kept one is another attempt's.
     }
 }
 
@@ -177,7 +198,9 @@ impl MapFile {
         Ok(())
     }
 
-    /// Publish the file as `final_path` (rename); returns its size.
+    /// Publish the file as `final_path`, unless another attempt of its map
+    /// published one there first (see [`TempFile::publish_new`]); returns
+    /// its size.
     ///
     /// No fsync: the readers are processes on this host, which see a
     /// renamed file whole through the page cache, and the rename is what
@@ -187,10 +210,11 @@ impl MapFile {
     ///
     /// # Errors
     ///
-    /// The rename's failure; the temp file is removed then.
+    /// The link's failure; the temp file is removed then.
     pub fn publish(mut self, final_path: &Path) -> Result<u64, String> {
         drop(self.file);
-        self.temp.publish(final_path).map_err(|e| {
+        crate::test_hooks::before_publish(final_path);
+        self.temp.publish_new(final_path).map_err(|e| {
             io_failure(
                 &self.location,
                 format!(
@@ -258,4 +282,43 @@ pub fn describe_fields(fields: &Fields) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn publish(dir: &Path, final_path: &Path, bytes: &[u8]) -> Result<u64, String> {
+        let mut file = MapFile::create(dir, final_path)?;
+        file.append(bytes)?;
+        file.publish(final_path)
+    }
+
+    #[test]
+    fn the_first_publish_of_a_map_is_kept_and_a_second_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let stage = dir.path().join("stage-1");
+        std::fs::create_dir_all(&stage).unwrap();
+        let final_path = stage.join("map-0.arrow");
+        assert_eq!(publish(dir.path(), &final_path, b"first").unwrap(), 5);
+        // A second attempt of the same map publishes too, and keeps nothing
+        // of its own: the file is the first's.
+        assert_eq!(publish(dir.path(), &final_path, b"second!").unwrap(), 7);
+        assert_eq!(std::fs::read(&final_path).unwrap(), b"first");
+        let names: Vec<_> = std::fs::read_dir(&stage)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["map-0.arrow"], "a temp file was left");
+    }
+
+    #[test]
+    fn a_link_planted_at_the_published_name_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("elsewhere");
+        let final_path = dir.path().join("map-0.arrow");
+        std::os::unix::fs::symlink(&target, &final_path).unwrap();
+        publish(dir.path(), &final_path, b"rows").unwrap();
+        assert!(!target.exists(), "the publish wrote through a planted link");
+    }
 }

@@ -51,7 +51,8 @@ use object_store::path::Path as ObjectPath;
 // The base trait's methods, not `ObjectStoreExt`'s: theirs are not known to
 // be `Send`, and every request is spawned onto the I/O runtime.
 use object_store::{
-    GetOptions, GetRange, MultipartUpload, ObjectStore, PutMultipartOptions, PutOptions, PutPayload,
+    GetOptions, GetRange, MultipartUpload, ObjectStore, PutMode, PutMultipartOptions, PutOptions,
+    PutPayload,
 };
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
@@ -289,6 +290,56 @@ pub async fn put_bytes(
     .map_err(|e| e.to_string())
 }
 
+/// PUT `bytes` as object `key` only if there is none (S3's create-only
+/// PUT, `If-None-Match: *`): it appears whole or not at all, and never
+/// replaces an object. Answers whether this PUT created it.
+///
+/// # Errors
+///
+/// Any other failure of the PUT, for the caller to name the object.
+pub async fn put_new(
+    store: Arc<dyn ObjectStore>,
+    key: ObjectPath,
+    bytes: Vec<u8>,
+) -> Result<bool, String> {
+    let put = on_io(async move {
+        let options = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        store.put_opts(&key, PutPayload::from(bytes), options).await
+    })
+    .await?;
+    match put {
+        Ok(_) => Ok(true),
+        Err(
+            object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. },
+        ) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Whether object `key` exists.
+///
+/// # Errors
+///
+/// A failure of the HEAD other than the object's absence.
+pub async fn exists(store: Arc<dyn ObjectStore>, key: ObjectPath) -> Result<bool, String> {
+    let head = on_io(async move {
+        let options = GetOptions {
+            head: true,
+            ..GetOptions::default()
+        };
+        store.get_opts(&key, options).await
+    })
+    .await?;
+    match head {
+        Ok(_) => Ok(true),
+        Err(object_store::Error::NotFound { .. }) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// Bytes `offset..offset + len` of object `key`, and the object's whole
 /// size (so a reader can check it against the marker); `None` when there is
 /// no such object.
@@ -420,15 +471,26 @@ impl ObjectMap {
     }
 
     /// Publish the object (one PUT, or the last part and the upload's
-    /// completion); returns its size in bytes.
+    /// completion) unless another attempt of its map published it first;
+    /// returns its size in bytes.
+    ///
+    /// A small map is one create-only PUT, so of two attempts exactly one
+    /// creates it. A multipart upload cannot be completed conditionally
+    /// through this client, so it is completed only if the object is absent
+    /// just before: two attempts finishing within that moment both complete,
+    /// with the same rows. A reader pins the object it read the marker of
+    /// (its entity tag), so even then it never reads one attempt's marker
+    /// with the other's segments.
     ///
     /// # Errors
     ///
     /// The upload's failure; nothing is published then.
     pub async fn publish(mut self) -> Result<u64, String> {
+        crate::test_hooks::before_publish(Path::new(self.key.as_ref()));
         let rest = std::mem::take(&mut self.buffer);
         if self.upload.is_none() {
-            put_bytes(Arc::clone(&self.store), self.key.clone(), rest)
+            // Created, or kept: another attempt's object with the same rows.
+            put_new(Arc::clone(&self.store), self.key.clone(), rest)
                 .await
                 .map_err(|e| io_failure(&self.location, e))?;
             return Ok(self.bytes);
@@ -438,6 +500,13 @@ impl ObjectMap {
         }
         while !self.parts.is_empty() {
             self.wait_part().await?;
+        }
+        let published = exists(Arc::clone(&self.store), self.key.clone())
+            .await
+            .map_err(|e| io_failure(&self.location, e))?;
+        if published {
+            // Dropping the upload aborts it: the object stays the first's.
+            return Ok(self.bytes);
         }
         let mut upload = self.upload.take().ok_or("no upload")?;
         let completed = on_io(async move {
