@@ -53,7 +53,8 @@ use object_store::ObjectStore;
 use super::files::{decode_segment, describe_fields, same_fields};
 use super::marker::{Located, MapFileRef, MapMarker, Segment, TAIL_GUESS};
 use super::store::{
-    ObjectKey, S3Location, S3Options, ShuffleLocation, get_range, get_tail, location_root, s3_store,
+    ObjectKey, S3Location, S3Options, ShuffleLocation, get_range_if, get_tail_tagged,
+    location_root, s3_store,
 };
 use super::writer::ShuffleWriterExec;
 use crate::config::DfxConfig;
@@ -417,7 +418,7 @@ async fn read_markers(
     buckets: usize,
     pieces: Vec<(usize, usize)>,
 ) -> Result<VecDeque<Piece>> {
-    let mut maps: BTreeMap<usize, (MapMarker, u64)> = BTreeMap::new();
+    let mut maps: BTreeMap<usize, (MapMarker, u64, Option<String>)> = BTreeMap::new();
     let mut queue = VecDeque::new();
     for (map, bucket) in pieces {
         if let std::collections::btree_map::Entry::Vacant(slot) = maps.entry(map) {
@@ -432,8 +433,9 @@ async fn read_markers(
             };
             slot.insert(read_remote_marker(&store, &location, &at).await?);
         }
-        let (marker, size) = &maps[&map];
-        if let Some(piece) = Piece::of(marker, *size, &root, bucket) {
+        let (marker, size, e_tag) = &maps[&map];
+        if let Some(mut piece) = Piece::of(marker, *size, &root, bucket) {
+            piece.e_tag = e_tag.clone();
             queue.push_back(piece);
         }
     }
@@ -441,32 +443,39 @@ async fn read_markers(
 }
 
 /// The marker closing the object at `path`: its tail, and, for an index
-/// longer than the first guess, the rest of it.
+/// longer than the first guess, the rest of it; with the object's size and
+/// entity tag, which every later fetch of its segments must match.
 async fn read_remote_marker(
     store: &Arc<dyn ObjectStore>,
     location: &S3Location,
     at: &MapFileRef<'_>,
-) -> Result<(MapMarker, u64)> {
+) -> Result<(MapMarker, u64, Option<String>)> {
     let fail = |what: String| at.error(what);
     let key = location.key(at.path).map_err(fail)?;
-    let (tail, size) = get_tail(Arc::clone(store), key.clone(), TAIL_GUESS)
+    let (tail, size, e_tag) = get_tail_tagged(Arc::clone(store), key.clone(), TAIL_GUESS)
         .await
         .map_err(|e| fail(format!("cannot fetch the commit marker: {e}")))?
         .ok_or_else(|| at.lost())?;
     let range = match MapMarker::locate(&tail, size, at)? {
-        Located::InTail(index) => return Ok((MapMarker::check(index, size, at)?, size)),
+        Located::InTail(index) => return Ok((MapMarker::check(index, size, at)?, size, e_tag)),
         Located::At(range) => range,
     };
-    let (index, now) = get_range(Arc::clone(store), key, range.offset, range.len)
-        .await
-        .map_err(|e| fail(format!("cannot fetch the commit marker: {e}")))?
-        .ok_or_else(|| at.lost())?;
+    let (index, now) = get_range_if(
+        Arc::clone(store),
+        key,
+        range.offset,
+        range.len,
+        e_tag.clone(),
+    )
+    .await
+    .map_err(|e| fail(format!("cannot fetch the commit marker: {e}")))?
+    .ok_or_else(|| at.lost())?;
     if now != size {
         return Err(fail(format!(
             "the map's object changed while it was read ({size} byte(s), then {now})"
         )));
     }
-    Ok((MapMarker::check(&index, size, at)?, size))
+    Ok((MapMarker::check(&index, size, at)?, size, e_tag))
 }
 
 /// An S3 reader's requests: the markers (until read), then the segment
@@ -490,6 +499,10 @@ struct Piece {
     path: PathBuf,
     /// The map file's whole size, as its marker was read from it.
     size: u64,
+    /// The object's entity tag, as its marker was read from it (S3): each
+    /// segment is fetched only from that object, never from another
+    /// attempt's that replaced it.
+    e_tag: Option<String>,
     /// The map's file, once open (when local).
     file: Option<File>,
 }
@@ -506,6 +519,7 @@ impl Piece {
             segments: entry.segments.iter().copied().collect(),
             path: map_path(root, marker.stage_id, marker.map as usize),
             size,
+            e_tag: None,
             file: None,
         })
     }
@@ -684,11 +698,12 @@ impl BucketStream {
                 .location
                 .key(&open.piece.path)
                 .map_err(|e| fail(&open.piece, e))?;
-            let fetch = get_range(
+            let fetch = get_range_if(
                 Arc::clone(&remote.store),
                 key,
                 segment.offset,
                 segment.bytes,
+                open.piece.e_tag.clone(),
             )
             .boxed();
             remote.fetching = Some(fetch);

@@ -340,6 +340,20 @@ pub async fn exists(store: Arc<dyn ObjectStore>, key: ObjectPath) -> Result<bool
     }
 }
 
+/// Like [`get_tail`], with the object's entity tag (when the store gives
+/// one), for later reads pinned to this very object ([`get_range_if`]).
+///
+/// # Errors
+///
+/// Any other failure of the GET, for the caller to name the object.
+pub async fn get_tail_tagged(
+    store: Arc<dyn ObjectStore>,
+    key: ObjectPath,
+    len: u64,
+) -> Result<Option<(Vec<u8>, u64, Option<String>)>, String> {
+    get_part_if(store, key, GetRange::Suffix(len), None).await
+}
+
 /// Bytes `offset..offset + len` of object `key`, and the object's whole
 /// size (so a reader can check it against the marker); `None` when there is
 /// no such object.
@@ -357,26 +371,67 @@ pub async fn get_range(
     get_part(store, key, GetRange::Bounded(offset..offset + len)).await
 }
 
+/// Like [`get_range`], from the object whose entity tag is `e_tag` only
+/// (`If-Match`), when one is given.
+///
+/// # Errors
+///
+/// As [`get_range`]; and an object replaced since its tag was read, which
+/// is said so.
+pub async fn get_range_if(
+    store: Arc<dyn ObjectStore>,
+    key: ObjectPath,
+    offset: u64,
+    len: u64,
+    e_tag: Option<String>,
+) -> Result<Option<(Vec<u8>, u64)>, String> {
+    let range = GetRange::Bounded(offset..offset + len);
+    let got = get_part_if(store, key, range, e_tag).await?;
+    Ok(got.map(|(bytes, size, _)| (bytes, size)))
+}
+
 async fn get_part(
     store: Arc<dyn ObjectStore>,
     key: ObjectPath,
     range: GetRange,
 ) -> Result<Option<(Vec<u8>, u64)>, String> {
+    let got = get_part_if(store, key, range, None).await?;
+    Ok(got.map(|(bytes, size, _)| (bytes, size)))
+}
+
+async fn get_part_if(
+    store: Arc<dyn ObjectStore>,
+    key: ObjectPath,
+    range: GetRange,
+    if_match: Option<String>,
+) -> Result<Option<(Vec<u8>, u64, Option<String>)>, String> {
+    let pinned = if_match.clone();
     on_io(async move {
         let options = GetOptions {
             range: Some(range),
+            if_match,
             ..GetOptions::default()
         };
         let got = match store.get_opts(&key, options).await {
             Ok(got) => got,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(e),
+            Err(object_store::Error::Precondition { .. }) => {
+                return Err(format!(
+                    "the object was replaced since its commit marker was read (entity tag {} \
+                     no longer matches)",
+                    pinned.unwrap_or_default()
+                ));
+            }
+            Err(e) => return Err(e.to_string()),
         };
         let size = got.meta.size;
-        got.bytes().await.map(|b| Some((b.to_vec(), size)))
+        let e_tag = got.meta.e_tag.clone();
+        got.bytes()
+            .await
+            .map(|b| Some((b.to_vec(), size, e_tag)))
+            .map_err(|e| e.to_string())
     })
     .await?
-    .map_err(|e| e.to_string())
 }
 
 /// A map's object while its task uploads it: segments appended to a buffer
