@@ -20,6 +20,10 @@ Install the same ``dfx-engine`` wheel on every node: each Ray worker loads
 the plugin bundled in it. Credentials come from each process's environment,
 e.g. ``RayExecutor(options={"runtime_env": {"env_vars": {...}}})``.
 
+Each completed attempt is recorded as a :class:`Placement` (stage, map,
+attempt, the Ray node it ran on) in ``RayExecutor.placements``, the newest
+:data:`PLACEMENTS_KEPT` of them: where a query's tasks ran.
+
 Ray's own retries are off: the runtime classes a failure as it does any
 worker's. A failure the worker reports comes back in its response, classed
 where it was made; a Ray worker process or node that died, and an attempt
@@ -29,8 +33,10 @@ again; Ray failing to run the task at all is final.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -42,13 +48,34 @@ from dfx_engine.worker import run_task
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["RayExecutor", "run_in_ray_worker"]
+__all__ = ["PLACEMENTS_KEPT", "Placement", "RayExecutor", "run_in_ray_worker"]
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 """The colour codes Ray puts in a remote traceback, dropped from messages."""
 
 CANCEL_GRACE = 10.0
 """Seconds to wait for a cancelled Ray task to be gone before moving on."""
+
+PLACEMENTS_KEPT = 10_000
+"""Placements an executor keeps, the newest: it may serve query after query."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one attempt of a task ran, as its Ray task answered.
+
+    Attributes:
+        stage_id: The task's stage.
+        map: The map it ran.
+        attempt: The attempt (0: the first).
+        node_id: The Ray node it ran on (``ray.get_runtime_context().get_node_id()``
+            there, as ``ray.nodes()`` names it).
+    """
+
+    stage_id: int
+    map: int
+    attempt: int
+    node_id: str
 
 
 def run_in_ray_worker(envelope_json: str, plan: bytes) -> str:
@@ -58,6 +85,12 @@ def run_in_ray_worker(envelope_json: str, plan: bytes) -> str:
     tasks find their session built, as in a pooled worker.
     """
     return _internal.run_task_value(envelope_json, plan, run_task)
+
+
+def _run_and_place(envelope_json: str, plan: bytes) -> tuple[str, str]:
+    """:func:`run_in_ray_worker`, and the Ray node it ran on."""
+    line = run_in_ray_worker(envelope_json, plan)
+    return line, ray.get_runtime_context().get_node_id()
 
 
 _LOST = (
@@ -89,6 +122,9 @@ class RayExecutor:
 
     Attributes:
         max_workers: Ray tasks in flight at once, at most.
+        placements: The node each completed attempt ran on, newest last
+            (at most :data:`PLACEMENTS_KEPT`); clear it between queries to
+            see one query's.
         options: What each task is submitted with (``num_cpus``,
             ``resources``, ``runtime_env``, ``scheduling_strategy``...), as
             given to ``ray.remote(...).options``.
@@ -133,7 +169,10 @@ class RayExecutor:
             message = f"max_workers must be at least 1, got {max_workers}"
             raise ValueError(message)
         self.max_workers = max_workers
-        self._remote = ray.remote(run_in_ray_worker)
+        self.placements: collections.deque[Placement] = collections.deque(
+            maxlen=PLACEMENTS_KEPT
+        )
+        self._remote = ray.remote(_run_and_place)
 
     def __repr__(self) -> str:
         """The bound and the options."""
@@ -167,7 +206,7 @@ class RayExecutor:
             )
             raise _internal.WorkerLost(message)
         try:
-            line: str = ray.get(ref)
+            line, node_id = ray.get(ref)
         except _LOST as err:
             message = f"the Ray worker running it died: {err}"
             raise _internal.WorkerLost(message) from err
@@ -177,4 +216,12 @@ class RayExecutor:
         except ray.exceptions.RayError as err:
             message = f"Ray failed the task: {type(err).__name__}: {err}"
             raise _internal.WorkerLost(message) from err
-        return line
+        self.placements.append(
+            Placement(
+                int(task.get("stage_id", -1)),
+                int(task.get("partition", -1)),
+                int(task.get("attempt", 0)),
+                str(node_id),
+            )
+        )
+        return str(line)
