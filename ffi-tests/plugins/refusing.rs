@@ -23,6 +23,7 @@ use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use datafusion_ffi::query_planner::FFI_QueryPlanner;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
+use dfx_abi::module::DfxCutStage;
 use dfx_abi::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 
 /// Calls of the root-module initializer (abi_stable runs it to read the
@@ -127,6 +128,18 @@ extern "C" fn session_settings() -> RString {
     RString::from("{}")
 }
 
+extern "C" fn cut_stage(_plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxCutStage> {
+    called()
+}
+
+extern "C" fn stage_for_map(
+    _shared: RSlice<'_, u8>,
+    _map_files: RSlice<'_, u8>,
+    _map: u64,
+) -> FfiResult<RVec<u8>> {
+    called()
+}
+
 /// A dfx root module that declares `dfx_abi_version` and
 /// `datafusion_ffi_major` as given, every function of which only counts.
 pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPluginRef {
@@ -159,6 +172,8 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         session_settings,
         logical_codec_id: RStr::from_str("dfx_engine.logical.v1"),
         new_logical_codec,
+        cut_stage,
+        stage_for_map,
     }
     .leak_into_prefix()
 }

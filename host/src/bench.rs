@@ -294,7 +294,7 @@ pub async fn timed_task(plugin_path: Option<&Path>, envelope: &Path) -> Result<(
     steps.session_build_us = micros(t);
 
     let t = Instant::now();
-    let task = dfx_runtime::TaskInput::read(envelope.clone())?;
+    let task = dfx_runtime::TaskInput::read(&plugin, envelope.clone())?;
     let stage = crate::worker::decode_checked(&session, &task)?;
     steps.decode_us = micros(t);
 

@@ -834,7 +834,7 @@ async fn a_session_vets_the_same_stage_once_and_never_remembers_a_refusal() {
         partition: 0,
         attempt: 0,
     };
-    let task = TaskInput::read(envelope.clone()).unwrap();
+    let task = TaskInput::read(&plugin, envelope.clone()).unwrap();
 
     // Refused by the vet (its table is elsewhere in this worker's spec): a
     // refusal is not remembered, so the same bytes are vetted again.
@@ -843,7 +843,7 @@ async fn a_session_vets_the_same_stage_once_and_never_remembers_a_refusal() {
     let refusing = {
         let mut envelope = envelope.clone();
         envelope.spec.tables = [("lineitem".to_string(), other.into())].into();
-        TaskInput::read(envelope).unwrap()
+        TaskInput::read(&plugin, envelope).unwrap()
     };
     let session = build_worker_session(&plugin, &shipped).await.unwrap();
     for _ in 0..2 {

@@ -22,6 +22,10 @@
 //!                  for kinds 3 and 4); no inputs
 //! store scan (kind 6): plan blob (datafusion-proto `PhysicalPlanNode` of
 //!                  the scan of a table on an object store); no inputs
+//! map scan (kind 7): map u64 (UNCUT_MAP: a stage's shared part; ANY_MAP:
+//!                  every map) | partitions u64 | partition u64 (NO_PARTITION:
+//!                  none) | slot u32 (NO_SLOT: none); input: the file scan,
+//!                  holding that partition's file group only (see [`crate::map_files`])
 //! ```
 //!
 //! A recursive query's work table is shared, in memory, between the query
@@ -61,6 +65,7 @@ use prost::Message;
 use crate::counters::{self, LiveObject};
 use crate::exchange::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
 use crate::guard;
+use crate::map_files::{MapScanExec, MapScanPayload};
 use crate::recursive::{SEALED_NODE_NAME, SealedRecursiveQueryExec};
 use crate::tables::{STORE_SCAN_NODE_NAME, StoreScanExec, with_table_stores_context};
 
@@ -81,6 +86,7 @@ const KIND_RECURSIVE: u8 = 3;
 const KIND_WORK_TABLE: u8 = 4;
 const KIND_SEALED: u8 = 5;
 const KIND_STORE_SCAN: u8 = 6;
+const KIND_MAP_SCAN: u8 = 7;
 
 /// What a writer carries across a process boundary: its stage's description
 /// and how it splits rows (as encoded protobuf, decoded against its input).
@@ -136,19 +142,21 @@ pub enum Payload {
         /// The `PhysicalPlanNode` of the scan.
         plan: Vec<u8>,
     },
+    /// A `MapScanExec`: a file scan cut to the file group one map reads.
+    MapScan(MapScanPayload),
 }
 
-fn fail(what: impl std::fmt::Display) -> DataFusionError {
+pub(crate) fn fail(what: impl std::fmt::Display) -> DataFusionError {
     DataFusionError::Execution(format!("dfx codec: {what}"))
 }
 
 /// Reads a framed payload front to back; every short read is "truncated".
-struct Cursor<'a> {
-    buf: &'a [u8],
+pub(crate) struct Cursor<'a> {
+    pub(crate) buf: &'a [u8],
 }
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
         if self.buf.len() < n {
             return Err(fail(format!(
                 "truncated payload: {what} needs {n} byte(s), {} left",
@@ -160,34 +168,34 @@ impl<'a> Cursor<'a> {
         Ok(head)
     }
 
-    fn u8(&mut self, what: &str) -> Result<u8> {
+    pub(crate) fn u8(&mut self, what: &str) -> Result<u8> {
         Ok(self.take(1, what)?[0])
     }
 
-    fn u16(&mut self, what: &str) -> Result<u16> {
+    pub(crate) fn u16(&mut self, what: &str) -> Result<u16> {
         Ok(u16::from_le_bytes(
             self.take(2, what)?.try_into().expect("2 bytes"),
         ))
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32> {
+    pub(crate) fn u32(&mut self, what: &str) -> Result<u32> {
         Ok(u32::from_le_bytes(
             self.take(4, what)?.try_into().expect("4 bytes"),
         ))
     }
 
-    fn u64(&mut self, what: &str) -> Result<u64> {
+    pub(crate) fn u64(&mut self, what: &str) -> Result<u64> {
         Ok(u64::from_le_bytes(
             self.take(8, what)?.try_into().expect("8 bytes"),
         ))
     }
 
-    fn blob(&mut self, what: &str) -> Result<&'a [u8]> {
+    pub(crate) fn blob(&mut self, what: &str) -> Result<&'a [u8]> {
         let len = self.u32(what)? as usize;
         self.take(len, what)
     }
 
-    fn string(&mut self, what: &str) -> Result<String> {
+    pub(crate) fn string(&mut self, what: &str) -> Result<String> {
         let bytes = self.blob(what)?;
         std::str::from_utf8(bytes)
             .map(str::to_string)
@@ -195,7 +203,7 @@ impl<'a> Cursor<'a> {
     }
 }
 
-fn put_blob(buf: &mut Vec<u8>, bytes: &[u8], what: &str) -> Result<()> {
+pub(crate) fn put_blob(buf: &mut Vec<u8>, bytes: &[u8], what: &str) -> Result<()> {
     let len = u32::try_from(bytes.len()).map_err(|_| {
         fail(format!(
             "{what} of {} bytes is too long to encode",
@@ -217,13 +225,14 @@ impl Payload {
             Payload::WorkTable { .. } => "WorkTableExec",
             Payload::Sealed { .. } => SEALED_NODE_NAME,
             Payload::StoreScan { .. } => STORE_SCAN_NODE_NAME,
+            Payload::MapScan(_) => crate::map_files::MAP_SCAN_NODE_NAME,
         }
     }
 
     /// How many inputs the node this payload encodes has.
     fn inputs(&self) -> usize {
         match self {
-            Payload::Writer(_) | Payload::Reader(_) => 1,
+            Payload::Writer(_) | Payload::Reader(_) | Payload::MapScan(_) => 1,
             Payload::Recursive { .. } => 2,
             Payload::WorkTable { .. } | Payload::Sealed { .. } | Payload::StoreScan { .. } => 0,
         }
@@ -279,6 +288,13 @@ impl Payload {
             Payload::StoreScan { plan } => {
                 buf.push(KIND_STORE_SCAN);
                 put_blob(buf, plan, "store scan")?;
+            }
+            Payload::MapScan(scan) => {
+                buf.push(KIND_MAP_SCAN);
+                buf.extend_from_slice(&scan.map.to_le_bytes());
+                buf.extend_from_slice(&scan.partitions.to_le_bytes());
+                buf.extend_from_slice(&scan.partition.to_le_bytes());
+                buf.extend_from_slice(&scan.slot.to_le_bytes());
             }
         }
         Ok(())
@@ -359,6 +375,12 @@ impl Payload {
             KIND_STORE_SCAN => Payload::StoreScan {
                 plan: cursor.blob("store scan")?.to_vec(),
             },
+            KIND_MAP_SCAN => Payload::MapScan(MapScanPayload {
+                map: cursor.u64("map")?,
+                partitions: cursor.u64("partitions")?,
+                partition: cursor.u64("partition")?,
+                slot: cursor.u32("slot")?,
+            }),
             other => return Err(fail(format!("unknown node kind {other}"))),
         };
         if !cursor.buf.is_empty() {
@@ -582,6 +604,10 @@ impl DfxPhysicalCodec {
                     .map_err(|e| fail(format!("the store scan does not decode: {e}")))?;
                 Ok(Arc::new(StoreScanExec::new(scan)))
             }
+            Payload::MapScan(scan) => Ok(Arc::new(MapScanExec::try_new(
+                scan,
+                Arc::clone(&inputs[0]),
+            )?)),
         }
     }
 
@@ -611,6 +637,9 @@ impl DfxPhysicalCodec {
             }
             .encode(buf);
         }
+        if let Some(scan) = node.downcast_ref::<MapScanExec>() {
+            return Payload::MapScan(scan.payload()).encode(buf);
+        }
         if let Some(query) = node.downcast_ref::<RecursiveQueryExec>() {
             return Payload::Recursive {
                 name: query.name().to_string(),
@@ -632,8 +661,9 @@ impl DfxPhysicalCodec {
         let Some(writer) = node.downcast_ref::<ShuffleWriterExec>() else {
             return Err(DataFusionError::NotImplemented(format!(
                 "dfx codec encodes only ShuffleWriterExec, ShuffleReaderExec, \
-                 {SEALED_NODE_NAME}, {STORE_SCAN_NODE_NAME}, RecursiveQueryExec and \
+                 {SEALED_NODE_NAME}, {STORE_SCAN_NODE_NAME}, {}, RecursiveQueryExec and \
                  WorkTableExec, not {}",
+                crate::map_files::MAP_SCAN_NODE_NAME,
                 node.name()
             )));
         };

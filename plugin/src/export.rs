@@ -21,6 +21,7 @@ use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use datafusion_ffi::query_planner::FFI_QueryPlanner;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
+use dfx_abi::module::DfxCutStage;
 use dfx_abi::{DFX_ABI_VERSION, DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 
 use crate::codec::{CODEC_ID, DfxPhysicalCodec};
@@ -32,7 +33,7 @@ use crate::guard::{self, GuardedQueryPlanner};
 use crate::memory_table::{DfxLogicalCodec, LOGICAL_CODEC_ID};
 use crate::planner::{self, DfxQueryPlanner};
 use crate::vet::{Allowed, vet_encoded_stage};
-use crate::{counters, failures, functions, paths};
+use crate::{counters, failures, functions, map_files, paths};
 
 /// The plugin's root module, as `abi_stable` exports it.
 #[export_root_module]
@@ -65,6 +66,8 @@ pub fn root_module() -> DfxPluginRef {
         session_settings,
         logical_codec_id: RStr::from_str(LOGICAL_CODEC_ID),
         new_logical_codec,
+        cut_stage,
+        stage_for_map,
     }
     .leak_into_prefix()
 }
@@ -263,4 +266,26 @@ extern "C" fn session_settings() -> RString {
         Ok(json) => RString::from(json),
         Err(err) => RString::from(err.strip_backtrace()),
     }
+}
+
+/// The encoded stage cut for its maps ([`map_files::cut_stage`]).
+extern "C" fn cut_stage(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxCutStage> {
+    guarded("stage cut", || {
+        let cut = map_files::cut_stage(plan_bytes.as_slice())?;
+        Ok(DfxCutStage {
+            shared: RVec::from(cut.shared),
+            maps: cut.maps.into_iter().map(RVec::from).collect(),
+        })
+    })
+}
+
+/// The stage one map runs ([`map_files::stage_for_map`]).
+extern "C" fn stage_for_map(
+    shared: RSlice<'_, u8>,
+    map_files: RSlice<'_, u8>,
+    map: u64,
+) -> FfiResult<RVec<u8>> {
+    guarded("stage for a map", || {
+        map_files::stage_for_map(shared.as_slice(), map_files.as_slice(), map).map(RVec::from)
+    })
 }

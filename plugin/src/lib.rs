@@ -24,6 +24,7 @@ pub mod export;
 pub mod failures;
 pub mod functions;
 pub mod guard;
+pub mod map_files;
 pub mod memory_table;
 pub mod paths;
 pub mod planner;

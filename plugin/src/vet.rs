@@ -11,7 +11,9 @@
 //!   the tables its driver carried into the location's `sources/`), or on
 //!   an object store other than the local file system;
 //! - a dfx writer aimed at another shuffle location (nested stages too);
-//! - an extension node that is not dfx's: nothing here can say what it does.
+//! - an extension node that is not dfx's: nothing here can say what it does;
+//! - a scan cut for a map other than the task's, or not cut for any (a
+//!   stage's shared part, see [`crate::map_files`]).
 //!
 //! The plan is walked in its protobuf JSON form, generically: every key that
 //! names a sink, every file path and store URL, every extension node, at any
@@ -29,6 +31,7 @@ use serde_json::Value;
 
 use crate::codec::{PAYLOAD_MAGIC, Payload};
 use crate::exchange::store::canonical_location;
+use crate::map_files::{ANY_MAP, UNCUT_MAP};
 use crate::memory_table::is_source_file;
 
 /// What a worker may touch: its spec's tables and its shuffle location.
@@ -39,10 +42,14 @@ pub struct Allowed {
     pub tables: Vec<PathBuf>,
     /// The shuffle location every dfx writer in the stage must publish into.
     pub shuffle_dir: String,
+    /// The task's map, when known: every scan cut for a map must be cut
+    /// for this one.
+    pub map: Option<u64>,
 }
 
 impl Allowed {
-    /// Parse the JSON a host passes: `{"tables": [...], "shuffle_dir": "..."}`.
+    /// Parse the JSON a host passes: `{"tables": [...], "shuffle_dir": "..."}`,
+    /// and the task's `"map"` when the host knows it.
     ///
     /// # Errors
     ///
@@ -52,6 +59,8 @@ impl Allowed {
         struct Wire {
             tables: Vec<PathBuf>,
             shuffle_dir: String,
+            #[serde(default)]
+            map: Option<u64>,
         }
         let wire: Wire = serde_json::from_str(text).map_err(|e| {
             format!(
@@ -61,6 +70,7 @@ impl Allowed {
         Ok(Self {
             tables: wire.tables,
             shuffle_dir: wire.shuffle_dir,
+            map: wire.map,
         })
     }
 }
@@ -334,6 +344,28 @@ impl<'v> Walk<'v> {
                     self.findings.push(finding);
                 }
             },
+            // Its files are its input's, walked below like any scan's.
+            Some(Payload::MapScan(scan)) => {
+                let cut_for = match scan.map {
+                    UNCUT_MAP => Some("no map: it is a stage's shared part".to_string()),
+                    ANY_MAP => None,
+                    map if self.allowed.map.is_some_and(|task| task != map) => {
+                        Some(format!("map {map}"))
+                    }
+                    _ => None,
+                };
+                if let Some(cut_for) = cut_for {
+                    let task = self
+                        .allowed
+                        .map
+                        .map_or_else(|| "the task's".to_string(), |m| format!("map {m}"));
+                    let finding = format!(
+                        "its scan at {} was cut for {cut_for}, not for {task}",
+                        self.at()
+                    );
+                    self.findings.push(finding);
+                }
+            }
             Some(Payload::Reader(_) | Payload::Recursive { .. } | Payload::WorkTable { .. }) => {}
             None => {
                 let finding = format!(

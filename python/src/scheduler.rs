@@ -25,6 +25,7 @@ use dfx_runtime::scheduler::{
     ProcessExecutor, QueryRun as RuntimeRun, StageInfo as RuntimeStageInfo, WorkerCommand,
     WorkerPool as RuntimePool,
 };
+use dfx_runtime::protocol::stage_file;
 use dfx_runtime::{
     Envelope, Executor, Scheduler as RuntimeScheduler, SchedulerOptions, SessionSpec,
 };
@@ -311,6 +312,11 @@ impl Scheduler {
         let plugin = plugin(py)?;
         let spec = SessionSpec::from_json(spec_json).map_err(from_runtime)?;
         let stages = EncodedStage::describe_all(plugin, encoded_stages).map_err(from_runtime)?;
+        // Each task carries only the files its map reads (the runtime's
+        // stage files, one per stage).
+        let stages = py
+            .detach(|| stage_file::cut_stages(plugin, stages))
+            .map_err(from_runtime)?;
         let scheduler = self.scheduler.clone();
         let run = wait(py, move || async move {
             scheduler

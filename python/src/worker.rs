@@ -162,9 +162,12 @@ fn unclassified(envelope: &Envelope, error: String) -> Response {
 
 /// The response to the task of `envelope`, its plan read from its file.
 fn answer_envelope(py: Python<'_>, handler: &Bound<'_, PyAny>, envelope: Envelope) -> Response {
-    let read = {
-        let envelope = envelope.clone();
-        py.detach(move || TaskInput::read(envelope))
+    let read = match plugin(py) {
+        Ok(plugin) => {
+            let envelope = envelope.clone();
+            py.detach(move || TaskInput::read(plugin, envelope))
+        }
+        Err(err) => return unclassified(&envelope, err.value(py).to_string()),
     };
     match read {
         Ok(input) => answer(py, handler, input),
@@ -299,10 +302,24 @@ pub fn run_task_value(
                 .to_line();
         }
     };
-    let input = TaskInput {
-        envelope,
-        plan,
-        written: None,
+    let plugin = match plugin(py) {
+        Ok(plugin) => plugin,
+        Err(err) => return unclassified(&envelope, err.value(py).to_string()).to_line(),
     };
-    answer(py, handler, input).to_line()
+    // A stage cut for its maps arrives as its stage file (or this map's
+    // copy of it): put together for this map, as a read from the file is.
+    let read = {
+        let envelope = envelope.clone();
+        py.detach(move || TaskInput::from_bytes(plugin, envelope, plan))
+    };
+    match read {
+        Ok(input) => answer(py, handler, input).to_line(),
+        Err(err) => Response::of_outcome(
+            plugin,
+            &envelope,
+            Err(format!("{}: {err}", task_name(&envelope))),
+            0.0,
+        )
+        .to_line(),
+    }
 }

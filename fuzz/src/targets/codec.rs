@@ -258,6 +258,7 @@ impl VetStage {
             allowed: dfx_plugin::vet::Allowed {
                 tables: vec!["/data".into()],
                 shuffle_dir: SHUFFLE_DIR.into(),
+                map: None,
             },
         })
     }

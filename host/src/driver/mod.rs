@@ -16,7 +16,8 @@
 //! 4. a stage runs only once every stage it reads is published, and the
 //!    root read only once every stage is (the scheduler's);
 //! 5. ship every stage, keyed by `(stage_id, map)`;
-//! 6. claim the location (lock, probe) before building anything.
+//! 6. claim the location (lock, probe) before building anything;
+//! 7. cut each encoded stage for its maps (the runtime's stage files).
 
 pub mod analyze;
 pub mod stages;
@@ -26,6 +27,7 @@ use std::sync::Arc;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect;
 use dfx_abi::Plugin;
+use dfx_runtime::protocol::stage_file;
 use dfx_runtime::scheduler::{
     ClaimedLocation, EncodedStage, Executor, ProcessExecutor, Progress, Scheduler,
     SchedulerOptions, Shutdown, TaskReports, TaskRows, WorkerCommand, WorkerMode, WorkerPool,
@@ -261,6 +263,9 @@ impl Host {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
+        // Rule 7: each task carries only the files its map reads, so a
+        // task's plan does not grow with the stage's file count.
+        let encoded = stage_file::cut_stages(&self.plugin, encoded)?;
         // Rule 2: the ids the workers must carry. And the partitions the
         // driver planned for (the spec's, raised to its largest table's file
         // count): a worker takes them as they are, listing no table.

@@ -86,7 +86,7 @@ async fn run_envelope(
     cache: &mut SessionCache,
     envelope: &Envelope,
 ) -> Result<Published> {
-    let task = TaskInput::read(envelope.clone())?;
+    let task = TaskInput::read(plugin, envelope.clone())?;
     let session = cache.session(plugin, &envelope.spec).await?;
     let published = match decode_checked(session, &task) {
         Ok(stage) => run_map(session, &stage, envelope).await,

@@ -197,6 +197,33 @@ pub struct DfxPlugin {
     pub new_logical_codec: extern "C" fn(
         task_ctx_provider: FFI_TaskContextProvider,
     ) -> FfiResult<FFI_LogicalExtensionCodec>,
+
+    /// Cut an *encoded* stage for its maps, so each task carries only the
+    /// file groups its map reads: the stage's shared part (each scan a map
+    /// reads holds no file) and, per map, that map's files. A driver calls
+    /// it once per stage, in time linear in the stage's files. No map's
+    /// files (an empty `maps`) means the shared part is the whole plan
+    /// every map runs.
+    pub cut_stage: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxCutStage>,
+
+    /// The encoded stage map `map` runs: the shared part of
+    /// [`DfxPlugin::cut_stage`] with map `map`'s files put back in. Errors
+    /// for files of another map or of another stage's cut.
+    pub stage_for_map: extern "C" fn(
+        shared: RSlice<'_, u8>,
+        map_files: RSlice<'_, u8>,
+        map: u64,
+    ) -> FfiResult<RVec<u8>>,
+}
+
+/// What [`DfxPlugin::cut_stage`] answers: an encoded stage cut for its maps.
+#[repr(C)]
+#[derive(StableAbi, Debug, Clone, PartialEq, Eq)]
+pub struct DfxCutStage {
+    /// The stage with the file groups of the scans its maps read taken out.
+    pub shared: RVec<u8>,
+    /// Each map's files, map 0 first; empty when the shared part is whole.
+    pub maps: RVec<RVec<u8>>,
 }
 
 /// What [`DfxPlugin::stage_info`] and [`DfxPlugin::encoded_stage_info`]

@@ -10,16 +10,17 @@
 //!    must not make a worker write outside its query's location), and has
 //!    the envelope's map;
 //! 3. the plugin vets it: no sink, no file outside the spec's tables, no
-//!    writer aimed elsewhere, no extension node that is not dfx's.
+//!    writer aimed elsewhere, no extension node that is not dfx's, no scan
+//!    cut for another map than the envelope's.
 
-use std::io::Read as _;
 use std::path::Path;
 use std::time::SystemTime;
 
+use abi_stable::std_types::{RResult, RSlice, RStr};
 use dfx_abi::Plugin;
 
-use crate::error::{Result, RuntimeError};
-use crate::protocol::Envelope;
+use crate::error::Result;
+use crate::protocol::{Envelope, stage_file};
 use crate::spec::same_location;
 
 /// A task as a worker receives it: its envelope and its encoded stage.
@@ -35,25 +36,42 @@ pub struct TaskInput {
 }
 
 impl TaskInput {
-    /// Read the encoded stage `envelope.plan` names.
+    /// Read the encoded stage `envelope.plan` names, as the envelope's map
+    /// runs it: a stage cut for its maps is read in part, the shared part
+    /// and this map's files, and put together by `plugin` (see
+    /// [`crate::protocol::stage_file`]).
     ///
     /// # Errors
     ///
-    /// A plan file that cannot be read, named.
-    pub fn read(envelope: Envelope) -> Result<Self> {
-        let read = |path: &Path| -> std::io::Result<(Vec<u8>, Option<SystemTime>)> {
-            let mut file = std::fs::File::open(path)?;
-            let written = file.metadata().and_then(|meta| meta.modified()).ok();
-            let mut bytes = Vec::new();
-            file.read_to_end(&mut bytes)?;
-            Ok((bytes, written))
-        };
-        let (plan, written) = read(&envelope.plan)
-            .map_err(|e| RuntimeError::io("cannot read plan", &envelope.plan, e))?;
+    /// A plan file that cannot be read, or a stage file without this map's
+    /// files; named.
+    pub fn read(plugin: &Plugin, envelope: Envelope) -> Result<Self> {
+        // Taken first: a serving worker keeps a decoded stage only for the
+        // same bytes written at the same time.
+        let written = std::fs::metadata(&envelope.plan)
+            .and_then(|meta| meta.modified())
+            .ok();
+        let plan = stage_file::read_task_plan(plugin, &envelope.plan, envelope.partition as u64)?;
         Ok(Self {
             envelope,
             plan,
             written,
+        })
+    }
+
+    /// The task of `envelope` from its plan handed over by value (a plain
+    /// plan, a stage file or its copy for this map), as [`Self::read`]
+    /// would read it from the file.
+    ///
+    /// # Errors
+    ///
+    /// A stage file without this map's files, or files the plugin refuses.
+    pub fn from_bytes(plugin: &Plugin, envelope: Envelope, plan: Vec<u8>) -> Result<Self> {
+        let plan = stage_file::task_plan_from_bytes(plugin, plan, envelope.partition as u64)?;
+        Ok(Self {
+            envelope,
+            plan,
+            written: None,
         })
     }
 
@@ -122,10 +140,37 @@ pub fn check_task(
         ));
     }
     if vet {
-        let tables = envelope.spec.table_roots();
-        plugin
-            .vet_stage(&task.plan, &tables, &expected.display().to_string())
-            .map_err(|err| format!("{name}: plan {plan_file}: {}", err.strip_backtrace()))?;
+        vet_stage(plugin, task, &expected.display().to_string())
+            .map_err(|err| format!("{name}: plan {plan_file}: {err}"))?;
     }
     Ok(())
+}
+
+/// The plugin's vet of `task`'s plan, told the envelope's map as well as
+/// its tables and location, so a scan cut for another map is refused too.
+fn vet_stage(
+    plugin: &Plugin,
+    task: &TaskInput,
+    shuffle_dir: &str,
+) -> std::result::Result<(), String> {
+    let Some(vet) = plugin.module().vet_stage() else {
+        return Err(format!(
+            "the plugin {} cannot vet a stage (built before vet_stage); a worker runs no stage \
+             it cannot vet",
+            plugin.path().display()
+        ));
+    };
+    let allowed = serde_json::json!({
+        "tables": task.envelope.spec.table_roots(),
+        "shuffle_dir": shuffle_dir,
+        "map": task.envelope.partition,
+    })
+    .to_string();
+    match vet(RSlice::from_slice(&task.plan), RStr::from_str(&allowed)) {
+        RResult::ROk(()) => Ok(()),
+        RResult::RErr(message) => Err(format!(
+            "dfx plugin {}: stage check failed: {message}",
+            plugin.path().display()
+        )),
+    }
 }

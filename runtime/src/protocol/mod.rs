@@ -59,6 +59,7 @@ pub mod checks;
 pub mod envelope;
 pub mod report;
 pub mod serve;
+pub mod stage_file;
 
 pub use checks::{TaskInput, check_task};
 pub use envelope::{Envelope, TASK_DIR, attempt_path, envelope_path, plan_path};

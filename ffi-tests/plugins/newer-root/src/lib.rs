@@ -1,6 +1,6 @@
 //! A test-only dfx plugin declaring a *newer* root module: every field of the
 //! current one, same versions, plus one field appended after
-//! `new_logical_codec`, as a later version may append an export.
+//! `stage_for_map`, as a later version may append an export.
 //!
 //! A current host must load it and use every field it knows. The functions
 //! here do no query work (the constructors of DataFusion objects return an
@@ -25,6 +25,7 @@ use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use datafusion_ffi::query_planner::FFI_QueryPlanner;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
+use dfx_abi::module::DfxCutStage;
 use dfx_abi::{DFX_ABI_VERSION, DfxCounters, DfxStageInfo, FfiResult};
 
 /// Runs of the root-module initializer.
@@ -121,6 +122,14 @@ pub struct DfxPlugin {
     pub new_logical_codec: extern "C" fn(
         task_ctx_provider: FFI_TaskContextProvider,
     ) -> FfiResult<FFI_LogicalExtensionCodec>,
+    /// Cuts nothing: this plugin does no query work.
+    pub cut_stage: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxCutStage>,
+    /// Puts nothing together: this plugin does no query work.
+    pub stage_for_map: extern "C" fn(
+        shared: RSlice<'_, u8>,
+        map_files: RSlice<'_, u8>,
+        map: u64,
+    ) -> FfiResult<RVec<u8>>,
     /// The appended field: an export a later version might add.
     pub newer_field: extern "C" fn() -> u64,
 }
@@ -242,6 +251,18 @@ extern "C" fn session_settings() -> RString {
     RString::from(r#"{"datafusion.optimizer.repartition_file_scans":"false"}"#)
 }
 
+extern "C" fn cut_stage(_plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxCutStage> {
+    no_query_work()
+}
+
+extern "C" fn stage_for_map(
+    _shared: RSlice<'_, u8>,
+    _map_files: RSlice<'_, u8>,
+    _map: u64,
+) -> FfiResult<RVec<u8>> {
+    no_query_work()
+}
+
 /// A current host cannot name this field, so never calls it.
 extern "C" fn newer_field() -> u64 {
     count();
@@ -281,6 +302,8 @@ pub fn root_module() -> DfxPluginRef {
         session_settings,
         logical_codec_id: RStr::from_str("dfx_engine.logical.v1"),
         new_logical_codec,
+        cut_stage,
+        stage_for_map,
         newer_field,
     }
     .leak_into_prefix()
