@@ -175,6 +175,11 @@ struct RunArgs {
     /// whose slowest tasks sum largest) and the final read's time.
     #[arg(long)]
     analyze: bool,
+    /// Also write each stage (maps, buckets, deps) with every task's rows,
+    /// bytes and times, the waves, the final read and the wall time as JSON
+    /// to FILE (a script's last query), for tools that model a run.
+    #[arg(long, value_name = "FILE")]
+    analyze_json: Option<PathBuf>,
     /// Start workers with PROGRAM instead of `<this executable> worker`; its
     /// last argument is `--serve` in pool mode, the envelope path in process
     /// mode (e.g. another host's worker).
@@ -501,6 +506,12 @@ async fn run_query(
             result.worker_mode,
             dfx_host::driver::analyze::render(&result)
         );
+    }
+    if let Some(file) = &args.analyze_json {
+        let wall_ms = started.elapsed().as_secs_f64() * 1e3;
+        let doc = dfx_host::driver::analyze::to_json(&result, wall_ms);
+        std::fs::write(file, format!("{doc:#}\n"))
+            .map_err(|e| HostError::io("cannot write", file.clone(), e))?;
     }
     let fate = if temp.is_some() {
         "temporary, removed"

@@ -135,6 +135,48 @@ fn dfx_run_analyze_sums_each_stage_and_names_the_critical_path() {
     );
 }
 
+/// `--analyze-json FILE`: the stages as the plugin described them, with
+/// every task's report, as JSON a model of the run can read.
+#[test]
+fn dfx_run_analyze_json_writes_every_stage_and_task() {
+    let fixture = Fixture::new();
+    let table = format!("lineitem={}", fixture.table_dir().display());
+    let file = fixture.root.path().join("analyze.json");
+    let file_arg = file.to_str().unwrap();
+    let args = [
+        "run",
+        "--analyze-json",
+        file_arg,
+        "--table",
+        &table,
+        BY_FLAG,
+    ];
+    let out = dfx(&args);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    let stages = doc["stages"].as_array().unwrap();
+    // The default split: the grouping's hash exchange above the scan.
+    assert!(stages.len() >= 2, "{doc:#}");
+    let scan = stages
+        .iter()
+        .find(|s| s["deps"] == serde_json::json!([]))
+        .unwrap();
+    assert_eq!(scan["maps"], 4, "{doc:#}");
+    let tasks = scan["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 4, "{doc:#}");
+    let rows: u64 = tasks.iter().map(|t| t["rows"].as_u64().unwrap()).sum();
+    assert!(rows > 0, "{doc:#}");
+    assert!(
+        tasks.iter().all(|t| t["bytes"].as_u64().unwrap() > 0),
+        "{doc:#}"
+    );
+    let wall = doc["wall_ms"].as_f64().unwrap();
+    let slowest = tasks.iter().map(|t| t["wall_ms"].as_f64().unwrap());
+    assert!(slowest.fold(0.0, f64::max) <= wall, "{doc:#}");
+    assert!(!doc["waves"].as_array().unwrap().is_empty(), "{doc:#}");
+}
+
 #[test]
 fn dfx_run_formats_and_local_mode() {
     let fixture = Fixture::new();

@@ -153,6 +153,52 @@ fn longest_chain(
     found
 }
 
+/// `dfx run --analyze-json`'s document: every stage as the plugin described
+/// it (maps, buckets, deps, partitioning) with each of its tasks' report,
+/// the waves, the critical path, the final read and `wall_ms`, the whole
+/// run's time as the caller measured it. Every task is kept, not a summary,
+/// so a model of the run (`scripts/scaling-model.py`) can redo the schedule.
+pub fn to_json(result: &DistributedResult, wall_ms: f64) -> serde_json::Value {
+    let stages: Vec<serde_json::Value> = result
+        .stages
+        .iter()
+        .map(|stage| {
+            let tasks: Vec<serde_json::Value> = result
+                .task_reports
+                .range((stage.stage_id, 0)..=(stage.stage_id, usize::MAX))
+                .map(|((_, map), r)| {
+                    serde_json::json!({
+                        "map": map,
+                        "rows": r.rows,
+                        "bytes": r.bytes,
+                        "wall_ms": r.wall_ms,
+                        "elapsed_ms": r.elapsed_ms,
+                        "worker": r.worker,
+                        "attempt": r.attempt,
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "stage_id": stage.stage_id,
+                "maps": stage.maps,
+                "buckets": stage.buckets,
+                "deps": stage.deps,
+                "partitioning": stage.partitioning,
+                "tasks": tasks,
+            })
+        })
+        .collect();
+    let path = critical_path(result);
+    serde_json::json!({
+        "wall_ms": wall_ms,
+        "worker_mode": result.worker_mode.as_str(),
+        "final_read_ms": result.final_read_ms,
+        "waves": result.waves,
+        "critical_path": {"stages": path.stages, "tasks_ms": path.tasks_ms},
+        "stages": stages,
+    })
+}
+
 /// `dfx run --analyze`'s text: one line per stage, then the critical path.
 pub fn render(result: &DistributedResult) -> String {
     let mut out =
@@ -249,6 +295,27 @@ mod tests {
         assert_eq!(two.bytes, None);
         assert_eq!((two.min_ms, two.median_ms, two.max_ms), (2.0, 4.0, 10.0));
         assert_eq!(summaries[3].bytes, Some(20));
+    }
+
+    #[test]
+    fn the_json_document_keeps_every_task_under_its_stage() {
+        let doc = to_json(&result(), 40.0);
+        assert_eq!(doc["wall_ms"], 40.0);
+        assert_eq!(doc["final_read_ms"], 2.5);
+        assert_eq!(doc["critical_path"]["stages"], serde_json::json!([3, 2, 1]));
+        let two = &doc["stages"][1];
+        assert_eq!(two["stage_id"], 2);
+        assert_eq!(two["deps"], serde_json::json!([3]));
+        let maps: Vec<u64> = two["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["map"].as_u64().unwrap())
+            .collect();
+        assert_eq!(maps, vec![0, 1, 2]);
+        assert_eq!(two["tasks"][0]["wall_ms"], 10.0);
+        // A worker that did not say its bytes: null, not zero.
+        assert!(two["tasks"][2]["bytes"].is_null());
     }
 
     #[test]
