@@ -217,6 +217,7 @@ class Scheduler:
         max_workers: int | None = None,
         max_attempts: int = 3,
         task_timeout: float | None = None,
+        speculate: float | None = None,
     ) -> None: ...
     def run(
         self,

@@ -256,6 +256,7 @@ def run_distributed(
     max_attempts: int = 3,
     task_timeout: float | None = None,
     executor: Executor | None = None,
+    speculate: float | None = None,
 ) -> DistributedResult:
     """Run ``query`` with every map of every stage on a worker.
 
@@ -284,7 +285,10 @@ def run_distributed(
     killed, ran past ``task_timeout`` seconds, left no readable report, or
     reported a storage failure; an error the worker reports about the task
     would recur and is final. A task (or the root) that finds an upstream
-    map's output lost has that map run again first.
+    map's output lost has that map run again first. With ``speculate`` (a
+    factor above 1), once half of a stage's tasks have finished, a task
+    running that many times their median gets a second attempt on an idle
+    slot; the first to publish is the task's, and the other is stopped.
 
     Raises:
         ValueError: A spec without a shuffle location, settings that
@@ -312,6 +316,7 @@ def run_distributed(
             executor_of,
             max_attempts=max_attempts,
             task_timeout=task_timeout,
+            speculate=speculate,
             **options,
         )
         spec_json = spec.to_json_text()

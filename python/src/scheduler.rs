@@ -20,12 +20,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use dfx_runtime::protocol::stage_file;
 use dfx_runtime::scheduler::{
     ClaimedLocation as RuntimeClaim, EncodedStage, ForeignExecutor, ForeignFailure, ForeignRunner,
-    ProcessExecutor, QueryRun as RuntimeRun, StageInfo as RuntimeStageInfo, WorkerCommand,
-    WorkerPool as RuntimePool,
+    ProcessExecutor, QueryRun as RuntimeRun, Speculation, StageInfo as RuntimeStageInfo,
+    WorkerCommand, WorkerPool as RuntimePool,
 };
-use dfx_runtime::protocol::stage_file;
 use dfx_runtime::{
     Envelope, Executor, Scheduler as RuntimeScheduler, SchedulerOptions, SessionSpec,
 };
@@ -212,14 +212,16 @@ impl Scheduler {
     ///
     /// `max_workers` bounds the attempts in flight (default: the pool's
     /// bound, else the cores); `max_attempts` counts the first; an attempt
-    /// running past `task_timeout` seconds is stopped and retried.
+    /// running past `task_timeout` seconds is stopped and retried. With
+    /// `speculate`, a task running that many times its stage's median gets
+    /// a second attempt on an idle slot, and the first to publish wins.
     ///
     /// Raises:
     ///     ValueError: An unknown executor, `"process"` without a command, a
     ///         closed pool, or a bound, attempt count or timeout below 1 (0
-    ///         for the timeout).
+    ///         for the timeout), or a speculation factor not above 1.
     #[new]
-    #[pyo3(signature = (executor, *, command = None, max_workers = None, max_attempts = 3, task_timeout = None))]
+    #[pyo3(signature = (executor, *, command = None, max_workers = None, max_attempts = 3, task_timeout = None, speculate = None))]
     fn new(
         py: Python<'_>,
         executor: &Bound<'_, PyAny>,
@@ -227,7 +229,12 @@ impl Scheduler {
         max_workers: Option<usize>,
         max_attempts: u32,
         task_timeout: Option<f64>,
+        speculate: Option<f64>,
     ) -> PyResult<Self> {
+        let speculation = speculate
+            .map(Speculation::after)
+            .transpose()
+            .map_err(PyValueError::new_err)?;
         check_bound(max_workers)?;
         if max_attempts < 1 {
             return Err(PyValueError::new_err(format!(
@@ -283,6 +290,7 @@ impl Scheduler {
             max_attempts,
             task_timeout,
             progress: None,
+            speculation,
         };
         Ok(Self {
             scheduler: RuntimeScheduler::new(executor, options),

@@ -95,12 +95,16 @@ class Lcg:
 
 
 def killing_worker(kind: str, kill: str) -> list[str]:
-    """The command of a ``kind`` worker loading the test-hooks plugin, ``kill`` set.
+    """The command of a ``kind`` worker loading the test-hooks plugin, ``kill`` set."""
+    return hooked_worker(kind, f"{KILL_ENV}={kill}")
+
+
+def hooked_worker(kind: str, setting: str) -> list[str]:
+    """The command of a ``kind`` worker loading the test-hooks plugin, ``setting`` set.
 
     ``env`` execs the worker, so the pool's pid is the worker's own.
     """
     hooks = hooks_plugin()
-    setting = f"{KILL_ENV}={kill}"
     if kind == "python":
         return ["env", f"DFX_PLUGIN={hooks}", setting, *python_worker()]
     return ["env", setting, str(DFX), "worker", "--plugin", str(hooks)]
@@ -176,3 +180,46 @@ def test_fifty_runs_each_with_a_worker_killed_at_a_random_batch_all_answer_right
         # Closing the pool ended every worker it held.
         assert [pid for pid in workers if alive(pid)] == [], where
         shutil.rmtree(shuffle)
+
+
+SLOW_ENV = "DFX_TEST_SLOW_PUBLISH"
+"""The test-hooks plugin's straggler: ``NAME:MILLIS:FLAG``."""
+
+
+@pytest.mark.parametrize("kind", ["python", "rust"], ids=lambda k: f"{k}-workers")
+def test_a_straggling_map_is_overtaken_by_its_speculative_twin(
+    tmp_path: pathlib.Path, kind: str
+) -> None:
+    if kind == "rust":
+        require_dfx()
+    table = numbers_table(tmp_path)
+    flag = tmp_path / "slowed"
+    # The first attempt anywhere to publish a map 1 (a scan stage's) waits a
+    # minute first; its twin, finding the flag taken, does not.
+    command = hooked_worker(kind, f"{SLOW_ENV}=map-1.arrow:60000:{flag}")
+    shuffle = tmp_path / "shuffle"
+    spec = SessionSpec(tables={"t": str(table)}, shuffle_dir=str(shuffle))
+    with WorkerPool(max_workers=3, worker_command=command) as pool:
+        result = run_distributed(SELF_JOIN, spec, pool=pool, speculate=2.0)
+        workers = pool.pids()
+    assert as_rows(result.batches) == self_join_expected()
+    assert flag.exists(), "the straggler never got to its publish"
+    twice = [task for task, made in result.attempts.items() if made == 2]
+    assert len(twice) == 1, result.attempts
+    stage_id, map_index = twice[0]
+    assert map_index == 1, result.attempts
+    assert result.reports[twice[0]].attempt == 1, result.retries
+    name = f"stage {stage_id} map 1 attempt 1"
+    assert any(r.startswith(f"{name}: speculative") for r in result.retries), (
+        result.retries
+    )
+    won = f"{name}: published first; the first attempt was stopped"
+    assert won in result.retries, result.retries
+    assert_published_whole(spec.shuffle_dir, result, "speculation")
+    assert [pid for pid in workers if alive(pid)] == []
+
+
+def test_a_speculation_factor_not_above_one_is_refused(tmp_path: pathlib.Path) -> None:
+    spec = SessionSpec(tables={}, shuffle_dir=str(tmp_path / "shuffle"))
+    with pytest.raises(ValueError, match="above 1"):
+        run_distributed("SELECT 1", spec, speculate=1.0)
