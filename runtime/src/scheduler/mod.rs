@@ -866,28 +866,41 @@ mod tests {
             let millis = self.millis.get(&task.stage_id).copied().unwrap_or(1);
             tokio::time::sleep(Duration::from_millis(millis)).await;
             log("end");
-            if self.failing.contains(&task.stage_id) {
-                return Err(TaskFailure {
-                    stage_id: task.stage_id,
-                    map: task.map,
-                    reason: "failed on purpose".into(),
-                    stderr: String::new(),
-                    retry: Retry::No,
-                });
-            }
-            Ok(TaskReport {
-                rows: 1,
-                bytes: None,
-                elapsed_ms: None,
-                wall_ms: 0.0,
-                worker: None,
-                attempt: 0,
-            })
+            outcome(
+                task,
+                self.failing.contains(&task.stage_id),
+                "failed on purpose",
+            )
         }
 
         fn name(&self) -> String {
             "timed".into()
         }
+    }
+
+    /// A test executor's answer: one row published, or a final failure.
+    fn outcome(
+        task: &Task,
+        failing: bool,
+        reason: &str,
+    ) -> std::result::Result<TaskReport, TaskFailure> {
+        if failing {
+            return Err(TaskFailure {
+                stage_id: task.stage_id,
+                map: task.map,
+                reason: reason.into(),
+                stderr: String::new(),
+                retry: Retry::No,
+            });
+        }
+        Ok(TaskReport {
+            rows: 1,
+            bytes: None,
+            elapsed_ms: None,
+            wall_ms: 0.0,
+            worker: None,
+            attempt: 0,
+        })
     }
 
     fn tasks(infos: &[StageInfo]) -> Vec<Task> {
@@ -1020,23 +1033,8 @@ mod tests {
             let millis = self.millis.get(&key).copied().unwrap_or(100);
             tokio::time::sleep(Duration::from_millis(millis)).await;
             self.events.lock().unwrap().push(format!("end {name}"));
-            if self.failing.contains(&(task.stage_id, task.map, attempt)) {
-                return Err(TaskFailure {
-                    stage_id: task.stage_id,
-                    map: task.map,
-                    reason: format!("{name} failed on purpose"),
-                    stderr: String::new(),
-                    retry: Retry::No,
-                });
-            }
-            Ok(TaskReport {
-                rows: 1,
-                bytes: None,
-                elapsed_ms: None,
-                wall_ms: 0.0,
-                worker: None,
-                attempt: 0,
-            })
+            let failing = self.failing.contains(&(task.stage_id, task.map, attempt));
+            outcome(task, failing, &format!("{name} failed on purpose"))
         }
 
         fn name(&self) -> String {
