@@ -26,6 +26,9 @@
 //!                  every map) | partitions u64 | partition u64 (NO_PARTITION:
 //!                  none) | slot u32 (NO_SLOT: none); input: the file scan,
 //!                  holding that partition's file group only (see [`crate::map_files`])
+//! join filter (kind 8): body blob (JSON, see [`crate::filters::payload`]):
+//!                  a build stage's key summary or a probe side's filter;
+//!                  input: the node's child
 //! ```
 //!
 //! A recursive query's work table is shared, in memory, between the query
@@ -87,6 +90,7 @@ const KIND_WORK_TABLE: u8 = 4;
 const KIND_SEALED: u8 = 5;
 const KIND_STORE_SCAN: u8 = 6;
 const KIND_MAP_SCAN: u8 = 7;
+const KIND_JOIN_FILTER: u8 = 8;
 
 /// What a writer carries across a process boundary: its stage's description
 /// and how it splits rows (as encoded protobuf, decoded against its input).
@@ -144,6 +148,11 @@ pub enum Payload {
     },
     /// A `MapScanExec`: a file scan cut to the file group one map reads.
     MapScan(MapScanPayload),
+    /// A `KeySummaryExec` or `JoinFilterExec` (see [`crate::filters`]).
+    JoinFilter {
+        /// The node's body, as [`crate::filters::payload`] encodes it.
+        node: Vec<u8>,
+    },
 }
 
 pub(crate) fn fail(what: impl std::fmt::Display) -> DataFusionError {
@@ -226,13 +235,17 @@ impl Payload {
             Payload::Sealed { .. } => SEALED_NODE_NAME,
             Payload::StoreScan { .. } => STORE_SCAN_NODE_NAME,
             Payload::MapScan(_) => crate::map_files::MAP_SCAN_NODE_NAME,
+            Payload::JoinFilter { .. } => crate::filters::JOIN_FILTER_NODE_NAME,
         }
     }
 
     /// How many inputs the node this payload encodes has.
     fn inputs(&self) -> usize {
         match self {
-            Payload::Writer(_) | Payload::Reader(_) | Payload::MapScan(_) => 1,
+            Payload::Writer(_)
+            | Payload::Reader(_)
+            | Payload::MapScan(_)
+            | Payload::JoinFilter { .. } => 1,
             Payload::Recursive { .. } => 2,
             Payload::WorkTable { .. } | Payload::Sealed { .. } | Payload::StoreScan { .. } => 0,
         }
@@ -295,6 +308,10 @@ impl Payload {
                 buf.extend_from_slice(&scan.partitions.to_le_bytes());
                 buf.extend_from_slice(&scan.partition.to_le_bytes());
                 buf.extend_from_slice(&scan.slot.to_le_bytes());
+            }
+            Payload::JoinFilter { node } => {
+                buf.push(KIND_JOIN_FILTER);
+                put_blob(buf, node, "join filter")?;
             }
         }
         Ok(())
@@ -381,6 +398,9 @@ impl Payload {
                 partition: cursor.u64("partition")?,
                 slot: cursor.u32("slot")?,
             }),
+            KIND_JOIN_FILTER => Payload::JoinFilter {
+                node: cursor.blob("join filter")?.to_vec(),
+            },
             other => return Err(fail(format!("unknown node kind {other}"))),
         };
         if !cursor.buf.is_empty() {
@@ -608,6 +628,9 @@ impl DfxPhysicalCodec {
                 scan,
                 Arc::clone(&inputs[0]),
             )?)),
+            Payload::JoinFilter { node } => {
+                crate::filters::payload::decode_node(&node, &inputs[0], ctx, self, proto_converter)
+            }
         }
     }
 
@@ -639,6 +662,9 @@ impl DfxPhysicalCodec {
         }
         if let Some(scan) = node.downcast_ref::<MapScanExec>() {
             return Payload::MapScan(scan.payload()).encode(buf);
+        }
+        if let Some(body) = crate::filters::payload::encode_node(&node, self, proto_converter)? {
+            return Payload::JoinFilter { node: body }.encode(buf);
         }
         if let Some(query) = node.downcast_ref::<RecursiveQueryExec>() {
             return Payload::Recursive {

@@ -21,6 +21,12 @@
 //! - `dfx_engine.memory_table_limit`: the most bytes (as Arrow IPC) an
 //!   in-memory table may carry into a plan (see [`crate::memory_table`]);
 //!   64 MiB by default.
+//! - `dfx_engine.join_filters`: filters that cross stages (see
+//!   [`crate::filters`]): `auto` (the default: a join's probe side is
+//!   filtered by its build stage's keys when the build published at most
+//!   `join_filter_ratio` times the probe table's rows), `on` (whatever the
+//!   sizes) or `off` (none: the plan is cut as without them).
+//! - `dfx_engine.join_filter_ratio`: that threshold, `0.5` by default.
 //!
 //! A host that loaded the plugin registers the options as an
 //! `FFI_ExtensionOptions`, so on the plugin's side of the boundary they arrive
@@ -58,6 +64,24 @@ pub const S3_ALLOW_HTTP_KEY: &str = "dfx_engine.s3_allow_http";
 /// The full key of the in-memory table limit ([`dfx_abi::MEMORY_TABLE_LIMIT`]
 /// under [`CONFIG_PREFIX`]).
 pub const MEMORY_TABLE_LIMIT_KEY: &str = "dfx_engine.memory_table_limit";
+
+/// The full key of the filters that cross stages.
+pub const JOIN_FILTERS_KEY: &str = "dfx_engine.join_filters";
+
+/// The full key of the build-to-probe row ratio under which `auto` filters.
+pub const JOIN_FILTER_RATIO_KEY: &str = "dfx_engine.join_filter_ratio";
+
+/// Whether the planner adds filters that cross stages.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum JoinFilters {
+    /// When the build stage published at most this many times the probe
+    /// table's rows.
+    Auto(f64),
+    /// Whatever the sizes.
+    On,
+    /// Never.
+    Off,
+}
 
 /// How a writer compresses the segments of its map files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +129,10 @@ extensions_options! {
         pub s3_allow_http: bool, default = false
         /// The most bytes (Arrow IPC) an in-memory table may carry into a plan.
         pub memory_table_limit: u64, default = crate::memory_table::DEFAULT_MEMORY_TABLE_LIMIT
+        /// Filters that cross stages: `auto`, `on` or `off`.
+        pub join_filters: String, default = "auto".to_string()
+        /// `auto` filters when build rows are at most this times the probe table's.
+        pub join_filter_ratio: f64, default = 0.5
     }
 }
 
@@ -144,8 +172,9 @@ impl DfxConfig {
                 DataFusionError::Configuration(format!(
                     "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` (dfx declares \
                      `{SHUFFLE_DIR_KEY}`, `{SPLIT_KEY}`, `{SHUFFLE_COMPRESSION_KEY}`, \
-                     `{S3_ENDPOINT_KEY}`, `{S3_REGION_KEY}`, `{S3_ALLOW_HTTP_KEY}` and \
-                     `{MEMORY_TABLE_LIMIT_KEY}`): {err}"
+                     `{S3_ENDPOINT_KEY}`, `{S3_REGION_KEY}`, `{S3_ALLOW_HTTP_KEY}`, \
+                     `{MEMORY_TABLE_LIMIT_KEY}`, `{JOIN_FILTERS_KEY}` and \
+                     `{JOIN_FILTER_RATIO_KEY}`): {err}"
                 ))
             })?;
         }
@@ -186,6 +215,32 @@ impl DfxConfig {
             other => Err(DataFusionError::Configuration(format!(
                 "dfx config: `{SHUFFLE_COMPRESSION_KEY}` is {other:?}; expected \"auto\", \"lz4\" \
                  or \"none\""
+            ))),
+        }
+    }
+
+    /// Whether (and when) the planner filters probe sides across stages.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `auto`, `on` or `off`, or a ratio that is not a
+    /// number of at least 0, named in the message.
+    pub fn join_filters(&self) -> Result<JoinFilters> {
+        match self.join_filters.trim() {
+            "" | "auto" => {
+                let ratio = self.join_filter_ratio;
+                if ratio.is_nan() || ratio < 0.0 {
+                    return Err(DataFusionError::Configuration(format!(
+                        "dfx config: `{JOIN_FILTER_RATIO_KEY}` is {ratio}; expected a number of \
+                         at least 0"
+                    )));
+                }
+                Ok(JoinFilters::Auto(ratio))
+            }
+            "on" => Ok(JoinFilters::On),
+            "off" => Ok(JoinFilters::Off),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{JOIN_FILTERS_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
             ))),
         }
     }
@@ -304,6 +359,32 @@ mod tests {
         assert_eq!(
             DfxConfig::default().memory_table_limit,
             crate::memory_table::DEFAULT_MEMORY_TABLE_LIMIT
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn join_filters_are_auto_unless_set() -> Result<()> {
+        let config = DfxConfig::from_config(&ConfigOptions::default())?;
+        assert_eq!(config.join_filters()?, JoinFilters::Auto(0.5));
+        let options = options_with_ffi(JOIN_FILTERS_KEY, "off")?;
+        assert_eq!(
+            DfxConfig::from_config(&options)?.join_filters()?,
+            JoinFilters::Off
+        );
+        let options = options_with_ffi(JOIN_FILTER_RATIO_KEY, "0.25")?;
+        assert_eq!(
+            DfxConfig::from_config(&options)?.join_filters()?,
+            JoinFilters::Auto(0.25)
+        );
+        let options = options_with_ffi(JOIN_FILTERS_KEY, "sometimes")?;
+        let err = DfxConfig::from_config(&options)?
+            .join_filters()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(JOIN_FILTERS_KEY) && err.contains("sometimes"),
+            "{err}"
         );
         Ok(())
     }

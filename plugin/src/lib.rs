@@ -22,6 +22,7 @@ pub mod counters;
 pub mod exchange;
 pub mod export;
 pub mod failures;
+pub mod filters;
 pub mod functions;
 pub mod guard;
 pub mod map_files;

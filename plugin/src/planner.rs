@@ -54,6 +54,7 @@ impl QueryPlanner for DfxQueryPlanner {
         counters::planner_called();
         let dfx = DfxConfig::from_config(session.config_options())?;
         let split = dfx.split_mode()?;
+        let filters = dfx.join_filters()?;
         // Checked here too, so a typo fails the query before any task runs.
         dfx.shuffle_compression(true)?;
         let shuffle_dir = dfx.shuffle_dir();
@@ -92,7 +93,7 @@ impl QueryPlanner for DfxQueryPlanner {
             None => Ok(plan),
             Some(dir) => {
                 let plan = wrap_store_scans(plan)?;
-                let (plan, stages) = insert_stages(plan, &dir, split)?;
+                let (plan, stages) = insert_stages(plan, &dir, split, filters)?;
                 counters::stages_inserted(stages);
                 Ok(plan)
             }

@@ -28,6 +28,9 @@
 //!
 //! Stages are numbered in pre-order once every cut is made (see
 //! [`renumber`]), so the n-th writer in pre-order has id `FIRST_STAGE_ID + n`.
+//! Then the joins whose build side is a stage of its own get their filters
+//! ([`crate::filters::plan`]), and the plan is numbered again: the ids stay,
+//! and a stage whose probe side is filtered depends on the build stage too.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -52,8 +55,9 @@ use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMerge
 use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
-use crate::config::SplitMode;
+use crate::config::{JoinFilters, SplitMode};
 use crate::exchange::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
+use crate::filters::{JoinFilterExec, add_join_filters};
 use crate::paths::stage_id;
 
 /// Cut `plan` into stages under `mode`, publishing into `shuffle_dir`;
@@ -66,6 +70,7 @@ pub fn insert_stages(
     plan: Arc<dyn ExecutionPlan>,
     shuffle_dir: &Path,
     mode: SplitMode,
+    filters: JoinFilters,
 ) -> Result<(Arc<dyn ExecutionPlan>, u64)> {
     let cutter = Cutter {
         shuffle_dir: shuffle_dir.to_path_buf(),
@@ -93,7 +98,14 @@ pub fn insert_stages(
     };
     let mut next = 0;
     let plan = renumber(plan, &mut next)?;
-    Ok((plan, next))
+    if filters == JoinFilters::Off {
+        return Ok((plan, next));
+    }
+    // Ids do not change (no writer is added); deps gain the build stages.
+    let plan = add_join_filters(plan, filters)?;
+    let mut again = 0;
+    let plan = renumber(plan, &mut again)?;
+    Ok((plan, again))
 }
 
 struct Cutter {
@@ -539,6 +551,7 @@ fn renumber(plan: Arc<dyn ExecutionPlan>, next: &mut u64) -> Result<Arc<dyn Exec
         let mut deps = Vec::new();
         first_writers(&input, &mut deps);
         deps.sort_unstable();
+        deps.dedup();
         let renumbered = ShuffleWriterExec::try_new(
             id,
             writer.shuffle_dir().to_path_buf(),
@@ -560,11 +573,16 @@ fn renumber(plan: Arc<dyn ExecutionPlan>, next: &mut u64) -> Result<Arc<dyn Exec
     replace_children_if_necessary(plan, children)
 }
 
-/// Ids of the writers met first below `plan` on each path.
+/// Ids of the writers met first below `plan` on each path, and of the
+/// build stages whose summaries a join filter on the way reads (its task
+/// must not start before they are published).
 pub(crate) fn first_writers(plan: &Arc<dyn ExecutionPlan>, ids: &mut Vec<u64>) {
     if let Some(writer) = plan.downcast_ref::<ShuffleWriterExec>() {
         ids.push(writer.stage_id());
         return;
+    }
+    if let Some(filter) = plan.downcast_ref::<JoinFilterExec>() {
+        ids.push(filter.build().stage_id);
     }
     for child in plan.children() {
         first_writers(child, ids);

@@ -366,6 +366,20 @@ impl<'v> Walk<'v> {
                     self.findings.push(finding);
                 }
             }
+            // A probe side's filter reads its build stage's markers: from the
+            // spec's shuffle location only.
+            Some(Payload::JoinFilter { node }) => {
+                if let Some(dir) = crate::filters::payload::read_location(&node)
+                    && !same_location(&dir, &self.allowed.shuffle_dir)
+                {
+                    let finding = format!(
+                        "a join filter (at {}) reads {dir}, not the spec's shuffle location {}",
+                        self.at(),
+                        self.allowed.shuffle_dir
+                    );
+                    self.findings.push(finding);
+                }
+            }
             Some(Payload::Reader(_) | Payload::Recursive { .. } | Payload::WorkTable { .. }) => {}
             None => {
                 let finding = format!(

@@ -26,6 +26,7 @@ use dfx_abi::FailureClass;
 use serde::{Deserialize, Serialize};
 
 use crate::failures;
+use crate::filters::KeySummary;
 
 /// One Arrow IPC stream inside a map's file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +65,12 @@ pub struct MapMarker {
     pub bytes: u64,
     /// One entry per bucket, in bucket order.
     pub buckets: Vec<BucketEntry>,
+    /// The summary of the map's join keys, when its stage is the build side
+    /// of a join whose probe side is filtered by it (see
+    /// [`crate::filters`]). Inside the marker, so a published map always
+    /// has its summary: both are committed at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<KeySummary>,
 }
 
 /// The last 8 bytes of every map file.
@@ -363,6 +370,7 @@ mod tests {
                     segments: vec![],
                 },
             ],
+            keys: None,
         }
     }
 

@@ -442,6 +442,43 @@ async fn read_markers(
     Ok(queue)
 }
 
+/// The commit marker of map `map` of stage `stage_id` (of `buckets` buckets)
+/// published into `shuffle_dir`, local or on S3, checked as a reader checks
+/// it. A missing map is lost output, recorded for the location as a
+/// reader records it.
+///
+/// # Errors
+///
+/// Those of [`MapMarker::read`], and an S3 location that cannot be reached.
+pub(crate) async fn read_map_marker(
+    shuffle_dir: &Path,
+    config: &DfxConfig,
+    stage_id: u64,
+    map: usize,
+    buckets: usize,
+) -> Result<MapMarker> {
+    let location = ShuffleLocation::parse(shuffle_dir)
+        .map_err(|e| DataFusionError::Execution(format!("dfx stage {stage_id} map {map}: {e}")))?;
+    let root = location_root(&location);
+    let path = map_path(&root, stage_id, map);
+    let at = MapFileRef {
+        location: &root,
+        path: &path,
+        stage_id,
+        map,
+        bucket: 0,
+        buckets,
+    };
+    match location {
+        ShuffleLocation::Local(_) => Ok(MapMarker::read(&at)?.0),
+        ShuffleLocation::S3(s3) => {
+            let store =
+                s3_store(&s3.bucket, &S3Options::from_config(config)).map_err(|e| at.error(e))?;
+            Ok(read_remote_marker(&store, &s3, &at).await?.0)
+        }
+    }
+}
+
 /// The marker closing the object at `path`: its tail, and, for an index
 /// longer than the first guess, the rest of it; with the object's size and
 /// entity tag, which every later fetch of its segments must match.

@@ -7,7 +7,8 @@
 //!                        partitioner, coalesce per bucket; each full batch
 //!                        is one segment appended to the map's temp file
 //!   end of input: the rest of each bucket as a last segment, then the
-//!   commit marker (the index of the segments by bucket), then publish the
+//!   commit marker (the index of the segments by bucket, and the key
+//!   summary when the input is a `KeySummaryExec`), then publish the
 //!   file (rename)
 //!   error or drop: the temp file removed, nothing published
 //!   (an s3:// location: the map's object uploads as it is written and
@@ -56,6 +57,7 @@ use super::store::{
 };
 use crate::config::{DfxConfig, ShuffleCompression};
 use crate::counters::LiveObject;
+use crate::filters::summarize::{self, KeySummaryExec, SummarySlot};
 use crate::guard::{self, GuardedStream};
 use crate::paths::map_path;
 use crate::planner::isolated_task_context;
@@ -331,7 +333,16 @@ impl ShuffleWriterExec {
                 location: s3.clone(),
             },
         };
-        let input = self.input.execute(map, isolated_task_context(&context))?;
+        let task_context = isolated_task_context(&context);
+        // A build stage of a filtered join sums up its keys as rows go by,
+        // for the marker (see `crate::filters`).
+        let (input, summary) = match self.input.downcast_ref::<KeySummaryExec>() {
+            Some(summarize) => {
+                let (input, slot) = summarize.execute_summarized(map, task_context)?;
+                (input, Some(slot))
+            }
+            None => (self.input.execute(map, task_context)?, None),
+        };
         let batch_size = context.session_config().batch_size();
         // The worker's session decides (readers detect it per message).
         let compression = config
@@ -349,6 +360,7 @@ impl ShuffleWriterExec {
             batch_size,
             compression,
             batches_written: 0,
+            summary,
             _live: LiveObject::new(),
         };
         let summary = futures::stream::once(job.run(input));
@@ -429,6 +441,8 @@ struct MapJob {
     compression: ShuffleCompression,
     /// Segments written so far (for the test hooks).
     batches_written: u64,
+    /// The key summary of a build stage's map, complete once the input ends.
+    summary: Option<SummarySlot>,
     _live: LiveObject,
 }
 
@@ -569,12 +583,15 @@ impl MapJob {
             // Every bucket is empty: the file is the marker alone.
             None => self.create_sink()?,
         };
+        // Complete: `run` read the input to its end before publishing.
+        let keys = self.summary.as_ref().and_then(summarize::finish);
         let marker = MapMarker {
             stage_id: self.stage_id,
             map: self.map as u64,
             attempt: 0,
             bytes: sink.len(),
             buckets,
+            keys,
         };
         // Last: the file is published (renamed, or its upload completed)
         // only once it ends with the marker, so its presence is the commit.

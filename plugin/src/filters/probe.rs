@@ -1,0 +1,443 @@
+//! `JoinFilterExec`: the probe side's filter near its scan, built when its
+//! task runs from the key summaries every map of the build stage published.
+//!
+//! ```text
+//!   ... (the probe stage, which depends on build stage B)
+//!     JoinFilterExec [keys, stage B]  1. read every map of B's marker (its key summary)
+//!       DataSourceExec (Parquet)      2. the scan again, with `key >= min AND key <= max`
+//!                                        added to its predicate: row groups and pages
+//!                                        outside every map's bounds are skipped
+//!                                     3. each batch: rows whose key no map of B holds
+//!                                        are dropped, before they are hashed and written
+//! ```
+//!
+//! It filters only when B's published rows are at most `max_build_rows`
+//! (the planner's threshold against the probe table's rows); over it, or
+//! when a map published no summary, rows pass unchanged, as they do once
+//! the filter has dropped fewer than one in ten of the first rows it tested
+//! (unless forced on: `max_build_rows` unbounded). A build stage
+//! with no non-null key leaves nothing to read: the scan is not run.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use datafusion::arrow::array::BooleanArray;
+use datafusion::arrow::compute::filter_record_batch;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::datasource::physical_plan::{FileScanConfig, FileSource, ParquetSource};
+use datafusion::datasource::source::DataSourceExec;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column, Literal};
+use datafusion::physical_expr::utils::conjunction;
+use datafusion::physical_plan::metrics::{self, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
+};
+use futures::{StreamExt, TryStreamExt};
+
+use super::summary::{KeyFilter, KeySummary};
+use crate::config::DfxConfig;
+use crate::counters::LiveObject;
+use crate::exchange::reader::read_map_marker;
+use crate::guard::{self, GuardedStream};
+use crate::tables::StoreScanExec;
+
+/// Name of the node.
+pub const JOIN_FILTER_NODE_NAME: &str = "JoinFilterExec";
+
+/// The build stage whose summaries a filter reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildStage {
+    /// Its id.
+    pub stage_id: u64,
+    /// Its maps.
+    pub maps: usize,
+    /// Its buckets per map.
+    pub buckets: usize,
+    /// Where it publishes.
+    pub shuffle_dir: PathBuf,
+}
+
+/// Drops the probe rows whose join key the build stage does not hold.
+#[derive(Debug)]
+pub struct JoinFilterExec {
+    input: Arc<dyn ExecutionPlan>,
+    keys: Vec<Arc<dyn PhysicalExpr>>,
+    build: BuildStage,
+    max_build_rows: u64,
+    metrics: ExecutionPlanMetricsSet,
+    _live: LiveObject,
+}
+
+impl JoinFilterExec {
+    /// A filter of `input`'s rows by `keys` (expressions on its schema, one
+    /// per column of the build's key, in order), reading the summaries of
+    /// `build`, when it published at most `max_build_rows` rows.
+    pub fn new(
+        input: Arc<dyn ExecutionPlan>,
+        keys: Vec<Arc<dyn PhysicalExpr>>,
+        build: BuildStage,
+        max_build_rows: u64,
+    ) -> Self {
+        Self {
+            input,
+            keys,
+            build,
+            max_build_rows,
+            metrics: ExecutionPlanMetricsSet::new(),
+            _live: LiveObject::new(),
+        }
+    }
+
+    /// The probe key expressions.
+    pub fn keys(&self) -> &[Arc<dyn PhysicalExpr>] {
+        &self.keys
+    }
+
+    /// The build stage read.
+    pub fn build(&self) -> &BuildStage {
+        &self.build
+    }
+
+    /// Above this many published build rows, rows pass unchanged.
+    pub fn max_build_rows(&self) -> u64 {
+        self.max_build_rows
+    }
+
+    /// The probe side below.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+}
+
+impl DisplayAs for JoinFilterExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let keys: Vec<String> = self.keys.iter().map(|k| k.to_string()).collect();
+        write!(
+            f,
+            "{JOIN_FILTER_NODE_NAME}: keys=[{}], build_stage={}, max_build_rows={}",
+            keys.join(", "),
+            self.build.stage_id,
+            self.max_build_rows
+        )
+    }
+}
+
+impl ExecutionPlan for JoinFilterExec {
+    fn name(&self) -> &str {
+        JOIN_FILTER_NODE_NAME
+    }
+
+    /// The input's: a filter keeps partitioning and order.
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        for key in &self.keys {
+            if f(key)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 1 {
+            return Err(DataFusionError::Internal(format!(
+                "dfx {JOIN_FILTER_NODE_NAME}: takes one child, got {}",
+                children.len()
+            )));
+        }
+        Ok(Arc::new(Self::new(
+            children.swap_remove(0),
+            self.keys.clone(),
+            self.build.clone(),
+            self.max_build_rows,
+        )))
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.replace_children(
+            children,
+            ReplaceChildrenOptions::new(
+                datafusion::physical_plan::execution_plan::ChildrenPropertiesMode::Recompute,
+            ),
+        )
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    /// Runs behind [`crate::guard`]; the summaries are read on the first
+    /// poll (from S3, requests on the plugin's runtime, awaited).
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let place = format!(
+            "{JOIN_FILTER_NODE_NAME} of build stage {} partition {partition}",
+            self.build.stage_id
+        );
+        let stream = guard::catch(format_args!("{place} execute"), || {
+            self.start(partition, context)
+        })?;
+        Ok(GuardedStream::wrap(place, stream))
+    }
+}
+
+impl JoinFilterExec {
+    fn start(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let schema = self.input.schema();
+        let input = Arc::clone(&self.input);
+        let keys = self.keys.clone();
+        let build = self.build.clone();
+        let max_build_rows = self.max_build_rows;
+        let dropped = metrics::MetricBuilder::new(&self.metrics).counter("rows_dropped", partition);
+        let kept = metrics::MetricBuilder::new(&self.metrics).output_rows(partition);
+        let opened = async move {
+            let config = DfxConfig::from_config(context.session_config().options())?;
+            let summaries = read_summaries(&build, &config).await?;
+            let Some(summaries) = summaries else {
+                return input.execute(partition, context);
+            };
+            let rows: u64 = summaries.iter().map(|s| s.rows).sum();
+            if rows > max_build_rows {
+                return input.execute(partition, context);
+            }
+            let filter = KeyFilter::from_summaries(&summaries, keys.len())?;
+            if filter.empty {
+                // No key to match: the scan need not run at all.
+                let empty: SendableRecordBatchStream = Box::pin(RecordBatchStreamAdapter::new(
+                    input.schema(),
+                    futures::stream::empty(),
+                ));
+                return Ok(empty);
+            }
+            let input = with_bounds_pruning(&input, &keys, &filter)?;
+            let bounds = bounds_predicate(&keys, &filter);
+            let stream = input.execute(partition, context)?;
+            // Forced on (no threshold), it never gives up.
+            let mut verdict = Verdict::new(max_build_rows == u64::MAX);
+            let filtered = stream.map(move |batch| {
+                let batch = batch?;
+                let before = batch.num_rows();
+                let batch = if verdict.given_up() {
+                    batch
+                } else if filter.has_keys() {
+                    filter.filter(&batch, &keys)?
+                } else {
+                    match &bounds {
+                        Some(predicate) => filter_by(&batch, predicate)?,
+                        None => batch,
+                    }
+                };
+                verdict.saw(before, batch.num_rows());
+                dropped.add(before - batch.num_rows());
+                kept.add(batch.num_rows());
+                Ok(batch)
+            });
+            Ok(
+                Box::pin(RecordBatchStreamAdapter::new(input.schema(), filtered))
+                    as SendableRecordBatchStream,
+            )
+        };
+        let stream = futures::stream::once(opened).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// Rows a filter tests before judging whether it pays.
+const SAMPLE_ROWS: usize = 1 << 16;
+
+/// Whether a filter still pays: one that dropped fewer than one row in ten
+/// of its first [`SAMPLE_ROWS`] passes the rest unchanged (every key of
+/// the probe side is in the build, as a foreign key to a whole table is),
+/// where testing each row would cost more than it saves.
+struct Verdict {
+    forced: bool,
+    seen: usize,
+    dropped: usize,
+    given_up: bool,
+}
+
+impl Verdict {
+    fn new(forced: bool) -> Self {
+        Self {
+            forced,
+            seen: 0,
+            dropped: 0,
+            given_up: false,
+        }
+    }
+
+    fn given_up(&self) -> bool {
+        self.given_up
+    }
+
+    fn saw(&mut self, before: usize, after: usize) {
+        if self.forced || self.given_up {
+            return;
+        }
+        self.seen += before;
+        self.dropped += before - after;
+        if self.seen >= SAMPLE_ROWS && self.dropped * 10 < self.seen {
+            self.given_up = true;
+        }
+    }
+}
+
+/// The summary in the marker of every map of `build`; `None` when some map
+/// published none (rows then pass unchanged).
+async fn read_summaries(build: &BuildStage, config: &DfxConfig) -> Result<Option<Vec<KeySummary>>> {
+    let mut summaries = Vec::with_capacity(build.maps);
+    for map in 0..build.maps {
+        let marker = read_map_marker(
+            &build.shuffle_dir,
+            config,
+            build.stage_id,
+            map,
+            build.buckets,
+        )
+        .await?;
+        match marker.keys {
+            Some(summary) => summaries.push(summary),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(summaries))
+}
+
+/// `key >= min AND key <= max` for every key column with bounds, on the
+/// schema the keys are expressions of.
+fn bounds_predicate(
+    keys: &[Arc<dyn PhysicalExpr>],
+    filter: &KeyFilter,
+) -> Option<Arc<dyn PhysicalExpr>> {
+    let mut parts: Vec<Arc<dyn PhysicalExpr>> = Vec::new();
+    for (key, bounds) in keys.iter().zip(&filter.bounds) {
+        let Some((min, max)) = bounds else {
+            continue;
+        };
+        parts.push(Arc::new(BinaryExpr::new(
+            Arc::clone(key),
+            Operator::GtEq,
+            Arc::new(Literal::new(min.clone())),
+        )));
+        parts.push(Arc::new(BinaryExpr::new(
+            Arc::clone(key),
+            Operator::LtEq,
+            Arc::new(Literal::new(max.clone())),
+        )));
+    }
+    (!parts.is_empty()).then(|| conjunction(parts))
+}
+
+fn filter_by(batch: &RecordBatch, predicate: &Arc<dyn PhysicalExpr>) -> Result<RecordBatch> {
+    let keep = predicate.evaluate(batch)?.into_array(batch.num_rows())?;
+    let keep = keep
+        .as_any()
+        .downcast_ref::<BooleanArray>()
+        .ok_or_else(|| {
+            DataFusionError::Internal("dfx join filter: the bounds are not a predicate".into())
+        })?;
+    Ok(filter_record_batch(batch, keep)?)
+}
+
+/// `input` with the build's bounds handed to its Parquet scan's pruning,
+/// when it is one (directly, or inside a [`StoreScanExec`]) and the keys
+/// are columns of the table; otherwise `input` itself.
+///
+/// Only pruning: the scan's row filter stays as configured, and the rows
+/// are filtered above it.
+fn with_bounds_pruning(
+    input: &Arc<dyn ExecutionPlan>,
+    keys: &[Arc<dyn PhysicalExpr>],
+    filter: &KeyFilter,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    if let Some(store) = input.downcast_ref::<StoreScanExec>() {
+        let scan = with_bounds_pruning(store.scan(), keys, filter)?;
+        return Ok(Arc::new(StoreScanExec::new(scan)));
+    }
+    let Some(scan) = input.downcast_ref::<DataSourceExec>() else {
+        return Ok(Arc::clone(input));
+    };
+    let Some(config) = scan.data_source().downcast_ref::<FileScanConfig>() else {
+        return Ok(Arc::clone(input));
+    };
+    let Some(parquet) = config.file_source().downcast_ref::<ParquetSource>() else {
+        return Ok(Arc::clone(input));
+    };
+    let table = Arc::clone(parquet.table_schema().table_schema());
+    let mut parts: Vec<Arc<dyn PhysicalExpr>> = Vec::new();
+    for (key, bounds) in keys.iter().zip(&filter.bounds) {
+        let Some((min, max)) = bounds else {
+            continue;
+        };
+        let Some(column) = table_column(parquet, key) else {
+            continue;
+        };
+        // The column as the table holds it: a key of another type (a
+        // projection cast it) is not compared with the file's statistics.
+        let Ok(index) = table.index_of(column.name()) else {
+            continue;
+        };
+        if table.field(index).data_type() != &min.data_type() {
+            continue;
+        }
+        let column: Arc<dyn PhysicalExpr> = Arc::new(Column::new(column.name(), index));
+        parts.push(Arc::new(BinaryExpr::new(
+            Arc::clone(&column),
+            Operator::GtEq,
+            Arc::new(Literal::new(min.clone())),
+        )));
+        parts.push(Arc::new(BinaryExpr::new(
+            column,
+            Operator::LtEq,
+            Arc::new(Literal::new(max.clone())),
+        )));
+    }
+    if parts.is_empty() {
+        return Ok(Arc::clone(input));
+    }
+    let predicate = conjunction(FileSource::filter(parquet).into_iter().chain(parts));
+    let mut config = config.clone();
+    config.file_source = Arc::new(parquet.with_predicate(predicate));
+    Ok(DataSourceExec::from_data_source(config))
+}
+
+/// The table column `key` (an expression on the scan's output) reads, when
+/// it is a column through the scan's projection.
+fn table_column(parquet: &ParquetSource, key: &Arc<dyn PhysicalExpr>) -> Option<Column> {
+    let unprojected = match FileSource::projection(parquet) {
+        Some(projection) => projection.unproject_expr(key).ok()?,
+        None => Arc::clone(key),
+    };
+    unprojected.downcast_ref::<Column>().cloned()
+}
