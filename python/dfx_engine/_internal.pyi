@@ -159,6 +159,9 @@ def effective_target_partitions(json: str) -> int:
 def unreadable_file(name: str, json: str, store_options: dict[str, str]) -> str | None:
     """Which file of the table cannot be registered, and why; or None."""
 
+def partition_clash(name: str, json: str, file_columns: list[str]) -> str | None:
+    """The refusal of a partition column among ``file_columns``, if one is."""
+
 def parse_script(sql: str) -> tuple[str, list[str]]:
     """A script's tables (a JSON object of definitions) and its queries' texts."""
 

@@ -398,24 +398,13 @@ def _register_table(
         # DataFusion refuses the table's schema when a partition column
         # repeats a file column: said as the clash it is.
         repeated = [column for column in partitions if column in str(err)]
-        if repeated:
-            raise _partition_clash(name, definition.location, repeated[0]) from err
-        message = f"table {name} ({definition.location}): {err}"
+        clash = _internal.partition_clash(name, table_json, repeated)
+        message = clash or f"table {name} ({definition.location}): {err}"
         raise ValueError(message) from err
     files = fields[: len(fields) - len(partitions)]
-    clash = [column for column in partitions if column in files]
-    if clash:
-        raise _partition_clash(name, definition.location, clash[0])
-
-
-def _partition_clash(name: str, location: str, column: str) -> ValueError:
-    """The error for partition column ``column`` also being a file column."""
-    message = (
-        f"table {name} ({location}): partition column {column} is also a column "
-        "of its files; name the partition column differently or leave it out "
-        "of the definition"
-    )
-    return ValueError(message)
+    clash = _internal.partition_clash(name, table_json, files)
+    if clash is not None:
+        raise ValueError(clash)
 
 
 def build_worker_session(

@@ -83,6 +83,24 @@ pub fn unreadable_file(
     }))
 }
 
+/// The refusal of table `name` (the definition `json`) when one of its
+/// partition columns is among `file_columns`, the columns of its files
+/// (the runtime's rule, the Rust host's too); `None` when none is.
+///
+/// Raises:
+///     ValueError: A definition that does not parse.
+#[pyfunction]
+pub fn partition_clash(
+    name: &str,
+    json: &str,
+    file_columns: Vec<String>,
+) -> PyResult<Option<String>> {
+    let table: TableDefinition = serde_json::from_str(json)
+        .map_err(|e| PyValueError::new_err(format!("table {name}: {e}")))?;
+    let columns: Vec<&str> = file_columns.iter().map(String::as_str).collect();
+    Ok(dfx_runtime::tables::partition_clash(name, &table, &columns))
+}
+
 /// A script's tables and queries: each `CREATE EXTERNAL TABLE` as a
 /// definition (a JSON object of name to definition), then each query's text.
 ///

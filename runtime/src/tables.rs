@@ -51,6 +51,27 @@ pub fn s3_store(
     Ok(Arc::new(store))
 }
 
+/// The refusal of a table whose partition column is also a column of its
+/// files, which both hosts raise: DataFusion takes such a definition, and a
+/// query would then read one of the two by chance. `file_columns` are the
+/// registered table's columns without its partition columns (a listing
+/// table puts those last); `None` when no partition column repeats one.
+pub fn partition_clash(
+    name: &str,
+    table: &TableDefinition,
+    file_columns: &[&str],
+) -> Option<String> {
+    let column = table
+        .partition_columns
+        .iter()
+        .find(|column| file_columns.contains(&column.name.as_str()))?;
+    Some(format!(
+        "table {name} ({}): partition column {} is also a column of its files; name the \
+         partition column differently or leave it out of the definition",
+        table.location, column.name
+    ))
+}
+
 /// The extension DataFusion lists `table`'s files by: the format's, then
 /// its compression's (`format.compression` of `gzip` lists `.csv.gz`).
 pub fn file_extension(table: &TableDefinition) -> String {

@@ -569,22 +569,11 @@ async fn check_partition_columns(
         .await
         .context(|| format!("table {name} is not registered"))?;
     // A listing table's columns: its files', then its partition columns.
-    let file_schema = provider.schema();
-    let file_columns = file_schema
-        .fields()
-        .len()
-        .saturating_sub(table.partition_columns.len());
-    for column in &table.partition_columns {
-        let clash = file_schema.fields()[..file_columns]
-            .iter()
-            .any(|field| field.name() == &column.name);
-        if clash {
-            return Err(HostError::Invalid(format!(
-                "table {name} ({}): partition column {} is also a column of its files; name \
-                 the partition column differently or leave it out of the definition",
-                table.location, column.name
-            )));
-        }
+    let schema = provider.schema();
+    let columns: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    let files = columns.len().saturating_sub(table.partition_columns.len());
+    if let Some(clash) = dfx_runtime::tables::partition_clash(name, table, &columns[..files]) {
+        return Err(HostError::Invalid(clash));
     }
     Ok(())
 }
