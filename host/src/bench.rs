@@ -1,4 +1,6 @@
 //! `dfx bench overhead`: what one task costs when it has no data to work on.
+//! (`dfx bench many-files`, what a table of many files costs the driver and
+//! each task, is [`many_files`].)
 //!
 //! A distributed query pays, for every task, a process start, a plugin load
 //! and ABI handshake, a session build, a plan decode, the execution and the
@@ -33,6 +35,8 @@
 //!   (another shuffle directory: its session is built for it);
 //! - **pool, new worker**: the first task of a freshly started worker
 //!   (process start, plugin load, session build), paid once per slot.
+
+pub mod many_files;
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -76,6 +80,10 @@ pub enum BenchCommand {
     /// Run one task with a clock around each step (started by `overhead`).
     #[command(hide = true)]
     Task(TaskArgs),
+    /// What a table of many files costs: the driver's planning, encoding
+    /// and cut, and each task's read, checks and decode, cut to its own
+    /// files and with the whole stage (medians; `--run`: end to end).
+    ManyFiles(many_files::ManyFilesArgs),
 }
 
 /// Arguments of `dfx bench overhead`.
@@ -251,6 +259,18 @@ pub async fn run_cli(args: BenchArgs) -> Result<ExitCode, TpchError> {
         }
         BenchCommand::Task(args) => {
             timed_task(args.plugin.as_deref(), &args.envelope).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::ManyFiles(args) => {
+            let plugin = load_plugin(args.plugin.as_deref())?;
+            let figures = many_files::many_files(&plugin, &args).await?;
+            print!("{}", many_files::table(&figures));
+            if let Some(path) = &args.json {
+                let text = serde_json::to_string_pretty(&figures).map_err(|e| {
+                    TpchError::Invalid(format!("cannot serialise the figures: {e}"))
+                })?;
+                std::fs::write(path, text + "\n").map_err(|e| TpchError::io(path, e))?;
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

@@ -176,6 +176,37 @@ struct Pieces {
 /// A file that cannot be read, a stage file that is truncated or lacks the
 /// map, or files the plugin refuses; each names the file and the map.
 pub fn read_task_plan(plugin: &Plugin, path: &Path, map: u64) -> Result<Vec<u8>> {
+    match read_pieces(path, map)? {
+        PlanRead::Plain(bytes) => Ok(bytes),
+        PlanRead::Cut(pieces) => {
+            put_together(plugin, &pieces, map).map_err(|e| invalid(path, map, e))
+        }
+    }
+}
+
+/// What a task of map `map` needs of the plan file `path`, to hand over by
+/// value: a plain plan whole, of a stage file its [`one_map`] copy, read at
+/// its offsets.
+///
+/// # Errors
+///
+/// As [`read_task_plan`], without the plugin's part.
+pub fn read_one_map(path: &Path, map: u64) -> Result<Vec<u8>> {
+    match read_pieces(path, map)? {
+        PlanRead::Plain(bytes) => Ok(bytes),
+        PlanRead::Cut(pieces) => Ok(write(map, &pieces.shared, &[&pieces.files])),
+    }
+}
+
+/// A plan file as read for one map.
+enum PlanRead {
+    /// A plain encoded plan, whole.
+    Plain(Vec<u8>),
+    /// A stage file's shared part and the map's files.
+    Cut(Pieces),
+}
+
+fn read_pieces(path: &Path, map: u64) -> Result<PlanRead> {
     let mut file = File::open(path).map_err(|e| RuntimeError::io("cannot read plan", path, e))?;
     let mut head = vec![0u8; HEADER_BYTES];
     let read = read_up_to(&mut file, &mut head)
@@ -186,7 +217,7 @@ pub fn read_task_plan(plugin: &Plugin, path: &Path, map: u64) -> Result<Vec<u8>>
         let mut bytes = head;
         file.read_to_end(&mut bytes)
             .map_err(|e| RuntimeError::io("cannot read plan", path, e))?;
-        return Ok(bytes);
+        return Ok(PlanRead::Plain(bytes));
     };
     let pieces = (|| -> std::io::Result<std::result::Result<Pieces, String>> {
         let mut shared = vec![
@@ -214,7 +245,7 @@ pub fn read_task_plan(plugin: &Plugin, path: &Path, map: u64) -> Result<Vec<u8>>
     })()
     .map_err(|e| RuntimeError::io("cannot read plan", path, e))?
     .map_err(|e| invalid(path, map, e))?;
-    put_together(plugin, &pieces, map).map_err(|e| invalid(path, map, e))
+    Ok(PlanRead::Cut(pieces))
 }
 
 /// [`read_task_plan`] for a plan handed over by value (`bytes`: a plain

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use crate::error::{Retry, TaskFailure};
+use crate::protocol::stage_file::read_one_map;
 use crate::protocol::{Envelope, Response};
 use crate::scheduler::executor::Executor;
 use crate::scheduler::task::{Task, TaskReport};
@@ -77,7 +78,8 @@ impl Executor for ForeignExecutor {
         let envelope = task
             .read_envelope()
             .map_err(|err| fail(format!("cannot read its envelope: {err}"), Retry::No))?;
-        let plan = std::fs::read(&envelope.plan).map_err(|err| {
+        // Of a stage cut for its maps, this map's part only.
+        let plan = read_one_map(&envelope.plan, envelope.partition as u64).map_err(|err| {
             fail(
                 format!("cannot read its plan {}: {err}", envelope.plan.display()),
                 Retry::No,
