@@ -329,13 +329,15 @@ async fn the_hand_worked_answers() -> Result<()> {
 
 /// The probe stage of a partitioned inner join depends on the build stage
 /// and publishes only the rows whose key the build side holds (with `on`
-/// and with `auto`: 20 007 probe rows against 4 build rows); with `off` it
-/// publishes them all and the plan has no filter.
+/// and with `auto`: 20 007 probe rows against 3 build rows, the keys 1 and
+/// 2 of `b.w < 35`, matched by three rows of `p`); with `off` it publishes
+/// them all and the plan has no filter.
 #[tokio::test]
 async fn a_filtered_probe_stage_waits_for_the_build_and_publishes_only_matches() -> Result<()> {
     let data = temp_dir();
     tables(data.path());
-    let sql = QUERIES[0].1;
+    let sql = "SELECT b.w, p.v FROM b JOIN p ON b.k = p.k WHERE b.w < 35";
+    assert_eq!(local(data.path(), sql).await?.len(), 3);
     for filters in ["on", "auto", "off"] {
         let run = distributed(data.path(), sql, "exchange", filters, true).await?;
         let plan = text(&run.plan);
@@ -367,10 +369,33 @@ async fn a_filtered_probe_stage_waits_for_the_build_and_publishes_only_matches()
             assert!(plan.contains("JoinFilterExec"), "{plan}");
             assert!(plan.contains("KeySummaryExec"), "{plan}");
             assert!(probe.deps().contains(&build.stage_id()), "{plan}");
-            // The four matching rows; a Bloom filter or hash collision
-            // could keep a few more, never fewer.
-            assert!((4..20).contains(&probe_rows), "{probe_rows} rows\n{plan}");
+            // The three matching rows; a hash collision could keep a few
+            // more, never fewer.
+            assert!((3..20).contains(&probe_rows), "{probe_rows} rows\n{plan}");
         }
     }
+    Ok(())
+}
+
+/// Under `auto`, a build side reading a whole table filters nothing: its
+/// keys are every key of its table. Forced `on`, it does.
+#[tokio::test]
+async fn a_whole_table_build_side_is_not_a_filter_under_auto() -> Result<()> {
+    let data = temp_dir();
+    tables(data.path());
+    let sql = QUERIES[0].1;
+    let auto = distributed(data.path(), sql, "exchange", "auto", true).await?;
+    assert!(
+        !text(&auto.plan).contains("JoinFilterExec"),
+        "{}",
+        text(&auto.plan)
+    );
+    let on = distributed(data.path(), sql, "exchange", "on", true).await?;
+    assert!(
+        text(&on.plan).contains("JoinFilterExec"),
+        "{}",
+        text(&on.plan)
+    );
+    assert_eq!(auto.answer, on.answer);
     Ok(())
 }
