@@ -738,7 +738,7 @@ mod tests {
     }
 
     #[test]
-    fn the_recursive_query_kinds_round_trip_and_refuse_truncation() {
+    fn the_recursive_query_and_map_scan_kinds_round_trip_and_refuse_truncation() {
         let payloads = [
             Payload::Recursive {
                 name: "r".into(),
@@ -750,6 +750,12 @@ mod tests {
                 schema: vec![4, 5],
             },
             Payload::Sealed { plan: vec![9; 7] },
+            Payload::MapScan(MapScanPayload {
+                map: 3,
+                partitions: 10,
+                partition: 3,
+                slot: 1,
+            }),
         ];
         for payload in payloads {
             let mut buf = Vec::new();

@@ -46,6 +46,7 @@ use crate::config::DfxConfig;
 use crate::counters::LiveObject;
 use crate::exchange::reader::read_map_marker;
 use crate::guard::{self, GuardedStream};
+use crate::map_files::MapScanExec;
 use crate::tables::StoreScanExec;
 
 /// Name of the node.
@@ -384,6 +385,10 @@ fn with_bounds_pruning(
     if let Some(store) = input.downcast_ref::<StoreScanExec>() {
         let scan = with_bounds_pruning(store.scan(), keys, filter)?;
         return Ok(Arc::new(StoreScanExec::new(scan)));
+    }
+    if let Some(cut) = input.downcast_ref::<MapScanExec>() {
+        let scan = with_bounds_pruning(cut.scan(), keys, filter)?;
+        return Ok(Arc::new(MapScanExec::try_new(cut.payload(), scan)?));
     }
     let Some(scan) = input.downcast_ref::<DataSourceExec>() else {
         return Ok(Arc::clone(input));

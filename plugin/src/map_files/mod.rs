@@ -432,7 +432,9 @@ fn cut_extension(
     cutter: &mut Cutter,
 ) -> Result<()> {
     match find_payload(&extension.node) {
-        Some((_, Payload::Writer(_))) => {
+        // A join filter and a key summary run partition p from their
+        // input's partition p, as the writer does.
+        Some((_, Payload::Writer(_) | Payload::JoinFilter { .. })) => {
             for input in &mut extension.inputs {
                 cut(input, reads, frame, cutter)?;
             }
@@ -699,6 +701,7 @@ fn partitions(node: &PhysicalPlanNode) -> Option<u64> {
         T::Extension(n) => match find_payload(&n.node)? {
             (_, Payload::Writer(writer)) => Some(writer.maps),
             (_, Payload::MapScan(scan)) => Some(scan.partitions),
+            (_, Payload::JoinFilter { .. }) => n.inputs.first().and_then(partitions),
             (_, Payload::Reader(mode)) => {
                 let Some(T::Extension(writer)) = n.inputs.first()?.physical_plan_type.as_ref()
                 else {
@@ -729,5 +732,164 @@ fn n_right(node: &PhysicalPlanNode) -> Option<&PhysicalPlanNode> {
         PhysicalPlanType::CrossJoin(n) => n.right.as_deref(),
         PhysicalPlanType::NestedLoopJoin(n) => n.right.as_deref(),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion_proto::protobuf::{ParquetScanExecNode, PartitionedFile, UnionExecNode};
+
+    use super::*;
+    use crate::codec::WriterPayload;
+
+    fn scan(files: &[&str]) -> PhysicalPlanNode {
+        let file_groups = files
+            .iter()
+            .map(|path| FileGroup {
+                files: vec![PartitionedFile {
+                    path: path.to_string(),
+                    ..Default::default()
+                }],
+            })
+            .collect();
+        PhysicalPlanNode {
+            physical_plan_type: Some(PhysicalPlanType::ParquetScan(ParquetScanExecNode {
+                base_conf: Some(FileScanExecConf {
+                    file_groups,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })),
+        }
+    }
+
+    /// A stage of `maps` maps over `input`, its writer framed as a host's
+    /// chain frames it.
+    fn stage(maps: u64, input: PhysicalPlanNode) -> Vec<u8> {
+        let mut node = b"frame:".to_vec();
+        Payload::Writer(WriterPayload {
+            stage_id: 1,
+            maps,
+            buckets: 1,
+            deps: Vec::new(),
+            shuffle_dir: "/s".into(),
+            partitioning_display: "single".into(),
+            partitioning: Vec::new(),
+        })
+        .encode(&mut node)
+        .unwrap();
+        PhysicalPlanNode {
+            physical_plan_type: Some(PhysicalPlanType::Extension(PhysicalExtensionNode {
+                node,
+                inputs: vec![input],
+            })),
+        }
+        .encode_to_vec()
+    }
+
+    /// Every map scan of `bytes`: (map, partition, the files it holds).
+    fn map_scans(bytes: &[u8]) -> Vec<(u64, u64, Vec<String>)> {
+        fn walk(node: &mut PhysicalPlanNode, out: &mut Vec<(u64, u64, Vec<String>)>) {
+            let Some(kind) = node.physical_plan_type.as_mut() else {
+                return;
+            };
+            if let PhysicalPlanType::Extension(extension) = kind
+                && let Some((start, Payload::MapScan(payload))) = find_payload(&extension.node)
+            {
+                assert!(
+                    extension.node.starts_with(b"frame:"),
+                    "framed as the writer"
+                );
+                assert_eq!(start, 6);
+                let conf = extension.inputs[0]
+                    .physical_plan_type
+                    .as_mut()
+                    .and_then(scan_conf)
+                    .unwrap();
+                let files = conf
+                    .file_groups
+                    .iter()
+                    .flat_map(|g| g.files.iter().map(|f| f.path.clone()))
+                    .collect();
+                out.push((payload.map, payload.partition, files));
+                return;
+            }
+            for child in children_mut(kind) {
+                walk(child, out);
+            }
+        }
+        let mut root = PhysicalPlanNode::decode(bytes).unwrap();
+        let mut out = Vec::new();
+        walk(&mut root, &mut out);
+        out
+    }
+
+    #[test]
+    fn a_union_gives_each_map_the_group_of_the_input_holding_its_partition() {
+        let union = PhysicalPlanNode {
+            physical_plan_type: Some(PhysicalPlanType::Union(UnionExecNode {
+                inputs: vec![scan(&["t/0", "t/1"]), scan(&["u/0"])],
+            })),
+        };
+        let cut = cut_stage(&stage(3, union)).unwrap();
+        assert_eq!(cut.maps.len(), 3);
+        assert!(
+            map_scans(&cut.shared)
+                .iter()
+                .all(|(map, _, files)| { *map == UNCUT_MAP && files.is_empty() })
+        );
+        let expected = [
+            [(0, 0, vec!["t/0"]), (0, NO_PARTITION, vec![])],
+            [(1, 1, vec!["t/1"]), (1, NO_PARTITION, vec![])],
+            [(2, NO_PARTITION, vec![]), (2, 0, vec!["u/0"])],
+        ];
+        for (map, expected) in expected.iter().enumerate() {
+            let plan = stage_for_map(&cut.shared, &cut.maps[map], map as u64).unwrap();
+            let found = map_scans(&plan);
+            let expected: Vec<(u64, u64, Vec<String>)> = expected
+                .iter()
+                .map(|(m, p, f)| (*m, *p, f.iter().map(|s| s.to_string()).collect()))
+                .collect();
+            assert_eq!(found, expected, "map {map}");
+        }
+        // Files of one map are refused for another.
+        let err = stage_for_map(&cut.shared, &cut.maps[1], 2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("the files are map 1's, not map 2's"), "{err}");
+    }
+
+    #[test]
+    fn a_scan_below_a_collected_build_side_stays_whole() {
+        let join = PhysicalPlanNode {
+            physical_plan_type: Some(PhysicalPlanType::CrossJoin(Box::new(
+                protobuf::CrossJoinExecNode {
+                    left: Some(Box::new(scan(&["d/0", "d/1"]))),
+                    right: Some(Box::new(scan(&["t/0", "t/1"]))),
+                },
+            ))),
+        };
+        let bytes = stage(2, join);
+        let cut = cut_stage(&bytes).unwrap();
+        let plan = stage_for_map(&cut.shared, &cut.maps[1], 1).unwrap();
+        // The left, built whole by every map, keeps both files; the right
+        // is map 1's file only.
+        assert_eq!(map_scans(&plan), vec![(1, 1, vec!["t/1".to_string()])]);
+        let text = String::from_utf8_lossy(&plan);
+        assert!(text.contains("d/0") && text.contains("d/1"), "{text}");
+        assert!(!text.contains("t/0"), "{text}");
+    }
+
+    #[test]
+    fn map_files_that_are_truncated_are_refused() {
+        let slots = [Slot {
+            offset: 0,
+            groups: vec![FileGroup::default(); 2],
+        }];
+        let files = map_files(1, &slots).unwrap();
+        assert_eq!(read_map_files(&files, 1).unwrap()[0].partition, 1);
+        for len in 0..files.len() {
+            assert!(read_map_files(&files[..len], 1).is_err(), "{len} bytes");
+        }
     }
 }

@@ -103,6 +103,11 @@ impl MapScanExec {
         self.payload
     }
 
+    /// The scan it runs (one file group, or none).
+    pub fn scan(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.scan
+    }
+
     fn runs(&self) -> String {
         match self.payload.partition {
             NO_PARTITION => "no partition".to_string(),
