@@ -334,6 +334,7 @@ impl Target for BucketTarget {
                     rows: ROWS as u64,
                 }],
             }],
+            keys: None,
         };
         let marker = serde_json::to_vec(&marker).map_err(|e| format!("marker: {e}"))?;
         std::fs::write(&self.bucket, map_file(input, &marker))
