@@ -185,5 +185,5 @@ async fn each_task_plan_names_only_its_own_file() {
     let err = TaskInput::read(&plugin, envelope(FILES as usize))
         .unwrap_err()
         .to_string();
-    assert!(err.contains(&format!("not of map {FILES}")), "{err}");
+    assert!(err.contains(&format!("map {FILES} out of range")), "{err}");
 }

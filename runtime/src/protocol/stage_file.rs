@@ -146,7 +146,8 @@ impl Header {
     fn offsets_at(&self, map: u64) -> std::result::Result<u64, String> {
         if map < self.first || map - self.first >= self.maps {
             return Err(format!(
-                "it holds the files of maps {}..{}, not of map {map}",
+                "map {map} out of range: it holds the files of {} map(s), maps {}..{}",
+                self.maps,
                 self.first,
                 self.first + self.maps
             ));
@@ -363,10 +364,13 @@ mod tests {
             );
             let other = (map as u64 + 1) % 3;
             let err = slice(&copy, &copy_header, other).err().unwrap();
-            assert!(err.contains(&format!("not of map {other}")), "{err}");
+            assert!(err.contains(&format!("map {other} out of range")), "{err}");
         }
         let err = slice(&file, &header, 3).err().unwrap();
-        assert!(err.contains("maps 0..3, not of map 3"), "{err}");
+        assert!(
+            err.contains("map 3 out of range: it holds the files of 3 map(s), maps 0..3"),
+            "{err}"
+        );
     }
 
     #[test]
