@@ -26,7 +26,6 @@ use dfx_abi::FailureClass;
 use serde::{Deserialize, Serialize};
 
 use crate::failures;
-use crate::filters::KeySummary;
 
 /// One Arrow IPC stream inside a map's file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,12 +64,23 @@ pub struct MapMarker {
     pub bytes: u64,
     /// One entry per bucket, in bucket order.
     pub buckets: Vec<BucketEntry>,
-    /// The summary of the map's join keys, when its stage is the build side
-    /// of a join whose probe side is filtered by it (see
-    /// [`crate::filters`]). Inside the marker, so a published map always
-    /// has its summary: both are committed at once.
+    /// Where the summary of the map's join keys is in the file, when its
+    /// stage is the build side of a join whose probe side is filtered by it
+    /// (see [`crate::filters`]). Written before the marker, so a published
+    /// map always has its summary (both are committed at once), and apart
+    /// from it, so a reader of the map's buckets never reads the summary
+    /// (a Bloom filter of some hundred kilobytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keys: Option<KeySummary>,
+    pub keys: Option<KeysRegion>,
+}
+
+/// The byte range of a map's key summary (JSON) in its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeysRegion {
+    /// Where it starts in the file.
+    pub offset: u64,
+    /// Its length.
+    pub bytes: u64,
 }
 
 /// The last 8 bytes of every map file.
@@ -297,6 +307,18 @@ impl MapMarker {
                 marker.bytes
             )));
         }
+        if let Some(keys) = &marker.keys
+            && keys
+                .offset
+                .checked_add(keys.bytes)
+                .is_none_or(|end| end > marker.bytes)
+        {
+            return Err(fail(format!(
+                "the commit marker is not valid: its key summary of {} byte(s) at {} lies \
+                 beyond the segments' {}",
+                keys.bytes, keys.offset, marker.bytes
+            )));
+        }
         for entry in &marker.buckets {
             let rows: u64 = entry.segments.iter().map(|s| s.rows).sum();
             let bytes: u64 = entry.segments.iter().map(|s| s.bytes).sum();
@@ -402,6 +424,27 @@ mod tests {
             err.to_string().contains("truncated or overwritten"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_key_summary_beyond_the_segments_is_refused() {
+        let path = Path::new("/s/stage-2/map-1.arrow");
+        let mut inside = marker();
+        inside.keys = Some(KeysRegion {
+            offset: 4,
+            bytes: 6,
+        });
+        let mut beyond = inside.clone();
+        beyond.keys = Some(KeysRegion {
+            offset: 4,
+            bytes: 7,
+        });
+        for (marker, ok) in [(inside, true), (beyond, false)] {
+            let index = serde_json::to_vec(&marker).unwrap();
+            let size = 10 + index.len() as u64 + FOOTER_BYTES;
+            let checked = MapMarker::check(&index, size, &at(path));
+            assert_eq!(checked.is_ok(), ok, "{checked:?}");
+        }
     }
 
     #[test]

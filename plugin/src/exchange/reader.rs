@@ -60,6 +60,7 @@ use super::writer::ShuffleWriterExec;
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
 use crate::failures;
+use crate::filters::KeySummary;
 use crate::guard::{self, GuardedStream};
 use crate::paths::map_path;
 
@@ -442,21 +443,23 @@ async fn read_markers(
     Ok(queue)
 }
 
-/// The commit marker of map `map` of stage `stage_id` (of `buckets` buckets)
-/// published into `shuffle_dir`, local or on S3, checked as a reader checks
-/// it. A missing map is lost output, recorded for the location as a
-/// reader records it.
+/// The key summary map `map` of stage `stage_id` (of `buckets` buckets)
+/// published into `shuffle_dir`, local or on S3: its marker read and
+/// checked as a reader checks it, then the summary's byte range. `None`
+/// when the map published none. A missing map is lost output, recorded for
+/// the location as a reader records it.
 ///
 /// # Errors
 ///
-/// Those of [`MapMarker::read`], and an S3 location that cannot be reached.
-pub(crate) async fn read_map_marker(
+/// Those of [`MapMarker::read`], an S3 location that cannot be reached, a
+/// map whose object changed in between, or a summary that is not one.
+pub(crate) async fn read_map_keys(
     shuffle_dir: &Path,
     config: &DfxConfig,
     stage_id: u64,
     map: usize,
     buckets: usize,
-) -> Result<MapMarker> {
+) -> Result<Option<KeySummary>> {
     let location = ShuffleLocation::parse(shuffle_dir)
         .map_err(|e| DataFusionError::Execution(format!("dfx stage {stage_id} map {map}: {e}")))?;
     let root = location_root(&location);
@@ -469,14 +472,45 @@ pub(crate) async fn read_map_marker(
         bucket: 0,
         buckets,
     };
-    match location {
-        ShuffleLocation::Local(_) => Ok(MapMarker::read(&at)?.0),
+    let fail = |what: String| at.error(format!("cannot read the key summary: {what}"));
+    let bytes = match location {
+        ShuffleLocation::Local(_) => {
+            let (marker, _) = MapMarker::read(&at)?;
+            let Some(keys) = marker.keys else {
+                return Ok(None);
+            };
+            let file = File::open(&path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    at.lost()
+                } else {
+                    fail(e.to_string())
+                }
+            })?;
+            read_range(&file, keys.offset, keys.bytes).map_err(|e| fail(e.to_string()))?
+        }
         ShuffleLocation::S3(s3) => {
             let store =
                 s3_store(&s3.bucket, &S3Options::from_config(config)).map_err(|e| at.error(e))?;
-            Ok(read_remote_marker(&store, &s3, &at).await?.0)
+            let (marker, size, e_tag) = read_remote_marker(&store, &s3, &at).await?;
+            let Some(keys) = marker.keys else {
+                return Ok(None);
+            };
+            let key = s3.key(&path).map_err(|e| at.error(e))?;
+            let (bytes, now) = get_range_if(store, key, keys.offset, keys.bytes, e_tag)
+                .await
+                .map_err(fail)?
+                .ok_or_else(|| at.lost())?;
+            if now != size {
+                return Err(fail(format!(
+                    "the map's object changed while it was read ({size} byte(s), then {now})"
+                )));
+            }
+            bytes
         }
-    }
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| fail(format!("not a key summary: {e}")))
 }
 
 /// The marker closing the object at `path`: its tail, and, for an index

@@ -7,9 +7,9 @@
 //!                        partitioner, coalesce per bucket; each full batch
 //!                        is one segment appended to the map's temp file
 //!   end of input: the rest of each bucket as a last segment, then the
-//!   commit marker (the index of the segments by bucket, and the key
-//!   summary when the input is a `KeySummaryExec`), then publish the
-//!   file (rename)
+//!   key summary when the input is a `KeySummaryExec`, then the commit
+//!   marker (the index of the segments by bucket, and of the summary),
+//!   then publish the file (rename)
 //!   error or drop: the temp file removed, nothing published
 //!   (an s3:// location: the map's object uploads as it is written and
 //!   appears whole on completion; an error or drop aborts the upload, see
@@ -51,7 +51,7 @@ use object_store::ObjectStore;
 
 use super::dirs::prepare_stage_dir;
 use super::files::{MapFile, encode_segment};
-use super::marker::{BucketEntry, MapMarker, Segment};
+use super::marker::{BucketEntry, KeysRegion, MapMarker, Segment};
 use super::store::{
     ObjectKey, ObjectMap, S3Location, S3Options, ShuffleLocation, location_root, s3_store,
 };
@@ -335,7 +335,7 @@ impl ShuffleWriterExec {
         };
         let task_context = isolated_task_context(&context);
         // A build stage of a filtered join sums up its keys as rows go by,
-        // for the marker (see `crate::filters`).
+        // for the map's file (see `crate::filters`).
         let (input, summary) = match self.input.downcast_ref::<KeySummaryExec>() {
             Some(summarize) => {
                 let (input, slot) = summarize.execute_summarized(map, task_context)?;
@@ -584,7 +584,19 @@ impl MapJob {
             None => self.create_sink()?,
         };
         // Complete: `run` read the input to its end before publishing.
-        let keys = self.summary.as_ref().and_then(summarize::finish);
+        let keys = match self.summary.as_ref().and_then(summarize::finish) {
+            Some(summary) => {
+                let bytes = serde_json::to_vec(&summary)
+                    .map_err(|e| self.error(format!("cannot encode the key summary: {e}")))?;
+                let offset = sink.len();
+                sink.append(&bytes).await.map_err(|e| self.error(e))?;
+                Some(KeysRegion {
+                    offset,
+                    bytes: bytes.len() as u64,
+                })
+            }
+            None => None,
+        };
         let marker = MapMarker {
             stage_id: self.stage_id,
             map: self.map as u64,

@@ -15,7 +15,7 @@
 //!   ShuffleWriterExec B                      ShuffleWriterExec P (deps: ..., B)
 //!     KeySummaryExec [b.k]                     ...
 //!       <build side>                             JoinFilterExec [p.k] reads B's summaries
-//!   each map's marker: rows, min/max of            DataSourceExec  (pruned by B's min/max)
+//!   each map's file: rows, min/max of              DataSourceExec  (pruned by B's min/max)
 //!   each key column, the keys' hashes
 //!   (exact, or a Bloom filter)
 //! ```

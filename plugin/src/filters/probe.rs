@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!   ... (the probe stage, which depends on build stage B)
-//!     JoinFilterExec [keys, stage B]  1. read every map of B's marker (its key summary)
+//!     JoinFilterExec [keys, stage B]  1. read the key summary of every map of B
 //!       DataSourceExec (Parquet)      2. the scan again, with `key >= min AND key <= max`
 //!                                        added to its predicate: row groups and pages
 //!                                        outside every map's bounds are skipped
@@ -44,7 +44,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::summary::{KeyFilter, KeySummary};
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
-use crate::exchange::reader::read_map_marker;
+use crate::exchange::reader::read_map_keys;
 use crate::guard::{self, GuardedStream};
 use crate::map_files::MapScanExec;
 use crate::tables::StoreScanExec;
@@ -319,7 +319,7 @@ impl Verdict {
 async fn read_summaries(build: &BuildStage, config: &DfxConfig) -> Result<Option<Vec<KeySummary>>> {
     let mut summaries = Vec::with_capacity(build.maps);
     for map in 0..build.maps {
-        let marker = read_map_marker(
+        let keys = read_map_keys(
             &build.shuffle_dir,
             config,
             build.stage_id,
@@ -327,7 +327,7 @@ async fn read_summaries(build: &BuildStage, config: &DfxConfig) -> Result<Option
             build.buckets,
         )
         .await?;
-        match marker.keys {
+        match keys {
             Some(summary) => summaries.push(summary),
             None => return Ok(None),
         }

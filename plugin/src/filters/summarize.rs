@@ -1,9 +1,9 @@
 //! `KeySummaryExec`: the node right below a build stage's writer that sums
 //! up the join keys of the rows going by, for the writer to publish in its
-//! map's commit marker.
+//! map's file, where its commit marker points to it.
 //!
 //! ```text
-//!   ShuffleWriterExec (stage B)   publishes the summary in its marker
+//!   ShuffleWriterExec (stage B)   publishes the summary before its marker
 //!     KeySummaryExec [keys]       rows pass unchanged; keys summed up
 //!       <build side>
 //! ```

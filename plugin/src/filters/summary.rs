@@ -54,7 +54,7 @@ const BLOOM_PROBES: u32 = 7;
 
 /// The most key hashes a map collects (8 bytes each while it runs); past it
 /// the map publishes min and max only, and a Bloom filter of this many keys
-/// would already be some megabytes in every reader's marker.
+/// would already be some megabytes, read by every probe task.
 pub const MAX_HASHED_KEYS: u64 = 4 << 20;
 
 /// The hash state of every key hash.
