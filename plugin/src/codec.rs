@@ -687,9 +687,11 @@ impl DfxPhysicalCodec {
         let Some(writer) = node.downcast_ref::<ShuffleWriterExec>() else {
             return Err(DataFusionError::NotImplemented(format!(
                 "dfx codec encodes only ShuffleWriterExec, ShuffleReaderExec, \
-                 {SEALED_NODE_NAME}, {STORE_SCAN_NODE_NAME}, {}, RecursiveQueryExec and \
-                 WorkTableExec, not {}",
+                 {SEALED_NODE_NAME}, {STORE_SCAN_NODE_NAME}, {}, {}, {}, RecursiveQueryExec \
+                 and WorkTableExec, not {}",
                 crate::map_files::MAP_SCAN_NODE_NAME,
+                crate::filters::KEY_SUMMARY_NODE_NAME,
+                crate::filters::JOIN_FILTER_NODE_NAME,
                 node.name()
             )));
         };

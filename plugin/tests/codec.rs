@@ -92,8 +92,8 @@ fn dfx_claims_nothing_but_its_nodes() {
     assert!(
         err.contains(
             "dfx codec encodes only ShuffleWriterExec, ShuffleReaderExec, \
-             SealedRecursiveQueryExec, StoreScanExec, RecursiveQueryExec and WorkTableExec, \
-             not EmptyExec"
+             SealedRecursiveQueryExec, StoreScanExec, MapScanExec, KeySummaryExec, \
+             JoinFilterExec, RecursiveQueryExec and WorkTableExec, not EmptyExec"
         ),
         "{err}"
     );

@@ -134,7 +134,7 @@ fn a_file_or_symlink_at_a_temp_name_is_an_error_never_written_through() {
 }
 
 #[test]
-fn publishing_over_a_symlink_replaces_the_link_not_its_target() {
+fn publishing_onto_a_symlink_fails_and_leaves_the_link_and_its_target() {
     let dir = temp_dir();
     let victim = dir.path().join("victim");
     std::fs::write(&victim, b"precious").unwrap();
@@ -142,13 +142,21 @@ fn publishing_over_a_symlink_replaces_the_link_not_its_target() {
     std::os::unix::fs::symlink(&victim, &published).unwrap();
     let mut file = MapFile::create(dir.path(), &published).unwrap();
     file.append(b"segments").unwrap();
-    file.publish(&published).unwrap();
+    // A publish never replaces what is at its name, and a link is no map
+    // file another attempt published: an error, naming the file.
+    let err = file.publish(&published).unwrap_err();
+    assert!(err.contains("cannot publish"), "{err}");
     assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     assert!(
-        !std::fs::symlink_metadata(&published)
+        std::fs::symlink_metadata(&published)
             .unwrap()
             .file_type()
             .is_symlink()
     );
-    assert_eq!(std::fs::read(&published).unwrap(), b"segments");
+    // Nothing of the attempt is left beside it.
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
 }

@@ -283,6 +283,9 @@ impl BucketTarget {
             publish(&writer, compression, 2 * ROWS).map_err(fail)?;
             let file = std::fs::read(&bucket).map_err(fail)?;
             seeds.push(split_map_file(&file)?.0.to_vec());
+            // A publish never replaces a map file: the next one needs its
+            // name free.
+            std::fs::remove_file(&bucket).map_err(fail)?;
         }
         if seeds[0] == seeds[1] {
             return Err(fail("compression made no difference to the map file"));

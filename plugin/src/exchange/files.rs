@@ -66,7 +66,14 @@ impl TempFile {
         };
         match std::fs::hard_link(temp, to) {
             Ok(()) => Ok(true),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            // Kept only if it is a file another attempt published: a
+            // directory or a link planted at the name is an error.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                match std::fs::symlink_metadata(to) {
+                    Ok(meta) if meta.file_type().is_file() => Ok(false),
+                    _ => Err(e),
+                }
+            }
             Err(e) => Err(e),
         }
         // Dropping `self` removes the temp name: the published file is the
@@ -88,7 +95,8 @@ impl Drop for TempFile {
 /// Exclusive (`O_CREAT | O_EXCL`, which POSIX says also fails on a symlink,
 /// dangling or not) and `O_NOFOLLOW` besides: a file or link planted at a
 /// temp name by someone else is an error, never written through. Published
-/// names need no such flag: a rename replaces a link rather than following it.
+/// names need no such flag: a publish links, which neither follows nor
+/// replaces anything at the name.
 pub fn create_exclusive(path: &Path) -> std::io::Result<File> {
     std::fs::OpenOptions::new()
         .write(true)
@@ -313,12 +321,17 @@ mod tests {
     }
 
     #[test]
-    fn a_link_planted_at_the_published_name_is_not_followed() {
+    fn a_link_or_directory_at_the_published_name_fails_the_publish() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("elsewhere");
         let final_path = dir.path().join("map-0.arrow");
         std::os::unix::fs::symlink(&target, &final_path).unwrap();
-        publish(dir.path(), &final_path, b"rows").unwrap();
+        let err = publish(dir.path(), &final_path, b"rows").unwrap_err();
+        assert!(err.contains("cannot publish"), "{err}");
         assert!(!target.exists(), "the publish wrote through a planted link");
+        let taken = dir.path().join("map-1.arrow");
+        std::fs::create_dir(&taken).unwrap();
+        let err = publish(dir.path(), &taken, b"rows").unwrap_err();
+        assert!(err.contains("cannot publish"), "{err}");
     }
 }
