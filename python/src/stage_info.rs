@@ -7,6 +7,7 @@
 //! bytes (`encoded_stage_info`), so this module states no layout.
 
 use dfx_abi::DfxStageInfo;
+use dfx_runtime::protocol::stage_file;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -67,10 +68,13 @@ impl StageInfo {
 /// # Errors
 ///
 /// `ValueError` with the plugin's reason: not a plan, a root that is not a
-/// stage, a truncated or unknown payload.
+/// stage, a truncated or unknown payload (a stage file, as the driver
+/// writes a stage cut for its maps, is described by its shared part).
 #[pyfunction]
 pub fn encoded_stage_info(py: Python<'_>, plan: &[u8]) -> PyResult<StageInfo> {
-    let info = plugin(py)?.encoded_stage_info(plan).map_err(|err| {
+    // A plan file may be a stage cut for its maps: the runtime finds the
+    // stage's writer in it.
+    let info = stage_file::stage_info(plugin(py)?, plan).map_err(|err| {
         PyValueError::new_err(format!(
             "dfx_engine: encoded stage ({} bytes): {err}",
             plan.len()

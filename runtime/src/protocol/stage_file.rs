@@ -26,7 +26,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
 use abi_stable::std_types::{RResult, RSlice};
-use dfx_abi::Plugin;
+use dfx_abi::{DfxStageInfo, Plugin};
 
 use crate::error::{Result, RuntimeError};
 use crate::scheduler::EncodedStage;
@@ -84,6 +84,30 @@ pub fn cut_stages(plugin: &Plugin, stages: Vec<EncodedStage>) -> Result<Vec<Enco
             })
         })
         .collect()
+}
+
+/// What the plugin says of the stage in `bytes`, a plain encoded stage or a
+/// stage file (described by its shared part, whose writer is the stage's).
+///
+/// # Errors
+///
+/// A truncated stage file, or bytes the plugin cannot describe.
+pub fn stage_info(plugin: &Plugin, bytes: &[u8]) -> Result<DfxStageInfo> {
+    let plan = match Header::parse(bytes).map_err(RuntimeError::Invalid)? {
+        None => bytes,
+        Some(header) => usize::try_from(header.shared)
+            .ok()
+            .and_then(|len| bytes.get(HEADER_BYTES..HEADER_BYTES.checked_add(len)?))
+            .ok_or_else(|| {
+                RuntimeError::Invalid(format!(
+                    "a stage file of {} bytes is truncated in its shared part",
+                    bytes.len()
+                ))
+            })?,
+    };
+    plugin
+        .encoded_stage_info(plan)
+        .map_err(|err| RuntimeError::Invalid(err.strip_backtrace()))
 }
 
 /// A stage file holding `shared` and the files of maps `first ..`.
