@@ -183,66 +183,13 @@ async fn distributed(
     let shuffle = temp_dir();
     let ctx = session(data, Some(shuffle.path()), split, filters, partitioned).await?;
     let plan = ctx.sql(sql).await?.create_physical_plan().await?;
-    let published = run_in_dep_order(&ctx, &plan).await?;
+    let published = run_stages(&ctx, &plan).await?;
     let answer = sorted(&collect(Arc::clone(&plan), ctx.task_ctx()).await?);
     Ok(Run {
         answer,
         plan,
         published,
     })
-}
-
-/// Every map task of every stage of `plan` in this process, each stage once
-/// every stage it depends on has run (as the scheduler orders them: a
-/// filtered probe stage runs after its build stage, which may come before
-/// it in pre-order); each map on its own copy of its stage, decoded from
-/// the bytes a driver ships. Returns the rows each stage published.
-async fn run_in_dep_order(
-    ctx: &SessionContext,
-    plan: &Arc<dyn ExecutionPlan>,
-) -> Result<Vec<(u64, u64)>> {
-    use datafusion::arrow::array::UInt64Array;
-    use datafusion::physical_plan::ExecutionPlanProperties;
-    use futures::StreamExt;
-    let mut waiting = stages(plan);
-    let mut published: Vec<(u64, u64)> = Vec::new();
-    while !waiting.is_empty() {
-        let ready = waiting
-            .iter()
-            .position(|stage| {
-                let writer = stage.downcast_ref::<ShuffleWriterExec>().unwrap();
-                writer
-                    .deps()
-                    .iter()
-                    .all(|dep| published.iter().any(|(id, _)| id == dep))
-            })
-            .expect("a stage whose deps are all published (the graph is acyclic)");
-        let stage = waiting.remove(ready);
-        let writer = stage.downcast_ref::<ShuffleWriterExec>().unwrap();
-        let bytes = datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec(
-            Arc::clone(&stage),
-            &codec_chain(),
-        )?;
-        let mut rows = 0;
-        for map in 0..stage.output_partitioning().partition_count() {
-            let copy = datafusion_proto::bytes::physical_plan_from_bytes_with_extension_codec(
-                &bytes,
-                &ctx.task_ctx(),
-                &codec_chain(),
-            )?;
-            let mut stream = copy.execute(map, ctx.task_ctx())?;
-            while let Some(batch) = stream.next().await {
-                let batch = batch?;
-                let column = batch
-                    .column_by_name("rows")
-                    .and_then(|c| c.as_any().downcast_ref::<UInt64Array>())
-                    .expect("a summary batch with a rows column");
-                rows += column.iter().flatten().sum::<u64>();
-            }
-        }
-        published.push((writer.stage_id(), rows));
-    }
-    Ok(published)
 }
 
 fn text(plan: &Arc<dyn ExecutionPlan>) -> String {

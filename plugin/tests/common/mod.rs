@@ -200,9 +200,11 @@ pub fn stage_ids(plan: &Arc<dyn ExecutionPlan>) -> Vec<u64> {
         .collect()
 }
 
-/// Run every map task of every stage of `plan` in this process, deepest
-/// stages first (reverse pre-order: a stage's deps always come after it in
-/// pre-order); returns the rows each stage published.
+/// Run every map task of every stage of `plan` in this process, each stage
+/// once every stage it depends on has run, as the scheduler orders them (a
+/// stage whose join filter reads a build stage depends on it, which may
+/// come before it in pre-order); returns the rows each stage published, in
+/// the order the stages ran.
 ///
 /// Each map runs on its own copy of the stage, decoded from the bytes a
 /// driver would ship, as in a worker: operators share state between the
@@ -216,8 +218,31 @@ pub async fn run_stages(
     use datafusion::arrow::array::UInt64Array;
     use datafusion::physical_plan::ExecutionPlanProperties;
     use futures::StreamExt;
-    let mut published = Vec::new();
-    for stage in stages(plan).into_iter().rev() {
+    let mut waiting = stages(plan);
+    // Deepest first among the ready ones, as before deps could point
+    // forward in pre-order.
+    waiting.reverse();
+    // A dep outside `plan` (a subtree's stage reading a build stage beside
+    // it) is the caller's to have run.
+    let ours: Vec<u64> = waiting
+        .iter()
+        .map(|s| s.downcast_ref::<ShuffleWriterExec>().unwrap().stage_id())
+        .collect();
+    let mut published: Vec<(u64, u64)> = Vec::new();
+    while !waiting.is_empty() {
+        let ready = waiting
+            .iter()
+            .position(|stage| {
+                let writer = stage.downcast_ref::<ShuffleWriterExec>().unwrap();
+                writer
+                    .deps()
+                    .iter()
+                    .all(|dep| !ours.contains(dep) || published.iter().any(|(id, _)| id == dep))
+            })
+            .ok_or_else(|| {
+                DataFusionError::Internal("no stage has all its deps published".to_string())
+            })?;
+        let stage = waiting.remove(ready);
         let writer = stage.downcast_ref::<ShuffleWriterExec>().unwrap();
         let mut rows = 0;
         let bytes = datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec(
