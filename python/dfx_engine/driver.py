@@ -12,7 +12,9 @@ lost output::
     df = ctx.sql(sql), or the caller's DataFrame
     plan = df.execution_plan()                 planned ONCE, with the session
     writers in pre-order ─► to_bytes(ctx)      encoded with the same session
-    Scheduler(executor).run(spec, stages)      waves, attempts, reruns
+    Scheduler(executor).run(spec, stages)      each stage cut for its maps (a
+                                               task carries its own files),
+                                               waves, attempts, reruns
     run.read_root(location, read)              the root of the same plan,
                                                read again after lost maps reran
 
