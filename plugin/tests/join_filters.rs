@@ -346,3 +346,37 @@ async fn a_whole_table_build_side_is_not_a_filter_under_auto() -> Result<()> {
     assert_eq!(auto.answer, on.answer);
     Ok(())
 }
+
+/// A worker's checks accept a stage holding a join filter that reads the
+/// spec's shuffle location, and refuse it, naming the filter, when it reads
+/// another.
+#[tokio::test]
+async fn a_worker_vets_the_location_a_join_filter_reads() -> Result<()> {
+    use dfx_plugin::vet::{Allowed, vet_encoded_stage};
+    let data = temp_dir();
+    tables(data.path());
+    let shuffle = temp_dir();
+    let ctx = session(data.path(), Some(shuffle.path()), "exchange", "on", true).await?;
+    let plan = ctx.sql(QUERIES[0].1).await?.create_physical_plan().await?;
+    let probe = stages(&plan)
+        .into_iter()
+        .find(|w| text(w).contains("JoinFilterExec") && !text(w).contains("HashJoinExec"))
+        .expect("the filtered probe stage");
+    let bytes = datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec(
+        probe,
+        &codec_chain(),
+    )?;
+    let allowed = |shuffle_dir: &str| Allowed {
+        tables: vec![data.path().join("b"), data.path().join("p")],
+        shuffle_dir: shuffle_dir.to_string(),
+        map: None,
+    };
+    let here = shuffle.path().to_string_lossy();
+    vet_encoded_stage(&bytes, &allowed(&here)).unwrap();
+    let err = vet_encoded_stage(&bytes, &allowed("/elsewhere")).unwrap_err();
+    assert!(
+        err.contains("a join filter") && err.contains(&*here),
+        "{err}"
+    );
+    Ok(())
+}
