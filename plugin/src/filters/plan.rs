@@ -24,18 +24,24 @@
 //! subtrees share no stage. Every dependency, old or new, points to a stage
 //! whose subtree ends earlier in a post-order walk of the plan.
 //!
-//! Whether a filter pays is decided in two steps. At plan time, by the
-//! probe table's rows (its statistics; Parquet footers give them exactly):
-//! a probe scan of fewer than [`MIN_PROBE_ROWS`] rows is not worth making a
-//! stage wait. At task time, by the rows the build stage published (exact,
-//! where a plan-time estimate of a build side after joins and filters is
-//! often absent or far off): over `join_filter_ratio` times the probe
-//! table's rows, the filter passes rows unchanged.
+//! Whether a filter pays is decided in steps. At plan time, where it
+//! decides the stage graph (a dependency cannot be taken back once the
+//! scheduler has it): not for a probe scan of fewer than [`MIN_PROBE_ROWS`]
+//! rows (its statistics; Parquet footers give them exactly), which is not
+//! worth making a stage wait, nor for a build side reading a whole table.
+//! At task time, by the rows the build stage published (exact, where a
+//! plan-time estimate of a build side after joins and filters is often
+//! absent or far off): over `join_filter_ratio` times the probe table's
+//! rows, the filter passes rows unchanged, as it does once it has dropped
+//! fewer than one in ten of the first rows it tested. Forced `on`, only
+//! the join's type and keys decide.
 
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{JoinType, NullEquality, Result};
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::projection::update_expr;
@@ -48,9 +54,6 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort::SortExec;
 use datafusion::physical_plan::statistics::{StatisticsArgs, StatisticsContext};
-
-use datafusion::datasource::physical_plan::FileScanConfig;
-use datafusion::datasource::source::DataSourceExec;
 
 use super::probe::{BuildStage, JoinFilterExec};
 use super::summarize::KeySummaryExec;
