@@ -380,3 +380,63 @@ async fn a_worker_vets_the_location_a_join_filter_reads() -> Result<()> {
     );
     Ok(())
 }
+
+/// A filter that finds a build map's file missing fails its task as lost
+/// output of that map, as a reader does, so the host runs the map again
+/// before the probe task.
+#[tokio::test]
+async fn a_missing_build_map_is_lost_output_of_that_map() -> Result<()> {
+    use datafusion::physical_plan::ExecutionPlanProperties;
+    use dfx_abi::FailureClass::Lost;
+    use futures::StreamExt;
+    let data = temp_dir();
+    tables(data.path());
+    let shuffle = temp_dir();
+    let ctx = session(data.path(), Some(shuffle.path()), "exchange", "on", true).await?;
+    let plan = ctx.sql(QUERIES[0].1).await?.create_physical_plan().await?;
+    let found = stages(&plan);
+    let writer = |w: &Arc<dyn ExecutionPlan>| -> (u64, Vec<u64>) {
+        let w = w.downcast_ref::<ShuffleWriterExec>().unwrap();
+        (w.stage_id(), w.deps().to_vec())
+    };
+    let probe = found
+        .iter()
+        .find(|w| text(w).contains("JoinFilterExec") && !text(w).contains("HashJoinExec"))
+        .expect("the filtered probe stage");
+    let build = found
+        .iter()
+        .find(|w| text(w).contains("KeySummaryExec") && !text(w).contains("HashJoinExec"))
+        .expect("the build stage");
+    let (build_id, _) = writer(build);
+    assert_eq!(writer(probe).1, vec![build_id]);
+    for map in 0..build.output_partitioning().partition_count() {
+        let mut stream = build.execute(map, ctx.task_ctx())?;
+        while let Some(batch) = stream.next().await {
+            batch?;
+        }
+    }
+    std::fs::remove_file(
+        shuffle
+            .path()
+            .join(format!("stage-{build_id}"))
+            .join("map-1.arrow"),
+    )
+    .unwrap();
+    let location = shuffle.path().to_string_lossy().into_owned();
+    dfx_plugin::failures::take(&location);
+    let mut stream = probe.execute(0, ctx.task_ctx())?;
+    let mut failed = None;
+    while let Some(batch) = stream.next().await {
+        if let Err(e) = batch {
+            failed = Some(e.to_string());
+            break;
+        }
+    }
+    let failed = failed.expect("the probe task fails");
+    assert!(failed.contains("lost output"), "{failed}");
+    assert_eq!(
+        dfx_plugin::failures::take(&location),
+        vec![Lost([build_id, 1])]
+    );
+    Ok(())
+}
