@@ -60,6 +60,17 @@ pub const NO_PARTITION: u64 = u64::MAX;
 /// The slot of a [`MapScanExec`] no map's files fill.
 pub const NO_SLOT: u32 = u32::MAX;
 
+/// The fewest file groups the scans a stage's maps read must hold in all
+/// for the stage to be cut for its maps; a stage of fewer ships them whole.
+///
+/// A serving worker decodes a stage once and runs its next maps from the
+/// same plan (a broadcast build side is hashed once per worker); plans cut
+/// per map lose that. With a few files per table the whole plan is small
+/// and the loss is what shows: TPC-H at 8 files per table ran about a tenth
+/// slower cut (debug build); at 1,000 files a task's whole plan costs 40
+/// times its cut one.
+pub const MIN_GROUPS_TO_CUT: usize = 64;
+
 /// First bytes of a map's files.
 pub const MAP_FILES_MAGIC: [u8; 4] = *b"DFXM";
 
@@ -107,6 +118,8 @@ struct Cutter {
     slots: Vec<Slot>,
     /// Scans replaced, read by a map or not.
     replaced: usize,
+    /// Whether the scans a map reads are cut (those no map reads always are).
+    map_scans: bool,
 }
 
 /// Cut the encoded stage `plan_bytes` (a writer at its root) for its maps
@@ -118,6 +131,48 @@ struct Cutter {
 /// Bytes that are not an encoded stage, or a payload inside that does not
 /// parse.
 pub fn cut_stage(plan_bytes: &[u8]) -> Result<CutStage> {
+    let cut = cut_with(plan_bytes, true)?;
+    let moved: usize = cut.slots.iter().map(|slot| slot.groups.len()).sum();
+    if moved == 0 || moved >= MIN_GROUPS_TO_CUT {
+        return cut.finish(plan_bytes);
+    }
+    // Too few files to be worth a plan per map: the maps' scans stay whole
+    // (a scan no map reads is still emptied, the same for every map).
+    cut_with(plan_bytes, false)?.finish(plan_bytes)
+}
+
+/// A stage's plan after the cut, with the groups taken out of it.
+struct Cut {
+    root: PhysicalPlanNode,
+    maps: u64,
+    slots: Vec<Slot>,
+    replaced: usize,
+}
+
+impl Cut {
+    fn finish(self, plan_bytes: &[u8]) -> Result<CutStage> {
+        if self.replaced == 0 {
+            return Ok(CutStage {
+                shared: plan_bytes.to_vec(),
+                maps: Vec::new(),
+            });
+        }
+        let shared = self.root.encode_to_vec();
+        if self.slots.is_empty() {
+            return Ok(CutStage {
+                shared,
+                maps: Vec::new(),
+            });
+        }
+        let maps = (0..self.maps)
+            .map(|map| map_files(map, &self.slots))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(CutStage { shared, maps })
+    }
+}
+
+/// [`cut_stage`]'s walk; the scans a map reads are cut only with `map_scans`.
+fn cut_with(plan_bytes: &[u8], map_scans: bool) -> Result<Cut> {
     let mut root = PhysicalPlanNode::decode(plan_bytes)
         .map_err(|e| fail(format!("not an encoded physical plan: {e}")))?;
     let Some(PhysicalPlanType::Extension(writer)) = root.physical_plan_type.as_mut() else {
@@ -132,27 +187,19 @@ pub fn cut_stage(plan_bytes: &[u8]) -> Result<CutStage> {
     // The host's codec chain framed the writer's payload; a map scan is
     // framed alike, so the same chain hands it to this codec.
     let frame = writer.node[..start].to_vec();
-    let mut cutter = Cutter::default();
+    let mut cutter = Cutter {
+        map_scans,
+        ..Cutter::default()
+    };
     for input in &mut writer.inputs {
         cut(input, Reads::Map { offset: 0 }, &frame, &mut cutter)?;
     }
-    if cutter.replaced == 0 {
-        return Ok(CutStage {
-            shared: plan_bytes.to_vec(),
-            maps: Vec::new(),
-        });
-    }
-    let shared = root.encode_to_vec();
-    if cutter.slots.is_empty() {
-        return Ok(CutStage {
-            shared,
-            maps: Vec::new(),
-        });
-    }
-    let maps = (0..maps)
-        .map(|map| map_files(map, &cutter.slots))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(CutStage { shared, maps })
+    Ok(Cut {
+        root,
+        maps,
+        slots: cutter.slots,
+        replaced: cutter.replaced,
+    })
 }
 
 /// The files of map `map`: for each slot, the group of the partition it reads.
@@ -373,7 +420,7 @@ fn cut_scan(
     frame: &[u8],
     cutter: &mut Cutter,
 ) -> Result<()> {
-    if reads == Reads::All {
+    if reads == Reads::All || (matches!(reads, Reads::Map { .. }) && !cutter.map_scans) {
         return Ok(());
     }
     let Some(conf) = node.physical_plan_type.as_mut().and_then(scan_conf) else {
@@ -824,33 +871,55 @@ mod tests {
         out
     }
 
+    /// `count` file names `<table>/<n>`.
+    fn names(table: &str, count: usize) -> Vec<String> {
+        (0..count).map(|n| format!("{table}/{n}")).collect()
+    }
+
+    fn refs(names: &[String]) -> Vec<&str> {
+        names.iter().map(String::as_str).collect()
+    }
+
     #[test]
     fn a_union_gives_each_map_the_group_of_the_input_holding_its_partition() {
+        let t = names("t", MIN_GROUPS_TO_CUT);
         let union = PhysicalPlanNode {
             physical_plan_type: Some(PhysicalPlanType::Union(UnionExecNode {
-                inputs: vec![scan(&["t/0", "t/1"]), scan(&["u/0"])],
+                inputs: vec![scan(&refs(&t)), scan(&["u/0"])],
             })),
         };
-        let cut = cut_stage(&stage(3, union)).unwrap();
-        assert_eq!(cut.maps.len(), 3);
+        let maps = MIN_GROUPS_TO_CUT as u64 + 1;
+        let cut = cut_stage(&stage(maps, union)).unwrap();
+        assert_eq!(cut.maps.len() as u64, maps);
         assert!(
             map_scans(&cut.shared)
                 .iter()
-                .all(|(map, _, files)| { *map == UNCUT_MAP && files.is_empty() })
+                .all(|(map, _, files)| *map == UNCUT_MAP && files.is_empty())
         );
+        let last = maps - 1;
         let expected = [
-            [(0, 0, vec!["t/0"]), (0, NO_PARTITION, vec![])],
-            [(1, 1, vec!["t/1"]), (1, NO_PARTITION, vec![])],
-            [(2, NO_PARTITION, vec![]), (2, 0, vec!["u/0"])],
+            (
+                0,
+                [(0, 0, vec!["t/0".to_string()]), (0, NO_PARTITION, vec![])],
+            ),
+            (
+                last - 1,
+                [
+                    (last - 1, last - 1, vec![format!("t/{}", last - 1)]),
+                    (last - 1, NO_PARTITION, vec![]),
+                ],
+            ),
+            (
+                last,
+                [
+                    (last, NO_PARTITION, vec![]),
+                    (last, 0, vec!["u/0".to_string()]),
+                ],
+            ),
         ];
-        for (map, expected) in expected.iter().enumerate() {
-            let plan = stage_for_map(&cut.shared, &cut.maps[map], map as u64).unwrap();
-            let found = map_scans(&plan);
-            let expected: Vec<(u64, u64, Vec<String>)> = expected
-                .iter()
-                .map(|(m, p, f)| (*m, *p, f.iter().map(|s| s.to_string()).collect()))
-                .collect();
-            assert_eq!(found, expected, "map {map}");
+        for (map, expected) in expected {
+            let plan = stage_for_map(&cut.shared, &cut.maps[map as usize], map).unwrap();
+            assert_eq!(map_scans(&plan), expected.to_vec(), "map {map}");
         }
         // Files of one map are refused for another.
         let err = stage_for_map(&cut.shared, &cut.maps[1], 2)
@@ -861,16 +930,16 @@ mod tests {
 
     #[test]
     fn a_scan_below_a_collected_build_side_stays_whole() {
+        let t = names("t", MIN_GROUPS_TO_CUT);
         let join = PhysicalPlanNode {
             physical_plan_type: Some(PhysicalPlanType::CrossJoin(Box::new(
                 protobuf::CrossJoinExecNode {
                     left: Some(Box::new(scan(&["d/0", "d/1"]))),
-                    right: Some(Box::new(scan(&["t/0", "t/1"]))),
+                    right: Some(Box::new(scan(&refs(&t)))),
                 },
             ))),
         };
-        let bytes = stage(2, join);
-        let cut = cut_stage(&bytes).unwrap();
+        let cut = cut_stage(&stage(t.len() as u64, join)).unwrap();
         let plan = stage_for_map(&cut.shared, &cut.maps[1], 1).unwrap();
         // The left, built whole by every map, keeps both files; the right
         // is map 1's file only.
@@ -878,6 +947,15 @@ mod tests {
         let text = String::from_utf8_lossy(&plan);
         assert!(text.contains("d/0") && text.contains("d/1"), "{text}");
         assert!(!text.contains("t/0"), "{text}");
+    }
+
+    #[test]
+    fn a_stage_of_few_files_is_shipped_whole() {
+        let t = names("t", MIN_GROUPS_TO_CUT - 1);
+        let bytes = stage(t.len() as u64, scan(&refs(&t)));
+        let cut = cut_stage(&bytes).unwrap();
+        assert!(cut.maps.is_empty());
+        assert_eq!(cut.shared, bytes);
     }
 
     #[test]
