@@ -20,7 +20,8 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, ReplaceChildrenOptions,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    ReplaceChildrenOptions,
 };
 use futures::StreamExt;
 
@@ -99,8 +100,12 @@ impl KeySummaryExec {
             .iter()
             .map(|key| key.data_type(&schema))
             .collect::<Result<Vec<_>>>()?;
-        let slot: SummarySlot =
-            Arc::new(Mutex::new(Some(SummaryBuilder::new(&types, self.max_rows))));
+        let slot: SummarySlot = Arc::new(Mutex::new(Some(SummaryBuilder::new(
+            &types,
+            self.max_rows,
+            // The stage's maps: each is one partition of the input.
+            self.input.output_partitioning().partition_count(),
+        ))));
         let builder = Arc::clone(&slot);
         let keys = self.keys.clone();
         let input = self.input.execute(map, context)?;

@@ -45,9 +45,19 @@ const KEY_HASH_SEED: u64 = 0x6466_785f_6b65_7973;
 /// Up to this many distinct key hashes a map publishes them exactly.
 pub const EXACT_KEYS: usize = 4096;
 
-/// Bits of the Bloom filter per distinct key (before rounding up to a power
-/// of two): with [`BLOOM_PROBES`] probes, under 1 % false positives.
-const BLOOM_BITS_PER_KEY: usize = 10;
+/// The share of probe rows whose key no build map holds that the Bloom
+/// filters of all maps together may keep.
+const BLOOM_FALSE_POSITIVES: f64 = 0.01;
+
+/// Bits of each map's Bloom filter per distinct key (before rounding up to
+/// a power of two), when its stage has `maps` maps: a probe row is tested
+/// against every map's filter, so each map's may keep
+/// [`BLOOM_FALSE_POSITIVES`] / `maps` of them: 1.44 × log2 of the inverse
+/// bits a key (10 for one map, 13 for four, 16 for sixteen).
+fn bloom_bits_per_key(maps: usize) -> usize {
+    let per_map = BLOOM_FALSE_POSITIVES / maps.max(1) as f64;
+    (std::f64::consts::LOG2_E * (1.0 / per_map).log2()).ceil() as usize
+}
 
 /// Bits set and tested per key.
 const BLOOM_PROBES: u32 = 7;
@@ -162,12 +172,15 @@ pub struct SummaryBuilder {
     /// Hashes so far; `None` once past `limit`.
     hashes: Option<Vec<u64>>,
     limit: u64,
+    maps: usize,
 }
 
 impl SummaryBuilder {
-    /// A builder for keys of these types, collecting at most `limit` hashes.
-    pub fn new(types: &[datafusion::arrow::datatypes::DataType], limit: u64) -> Self {
+    /// A builder for keys of these types, collecting at most `limit` hashes,
+    /// for one map of a stage of `maps` maps.
+    pub fn new(types: &[datafusion::arrow::datatypes::DataType], limit: u64, maps: usize) -> Self {
         Self {
+            maps,
             rows: 0,
             mins: types
                 .iter()
@@ -254,7 +267,7 @@ impl SummaryBuilder {
             if hashes.len() <= EXACT_KEYS {
                 return KeySet::Exact(hashes);
             }
-            let len = (hashes.len() * BLOOM_BITS_PER_KEY)
+            let len = (hashes.len() * bloom_bits_per_key(self.maps))
                 .next_power_of_two()
                 .max(64) as u64;
             let mut words = vec![0u64; (len / 64) as usize];
@@ -303,16 +316,17 @@ pub struct KeyFilter {
     pub bounds: Vec<Option<(ScalarValue, ScalarValue)>>,
     /// Whether no map holds a row with a non-null key: nothing can match.
     pub empty: bool,
-    /// Every map's keys, when every map published them: at most one exact
-    /// set and one Bloom filter (see [`merged`]).
+    /// Every map's keys, when every map published them: one exact set and
+    /// each map's Bloom filter (see [`merged`]).
     probes: Option<Vec<Probe>>,
 }
 
-/// The probes of every map merged into at most two, so a row costs one
-/// lookup of each whatever the number of maps: the exact sets into one,
-/// the Bloom filters folded to the shortest and OR-ed. Folding is exact
-/// for the filter: a bit `h & (len - 1)` of a filter folded to `len / 2`
-/// is its bit `h & (len / 2 - 1)`, so a key set before is set after.
+/// The probes of every map, the exact sets merged into one. The Bloom
+/// filters stay apart: OR-ed into one of a map's size, the keys of every
+/// map would share the bits sized for one map's (at four maps of TPC-H
+/// q5's orders, a fifth of lineitem's other rows passed), where each map's
+/// filter is sized for its share of the false positives
+/// ([`bloom_bits_per_key`]).
 fn merged(probes: Vec<Probe>) -> Vec<Probe> {
     let mut exact: Vec<u64> = Vec::new();
     let mut blooms: Vec<(Vec<u64>, u64)> = Vec::new();
@@ -328,19 +342,11 @@ fn merged(probes: Vec<Probe>) -> Vec<Probe> {
         exact.dedup();
         merged.push(Probe::Exact(exact));
     }
-    if let Some(shortest) = blooms.iter().map(|(_, len)| *len).min() {
-        let count = (shortest / 64) as usize;
-        let mut words = vec![0u64; count];
-        for (bits, _) in &blooms {
-            for (i, word) in bits.iter().enumerate() {
-                words[i % count] |= word;
-            }
-        }
-        merged.push(Probe::Bloom {
-            words,
-            len: shortest,
-        });
-    }
+    merged.extend(
+        blooms
+            .into_iter()
+            .map(|(words, len)| Probe::Bloom { words, len }),
+    );
     merged
 }
 
@@ -515,7 +521,7 @@ mod tests {
     }
 
     fn summary(batch: &RecordBatch, limit: u64) -> KeySummary {
-        let mut builder = SummaryBuilder::new(&[DataType::Int64, DataType::Utf8], limit);
+        let mut builder = SummaryBuilder::new(&[DataType::Int64, DataType::Utf8], limit, 1);
         builder.update(batch, &keys()).unwrap();
         builder.finish()
     }
@@ -564,6 +570,13 @@ mod tests {
         let others: Vec<Option<i64>> = (0..n).map(|i| Some(i * 7 + 3)).collect();
         let passed = kept(&filter, &batch(others, names)).len();
         assert!(passed < n as usize / 20, "{passed} of {n} false positives");
+    }
+
+    #[test]
+    fn more_maps_more_bits_per_key() {
+        assert_eq!(bloom_bits_per_key(1), 10);
+        assert_eq!(bloom_bits_per_key(4), 13);
+        assert_eq!(bloom_bits_per_key(16), 16);
     }
 
     #[test]
