@@ -81,6 +81,11 @@ struct QueryArgs {
     /// directory and LZ4 for S3; `lz4` and `none` force one.
     #[arg(long, value_enum, default_value_t = ShuffleCompression::Auto)]
     shuffle_compression: ShuffleCompression,
+    /// Set the plugin's dfx_engine.KEY in every session of the query, the
+    /// driver's and each worker's (join_filters=off, join_filter_ratio=0.2,
+    /// memory_table_limit=...). Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_setting)]
+    settings: Vec<(String, String)>,
     /// Read the SQL from FILE (`-` for stdin) instead of the argument: a
     /// query, or a script of CREATE EXTERNAL TABLE statements, then
     /// queries, separated by `;` (each query runs and prints in turn).
@@ -226,6 +231,18 @@ enum Format {
     Json,
 }
 
+fn parse_setting(value: &str) -> std::result::Result<(String, String), String> {
+    let (key, setting) = value
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {value:?}"))?;
+    // Either spelling of the key: the plugin's prefix is implied.
+    let key = key.trim().trim_start_matches("dfx_engine.");
+    if key.is_empty() {
+        return Err(format!("expected KEY=VALUE, got {value:?}"));
+    }
+    Ok((key.to_string(), setting.trim().to_string()))
+}
+
 fn parse_table(value: &str) -> std::result::Result<(String, String), String> {
     match value.split_once('=') {
         Some((name, location)) if !name.is_empty() && !location.is_empty() => {
@@ -344,10 +361,13 @@ fn spec_of(args: &QueryArgs, script: &Script) -> Result<SessionSpec> {
             .map_err(|e| HostError::io("cannot resolve", name.as_str(), e))?;
         absolute_tables.push((name, table));
     }
-    Ok(SessionSpec::new(absolute_tables)
+    let mut spec = SessionSpec::new(absolute_tables)
         .with_target_partitions(args.partitions)
         .with_split(args.split)
-        .with_shuffle_compression(args.shuffle_compression))
+        .with_shuffle_compression(args.shuffle_compression);
+    spec.engine_options = args.settings.iter().cloned().collect();
+    spec.validate()?;
+    Ok(spec)
 }
 
 /// A shuffle directory for one query: the user's, or a fresh temporary one.

@@ -680,3 +680,39 @@ fn interrupt_while_workers_hang(
         live_processes_mentioning(marker)
     );
 }
+
+#[test]
+fn dfx_run_set_gives_every_session_a_plugin_setting() {
+    let fixture = Fixture::new();
+    let table = format!("lineitem={}", fixture.table_dir().display());
+    let run = |setting: &str| dfx(&["run", "--set", setting, "--table", &table, BY_FLAG]);
+    for setting in ["join_filters=off", "dfx_engine.join_filters=on"] {
+        let out = run(setting);
+        assert!(out.status.success(), "{setting}: {}", text(&out.stderr));
+        assert!(
+            text(&out.stdout).contains("| A            | 3 | 11.0 | 1100.0 |"),
+            "{setting}: {}",
+            text(&out.stdout)
+        );
+    }
+    // The plugin reads it: a value it does not take is refused, naming it.
+    let out = run("join_filters=sometimes");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("dfx_engine.join_filters") && stderr.contains("sometimes"),
+        "{stderr}"
+    );
+    // A key the spec holds as a flag of its own is refused before anything
+    // runs.
+    let out = run("split=aggregate");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("fields of their own"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run("join_filters");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("expected KEY=VALUE"));
+}

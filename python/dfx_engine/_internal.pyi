@@ -162,6 +162,9 @@ def unreadable_file(name: str, json: str, store_options: dict[str, str]) -> str 
 def partition_clash(name: str, json: str, file_columns: list[str]) -> str | None:
     """The refusal of a partition column among ``file_columns``, if one is."""
 
+def plugin_settings(json: str) -> list[tuple[str, str]]:
+    """The plugin's settings a session of the spec makes, keys without prefix."""
+
 def parse_script(sql: str) -> tuple[str, list[str]]:
     """A script's tables (a JSON object of definitions) and its queries' texts."""
 

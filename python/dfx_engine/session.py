@@ -182,6 +182,9 @@ class SessionSpec:
         memory_limit: The most memory, in bytes, each map task's operators
             may hold; only the Rust host's workers enforce it, and a Python
             worker refuses a task that sets one.
+        engine_options: Other ``dfx_engine.<key>`` settings of every session
+            of the query, the driver's and each worker's: the plugin's
+            decisions to tune or turn off (``{"join_filters": "off"}``).
     """
 
     tables: dict[str, str | Table] = field(default_factory=dict)
@@ -191,6 +194,7 @@ class SessionSpec:
     store_options: dict[str, str] = field(default_factory=dict)
     shuffle_compression: str = _internal.DEFAULT_SHUFFLE_COMPRESSION
     memory_limit: int | None = None
+    engine_options: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Check the spec through the runtime.
@@ -324,12 +328,9 @@ def build_session(
         _internal.DfxEngineConfig(shuffle_dir=spec.shuffle_dir, split=split)
     )
     prefix = _internal.config_prefix()
-    # Every session reaches S3 by the spec's options (its tables may be
-    # there); only a distributing one compresses stage output.
-    options = (
-        {"shuffle_compression": spec.shuffle_compression} if spec.shuffle_dir else {}
-    )
-    for key, value in sorted((options | spec.store_options).items()):
+    # The rest the runtime says every session sets (compression, store and
+    # engine options), exactly as the Rust host sets them.
+    for key, value in _internal.plugin_settings(spec.to_json_text()):
         # Onto the extension just added: keys under the plugin's prefix
         # go to its options (checked by the plugin when it plans).
         config = config.set(f"{prefix}.{key}", value)

@@ -79,6 +79,7 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spec::parse_script, m)?)?;
     m.add_function(wrap_pyfunction!(spec::unreadable_file, m)?)?;
     m.add_function(wrap_pyfunction!(spec::partition_clash, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::plugin_settings, m)?)?;
     spec::add_constants(m)?;
     m.add_function(wrap_pyfunction!(settings::session_settings, m)?)?;
     m.add_class::<scheduler::WorkerPool>()?;

@@ -101,6 +101,18 @@ pub fn partition_clash(
     Ok(dfx_runtime::tables::partition_clash(name, &table, &columns))
 }
 
+/// The plugin's `dfx_engine.<key>` settings (keys without the prefix) a
+/// session built from the spec `json` makes besides its shuffle location and
+/// split, in order: the runtime's list, which the Rust host sets too.
+///
+/// Raises:
+///     ValueError: A spec the runtime refuses.
+#[pyfunction]
+pub fn plugin_settings(json: &str) -> PyResult<Vec<(String, String)>> {
+    let spec = SessionSpec::from_json(json).map_err(from_runtime)?;
+    Ok(spec.plugin_settings())
+}
+
 /// A script's tables and queries: each `CREATE EXTERNAL TABLE` as a
 /// definition (a JSON object of name to definition), then each query's text.
 ///

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import sys
@@ -346,3 +347,35 @@ def test_each_file_is_one_map_so_work_is_divided(tmp_path: pathlib.Path) -> None
     assert len(scans) == 2
     for stage in scans:
         assert [result.task_rows[(stage, m)] for m in range(2)] == [300_000, 300_000]
+
+
+JOINED_SQL = (
+    "SELECT a.l_returnflag, count(*) AS n FROM lineitem a JOIN "
+    "(SELECT l_quantity FROM lineitem WHERE l_returnflag = 'R') b "
+    "ON a.l_quantity = b.l_quantity GROUP BY a.l_returnflag ORDER BY 1"
+)
+"""The rows whose quantity an ``R`` row has: 60 and 80, both ``R`` rows."""
+
+
+def test_engine_options_reach_every_session_of_the_query(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    for setting in ("on", "off"):
+        spec = dataclasses.replace(
+            make_spec(), engine_options={"join_filters": setting}
+        )
+        assert spec.to_json()["engine_options"] == {"join_filters": setting}
+        result = run_distributed(JOINED_SQL, spec)
+        assert as_rows(result.batches) == [{"l_returnflag": "R", "n": 2}], setting
+    # The plugin reads the key: a value it does not take, or a key it does
+    # not know, is refused naming it.
+    for options, named in (
+        ({"join_filters": "sometimes"}, "sometimes"),
+        ({"no_such_setting": "1"}, "no_such_setting"),
+    ):
+        spec = dataclasses.replace(make_spec(), engine_options=options)
+        with pytest.raises(Exception, match=named):
+            run_distributed(JOINED_SQL, spec)
+    # A key the spec holds as a field of its own is refused by the spec.
+    with pytest.raises(ValueError, match="fields of their own"):
+        dataclasses.replace(make_spec(), engine_options={"split": "aggregate"})

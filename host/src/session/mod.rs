@@ -443,20 +443,15 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
             .options_mut()
             .set(&key, spec.split.as_str())
             .context(|| plugin_what(&format!("cannot set {key}")))?;
-        let key = format!("{}.shuffle_compression", plugin.config_prefix());
-        config
-            .options_mut()
-            .set(&key, spec.shuffle_compression.as_str())
-            .context(|| plugin_what(&format!("cannot set {key}")))?;
     }
-    // Every session reaches S3 by the spec's options: its tables may be
-    // there, distributed or not.
-    for (name, value) in &spec.store_options {
+    // The rest the runtime says every session sets (compression, store and
+    // engine options), exactly as the Python host sets them.
+    for (name, value) in spec.plugin_settings() {
         let key = format!("{}.{name}", plugin.config_prefix());
         config
             .options_mut()
-            .set(&key, value)
-            .context(|| plugin_what(&format!("cannot set {key}")))?;
+            .set(&key, &value)
+            .context(|| plugin_what(&format!("cannot set {key} to {value:?}")))?;
     }
 
     let state = SessionStateBuilder::new()

@@ -78,6 +78,15 @@ pub struct SessionSpec {
     /// Left out of the JSON when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_limit: Option<u64>,
+    /// Other `dfx_engine.<key>` settings of every session built from the
+    /// spec, the driver's and each worker's: the plugin's decisions a user
+    /// may tune or turn off (`join_filters`: `auto`, `on` or `off`;
+    /// `join_filter_ratio`; `memory_table_limit`). A key the spec holds as a
+    /// field of its own is refused here; a key the plugin does not know is
+    /// refused when a session is built, naming it. Left out of the JSON
+    /// when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub engine_options: BTreeMap<String, String>,
 }
 
 impl Default for SessionSpec {
@@ -91,6 +100,7 @@ impl Default for SessionSpec {
             shuffle_compression: ShuffleCompression::default(),
             store_options: BTreeMap::new(),
             memory_limit: None,
+            engine_options: BTreeMap::new(),
         }
     }
 }
@@ -249,7 +259,32 @@ pub const STORE_OPTION_KEYS: [&str; 3] = [
     location::S3_ALLOW_HTTP,
 ];
 
+/// The `dfx_engine` keys a spec holds as fields of its own, refused in
+/// [`SessionSpec::engine_options`].
+const SPEC_FIELD_KEYS: [&str; 3] = ["shuffle_dir", "split", "shuffle_compression"];
+
 impl SessionSpec {
+    /// The plugin's `dfx_engine.<key>` settings (keys without the prefix)
+    /// every session built from the spec makes besides its shuffle location
+    /// and split, in the order a host sets them: the compression of a
+    /// distributing session's map files, the store options, then the engine
+    /// options. Both hosts set exactly these.
+    pub fn plugin_settings(&self) -> Vec<(String, String)> {
+        let mut settings = Vec::new();
+        // Only a distributing session publishes map files.
+        if self.shuffle_dir.is_some() {
+            settings.push((
+                "shuffle_compression".to_string(),
+                self.shuffle_compression.as_str().to_string(),
+            ));
+        }
+        // Every session reaches S3 by the spec's options: its tables may be
+        // there, distributed or not.
+        settings.extend(self.store_options.clone());
+        settings.extend(self.engine_options.clone());
+        settings
+    }
+
     /// Read a spec from its JSON text and check it ([`Self::validate`]).
     ///
     /// # Errors
@@ -279,8 +314,8 @@ impl SessionSpec {
 
     /// Refuse a spec no session can be built from, naming the field: a
     /// `target_partitions` of 0, a store option the plugin does not take, an
-    /// `s3_allow_http` other than `true` or `false`, or a shuffle location of
-    /// an unsupported scheme.
+    /// `s3_allow_http` other than `true` or `false`, an engine option the
+    /// spec holds as a field, or a shuffle location of an unsupported scheme.
     ///
     /// # Errors
     ///
@@ -310,6 +345,20 @@ impl SessionSpec {
                  {allow:?}"
             ));
         }
+        let owned: Vec<&String> = self
+            .engine_options
+            .keys()
+            .filter(|key| {
+                SPEC_FIELD_KEYS.contains(&key.as_str()) || STORE_OPTION_KEYS.contains(&key.as_str())
+            })
+            .collect();
+        if !owned.is_empty() {
+            return invalid(format!(
+                "session spec engine_options sets {owned:?}, which the spec holds as fields of \
+                 their own (shuffle_dir, split, shuffle_compression, store_options): set them \
+                 there"
+            ));
+        }
         if let Some(dir) = &self.shuffle_dir {
             ShuffleLocation::parse(dir)?;
         }
@@ -323,6 +372,37 @@ impl SessionSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_options_are_set_after_the_specs_own_settings_and_never_repeat_them() {
+        let mut spec = SessionSpec::default().with_shuffle_dir("/s");
+        spec.store_options
+            .insert(location::S3_REGION.to_string(), "eu-west-1".into());
+        spec.engine_options
+            .insert("join_filters".into(), "off".into());
+        let settings = spec.plugin_settings();
+        let keys: Vec<&str> = settings.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["shuffle_compression", "s3_region", "join_filters"]);
+        let text = spec.to_json();
+        assert!(
+            text.contains(r#""engine_options":{"join_filters":"off"}"#),
+            "{text}"
+        );
+        assert_eq!(SessionSpec::from_json(&text).unwrap(), spec);
+        // Not distributing: no compression to set.
+        spec.shuffle_dir = None;
+        assert_eq!(spec.plugin_settings().len(), 2);
+
+        for key in ["split", "shuffle_compression", "s3_endpoint"] {
+            let mut spec = SessionSpec::default();
+            spec.engine_options.insert(key.into(), "x".into());
+            let err = spec.validate().unwrap_err().to_string();
+            assert!(
+                err.contains(key) && err.contains("fields of their own"),
+                "{err}"
+            );
+        }
+    }
 
     #[test]
     fn every_field_round_trips_and_defaults_are_left_out() {
