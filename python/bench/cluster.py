@@ -104,12 +104,24 @@ START_TIMEOUT = 90.0
 """Seconds for the whole cluster to come up before giving up."""
 
 
+_HANDED_OUT: set[int] = set()
+"""Every port :func:`free_port` has answered in this process."""
+
+
 def free_port() -> int:
-    """A port of 127.0.0.1 nothing listens on right now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    """A port of 127.0.0.1 nothing listens on now, never answered before.
+
+    Each probe releases its port before a node binds it, so the kernel may
+    offer the same one to the next probe: two components of one node were
+    once given the same port. A port is therefore answered once per process.
+    """
+    while True:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port: int = probe.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def can_make_namespaces() -> str | None:
