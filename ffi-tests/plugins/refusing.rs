@@ -140,6 +140,13 @@ extern "C" fn stage_for_map(
     called()
 }
 
+extern "C" fn adapt_stage(
+    _plan_bytes: RSlice<'_, u8>,
+    _request_json: RStr<'_>,
+) -> FfiResult<RString> {
+    called()
+}
+
 /// A dfx root module that declares `dfx_abi_version` and
 /// `datafusion_ffi_major` as given, every function of which only counts.
 pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPluginRef {
@@ -174,6 +181,7 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         new_logical_codec,
         cut_stage,
         stage_for_map,
+        adapt_stage,
     }
     .leak_into_prefix()
 }

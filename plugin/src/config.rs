@@ -27,6 +27,15 @@
 //!   `join_filter_ratio` times the probe table's rows), `on` (whatever the
 //!   sizes) or `off` (none: the plan is cut as without them).
 //! - `dfx_engine.join_filter_ratio`: that threshold, `0.5` by default.
+//! - `dfx_engine.coalesce`: adaptive coalescing (see [`crate::adaptive`]):
+//!   `auto` (the default: a ready stage's adjacent small partitions share a
+//!   task, each task up to the stage's bytes over the workers, at least
+//!   1 MiB, at most `coalesce_task_bytes`), `on` (at least two partitions a
+//!   task, whatever their bytes) or `off` (one task per partition).
+//! - `dfx_engine.coalesce_task_bytes`: that most, 64 MiB by default.
+//! - `dfx_engine.coalesced_partitions`: set by the scheduler, never by a
+//!   user: the partitions each task of one coalesced stage reads (see
+//!   [`crate::adaptive::groups`]).
 //!
 //! A host that loaded the plugin registers the options as an
 //! `FFI_ExtensionOptions`, so on the plugin's side of the boundary they arrive
@@ -70,6 +79,27 @@ pub const JOIN_FILTERS_KEY: &str = "dfx_engine.join_filters";
 
 /// The full key of the build-to-probe row ratio under which `auto` filters.
 pub const JOIN_FILTER_RATIO_KEY: &str = "dfx_engine.join_filter_ratio";
+
+/// The full key of adaptive coalescing.
+pub const COALESCE_KEY: &str = "dfx_engine.coalesce";
+
+/// The full key of the most bytes a coalesced task reads.
+pub const COALESCE_TASK_BYTES_KEY: &str = "dfx_engine.coalesce_task_bytes";
+
+/// The key (without the prefix) by which the scheduler tells a coalesced
+/// stage's tasks their partitions.
+pub const COALESCED_PARTITIONS: &str = "coalesced_partitions";
+
+/// Whether ready stages' small partitions share tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coalesce {
+    /// Up to the target bytes a task.
+    Auto,
+    /// At least two partitions a task, whatever their bytes.
+    On,
+    /// One task per partition, as planned.
+    Off,
+}
 
 /// Whether the planner adds filters that cross stages.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -133,6 +163,12 @@ extensions_options! {
         pub join_filters: String, default = "auto".to_string()
         /// `auto` filters when build rows are at most this times the probe table's.
         pub join_filter_ratio: f64, default = 0.5
+        /// Adaptive coalescing of a ready stage's partitions: `auto`, `on` or `off`.
+        pub coalesce: String, default = "auto".to_string()
+        /// The most bytes a coalesced task reads.
+        pub coalesce_task_bytes: u64, default = 64 * 1024 * 1024
+        /// Set by the scheduler: the partitions each task of a coalesced stage reads.
+        pub coalesced_partitions: String, default = String::new()
     }
 }
 
@@ -173,8 +209,9 @@ impl DfxConfig {
                     "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` (dfx declares \
                      `{SHUFFLE_DIR_KEY}`, `{SPLIT_KEY}`, `{SHUFFLE_COMPRESSION_KEY}`, \
                      `{S3_ENDPOINT_KEY}`, `{S3_REGION_KEY}`, `{S3_ALLOW_HTTP_KEY}`, \
-                     `{MEMORY_TABLE_LIMIT_KEY}`, `{JOIN_FILTERS_KEY}` and \
-                     `{JOIN_FILTER_RATIO_KEY}`): {err}"
+                     `{MEMORY_TABLE_LIMIT_KEY}`, `{JOIN_FILTERS_KEY}`, \
+                     `{JOIN_FILTER_RATIO_KEY}`, `{COALESCE_KEY}` and \
+                     `{COALESCE_TASK_BYTES_KEY}`): {err}"
                 ))
             })?;
         }
@@ -243,6 +280,32 @@ impl DfxConfig {
                 "dfx config: `{JOIN_FILTERS_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
             ))),
         }
+    }
+
+    /// Whether ready stages' small partitions share tasks.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `auto`, `on` or `off`, named in the message.
+    pub fn coalesce(&self) -> Result<Coalesce> {
+        match self.coalesce.trim() {
+            "" | "auto" => Ok(Coalesce::Auto),
+            "on" => Ok(Coalesce::On),
+            "off" => Ok(Coalesce::Off),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{COALESCE_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
+            ))),
+        }
+    }
+
+    /// The partitions each task of a coalesced stage reads, as the
+    /// scheduler set them; `None` when it set none.
+    ///
+    /// # Errors
+    ///
+    /// A setting that does not parse (see [`crate::adaptive::groups`]).
+    pub fn coalesced_partitions(&self) -> Result<Option<crate::adaptive::PartitionGroups>> {
+        crate::adaptive::PartitionGroups::parse(&self.coalesced_partitions)
     }
 
     /// The shuffle directory, or `None` when distribution is off.
@@ -384,6 +447,25 @@ mod tests {
             .to_string();
         assert!(
             err.contains(JOIN_FILTERS_KEY) && err.contains("sometimes"),
+            "{err}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn coalescing_is_auto_unless_set() -> Result<()> {
+        let config = DfxConfig::from_config(&ConfigOptions::default())?;
+        assert_eq!(config.coalesce()?, Coalesce::Auto);
+        assert_eq!(config.coalesced_partitions()?, None);
+        let options = options_with_ffi(COALESCE_KEY, "off")?;
+        assert_eq!(DfxConfig::from_config(&options)?.coalesce()?, Coalesce::Off);
+        let options = options_with_ffi(COALESCE_KEY, "always")?;
+        let err = DfxConfig::from_config(&options)?
+            .coalesce()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(COALESCE_KEY) && err.contains("always"),
             "{err}"
         );
         Ok(())

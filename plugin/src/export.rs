@@ -33,7 +33,7 @@ use crate::guard::{self, GuardedQueryPlanner};
 use crate::memory_table::{DfxLogicalCodec, LOGICAL_CODEC_ID};
 use crate::planner::{self, DfxQueryPlanner};
 use crate::vet::{Allowed, vet_encoded_stage};
-use crate::{counters, failures, functions, map_files, paths};
+use crate::{adaptive, counters, failures, functions, map_files, paths};
 
 /// The plugin's root module, as `abi_stable` exports it.
 #[export_root_module]
@@ -68,6 +68,7 @@ pub fn root_module() -> DfxPluginRef {
         new_logical_codec,
         cut_stage,
         stage_for_map,
+        adapt_stage,
     }
     .leak_into_prefix()
 }
@@ -276,6 +277,19 @@ extern "C" fn cut_stage(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxCutStage> {
             shared: RVec::from(cut.shared),
             maps: cut.maps.into_iter().map(RVec::from).collect(),
         })
+    })
+}
+
+/// How a ready stage runs ([`adaptive::adapt_stage`]), as JSON.
+extern "C" fn adapt_stage(
+    plan_bytes: RSlice<'_, u8>,
+    request_json: RStr<'_>,
+) -> FfiResult<RString> {
+    guarded("adaptive stage", || {
+        let adaptation = adaptive::adapt_stage(plan_bytes.as_slice(), request_json.as_str())?;
+        serde_json::to_string(&adaptation)
+            .map(RString::from)
+            .map_err(|e| DataFusionError::Execution(format!("cannot encode the decision: {e}")))
     })
 }
 

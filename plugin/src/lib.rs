@@ -16,6 +16,7 @@
 //! - **failure class**: how a failed task may be retried, recorded where the
 //!   error is made (see [`failures`]).
 
+pub mod adaptive;
 pub mod codec;
 pub mod config;
 pub mod counters;

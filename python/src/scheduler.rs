@@ -328,7 +328,7 @@ impl Scheduler {
         let scheduler = self.scheduler.clone();
         let run = wait(py, move || async move {
             scheduler
-                .run(&spec, &task_dir, stages, envelope_files)
+                .run(plugin, &spec, &task_dir, stages, envelope_files)
                 .await
         })?
         .map_err(from_runtime)?;
@@ -425,6 +425,24 @@ impl QueryRun {
     #[getter]
     fn retries(&self) -> Vec<String> {
         self.run.retries()
+    }
+
+    /// The adaptive decisions made as stages became ready, in order: each
+    /// a dict of `stage_id`, `planned_tasks`, `tasks` and `reason`.
+    #[getter]
+    fn decisions<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.run
+            .decisions()
+            .iter()
+            .map(|decision| {
+                let fields = PyDict::new(py);
+                fields.set_item("stage_id", decision.stage_id)?;
+                fields.set_item("planned_tasks", decision.planned_tasks)?;
+                fields.set_item("tasks", decision.tasks)?;
+                fields.set_item("reason", &decision.reason)?;
+                Ok(fields)
+            })
+            .collect()
     }
 
     fn __repr__(&self) -> String {

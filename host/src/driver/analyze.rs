@@ -196,6 +196,7 @@ pub fn to_json(result: &DistributedResult, wall_ms: f64) -> serde_json::Value {
         "waves": result.waves,
         "critical_path": {"stages": path.stages, "tasks_ms": path.tasks_ms},
         "stages": stages,
+        "decisions": result.decisions,
     })
 }
 
@@ -225,6 +226,12 @@ pub fn render(result: &DistributedResult) -> String {
         path.final_read_ms,
         path.total_ms()
     ));
+    for decision in &result.decisions {
+        out.push_str(&format!(
+            "adaptive: stage {}: {} -> {} task(s): {}\n",
+            decision.stage_id, decision.planned_tasks, decision.tasks, decision.reason
+        ));
+    }
     out
 }
 
@@ -280,6 +287,7 @@ mod tests {
             task_reports,
             worker_mode: WorkerMode::Pool,
             final_read_ms: 2.5,
+            decisions: Vec::new(),
             attempts: Default::default(),
             retries: Vec::new(),
         }

@@ -29,7 +29,7 @@ use datafusion::physical_plan::collect;
 use dfx_abi::Plugin;
 use dfx_runtime::protocol::stage_file;
 use dfx_runtime::scheduler::{
-    ClaimedLocation, EncodedStage, Executor, ProcessExecutor, Progress, Scheduler,
+    ClaimedLocation, Decision, EncodedStage, Executor, ProcessExecutor, Progress, Scheduler,
     SchedulerOptions, Shutdown, TaskReports, TaskRows, WorkerCommand, WorkerMode, WorkerPool,
 };
 
@@ -66,6 +66,8 @@ pub struct DistributedResult {
     /// Why each retry or rerun happened (`stage S map M attempt A: reason`),
     /// in the order they did; empty when every task succeeded at once.
     pub retries: Vec<String>,
+    /// The adaptive decisions made as stages became ready, in that order.
+    pub decisions: Vec<Decision>,
 }
 
 impl DistributedResult {
@@ -279,7 +281,13 @@ impl Host {
         let envelope_files = self.mode == WorkerMode::Process;
         let run = self
             .scheduler()
-            .run(&shipped, claim.task_dir(), encoded, envelope_files)
+            .run(
+                &self.plugin,
+                &shipped,
+                claim.task_dir(),
+                encoded,
+                envelope_files,
+            )
             .await?;
 
         // The root of the same plan: every stage is published, so each reader
@@ -311,6 +319,7 @@ impl Host {
             final_read_ms,
             attempts: run.attempts(),
             retries: run.retries(),
+            decisions: run.decisions().to_vec(),
         })
     }
 

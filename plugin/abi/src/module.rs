@@ -214,6 +214,19 @@ pub struct DfxPlugin {
         map_files: RSlice<'_, u8>,
         map: u64,
     ) -> FfiResult<RVec<u8>>,
+
+    /// How a ready stage runs, decided from what the stages it reads
+    /// published (a driver calls it once every one of them is published,
+    /// before any of its tasks starts). `plan_bytes` is the encoded stage
+    /// (a stage file's shared part); `request_json` is
+    /// `{"settings": {<dfx_engine key>: <value>, ...}, "slots": <tasks at once>}`.
+    /// Answers JSON: `{"groups": [[first, last], ...] | null, "settings":
+    /// {...}, "reason": "..." | null}`: the partitions each task runs (one
+    /// task per group, as its first partition; `null`: as planned), the
+    /// `dfx_engine` settings every task of the stage must carry, and what
+    /// was decided and why.
+    pub adapt_stage:
+        extern "C" fn(plan_bytes: RSlice<'_, u8>, request_json: RStr<'_>) -> FfiResult<RString>,
 }
 
 /// What [`DfxPlugin::cut_stage`] answers: an encoded stage cut for its maps.

@@ -57,6 +57,7 @@ use super::store::{
     location_root, s3_store,
 };
 use super::writer::ShuffleWriterExec;
+use crate::adaptive::{PartitionGroups, PartitionRole};
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
 use crate::failures;
@@ -248,10 +249,21 @@ impl ShuffleReaderExec {
         ))
     }
 
-    /// The `(map, bucket)` pieces of `partition`, in reading order.
-    fn pieces(&self, partition: usize) -> Vec<(usize, usize)> {
+    /// The `(map, bucket)` pieces of `partition`, in reading order. In a
+    /// task of a coalesced stage (`groups`), a hash partition heading a
+    /// group reads the buckets of the whole group and the group's other
+    /// partitions read nothing (see [`crate::adaptive::groups`]).
+    fn pieces(&self, partition: usize, groups: Option<&PartitionGroups>) -> Vec<(usize, usize)> {
+        let maps = self.maps;
         match self.mode {
-            ReadMode::Hash => (0..self.maps).map(|m| (m, partition)).collect(),
+            ReadMode::Hash => match groups.map(|g| g.role(partition)) {
+                None | Some(PartitionRole::Own) => (0..maps).map(|m| (m, partition)).collect(),
+                Some(PartitionRole::Head(group)) => group
+                    .filter(|&bucket| bucket < self.buckets)
+                    .flat_map(|bucket| (0..maps).map(move |m| (m, bucket)))
+                    .collect(),
+                Some(PartitionRole::Member) => Vec::new(),
+            },
             ReadMode::PassThrough => vec![(partition, 0)],
             ReadMode::Broadcast => (0..self.maps)
                 .flat_map(|m| (0..self.buckets).map(move |b| (m, b)))
@@ -353,7 +365,12 @@ impl ShuffleReaderExec {
         let location =
             ShuffleLocation::parse(&self.shuffle_dir).map_err(|e| self.error(partition, e))?;
         let root = location_root(&location);
-        let pieces = self.pieces(partition);
+        let config = DfxConfig::from_config(context.session_config().options())
+            .map_err(|e| self.error(partition, e))?;
+        let groups = config
+            .coalesced_partitions()
+            .map_err(|e| self.error(partition, e))?;
+        let pieces = self.pieces(partition, groups.as_ref());
         let mut stream = BucketStream {
             stage_id: self.stage_id,
             location: root.clone(),
@@ -364,8 +381,6 @@ impl ShuffleReaderExec {
             _live: LiveObject::new(),
         };
         if let ShuffleLocation::S3(s3) = location {
-            let config = DfxConfig::from_config(context.session_config().options())
-                .map_err(|e| self.error(partition, e))?;
             let store = s3_store(&s3.bucket, &S3Options::from_config(&config))
                 .map_err(|e| self.error(partition, e))?;
             let markers = read_markers(
@@ -511,6 +526,43 @@ pub(crate) async fn read_map_keys(
     serde_json::from_slice(&bytes)
         .map(Some)
         .map_err(|e| fail(format!("not a key summary: {e}")))
+}
+
+/// The marker of map `map` of stage `stage_id` (of `buckets` buckets)
+/// published into `shuffle_dir`, local or on S3, read and checked as a
+/// reader checks it. A missing map is lost output, recorded for the
+/// location as a reader records it.
+///
+/// # Errors
+///
+/// Those of [`MapMarker::read`], or an S3 location that cannot be reached.
+pub(crate) async fn read_map_marker(
+    shuffle_dir: &Path,
+    config: &DfxConfig,
+    stage_id: u64,
+    map: usize,
+    buckets: usize,
+) -> Result<MapMarker> {
+    let location = ShuffleLocation::parse(shuffle_dir)
+        .map_err(|e| DataFusionError::Execution(format!("dfx stage {stage_id} map {map}: {e}")))?;
+    let root = location_root(&location);
+    let path = map_path(&root, stage_id, map);
+    let at = MapFileRef {
+        location: &root,
+        path: &path,
+        stage_id,
+        map,
+        bucket: 0,
+        buckets,
+    };
+    match location {
+        ShuffleLocation::Local(_) => Ok(MapMarker::read(&at)?.0),
+        ShuffleLocation::S3(s3) => {
+            let store =
+                s3_store(&s3.bucket, &S3Options::from_config(config)).map_err(|e| at.error(e))?;
+            Ok(read_remote_marker(&store, &s3, &at).await?.0)
+        }
+    }
 }
 
 /// The marker closing the object at `path`: its tail, and, for an index

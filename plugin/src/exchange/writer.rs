@@ -57,6 +57,7 @@ use super::store::{
 };
 use crate::config::{DfxConfig, ShuffleCompression};
 use crate::counters::LiveObject;
+use crate::filters::KeySummary;
 use crate::filters::summarize::{self, KeySummaryExec, SummarySlot};
 use crate::guard::{self, GuardedStream};
 use crate::paths::map_path;
@@ -333,6 +334,28 @@ impl ShuffleWriterExec {
                 location: s3.clone(),
             },
         };
+        // In a coalesced stage's task, the partitions whose rows this map
+        // reads publish their maps empty (see `crate::adaptive::groups`).
+        let members = match config
+            .coalesced_partitions()
+            .map_err(|e| self.error(map, e))?
+        {
+            Some(groups) if groups.stage_id != self.stage_id => {
+                return Err(self.error(
+                    map,
+                    format!(
+                        "the task was told the coalesced partitions of stage {}, not of this one",
+                        groups.stage_id
+                    ),
+                ));
+            }
+            Some(groups) => groups.members_of(map),
+            None => Vec::new(),
+        };
+        let empty_summary = match self.input.downcast_ref::<KeySummaryExec>() {
+            Some(summarize) if !members.is_empty() => Some(summarize.empty_summary()?),
+            _ => None,
+        };
         let task_context = isolated_task_context(&context);
         // A build stage of a filtered join sums up its keys as rows go by,
         // for the map's file (see `crate::filters`).
@@ -361,6 +384,8 @@ impl ShuffleWriterExec {
             compression,
             batches_written: 0,
             summary,
+            members,
+            empty_summary,
             _live: LiveObject::new(),
         };
         let summary = futures::stream::once(job.run(input));
@@ -443,6 +468,11 @@ struct MapJob {
     batches_written: u64,
     /// The key summary of a build stage's map, complete once the input ends.
     summary: Option<SummarySlot>,
+    /// Maps of a coalesced stage whose rows this one read: published empty
+    /// after it.
+    members: Vec<usize>,
+    /// Their key summary (no key), when the stage is a build stage.
+    empty_summary: Option<KeySummary>,
     _live: LiveObject,
 }
 
@@ -510,7 +540,7 @@ impl MapJob {
         };
         let segment = encode_segment(&self.schema, batch, self.compression).map_err(fail)?;
         if self.sink.is_none() {
-            self.sink = Some(self.create_sink()?);
+            self.sink = Some(self.create_sink(self.map)?);
         }
         let sink = self.sink.as_mut().expect("created above");
         let offset = sink.len();
@@ -529,9 +559,9 @@ impl MapJob {
         Ok(())
     }
 
-    /// Start the map's file (a temp file, or an upload).
-    fn create_sink(&self) -> Result<MapSink> {
-        let path = map_path(&self.root, self.stage_id, self.map);
+    /// Start map `map`'s file (a temp file, or an upload).
+    fn create_sink(&self, map: usize) -> Result<MapSink> {
+        let path = map_path(&self.root, self.stage_id, map);
         match &self.target {
             Target::Local => MapFile::create(&self.root, &path).map(MapSink::File),
             Target::S3 { store, location } => location
@@ -581,7 +611,7 @@ impl MapJob {
         let mut sink = match self.sink.take() {
             Some(sink) => sink,
             // Every bucket is empty: the file is the marker alone.
-            None => self.create_sink()?,
+            None => self.create_sink(self.map)?,
         };
         // Complete: `run` read the input to its end before publishing.
         let keys = match self.summary.as_ref().and_then(summarize::finish) {
@@ -612,7 +642,72 @@ impl MapJob {
             .map_err(|e| self.error(e))?;
         let path = map_path(&self.root, self.stage_id, self.map);
         sink.publish(&path).await.map_err(|e| self.error(e))?;
+        for member in self.members.clone() {
+            let empty = EmptyMap {
+                stage_id: self.stage_id,
+                head: self.map,
+                map: member,
+                buckets: marker.buckets.len(),
+                path: map_path(&self.root, self.stage_id, member),
+            };
+            let sink = self.create_sink(member)?;
+            empty.publish(sink, self.empty_summary.clone()).await?;
+        }
         summary_batch(&marker.buckets)
+    }
+}
+
+/// A map of a coalesced stage whose rows its group's head read.
+struct EmptyMap {
+    stage_id: u64,
+    head: usize,
+    map: usize,
+    buckets: usize,
+    path: PathBuf,
+}
+
+impl EmptyMap {
+    /// Publish it into `sink` with no rows: the marker alone, after an
+    /// empty key summary for a build stage. Another attempt's publish of it
+    /// is kept.
+    async fn publish(self, mut sink: MapSink, summary: Option<KeySummary>) -> Result<()> {
+        let (stage_id, map, head) = (self.stage_id, self.map, self.head);
+        let fail = |e: String| {
+            DataFusionError::Execution(format!(
+                "dfx stage {stage_id} map {map} (coalesced into map {head}): {e}"
+            ))
+        };
+        let buckets = self.buckets;
+        let keys = match &summary {
+            Some(summary) => {
+                let bytes = serde_json::to_vec(summary)
+                    .map_err(|e| fail(format!("cannot encode the key summary: {e}")))?;
+                sink.append(&bytes).await.map_err(fail)?;
+                Some(KeysRegion {
+                    offset: 0,
+                    bytes: bytes.len() as u64,
+                })
+            }
+            None => None,
+        };
+        let marker = MapMarker {
+            stage_id,
+            map: map as u64,
+            attempt: 0,
+            bytes: sink.len(),
+            buckets: (0..buckets as u64)
+                .map(|bucket| BucketEntry {
+                    bucket,
+                    rows: 0,
+                    bytes: 0,
+                    segments: Vec::new(),
+                })
+                .collect(),
+            keys,
+        };
+        sink.append(&marker.trailer()?).await.map_err(fail)?;
+        sink.publish(&self.path).await.map_err(fail)?;
+        Ok(())
     }
 }
 

@@ -83,6 +83,22 @@ impl KeySummaryExec {
         &self.input
     }
 
+    /// The summary of a map with no row.
+    ///
+    /// # Errors
+    ///
+    /// A key whose type cannot be resolved.
+    pub fn empty_summary(&self) -> Result<KeySummary> {
+        let schema = self.input.schema();
+        let types = self
+            .keys
+            .iter()
+            .map(|key| key.data_type(&schema))
+            .collect::<Result<Vec<_>>>()?;
+        let maps = self.input.output_partitioning().partition_count();
+        Ok(SummaryBuilder::new(&types, self.max_rows, maps).finish())
+    }
+
     /// Run map `map` of the input; the summary of its rows is in the slot
     /// once the stream has ended (never, if it fails).
     ///

@@ -96,7 +96,7 @@ pub struct CutStage {
 
 /// Which partition of a node one map task runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reads {
+pub(crate) enum Reads {
     /// Every partition, or partitions the cut cannot tell: left whole.
     All,
     /// None: the node does not run in the task.
@@ -517,6 +517,11 @@ fn cut_extension(
     Ok(())
 }
 
+/// Whether the node is a file scan (Parquet, CSV, JSON, Avro, Arrow).
+pub(crate) fn is_file_scan(kind: &mut PhysicalPlanType) -> bool {
+    scan_conf(kind).is_some()
+}
+
 /// The file scan configuration of a file scan node.
 fn scan_conf(kind: &mut PhysicalPlanType) -> Option<&mut FileScanExecConf> {
     match kind {
@@ -551,14 +556,14 @@ fn declare_partitions(conf: &mut FileScanExecConf, count: u64) {
 
 /// The dfx payload in an extension node's bytes and where it starts (a
 /// host's codec chain may frame it).
-fn find_payload(bytes: &[u8]) -> Option<(usize, Payload)> {
+pub(crate) fn find_payload(bytes: &[u8]) -> Option<(usize, Payload)> {
     (0..bytes.len().saturating_sub(3))
         .filter(|&i| bytes[i..i + 4] == PAYLOAD_MAGIC)
         .find_map(|start| Payload::decode(&bytes[start..]).ok().map(|p| (start, p)))
 }
 
 /// The inputs of a node that is not an extension, in a fixed order.
-fn children_mut(kind: &mut PhysicalPlanType) -> Vec<&mut PhysicalPlanNode> {
+pub(crate) fn children_mut(kind: &mut PhysicalPlanType) -> Vec<&mut PhysicalPlanNode> {
     use PhysicalPlanType as T;
     match kind {
         T::Projection(n) => one(&mut n.input),
@@ -631,7 +636,7 @@ fn pair<'a>(
 /// | union | partition p - offset of the input holding it, nothing of the others |
 /// | merge, sort-preserving merge, repartition, analyze, sink | every partition of its input |
 /// | scalar subquery | partition p of its input, every partition of each subquery |
-fn child_reads(kind: &PhysicalPlanType, reads: Reads) -> Vec<Reads> {
+pub(crate) fn child_reads(kind: &PhysicalPlanType, reads: Reads) -> Vec<Reads> {
     use PhysicalPlanType as T;
     let inputs = |kind: &PhysicalPlanType| -> usize {
         match kind {

@@ -93,8 +93,21 @@ pub fn cut_stages(plugin: &Plugin, stages: Vec<EncodedStage>) -> Result<Vec<Enco
 ///
 /// A truncated stage file, or bytes the plugin cannot describe.
 pub fn stage_info(plugin: &Plugin, bytes: &[u8]) -> Result<DfxStageInfo> {
-    let plan = match Header::parse(bytes).map_err(RuntimeError::Invalid)? {
-        None => bytes,
+    let plan = shared_part(bytes)?;
+    plugin
+        .encoded_stage_info(plan)
+        .map_err(|err| RuntimeError::Invalid(err.strip_backtrace()))
+}
+
+/// The plan every map of the stage in `bytes` shares: a plain encoded
+/// stage whole, a stage file's shared part.
+///
+/// # Errors
+///
+/// A stage file truncated in its shared part.
+pub fn shared_part(bytes: &[u8]) -> Result<&[u8]> {
+    match Header::parse(bytes).map_err(RuntimeError::Invalid)? {
+        None => Ok(bytes),
         Some(header) => usize::try_from(header.shared)
             .ok()
             .and_then(|len| bytes.get(HEADER_BYTES..HEADER_BYTES.checked_add(len)?))
@@ -103,11 +116,8 @@ pub fn stage_info(plugin: &Plugin, bytes: &[u8]) -> Result<DfxStageInfo> {
                     "a stage file of {} bytes is truncated in its shared part",
                     bytes.len()
                 ))
-            })?,
-    };
-    plugin
-        .encoded_stage_info(plan)
-        .map_err(|err| RuntimeError::Invalid(err.strip_backtrace()))
+            }),
+    }
 }
 
 /// A stage file holding `shared` and the files of maps `first ..`.

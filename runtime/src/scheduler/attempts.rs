@@ -38,7 +38,9 @@ type Key = (u64, usize);
 pub struct Attempts {
     /// The first attempt of every task of the query (its envelope file, or
     /// the envelope itself), the ones a lost map can be run again from.
-    first_tasks: BTreeMap<Key, Task>,
+    /// A map a coalesced task covers maps to that task's (see
+    /// [`Attempts::regroup`]).
+    first_tasks: Mutex<BTreeMap<Key, Task>>,
     max_attempts: u32,
     state: Mutex<State>,
 }
@@ -64,10 +66,12 @@ impl Attempts {
     /// envelopes), each task at most `max_attempts` times (at least once).
     pub fn new(tasks: &[Task], max_attempts: u32) -> Self {
         Self {
-            first_tasks: tasks
-                .iter()
-                .map(|t| ((t.stage_id, t.map), t.clone()))
-                .collect(),
+            first_tasks: Mutex::new(
+                tasks
+                    .iter()
+                    .map(|t| ((t.stage_id, t.map), t.clone()))
+                    .collect(),
+            ),
             max_attempts: max_attempts.max(1),
             state: Mutex::new(State::default()),
         }
@@ -94,6 +98,35 @@ impl Attempts {
         self.lock().reruns.clone()
     }
 
+    /// The tasks of `stage` as an adaptive decision made them before any
+    /// started: `rewritten` by map, and each map `heads` names run by its
+    /// head's task, so a lost one is restored by running the head again.
+    pub(crate) fn regroup(
+        &self,
+        stage: u64,
+        rewritten: &BTreeMap<usize, Task>,
+        heads: &BTreeMap<usize, usize>,
+    ) {
+        let mut first = self.first_tasks.lock().unwrap_or_else(|p| p.into_inner());
+        for (&map, task) in rewritten {
+            let head = heads.get(&map).copied().unwrap_or(map);
+            if let Some(head_task) = rewritten.get(&head) {
+                first.insert((stage, map), head_task.clone());
+            } else {
+                first.insert((stage, map), task.clone());
+            }
+        }
+    }
+
+    /// The first attempt's task of `key` (for a covered map, its head's).
+    fn first_task(&self, key: Key) -> Option<Task> {
+        self.first_tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A poisoned lock only means a task panicked holding it; the counts
         // are still whole.
@@ -111,7 +144,7 @@ impl Attempts {
             *made += 1;
             *made - 1
         };
-        let first = self.first_tasks.get(&key).unwrap_or(task);
+        let first = self.first_task(key).unwrap_or_else(|| task.clone());
         let path = attempt_path(&first.envelope, attempt);
         // Attempt 0 is the driver's envelope; a later one a copy with its
         // number: in memory for a task that travels inline, else a file.
@@ -268,7 +301,7 @@ pub(crate) async fn restore(
     timeout: Option<Duration>,
 ) -> Result<(), String> {
     let (lost_stage, lost_map) = lost;
-    let Some(first) = attempts.first_tasks.get(&lost) else {
+    let Some(first) = attempts.first_task(lost) else {
         return Err(format!(
             "failed: the output of stage {lost_stage} map {lost_map} is lost, and this query \
              has no such task to run again"
@@ -279,7 +312,7 @@ pub(crate) async fn restore(
     if attempts.lock().rerun_at.get(&lost).copied().unwrap_or(0) > began {
         return Ok(());
     }
-    let upstream = first.clone();
+    let upstream = first;
     let report = run_with_attempts(executor, attempts, &upstream, limit, timeout)
         .await
         .map_err(|err| {

@@ -25,6 +25,7 @@
 //! with the plan its user's session made. What only a host can do (plan,
 //! encode with its session, execute the root) stays with the host.
 
+pub mod adaptive;
 pub mod attempts;
 pub mod claim;
 pub mod executor;
@@ -45,6 +46,7 @@ use futures::StreamExt;
 use futures::future::{AbortHandle, Aborted, BoxFuture, abortable};
 use futures::stream::FuturesUnordered;
 
+pub use adaptive::Decision;
 pub use attempts::{Attempts, DEFAULT_MAX_ATTEMPTS};
 pub use claim::ClaimedLocation;
 pub use executor::{Executor, WorkerMode, default_max_workers};
@@ -215,11 +217,19 @@ impl Scheduler {
     /// wave that had one; nothing after it ran).
     pub async fn run(
         &self,
+        plugin: &Plugin,
         spec: &SessionSpec,
         task_dir: &Path,
         stages: Vec<EncodedStage>,
         envelope_files: bool,
     ) -> Result<QueryRun> {
+        if !spec.stage_options.is_empty() {
+            return Err(RuntimeError::Invalid(format!(
+                "the session spec sets stage_options {:?}; the scheduler sets them for a \
+                 stage's tasks, a query's spec never does (set engine_options instead)",
+                spec.stage_options.keys().collect::<Vec<_>>()
+            )));
+        }
         let location = spec.shuffle_dir.as_deref().ok_or_else(|| {
             RuntimeError::Invalid(
                 "a distributed run needs a shuffle location; the spec has none".into(),
@@ -250,7 +260,17 @@ impl Scheduler {
         // One for the whole query: a lost map of an earlier wave is run again
         // from its first envelope, and attempt numbers never repeat.
         let attempts = Attempts::new(&tasks, self.options.attempts());
-        let (tasks, failures) = self.run_ready(&infos, &waves, &tasks, &attempts).await;
+        let adapter = Adapter {
+            plugin,
+            spec,
+            stages: stages
+                .iter()
+                .map(|stage| (stage.info.stage_id, stage.bytes.as_slice()))
+                .collect(),
+        };
+        let (tasks, failures, decisions) = self
+            .run_ready(&infos, &waves, &tasks, &attempts, Some(&adapter))
+            .await;
         let mut run = QueryRun {
             scheduler: self.clone(),
             attempts,
@@ -258,6 +278,7 @@ impl Scheduler {
             waves: waves.clone(),
             tasks: Vec::new(),
             reports: TaskReports::new(),
+            decisions,
         };
         match failures {
             None => {
@@ -273,14 +294,20 @@ impl Scheduler {
 
     /// Every task of `tasks` through the ready queue: the reports in
     /// dispatch order, or the failure report of the first wave that had a
-    /// failure (see the module doc).
+    /// failure (see the module doc); and the adaptive decisions `adapter`
+    /// made for stages as they became ready.
     async fn run_ready(
         &self,
         infos: &[StageInfo],
         waves: &[Vec<u64>],
         tasks: &[Task],
         attempts: &Attempts,
-    ) -> (Vec<((u64, usize), TaskReport)>, Option<RuntimeError>) {
+        adapter: Option<&Adapter<'_>>,
+    ) -> (
+        Vec<((u64, usize), TaskReport)>,
+        Option<RuntimeError>,
+        Vec<Decision>,
+    ) {
         let slots = self.options.slots();
         let timeout = self.options.task_timeout;
         let executor = self.executor.as_ref();
@@ -289,6 +316,11 @@ impl Scheduler {
         if let Some(progress) = &progress {
             progress.start(tasks.len());
         }
+        // Tasks as they run: an adaptive decision rewrites a ready stage's.
+        let mut tasks: Vec<Task> = tasks.to_vec();
+        // Tasks another task of their stage runs (a coalesced group's).
+        let mut covered: BTreeSet<usize> = BTreeSet::new();
+        let mut decisions: Vec<Decision> = Vec::new();
         let wave_of: BTreeMap<u64, usize> = waves
             .iter()
             .enumerate()
@@ -304,38 +336,12 @@ impl Scheduler {
             .map(|info| (info.stage_id, info.deps.iter().copied().collect()))
             .collect();
         let mut ready: BinaryHeap<Ready> = BinaryHeap::new();
-        // Queue the tasks of `stage`, whose inputs are all published; a
-        // stage of no map is published at once, and may ready its readers.
-        let enqueue = |ready: &mut BinaryHeap<Ready>,
-                       waiting: &mut BTreeMap<u64, BTreeSet<u64>>,
-                       stage: u64| {
-            let mut pending = vec![stage];
-            while let Some(stage) = pending.pop() {
-                let mut any = false;
-                for (index, task) in tasks.iter().enumerate() {
-                    if task.stage_id == stage {
-                        any = true;
-                        ready.push(Ready {
-                            path: remaining_path[&stage],
-                            stage,
-                            map: task.map,
-                            index,
-                        });
-                    }
-                }
-                if !any {
-                    pending.extend(published(waiting, stage));
-                }
-            }
-        };
-        let sources: Vec<u64> = infos
+        // Stages whose inputs are all published, to be adapted and queued.
+        let mut newly_ready: Vec<u64> = infos
             .iter()
             .filter(|info| info.deps.is_empty())
             .map(|info| info.stage_id)
             .collect();
-        for stage in sources {
-            enqueue(&mut ready, &mut waiting, stage);
-        }
         let maps_of: BTreeMap<u64, usize> = infos
             .iter()
             .map(|info| (info.stage_id, info.maps))
@@ -355,6 +361,45 @@ impl Scheduler {
         // (dispatch position, wave, failure) of every task that failed.
         let mut failures: Vec<(usize, usize, crate::TaskFailure)> = Vec::new();
         loop {
+            // Queue the tasks of each stage whose inputs are all published,
+            // as the plugin decides they run; a stage of no map is
+            // published at once, and may ready its readers.
+            while let Some(stage) = newly_ready.pop() {
+                if let Some(adapter) = adapter
+                    && !reads_no_stage(infos, stage)
+                    && let Some(decision) = adapter.adapt(
+                        stage,
+                        maps_of[&stage],
+                        slots,
+                        &mut tasks,
+                        &mut covered,
+                        attempts,
+                    )
+                {
+                    decisions.push(decision);
+                }
+                let mut any = false;
+                for (index, task) in tasks.iter().enumerate() {
+                    if task.stage_id == stage && !covered.contains(&index) {
+                        any = true;
+                        ready.push(Ready {
+                            path: remaining_path[&stage],
+                            stage,
+                            map: task.map,
+                            index,
+                        });
+                    }
+                }
+                let queued = tasks
+                    .iter()
+                    .enumerate()
+                    .filter(|(index, task)| task.stage_id == stage && !covered.contains(index))
+                    .count();
+                unpublished.insert(stage, queued);
+                if !any {
+                    newly_ready.extend(published(&mut waiting, stage));
+                }
+            }
             // After a failure no later wave starts: the report is the first
             // failed wave's, with every task of it run out.
             let last_wave = failures.iter().map(|(_, wave, _)| *wave).min();
@@ -369,10 +414,10 @@ impl Scheduler {
                 let index = next.index;
                 began.insert(index, (Instant::now(), dispatched.len()));
                 dispatched.push(index);
-                let task = &tasks[index];
-                let (attempt, stopper) = abortable(attempts::run_with_attempts(
-                    executor, attempts, task, slots, timeout,
-                ));
+                let task = tasks[index].clone();
+                let (attempt, stopper) = abortable(async move {
+                    attempts::run_with_attempts(executor, attempts, &task, slots, timeout).await
+                });
                 stoppers.insert((index, false), stopper);
                 running.push(Box::pin(async move { (index, false, attempt.await) }));
             }
@@ -392,7 +437,7 @@ impl Scheduler {
                             elapsed: start.elapsed(),
                             median: stage_median(
                                 times.get(&stage).map_or(&[][..], Vec::as_slice),
-                                maps_of[&stage],
+                                unpublished_total(&tasks, &covered, stage),
                             ),
                         }
                     })
@@ -409,9 +454,9 @@ impl Scheduler {
                         slow.median.unwrap_or_default()
                     );
                     speculated.insert(index);
-                    let task = &tasks[index];
+                    let task = tasks[index].clone();
                     let (attempt, stopper) = abortable(async move {
-                        attempts::speculate(executor, attempts, task, slots, timeout, &why).await
+                        attempts::speculate(executor, attempts, &task, slots, timeout, &why).await
                     });
                     stoppers.insert((index, true), stopper);
                     running.push(Box::pin(async move { (index, true, attempt.await) }));
@@ -464,9 +509,7 @@ impl Scheduler {
                     *left = left.saturating_sub(1);
                     if *left == 0 {
                         // Published: its readers may be ready now.
-                        for stage in published(&mut waiting, task.stage_id) {
-                            enqueue(&mut ready, &mut waiting, stage);
-                        }
+                        newly_ready.extend(published(&mut waiting, task.stage_id));
                     }
                 }
                 Err(failure) => {
@@ -490,15 +533,16 @@ impl Scheduler {
         if let Some(progress) = &progress {
             progress.finish();
         }
-        if failures.is_empty() && done.len() < tasks.len() {
+        let expected = tasks.len() - covered.len();
+        if failures.is_empty() && done.len() < expected {
             // Cannot happen for a graph `waves` accepted; said rather than
             // returning a run with tasks missing.
             let error = RuntimeError::Invalid(format!(
                 "{} of {} tasks never became ready",
-                tasks.len() - done.len(),
-                tasks.len()
+                expected - done.len(),
+                expected
             ));
-            return (Vec::new(), Some(error));
+            return (Vec::new(), Some(error), decisions);
         }
         let Some(first_wave) = failures.iter().map(|(_, wave, _)| *wave).min() else {
             // In dispatch order, as the tasks started.
@@ -508,7 +552,7 @@ impl Scheduler {
                 .map(|(position, &index)| ((tasks[index].stage_id, tasks[index].map), position))
                 .collect();
             done.sort_by_key(|(key, _)| order[key]);
-            return (done, None);
+            return (done, None, decisions);
         };
         // Failures in dispatch order, not completion order, so a message
         // reads the same from one run to the next.
@@ -516,7 +560,8 @@ impl Scheduler {
         let stages = waves[first_wave].clone();
         let total = tasks
             .iter()
-            .filter(|t| stages.contains(&t.stage_id))
+            .enumerate()
+            .filter(|(index, t)| stages.contains(&t.stage_id) && !covered.contains(index))
             .count();
         let failures = failures
             .into_iter()
@@ -529,7 +574,7 @@ impl Scheduler {
             total,
             failures,
         };
-        (Vec::new(), Some(error))
+        (Vec::new(), Some(error), decisions)
     }
 
     /// Run `tasks` outside any query's graph (each once, with its attempts),
@@ -612,6 +657,131 @@ fn published(waiting: &mut BTreeMap<u64, BTreeSet<u64>>, stage: u64) -> Vec<u64>
         }
     }
     ready
+}
+
+/// Whether `stage` reads no stage: nothing it reads has published, so
+/// there is nothing to adapt it to.
+fn reads_no_stage(infos: &[StageInfo], stage: u64) -> bool {
+    infos
+        .iter()
+        .find(|info| info.stage_id == stage)
+        .is_none_or(|info| info.deps.is_empty())
+}
+
+/// The tasks `stage` runs (its maps, less those a coalesced task covers):
+/// what its median is taken over.
+fn unpublished_total(tasks: &[Task], covered: &BTreeSet<usize>, stage: u64) -> usize {
+    tasks
+        .iter()
+        .enumerate()
+        .filter(|(index, task)| task.stage_id == stage && !covered.contains(index))
+        .count()
+}
+
+/// What the scheduler asks the plugin about each ready stage with (see
+/// [`adaptive`]).
+pub(crate) struct Adapter<'a> {
+    plugin: &'a Plugin,
+    spec: &'a SessionSpec,
+    /// Each stage's plan bytes, by id.
+    stages: BTreeMap<u64, &'a [u8]>,
+}
+
+impl Adapter<'_> {
+    /// Ask the plugin how the ready `stage` (of `maps` maps) runs, and make
+    /// its tasks so: each group's first task runs the group, told the
+    /// plugin's settings (as is every task of the stage), the others are
+    /// `covered`, and a lost map of theirs reruns the group's task. The
+    /// decision, if one was made; a failed answer leaves the stage as
+    /// planned and says why.
+    fn adapt(
+        &self,
+        stage: u64,
+        maps: usize,
+        slots: usize,
+        tasks: &mut [Task],
+        covered: &mut BTreeSet<usize>,
+        attempts: &Attempts,
+    ) -> Option<Decision> {
+        let bytes = self.stages.get(&stage)?;
+        let kept = |reason: String| Decision {
+            stage_id: stage,
+            planned_tasks: maps,
+            tasks: maps,
+            reason,
+        };
+        let adaptation = match adaptive::ask(self.plugin, bytes, self.spec, slots) {
+            Ok(Some(adaptation)) => adaptation,
+            Ok(None) => return None,
+            Err(err) => {
+                return Some(kept(format!(
+                    "kept as planned: the plugin {} could not decide: {err}",
+                    self.plugin.path().display()
+                )));
+            }
+        };
+        let reason = adaptation.reason.clone()?;
+        let Some(groups) = adaptation.groups else {
+            return Some(kept(reason));
+        };
+        if let Err(err) = adaptive::check_groups(&groups, maps) {
+            return Some(kept(format!("kept as planned: the plugin's {err}")));
+        }
+        let index_of: BTreeMap<usize, usize> = tasks
+            .iter()
+            .enumerate()
+            .filter(|(_, task)| task.stage_id == stage)
+            .map(|(index, task)| (task.map, index))
+            .collect();
+        // Every task of the stage told the settings, before any is covered.
+        let mut rewritten = BTreeMap::new();
+        for (&map, &index) in &index_of {
+            match with_stage_options(&tasks[index], &adaptation.settings) {
+                Ok(task) => {
+                    rewritten.insert(map, task);
+                }
+                Err(err) => {
+                    return Some(kept(format!(
+                        "kept as planned: the envelope of stage {stage} map {map} could not be \
+                         rewritten: {err}"
+                    )));
+                }
+            }
+        }
+        for (&map, task) in &rewritten {
+            tasks[index_of[&map]] = task.clone();
+        }
+        let mut heads = BTreeMap::new();
+        for &[first, last] in &groups {
+            for member in first + 1..=last {
+                covered.insert(index_of[&member]);
+                heads.insert(member, first);
+            }
+        }
+        attempts.regroup(stage, &rewritten, &heads);
+        Some(Decision {
+            stage_id: stage,
+            planned_tasks: maps,
+            tasks: maps - heads.len(),
+            reason,
+        })
+    }
+}
+
+/// `task` with its envelope's spec carrying `settings` as stage options:
+/// a new inline envelope, or its envelope file rewritten (no attempt of it
+/// has started).
+fn with_stage_options(task: &Task, settings: &BTreeMap<String, String>) -> Result<Task> {
+    let mut envelope = task.read_envelope()?;
+    envelope.spec.stage_options = settings.clone();
+    if task.inline.is_some() {
+        return Ok(Task {
+            inline: Some(Arc::new(envelope)),
+            ..task.clone()
+        });
+    }
+    envelope.write(&task.envelope)?;
+    Ok(task.clone())
 }
 
 /// A task in the ready queue: the longest remaining path first, then the
@@ -725,6 +895,7 @@ pub struct QueryRun {
     waves: Vec<Vec<u64>>,
     tasks: Vec<(u64, usize)>,
     reports: TaskReports,
+    decisions: Vec<Decision>,
 }
 
 impl QueryRun {
@@ -803,6 +974,12 @@ impl QueryRun {
         let mut reports = self.reports.clone();
         reports.extend(self.attempts.reruns());
         reports
+    }
+
+    /// The adaptive decisions made for stages as they became ready, in
+    /// that order.
+    pub fn decisions(&self) -> &[Decision] {
+        &self.decisions
     }
 
     /// Attempts made per task (1: it ran once).
@@ -931,9 +1108,12 @@ mod tests {
         let waves = waves(infos)?;
         let tasks = tasks(infos);
         let attempts = Attempts::new(&tasks, 1);
-        match scheduler.run_ready(infos, &waves, &tasks, &attempts).await {
-            (done, None) => Ok(done.into_iter().map(|(task, _)| task).collect()),
-            (_, Some(error)) => Err(error),
+        match scheduler
+            .run_ready(infos, &waves, &tasks, &attempts, None)
+            .await
+        {
+            (done, None, _) => Ok(done.into_iter().map(|(task, _)| task).collect()),
+            (_, Some(error), _) => Err(error),
         }
     }
 
@@ -1004,7 +1184,9 @@ mod tests {
             .filter(|t| t.stage_id != 4)
             .collect();
         let attempts = Attempts::new(&tasks, 1);
-        let (done, error) = scheduler.run_ready(&infos, &waves, &tasks, &attempts).await;
+        let (done, error, _) = scheduler
+            .run_ready(&infos, &waves, &tasks, &attempts, None)
+            .await;
         assert!(error.is_none(), "{error:?}");
         assert_eq!(done.len(), 3);
     }
@@ -1079,9 +1261,12 @@ mod tests {
         );
         let waves = waves(&infos).unwrap();
         let attempts = Attempts::new(&tasks, 1);
-        let outcome = match scheduler.run_ready(&infos, &waves, &tasks, &attempts).await {
-            (done, None) => Ok(done),
-            (_, Some(error)) => Err(error),
+        let outcome = match scheduler
+            .run_ready(&infos, &waves, &tasks, &attempts, None)
+            .await
+        {
+            (done, None, _) => Ok(done),
+            (_, Some(error), _) => Err(error),
         };
         (outcome, attempts.retries())
     }

@@ -87,6 +87,12 @@ pub struct SessionSpec {
     /// when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub engine_options: BTreeMap<String, String>,
+    /// `dfx_engine.<key>` settings the scheduler gives every task of one
+    /// stage, set after the engine options: what an adaptive decision tells
+    /// the stage (`coalesced_partitions`). Never a user's: a driver refuses
+    /// a spec that carries them. Left out of the JSON when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stage_options: BTreeMap<String, String>,
 }
 
 impl Default for SessionSpec {
@@ -101,6 +107,7 @@ impl Default for SessionSpec {
             store_options: BTreeMap::new(),
             memory_limit: None,
             engine_options: BTreeMap::new(),
+            stage_options: BTreeMap::new(),
         }
     }
 }
@@ -282,6 +289,7 @@ impl SessionSpec {
         // there, distributed or not.
         settings.extend(self.store_options.clone());
         settings.extend(self.engine_options.clone());
+        settings.extend(self.stage_options.clone());
         settings
     }
 

@@ -1,6 +1,6 @@
 //! A test-only dfx plugin declaring a *newer* root module: every field of the
 //! current one, same versions, plus one field appended after
-//! `stage_for_map`, as a later version may append an export.
+//! `adapt_stage`, as a later version may append an export.
 //!
 //! A current host must load it and use every field it knows. The functions
 //! here do no query work (the constructors of DataFusion objects return an
@@ -130,6 +130,9 @@ pub struct DfxPlugin {
         map_files: RSlice<'_, u8>,
         map: u64,
     ) -> FfiResult<RVec<u8>>,
+    /// Decides nothing: this plugin does no query work.
+    pub adapt_stage:
+        extern "C" fn(plan_bytes: RSlice<'_, u8>, request_json: RStr<'_>) -> FfiResult<RString>,
     /// The appended field: an export a later version might add.
     pub newer_field: extern "C" fn() -> u64,
 }
@@ -263,6 +266,13 @@ extern "C" fn stage_for_map(
     no_query_work()
 }
 
+extern "C" fn adapt_stage(
+    _plan_bytes: RSlice<'_, u8>,
+    _request_json: RStr<'_>,
+) -> FfiResult<RString> {
+    no_query_work()
+}
+
 /// A current host cannot name this field, so never calls it.
 extern "C" fn newer_field() -> u64 {
     count();
@@ -304,6 +314,7 @@ pub fn root_module() -> DfxPluginRef {
         new_logical_codec,
         cut_stage,
         stage_for_map,
+        adapt_stage,
         newer_field,
     }
     .leak_into_prefix()

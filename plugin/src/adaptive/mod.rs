@@ -1,0 +1,112 @@
+//! Adaptive stages: a consumer stage reshaped from what the stages it
+//! reads published, before any of its tasks starts.
+//!
+//! ```text
+//! scheduler: stage S is ready (every stage it reads published)
+//!   ─► export adapt_stage(S's encoded plan, {settings, slots})
+//!        plugin: which partitions of S come from hash reads, their bytes
+//!                (from the markers), the decision and its reason
+//!   ◄─ {"groups": [[0, 2], [3, 3]], "settings": {"coalesced_partitions": "S:0-2,3"},
+//!       "reason": "..."}
+//!   ─► S runs one task per group (its head), every task told `settings`
+//! ```
+//!
+//! The decisions are the plugin's, the mechanics the scheduler's: it runs
+//! the tasks it is told to and hands each the settings, and knows nothing
+//! of plans. Each decision can be turned off (`dfx_engine.coalesce`).
+//! Coalescing is the one decision made so far (see [`coalesce`]).
+
+pub mod coalesce;
+pub mod groups;
+
+use std::collections::BTreeMap;
+
+use datafusion::common::config::ExtensionOptions;
+use datafusion::common::{DataFusionError, Result};
+use datafusion_proto::protobuf::PhysicalPlanNode;
+use prost::Message;
+use serde::{Deserialize, Serialize};
+
+pub use groups::{PartitionGroups, PartitionRole};
+
+use crate::codec::fail;
+use crate::config::{COALESCED_PARTITIONS, Coalesce, DfxConfig};
+
+/// What the scheduler asks with a ready stage.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AdaptRequest {
+    /// The `dfx_engine` settings of the query's sessions (keys without the
+    /// prefix): its engine options and store options.
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
+    /// Tasks the scheduler runs at once.
+    pub slots: usize,
+}
+
+/// The plugin's answer for one stage.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Adaptation {
+    /// The partitions each task runs, first partition to last, when they
+    /// are coalesced; `None`: one task per partition, as planned.
+    pub groups: Option<Vec<[usize; 2]>>,
+    /// `dfx_engine` settings (without the prefix) every task of the stage
+    /// must be given.
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
+    /// What was decided and why, for `--analyze`; `None` when the stage is
+    /// not one a decision applies to.
+    pub reason: Option<String>,
+}
+
+/// Decide how the ready stage `plan_bytes` (an encoded writer, or a stage
+/// file's shared part) runs.
+///
+/// # Errors
+///
+/// A request that is not one, settings the plugin refuses, bytes that are
+/// not a stage, or markers of its inputs that cannot be read.
+pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> {
+    let request: AdaptRequest = serde_json::from_str(request_json)
+        .map_err(|e| fail(format!("not an adaptive-stage request: {e}")))?;
+    let mut config = DfxConfig::default();
+    for (key, value) in &request.settings {
+        config.set(key, value).map_err(|e| {
+            DataFusionError::Configuration(format!(
+                "dfx config: cannot set `dfx_engine.{key}` to {value:?}: {e}"
+            ))
+        })?;
+    }
+    let mode = config.coalesce()?;
+    if mode == Coalesce::Off {
+        return Ok(Adaptation::default());
+    }
+    let root = PhysicalPlanNode::decode(plan_bytes)
+        .map_err(|e| fail(format!("not an encoded physical plan: {e}")))?;
+    let stage_id = crate::codec::read_encoded_stage(plan_bytes)?.stage_id;
+    let reads = match coalesce::hash_reads(&root) {
+        Ok(reads) => reads,
+        Err(_why) => return Ok(Adaptation::default()),
+    };
+    let bytes = futures::executor::block_on(async {
+        let config = config.clone();
+        crate::exchange::store::on_io(
+            async move { coalesce::partition_bytes(&reads, &config).await },
+        )
+        .await
+    })
+    .map_err(|e| fail(format!("stage {stage_id}: {e}")))??;
+    let (groups, reason) =
+        coalesce::decide(&bytes, mode, request.slots, config.coalesce_task_bytes);
+    let Some(groups) = groups else {
+        return Ok(Adaptation {
+            reason: Some(reason),
+            ..Adaptation::default()
+        });
+    };
+    let setting = PartitionGroups::format(stage_id, &groups);
+    Ok(Adaptation {
+        groups: Some(groups.iter().map(|g| [*g.start(), *g.end()]).collect()),
+        settings: BTreeMap::from([(COALESCED_PARTITIONS.to_string(), setting)]),
+        reason: Some(reason),
+    })
+}
