@@ -44,7 +44,7 @@ pub mod worker;
 
 pub use dfx_abi::{DriverLock, Plugin};
 pub use dfx_runtime::protocol::{Envelope, Request, Response, WorkerReport};
-pub use dfx_runtime::scheduler::{Speculation, TaskReport, WorkerCommand, WorkerMode};
+pub use dfx_runtime::scheduler::{Decision, Speculation, TaskReport, WorkerCommand, WorkerMode};
 pub use dfx_runtime::{Retry, RuntimeError, TaskFailure};
 pub use driver::stages::find_stages;
 pub use driver::{DistributedResult, Host};

@@ -19,7 +19,8 @@ async fn distributed_equals_local_equals_the_hand_checked_answer_in_both_split_m
     let local = host.run_local(BY_FLAG, &fixture.spec()).await.unwrap();
     assert_eq!(rows(&local), by_flag_expected());
     for split in SPLITS {
-        let spec = fixture.distributed_spec("shuffle").with_split(split);
+        // Every map its own task (tests/adaptive.rs has coalesced ones).
+        let spec = one_task_per_partition(fixture.distributed_spec("shuffle").with_split(split));
         let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
         assert_eq!(rows(&result.batches), by_flag_expected(), "{split}");
         std::fs::remove_dir_all(spec.shuffle_dir.unwrap()).unwrap();
@@ -310,10 +311,8 @@ async fn a_plan_without_aggregate_is_one_whole_stage_in_aggregate_mode() {
 async fn a_capped_fan_out_still_runs_every_task() {
     let fixture = Fixture::new();
     let host = host().max_workers(Some(1));
-    let result = host
-        .run_distributed(BY_FLAG, &fixture.distributed_spec("shuffle"))
-        .await
-        .unwrap();
+    let spec = one_task_per_partition(fixture.distributed_spec("shuffle"));
+    let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), by_flag_expected());
     let maps: usize = result.stages.iter().map(|s| s.maps).sum();
     assert!(result.waves.len() >= 2, "{:?}", result.waves);

@@ -356,7 +356,8 @@ exec "$DFX" worker "$1""#
 #[tokio::test]
 async fn a_failure_in_a_later_wave_names_that_wave_after_the_earlier_ones_published() {
     let fixture = Fixture::new();
-    let spec = fixture.distributed_spec("shuffle");
+    // Map 2 of stage 1 must be a task of its own.
+    let spec = one_task_per_partition(fixture.distributed_spec("shuffle"));
     let (first, all) = first_wave_stage(&spec, BY_FLAG).await;
     // The stage the driver reads (stage 1) reads the table's stage: wave 2.
     assert!(all[0].deps.contains(&first.stage_id), "{all:?}");

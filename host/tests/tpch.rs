@@ -1,7 +1,8 @@
 //! `dfx tpch` and `dfx bench overhead` on the real plugin file and the real
 //! `dfx` binary, at a tiny scale (0.01, two partitions) so a debug build
 //! stays quick: all 22 queries, distributed in both split modes, agree with
-//! the single-process answers.
+//! the single-process answers, also with every decision of the plugin forced
+//! on or off.
 //!
 //! Row counts at scale 0.01 are the TPC-H cardinalities times 0.01 (nation
 //! and region are fixed); lineitem's count is not a formula, so it is checked
@@ -149,11 +150,24 @@ fn invalid_scale_or_partitions_are_refused() {
 /// answers must agree. Every disagreement or failure is collected, so one
 /// run names them all.
 async fn all_queries_agree(split: Split) -> Vec<QueryReport> {
+    all_queries_agree_with(split, PARTITIONS, &[]).await
+}
+
+/// [`all_queries_agree`] at `partitions`, with plugin settings `options`.
+async fn all_queries_agree_with(
+    split: Split,
+    partitions: usize,
+    options: &[(&str, &str)],
+) -> Vec<QueryReport> {
     let data = tempfile::tempdir().unwrap();
     let (dataset, _) = ensure_dataset(data.path(), SCALE, PARTITIONS, false).unwrap();
-    let spec = SessionSpec::new(dataset.tables())
-        .with_target_partitions(PARTITIONS)
+    let mut spec = SessionSpec::new(dataset.tables())
+        .with_target_partitions(partitions)
         .with_split(split);
+    for (key, value) in options {
+        spec.engine_options
+            .insert(key.to_string(), value.to_string());
+    }
     let host = common::host();
     let mut reports = Vec::new();
     let mut problems = Vec::new();
@@ -172,7 +186,7 @@ async fn all_queries_agree(split: Split) -> Vec<QueryReport> {
     }
     assert!(
         problems.is_empty(),
-        "split {split}: {} of 22 queries:\n{}",
+        "split {split}, {options:?}: {} of 22 queries:\n{}",
         problems.len(),
         problems.join("\n")
     );
@@ -200,6 +214,26 @@ async fn all_22_queries_agree_distributed_and_local_split_at_aggregates() {
         assert_eq!(report.stages, Some(1), "q{query}: {report:?}");
         assert_eq!(report.tasks, Some(PARTITIONS), "q{query}: {report:?}");
     }
+}
+
+/// Every decision the plugin makes per query forced on (at four
+/// partitions, so coalesced groups sit beside each other) or off.
+const DECISIONS_ON: [(&str, &str); 2] = [("join_filters", "on"), ("coalesce", "on")];
+const DECISIONS_OFF: [(&str, &str); 2] = [("join_filters", "off"), ("coalesce", "off")];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_with_every_decision_forced_on_split_at_every_exchange() {
+    all_queries_agree_with(Split::Exchange, 4, &DECISIONS_ON).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_with_every_decision_forced_off_split_at_every_exchange() {
+    all_queries_agree_with(Split::Exchange, 4, &DECISIONS_OFF).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_with_every_decision_forced_on_split_at_aggregates() {
+    all_queries_agree_with(Split::Aggregate, 4, &DECISIONS_ON).await;
 }
 
 #[test]

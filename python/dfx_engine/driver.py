@@ -115,6 +115,10 @@ class DistributedResult:
             whose output was lost included.
         retries: Why each retry or rerun happened, naming stage, map and
             attempt; empty when every task succeeded first time.
+        decisions: The adaptive decisions made as stages became ready, in
+            order: dicts of ``stage_id``, ``planned_tasks``, ``tasks`` and
+            ``reason`` (coalescing a stage's small partitions into fewer
+            tasks; ``engine_options={"coalesce": "off"}`` turns it off).
     """
 
     def __init__(self, batches: list[pa.RecordBatch], run: _internal.QueryRun) -> None:
@@ -127,6 +131,7 @@ class DistributedResult:
         self.waves = run.waves
         self.attempts = run.attempts
         self.retries = run.retries
+        self.decisions: list[dict[str, Any]] = run.decisions
 
     def __repr__(self) -> str:
         """Summarise without printing the batches."""

@@ -185,6 +185,10 @@ class SessionSpec:
         engine_options: Other ``dfx_engine.<key>`` settings of every session
             of the query, the driver's and each worker's: the plugin's
             decisions to tune or turn off (``{"join_filters": "off"}``).
+        stage_options: ``dfx_engine.<key>`` settings the scheduler gives the
+            tasks of one stage (an adaptive decision's); a worker reads them
+            from its task's spec. Never set by a user: a driver refuses a
+            spec carrying them.
     """
 
     tables: dict[str, str | Table] = field(default_factory=dict)
@@ -195,6 +199,7 @@ class SessionSpec:
     shuffle_compression: str = _internal.DEFAULT_SHUFFLE_COMPRESSION
     memory_limit: int | None = None
     engine_options: dict[str, str] = field(default_factory=dict)
+    stage_options: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Check the spec through the runtime.

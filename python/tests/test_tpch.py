@@ -3,7 +3,10 @@
 Every query runs distributed (in both split modes) and in one process over the
 same TPC-H data at scale 0.01, two files per table, and the answers must agree
 row for row in the query's order (floats to 1e-6 relative: the sort keys of
-the 22 queries are unique, so the order is defined).
+the 22 queries are unique, so the order is defined). Each query runs once
+more with every plugin decision forced on (join filters, coalescing, at four
+partitions so coalesced groups sit beside each other) and once with every one
+off.
 
 The data, the queries and the fixtures are conftest's (TPC-H from the Rust
 host's generator); without the ``dfx`` binary every test here fails (see
@@ -12,6 +15,7 @@ host's generator); without the ``dfx`` binary every test here fails (see
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import pytest
@@ -42,3 +46,29 @@ def test_tpch_query_agrees_with_local(
     assert result.stages
     assert_same_columns(result.batches, local, f"q{number}")
     assert_same_rows(tpch_rows(result.batches), tpch_rows(local), f"q{number}")
+
+
+# Every decision the plugin makes per query, forced one way.
+DECISIONS = {
+    "on": {"join_filters": "on", "coalesce": "on"},
+    "off": {"join_filters": "off", "coalesce": "off"},
+}
+
+
+@pytest.mark.parametrize("decisions", ["on", "off"])
+@pytest.mark.parametrize("split", ["exchange", "aggregate"])
+@pytest.mark.parametrize("number", range(1, 23), ids=lambda n: f"q{n}")
+def test_tpch_query_agrees_with_every_decision_forced(
+    tpch_spec: Callable[..., SessionSpec], number: int, split: str, decisions: str
+) -> None:
+    sql = (QUERIES / f"q{number}.sql").read_text()
+    spec = dataclasses.replace(
+        tpch_spec(split), target_partitions=4, engine_options=DECISIONS[decisions]
+    )
+    result = run_distributed(sql, spec)
+    local = run_local(sql, spec)
+    assert_same_columns(result.batches, local, f"q{number}")
+    assert_same_rows(tpch_rows(result.batches), tpch_rows(local), f"q{number}")
+    coalesced = [d for d in result.decisions if d["tasks"] < d["planned_tasks"]]
+    if decisions == "off":
+        assert not coalesced, result.decisions

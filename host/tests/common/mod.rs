@@ -336,6 +336,14 @@ impl Fixture {
     }
 }
 
+/// `spec` with adaptive coalescing off: every map of every stage runs as a
+/// task of its own, for tests about the tasks themselves.
+pub fn one_task_per_partition(mut spec: SessionSpec) -> SessionSpec {
+    spec.engine_options
+        .insert("coalesce".to_string(), "off".to_string());
+    spec
+}
+
 /// The plan `spec`'s session makes of `sql` (planned once, as the driver
 /// does) and its stages in pre-order.
 pub async fn planned(spec: &SessionSpec, sql: &str) -> (Arc<dyn ExecutionPlan>, Vec<Stage>) {

@@ -754,8 +754,13 @@ impl Adapter<'_> {
         let mut heads = BTreeMap::new();
         for &[first, last] in &groups {
             for member in first + 1..=last {
-                covered.insert(index_of[&member]);
+                let index = index_of[&member];
+                covered.insert(index);
                 heads.insert(member, first);
+                // No worker is given it: its head's task runs the map.
+                if tasks[index].inline.is_none() {
+                    let _ = std::fs::remove_file(&tasks[index].envelope);
+                }
             }
         }
         attempts.regroup(stage, &rewritten, &heads);

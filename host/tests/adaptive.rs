@@ -1,0 +1,203 @@
+//! Adaptive coalescing through real workers and the real plugin file: a
+//! ready stage whose partitions all come from hash reads runs as fewer
+//! tasks when they are small, each task reading a run of adjacent buckets,
+//! and its other maps are published empty; answers stay those of one
+//! process and of the hand-worked fixtures; `dfx_engine.coalesce = off`
+//! keeps one task per partition; a lost map of a coalesced group is
+//! restored by running the group's task again.
+
+mod common;
+
+use common::*;
+use dfx_host::{Decision, SessionSpec};
+
+/// `spec` with the plugin setting `key` = `value`.
+fn with_option(mut spec: SessionSpec, key: &str, value: &str) -> SessionSpec {
+    spec.engine_options
+        .insert(key.to_string(), value.to_string());
+    spec
+}
+
+/// The decisions that ran a stage with fewer tasks than planned.
+fn coalesced(decisions: &[Decision]) -> Vec<&Decision> {
+    decisions
+        .iter()
+        .filter(|d| d.tasks < d.planned_tasks)
+        .collect()
+}
+
+/// Rows in each bucket of a published map file, from its marker.
+fn bucket_rows(path: &std::path::Path) -> Vec<u64> {
+    read_marker(path)["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["rows"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_small_stage_runs_as_one_task_and_publishes_its_other_maps_empty() {
+    let fixture = Fixture::new();
+    let spec = fixture
+        .distributed_spec("shuffle")
+        .with_target_partitions(4);
+    let host = host();
+    let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), by_flag_expected());
+    let local = host.run_local(BY_FLAG, &fixture.spec()).await.unwrap();
+    assert_eq!(rows(&result.batches), rows(&local));
+
+    // The final aggregate reads the partial aggregates' 4 buckets: a few
+    // hundred bytes, so one task.
+    let decisions = coalesced(&result.decisions);
+    assert_eq!(decisions.len(), 1, "{:?}", result.decisions);
+    let decision = decisions[0];
+    assert_eq!((decision.planned_tasks, decision.tasks), (4, 1));
+    assert!(
+        decision
+            .reason
+            .starts_with("coalesced 4 partitions into 1 task(s)"),
+        "{}",
+        decision.reason
+    );
+    let stage = decision.stage_id;
+    let ran: Vec<usize> = result
+        .tasks
+        .iter()
+        .filter(|(s, _)| *s == stage)
+        .map(|(_, map)| *map)
+        .collect();
+    assert_eq!(ran, vec![0]);
+    // Every map is published; the head's holds the three groups.
+    let dir = spec.shuffle_dir.clone().unwrap();
+    let head = bucket_rows(&dir.join(format!("stage-{stage}/map-0.arrow")));
+    assert_eq!(head.iter().sum::<u64>(), 3, "{head:?}");
+    for map in 1..4 {
+        let path = dir.join(format!("stage-{stage}/map-{map}.arrow"));
+        let marker = read_marker(&path);
+        assert_eq!(marker["map"], map, "{}", path.display());
+        assert!(
+            bucket_rows(&path).iter().all(|&rows| rows == 0),
+            "{}",
+            path.display()
+        );
+    }
+}
+
+#[tokio::test]
+async fn coalescing_turned_off_runs_one_task_per_partition() {
+    let fixture = Fixture::new();
+    let spec = with_option(
+        fixture
+            .distributed_spec("shuffle")
+            .with_target_partitions(4),
+        "coalesce",
+        "off",
+    );
+    let result = host().run_distributed(BY_FLAG, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), by_flag_expected());
+    assert!(result.decisions.is_empty(), "{:?}", result.decisions);
+    // Every stage ran every one of its maps.
+    for stage in &result.stages {
+        let ran = result
+            .tasks
+            .iter()
+            .filter(|(s, _)| *s == stage.stage_id)
+            .count();
+        assert_eq!(ran, stage.maps, "stage {}", stage.stage_id);
+    }
+}
+
+/// A left join is partitioned (both sides hash-exchanged): forced on with
+/// a target of one byte, its stage runs partitions in pairs, each task
+/// reading the same two buckets of both sides.
+#[tokio::test]
+async fn forced_on_pairs_the_partitions_of_both_sides_of_a_join() {
+    const JOINED: &str = "SELECT a.v, count(*) AS n, count(b.k) AS matched \
+         FROM t a LEFT JOIN t b ON a.k = b.k + 5 GROUP BY a.v ORDER BY a.v";
+    let dir = tempfile::tempdir().unwrap();
+    // k = 0..39, v = k % 7; a.k finds b.k = a.k - 5 for k >= 5.
+    let table = numbers_table(dir.path(), 4, 10);
+    let spec = SessionSpec::new([("t".to_string(), table)]).with_target_partitions(4);
+    // On, and at most a byte a task: every task takes two partitions.
+    let distributed = with_option(
+        with_option(
+            spec.clone().with_shuffle_dir(dir.path().join("shuffle")),
+            "coalesce",
+            "on",
+        ),
+        "coalesce_task_bytes",
+        "1",
+    );
+    let host = host();
+    let result = host.run_distributed(JOINED, &distributed).await.unwrap();
+    let expected: Vec<Vec<Value>> = [(0, 6, 5), (1, 6, 5), (2, 6, 5), (3, 6, 5), (4, 6, 5)]
+        .into_iter()
+        .chain([(5, 5, 5), (6, 5, 5)])
+        .map(|(v, n, matched)| vec![i(v), i(n), i(matched)])
+        .collect();
+    assert_eq!(rows(&result.batches), expected);
+    assert_eq!(
+        rows(&result.batches),
+        rows(&host.run_local(JOINED, &spec).await.unwrap())
+    );
+    let join_stage = result
+        .stages
+        .iter()
+        .find(|s| s.deps.len() == 2)
+        .expect("a stage reading both sides");
+    let decision = result
+        .decisions
+        .iter()
+        .find(|d| d.stage_id == join_stage.stage_id)
+        .unwrap_or_else(|| panic!("no decision for the join: {:?}", result.decisions));
+    assert_eq!((decision.planned_tasks, decision.tasks), (4, 2));
+    assert!(
+        decision.reason.ends_with("forced on"),
+        "{}",
+        decision.reason
+    );
+}
+
+/// The root finds a map of a coalesced group lost: the group's task (its
+/// head) runs again, publishing it, and the query answers.
+#[tokio::test]
+async fn a_lost_map_of_a_coalesced_group_is_restored_by_its_head() {
+    let fixture = Fixture::new();
+    let spec = fixture
+        .distributed_spec("shuffle")
+        .with_target_partitions(4);
+    let (_, stages) = planned(&spec, BY_FLAG).await;
+    let last = stages
+        .iter()
+        .find(|s| !s.info.deps.is_empty())
+        .expect("a stage reading another")
+        .stage_id();
+    let dir = spec.shuffle_dir.clone().unwrap();
+    let lost = dir.join(format!("stage-{last}/map-2.arrow"));
+    // Only the first attempt's envelope is this file.
+    let host = host_with_script(&format!(
+        r#""$DFX" worker "$1" || exit $?
+case "$1" in */task-{last}-0.json) rm -f {lost} ;; esac"#,
+        lost = lost.display()
+    ));
+    let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), by_flag_expected());
+    assert_eq!(
+        coalesced(&result.decisions).len(),
+        1,
+        "{:?}",
+        result.decisions
+    );
+    assert_eq!(result.attempts[&(last, 0)], 2, "{:?}", result.attempts);
+    assert_eq!(
+        result.retries,
+        vec![format!(
+            "stage {last} map 2 attempt 1: run again, its output was lost (read by the query's \
+             root)"
+        )]
+    );
+    assert!(lost.is_file(), "the head published it again");
+    assert!(bucket_rows(&lost).iter().all(|&rows| rows == 0));
+}
