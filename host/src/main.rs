@@ -84,7 +84,7 @@ struct QueryArgs {
     /// Set the plugin's dfx_engine.KEY in every session of the query, the
     /// driver's and each worker's (join_filters=off, join_filter_ratio=0.2,
     /// memory_table_limit=...). Repeatable.
-    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = parse_setting)]
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = dfx_host::session::parse_engine_option)]
     settings: Vec<(String, String)>,
     /// Read the SQL from FILE (`-` for stdin) instead of the argument: a
     /// query, or a script of CREATE EXTERNAL TABLE statements, then
@@ -229,18 +229,6 @@ enum Format {
     Csv,
     /// A JSON array of objects.
     Json,
-}
-
-fn parse_setting(value: &str) -> std::result::Result<(String, String), String> {
-    let (key, setting) = value
-        .split_once('=')
-        .ok_or_else(|| format!("expected KEY=VALUE, got {value:?}"))?;
-    // Either spelling of the key: the plugin's prefix is implied.
-    let key = key.trim().trim_start_matches("dfx_engine.");
-    if key.is_empty() {
-        return Err(format!("expected KEY=VALUE, got {value:?}"));
-    }
-    Ok((key.to_string(), setting.trim().to_string()))
 }
 
 fn parse_table(value: &str) -> std::result::Result<(String, String), String> {

@@ -572,3 +572,21 @@ async fn check_partition_columns(
     }
     Ok(())
 }
+
+/// A `KEY=VALUE` plugin setting as a command line gives it (`--set`): the
+/// key with or without its `dfx_engine.` prefix, both sides trimmed.
+///
+/// # Errors
+///
+/// Text without `=`, or with an empty key, quoted in the message.
+pub fn parse_engine_option(value: &str) -> std::result::Result<(String, String), String> {
+    let (key, setting) = value
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {value:?}"))?;
+    // Either spelling of the key: the plugin's prefix is implied.
+    let key = key.trim().trim_start_matches("dfx_engine.");
+    if key.is_empty() {
+        return Err(format!("expected KEY=VALUE, got {value:?}"));
+    }
+    Ok((key.to_string(), setting.trim().to_string()))
+}

@@ -100,6 +100,10 @@ pub struct TpchArgs {
     /// The plugin file (default: $DFX_PLUGIN, else beside this executable).
     #[arg(long, value_name = "PATH")]
     pub plugin: Option<PathBuf>,
+    /// Set the plugin's dfx_engine.KEY in every session the distributed and
+    /// dfx-local runs make (coalesce=off, join_filters=on). Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::session::parse_engine_option)]
+    pub settings: Vec<(String, String)>,
 }
 
 /// Exit status when some query's distributed answer differs from the local one.
@@ -138,6 +142,7 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
         shuffle_root: args.shuffle_dir.clone(),
         tables_on: args.tables_on.clone(),
         runs: args.runs,
+        engine_options: args.settings.iter().cloned().collect(),
         progress: true,
         timeout: std::time::Duration::from_secs(args.timeout.max(1)),
     };

@@ -39,6 +39,9 @@ pub struct TpchOptions {
     pub tables_on: Option<String>,
     /// Timed runs per query and mode (at least 1).
     pub runs: usize,
+    /// The plugin's `dfx_engine` settings (keys without the prefix) for
+    /// every session, the stock one's aside: its decisions forced on or off.
+    pub engine_options: BTreeMap<String, String>,
     /// Progress on stderr (data generation bar, one line per query).
     pub progress: bool,
     /// Longest a single run of a query may take before it is abandoned
@@ -66,10 +69,11 @@ pub async fn run_tpch(host: &Host, options: &TpchOptions) -> Result<RunReport, T
             super::upload::upload_dataset(&dataset, url, &BTreeMap::new(), options.progress).await?
         }
     };
-    let spec = SessionSpec::new(tables)
+    let mut spec = SessionSpec::new(tables)
         .with_target_partitions(options.partitions)
         .with_split(options.split)
         .with_shuffle_compression(options.shuffle_compression);
+    spec.engine_options = options.engine_options.clone();
     let mut reports = Vec::new();
     for &number in &options.queries {
         let report = run_query_in(
