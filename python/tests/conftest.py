@@ -110,7 +110,8 @@ def make_spec(
 ) -> Callable[..., SessionSpec]:
     """A factory of specs over the fixture, each with a fresh shuffle directory.
 
-    Four target partitions: one per file, so a stage has four tasks.
+    Four target partitions: one per file, and a task per partition (coalescing
+    off unless ``coalesce`` says otherwise), so a stage has four tasks.
     """
     counter = itertools.count()
 
@@ -119,6 +120,7 @@ def make_spec(
         shuffle: bool = True,
         target_partitions: int = FILES,
         split: str = "exchange",
+        coalesce: str = "off",
     ) -> SessionSpec:
         shuffle_dir = tmp_path / f"shuffle-{next(counter)}" if shuffle else None
         return SessionSpec(
@@ -126,6 +128,7 @@ def make_spec(
             shuffle_dir=str(shuffle_dir) if shuffle_dir else "",
             target_partitions=target_partitions,
             split=split,
+            engine_options={"coalesce": coalesce},
         )
 
     return make

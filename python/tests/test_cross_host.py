@@ -137,7 +137,8 @@ def dfx_run(
 ) -> subprocess.CompletedProcess[str]:
     """``dfx run`` of ``sql`` with the Rust driver, over ``spec``.
 
-    Its tables, partitions, shuffle location and compression; JSON on stdout.
+    Its tables, partitions, shuffle location, compression and plugin
+    settings; JSON on stdout.
     """
     command = [str(DFX), "run", "--plugin", _internal.plugin_path()]
     for name, directory in sorted(spec.tables.items()):
@@ -146,6 +147,8 @@ def dfx_run(
     command += ["--shuffle-dir", str(spec.shuffle_dir), "--split", split]
     if spec.shuffle_compression != "auto":
         command += ["--shuffle-compression", spec.shuffle_compression]
+    for key, value in sorted(spec.engine_options.items()):
+        command += ["--set", f"{key}={value}"]
     command += [*extra, "--format", "json", sql]
     return subprocess.run(command, capture_output=True, text=True, check=False, cwd=cwd)
 

@@ -379,3 +379,32 @@ def test_engine_options_reach_every_session_of_the_query(
     # A key the spec holds as a field of its own is refused by the spec.
     with pytest.raises(ValueError, match="fields of their own"):
         dataclasses.replace(make_spec(), engine_options={"split": "aggregate"})
+
+
+def test_small_partitions_run_as_one_task_and_every_map_is_published(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    # The fixture's aggregate publishes a few rows per bucket: far under the
+    # smallest task, so the stage reading them runs its four partitions as
+    # one task, which publishes the three others' maps empty.
+    spec = make_spec(coalesce="auto")
+    result = run_distributed(REVENUE_SQL, spec)
+    assert_revenue(as_rows(result.batches))
+    coalesced = [d for d in result.decisions if d["tasks"] < d["planned_tasks"]]
+    assert coalesced, result.decisions
+    for decision in coalesced:
+        stage = decision["stage_id"]
+        assert (decision["planned_tasks"], decision["tasks"]) == (FILES, 1)
+        assert "coalesced 4 partitions into 1 task(s)" in decision["reason"]
+        assert [m for s, m in result.tasks if s == stage] == [0]
+        for map_index in range(1, FILES):
+            marker = read_marker(spec.shuffle_dir, stage, map_index)
+            assert marker["map"] == map_index
+            assert sum(b["rows"] for b in marker["buckets"]) == 0
+    # Turned off, every partition is a task of its own again.
+    off = run_distributed(REVENUE_SQL, make_spec(coalesce="off"))
+    assert_revenue(as_rows(off.batches))
+    assert all(d["tasks"] == d["planned_tasks"] for d in off.decisions)
+    assert sorted(off.tasks) == sorted(
+        (info.stage_id, m) for info in off.stages for m in range(info.maps)
+    )

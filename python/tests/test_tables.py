@@ -83,7 +83,7 @@ from datafusion import SessionConfig, SessionContext
 from datafusion.object_store import AmazonS3
 
 from dfx_engine import _internal
-from dfx_engine.driver import WorkerPool, run_distributed
+from dfx_engine.driver import DistributedResult, WorkerPool, run_distributed
 from dfx_engine.session import SessionSpec, Table
 
 if TYPE_CHECKING:
@@ -663,12 +663,20 @@ def tpch_spec(s3: S3Server, tables: dict[str, str], shuffle_prefix: str) -> Sess
 
 
 def assert_published_on_s3(
-    s3: S3Server, prefix: str, tasks: list[tuple[int, int]]
+    s3: S3Server, prefix: str, result: DistributedResult
 ) -> None:
-    """Every task's map file is an object under ``prefix``, as its shuffle."""
+    """Every map of every stage is an object under ``prefix``, as its shuffle.
+
+    A coalesced group's members included: their group's task publishes them
+    empty.
+    """
     keys = s3.keys(BUCKET, f"{prefix}/")
     maps = {key for key in keys if key.endswith(".arrow")}
-    expected = {f"{prefix}/stage-{stage}/map-{index}.arrow" for stage, index in tasks}
+    expected = {
+        f"{prefix}/stage-{stage.stage_id}/map-{index}.arrow"
+        for stage in result.stages
+        for index in range(stage.maps)
+    }
     assert maps == expected, keys
 
 
@@ -685,7 +693,7 @@ def test_tpch_with_tables_and_shuffle_on_s3_gives_stocks_answer(
     result = run_distributed(sql, tpch_spec(s3, tpch_on_s3, prefix), pool=pool)
     assert result.retries == []
     assert_stocks_answer(result.batches, tpch_stock.sql(sql).collect(), f"q{number}")
-    assert_published_on_s3(s3, prefix, result.tasks)
+    assert_published_on_s3(s3, prefix, result)
 
 
 @pytest.fixture(scope="module")
@@ -725,7 +733,7 @@ def test_tpch_through_ray_with_tables_and_shuffle_on_s3_gives_stocks_answer(
     result = run_distributed(sql, spec, executor=ray_executor)
     assert result.retries == []
     assert_stocks_answer(result.batches, tpch_stock.sql(sql).collect(), f"q{number}")
-    assert_published_on_s3(s3, prefix, result.tasks)
+    assert_published_on_s3(s3, prefix, result)
 
 
 def s3_environment(s3: S3Server) -> dict[str, str]:
