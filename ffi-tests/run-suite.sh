@@ -2,9 +2,10 @@
 # The ABI suite's test command: build every plugin file it loads, then run it.
 #
 #   ffi-tests/run-suite.sh            debug host, debug plugin
-#   ffi-tests/run-suite.sh --ci       also: debug host + `ci-release` plugin
-#                                     (optimized, no debug assertions; what
-#                                     CI runs, see README.md for why)
+#   ffi-tests/run-suite.sh --optimized-plugin
+#                                     also: debug host + `ci-release` plugin
+#                                     (optimized, no debug assertions; see
+#                                     README.md for why this pairing)
 #   ffi-tests/run-suite.sh --mixed    also: debug host + release plugin, and
 #                                     release host + debug plugin
 #
@@ -24,7 +25,7 @@ target="$(cd "$(dirname "$target")" && pwd)/$(basename "$target")"
 [[ -n "${DFX_PLUGINS_BUILT:-}" ]] || ffi-tests/build-plugins.sh
 cargo test -p dfx-ffi-tests --no-fail-fast
 
-if [[ "${1:-}" == "--ci" ]]; then
+if [[ "${1:-}" == "--optimized-plugin" ]]; then
     # Only the plugin files in the other profile: the debug test executables
     # just built load them, so no test code is compiled again.
     ffi-tests/build-plugins.sh --plugin-only ci-release
