@@ -379,6 +379,7 @@ async fn prepare_task(plugin: &Plugin, spec: &SessionSpec) -> Result<PreparedTas
         stage_id,
         partition: 0,
         attempt: 0,
+        added_from: None,
     };
     let path = envelope_path(&task_dir, stage_id, 0);
     envelope.write(&path)?;

@@ -270,3 +270,142 @@ async fn a_skewed_join_answers_alike_whatever_coalescing_does() {
         assert_eq!(rows(&result.batches), expected, "{options:?}");
     }
 }
+
+/// The skewed side of a partitioned join: key 0 in 360,000 rows, keys
+/// 1..=40,000 once each, in two files (the second holds the tail); and
+/// its other side, every even key of 0..=600,000 (more rows than
+/// DataFusion broadcasts, fewer than the skewed side, so it is the build).
+fn skewed_join_tables(dir: &std::path::Path) -> SessionSpec {
+    let skewed: Vec<i64> = std::iter::repeat_n(0, 360_000).chain(1..=40_000).collect();
+    let halves: Vec<Vec<i64>> = skewed.chunks(200_000).map(<[i64]>::to_vec).collect();
+    let t = keys_table(dir, "t", &halves);
+    let d = keys_table(dir, "d", &[(0..=600_000).step_by(2).collect()]);
+    SessionSpec::new([("t".to_string(), t), ("d".to_string(), d)]).with_target_partitions(4)
+}
+
+/// By hand: every row of t is counted; key 0's 360,000 rows and the 20,000
+/// even keys of the tail find their row of d.
+const SKEWED_JOIN: &str = "SELECT count(*) AS n, count(d.k) AS matched, sum(t.v) AS v \
+     FROM t LEFT JOIN d ON t.k = d.k";
+
+fn skewed_join_expected() -> Vec<Vec<Value>> {
+    vec![vec![i(400_000), i(380_000), i(400_000)]]
+}
+
+/// The decisions that split a partition.
+fn splits(decisions: &[Decision]) -> Vec<&Decision> {
+    decisions
+        .iter()
+        .filter(|d| d.tasks > d.planned_tasks)
+        .collect()
+}
+
+/// The join's probe side puts key 0's bucket far above the others. Split
+/// (forced on, or `auto` with a least of 1 MiB), that partition is read by
+/// two tasks, one per map of the probe stage; the second publishes as an
+/// added map that the first names in its marker; the answer is the
+/// hand-worked one. `off` keeps every stage as planned.
+#[tokio::test]
+async fn a_skewed_partition_is_split_among_tasks_by_its_probe_maps() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = skewed_join_tables(dir.path());
+    let host = host();
+    assert_eq!(
+        rows(&host.run_local(SKEWED_JOIN, &spec).await.unwrap()),
+        skewed_join_expected()
+    );
+    let settings: [&[(&str, &str)]; 3] = [
+        &[("skew_split", "on"), ("coalesce", "off")],
+        &[("skew_split_bytes", "1048576"), ("coalesce", "off")],
+        &[("skew_split", "off"), ("coalesce", "off")],
+    ];
+    for (run, options) in settings.iter().enumerate() {
+        let shuffle = dir.path().join(format!("shuffle-{run}"));
+        let mut distributed = spec.clone().with_shuffle_dir(&shuffle);
+        for (key, value) in *options {
+            distributed = with_option(distributed, key, value);
+        }
+        let result = host
+            .run_distributed(SKEWED_JOIN, &distributed)
+            .await
+            .unwrap();
+        assert_eq!(rows(&result.batches), skewed_join_expected(), "{options:?}");
+        let split = splits(&result.decisions);
+        if options.contains(&("skew_split", "off")) {
+            assert!(split.is_empty(), "{:?}", result.decisions);
+            continue;
+        }
+        // Only key 0's partition has rows in both maps of the probe stage.
+        assert_eq!(split.len(), 1, "{options:?}: {:?}", result.decisions);
+        let decision = split[0];
+        assert_eq!((decision.planned_tasks, decision.tasks), (4, 5));
+        assert!(
+            decision.reason.contains("into 2 tasks by its maps"),
+            "{}",
+            decision.reason
+        );
+        let stage = decision.stage_id;
+        let mut ran: Vec<usize> = result
+            .tasks
+            .iter()
+            .filter(|(s, _)| *s == stage)
+            .map(|(_, map)| *map)
+            .collect();
+        ran.sort_unstable();
+        assert_eq!(ran, vec![0, 1, 2, 3, 4]);
+        // The added map is named by exactly one planned map's marker.
+        let naming: Vec<usize> = (0..4)
+            .filter(|map| {
+                let marker = read_marker(&shuffle.join(format!("stage-{stage}/map-{map}.arrow")));
+                marker["companions"] == serde_json::json!([4])
+            })
+            .collect();
+        assert_eq!(naming.len(), 1, "{options:?}");
+        let added = read_marker(&shuffle.join(format!("stage-{stage}/map-4.arrow")));
+        assert_eq!(added["map"], 4);
+        assert!(added.get("companions").is_none(), "{added}");
+    }
+}
+
+/// The root finds the added map of a split partition lost: its task runs
+/// again (its second attempt), and the answer is whole.
+#[tokio::test]
+async fn a_lost_added_map_of_a_split_partition_runs_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let shuffle = dir.path().join("shuffle");
+    let spec = with_option(
+        with_option(
+            skewed_join_tables(dir.path()).with_shuffle_dir(&shuffle),
+            "skew_split",
+            "on",
+        ),
+        "coalesce",
+        "off",
+    );
+    let (_, stages) = planned(&spec, SKEWED_JOIN).await;
+    let join = stages
+        .iter()
+        .find(|s| s.info.deps.len() == 2)
+        .expect("the join's stage reads two stages")
+        .stage_id();
+    let lost = shuffle.join(format!("stage-{join}/map-4.arrow"));
+    // Only the first attempt's envelope is this file.
+    let host = host_with_script(&format!(
+        r#""$DFX" worker "$1" || exit $?
+case "$1" in */task-{join}-4.json) rm -f {lost} ;; esac"#,
+        lost = lost.display()
+    ));
+    let result = host.run_distributed(SKEWED_JOIN, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), skewed_join_expected());
+    assert_eq!(splits(&result.decisions).len(), 1, "{:?}", result.decisions);
+    assert_eq!(result.attempts[&(join, 4)], 2, "{:?}", result.attempts);
+    assert!(
+        result
+            .retries
+            .iter()
+            .any(|r| r.starts_with(&format!("stage {join} map 4 attempt 1: run again"))),
+        "{:?}",
+        result.retries
+    );
+    assert!(lost.is_file(), "its task published it again");
+}

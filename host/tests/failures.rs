@@ -154,6 +154,7 @@ async fn a_worker_whose_codec_ids_differ_refuses_before_decoding() {
         stage_id: 1,
         partition: 0,
         attempt: 0,
+        added_from: None,
     };
     let err = dfx_host::run_task(&plugin(), &envelope)
         .await
@@ -484,6 +485,7 @@ async fn a_stage_whose_shuffle_directory_differs_from_the_spec_is_refused_before
         stage_id: stage.stage_id(),
         partition: 0,
         attempt: 0,
+        added_from: None,
     };
     let err = dfx_host::run_task(&plugin, &envelope)
         .await
@@ -588,6 +590,7 @@ async fn a_worker_reports_on_its_last_stdout_line() {
             stage_id: stage.stage_id(),
             partition: 2,
             attempt: 0,
+            added_from: None,
         }
         .write(&path)
         .unwrap();
@@ -730,6 +733,7 @@ async fn a_stage_reading_outside_the_specs_tables_is_refused_before_it_runs() {
         stage_id: stage.stage_id(),
         partition: 0,
         attempt: 0,
+        added_from: None,
     };
     let err = dfx_host::run_task(&plugin, &envelope)
         .await
@@ -806,6 +810,7 @@ async fn a_plan_holding_a_sink_is_refused_by_the_worker_before_it_runs() {
         stage_id: 1,
         partition: 0,
         attempt: 0,
+        added_from: None,
     };
     let err = dfx_host::run_task(&plugin, &envelope)
         .await
@@ -834,6 +839,7 @@ async fn a_session_vets_the_same_stage_once_and_never_remembers_a_refusal() {
         stage_id: stage.stage_id(),
         partition: 0,
         attempt: 0,
+        added_from: None,
     };
     let task = TaskInput::read(&plugin, envelope.clone()).unwrap();
 

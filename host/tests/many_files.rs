@@ -146,6 +146,7 @@ async fn each_task_plan_names_only_its_own_file() {
         stage_id: scan.stage_id(),
         partition: map,
         attempt: 0,
+        added_from: None,
     };
     let mut readers: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     let mut largest = 0;

@@ -93,6 +93,7 @@ async fn leaf_task(spec: &SessionSpec, sql: &str) -> Task {
         stage_id: stage.stage_id(),
         partition: 0,
         attempt: 0,
+        added_from: None,
     };
     let path = envelope_path(&task_dir, stage.stage_id(), 0);
     envelope.write(&path).unwrap();

@@ -218,8 +218,16 @@ async fn all_22_queries_agree_distributed_and_local_split_at_aggregates() {
 
 /// Every decision the plugin makes per query forced on (at four
 /// partitions, so coalesced groups sit beside each other) or off.
-const DECISIONS_ON: [(&str, &str); 2] = [("join_filters", "on"), ("coalesce", "on")];
-const DECISIONS_OFF: [(&str, &str); 2] = [("join_filters", "off"), ("coalesce", "off")];
+const DECISIONS_ON: [(&str, &str); 3] = [
+    ("join_filters", "on"),
+    ("coalesce", "on"),
+    ("skew_split", "on"),
+];
+const DECISIONS_OFF: [(&str, &str); 3] = [
+    ("join_filters", "off"),
+    ("coalesce", "off"),
+    ("skew_split", "off"),
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_22_queries_agree_with_every_decision_forced_on_split_at_every_exchange() {

@@ -36,6 +36,16 @@
 //! - `dfx_engine.coalesced_partitions`: set by the scheduler, never by a
 //!   user: the partitions each task of one coalesced stage reads (see
 //!   [`crate::adaptive::groups`]).
+//! - `dfx_engine.skew_split`: adaptive splitting of a skewed partition (see
+//!   [`crate::adaptive::split`]): `auto` (the default: a partition whose
+//!   probe-side bytes are above `skew_split_factor` times the median and
+//!   above `skew_split_bytes` is read by several tasks), `on` (every
+//!   partition that can be split is, one task per map it reads) or `off`.
+//! - `dfx_engine.skew_split_factor`: that factor, `4.0` by default.
+//! - `dfx_engine.skew_split_bytes`: that least, 64 MiB by default.
+//! - `dfx_engine.split_read`: set by the scheduler, never by a user: which
+//!   part of a split partition one task reads (see
+//!   [`crate::adaptive::split`]).
 //!
 //! A host that loaded the plugin registers the options as an
 //! `FFI_ExtensionOptions`, so on the plugin's side of the boundary they arrive
@@ -89,6 +99,35 @@ pub const COALESCE_TASK_BYTES_KEY: &str = "dfx_engine.coalesce_task_bytes";
 /// The key (without the prefix) by which the scheduler tells a coalesced
 /// stage's tasks their partitions.
 pub const COALESCED_PARTITIONS: &str = "coalesced_partitions";
+
+/// The full key of adaptive skew splitting.
+pub const SKEW_SPLIT_KEY: &str = "dfx_engine.skew_split";
+
+/// The full key of the factor over the median past which a partition is skewed.
+pub const SKEW_SPLIT_FACTOR_KEY: &str = "dfx_engine.skew_split_factor";
+
+/// The full key of the fewest bytes a skewed partition has.
+pub const SKEW_SPLIT_BYTES_KEY: &str = "dfx_engine.skew_split_bytes";
+
+/// The key (without the prefix) by which the scheduler tells a task of a
+/// split partition which part it reads.
+pub const SPLIT_READ: &str = "split_read";
+
+/// Whether a ready stage's skewed partitions are read by several tasks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SkewSplit {
+    /// A partition past `factor` times the median and past `bytes`.
+    Auto {
+        /// The factor over the median.
+        factor: f64,
+        /// The fewest bytes.
+        bytes: u64,
+    },
+    /// Every partition that can be split, one task per map it reads.
+    On,
+    /// Never.
+    Off,
+}
 
 /// Whether ready stages' small partitions share tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +208,14 @@ extensions_options! {
         pub coalesce_task_bytes: u64, default = 64 * 1024 * 1024
         /// Set by the scheduler: the partitions each task of a coalesced stage reads.
         pub coalesced_partitions: String, default = String::new()
+        /// Adaptive splitting of a skewed partition: `auto`, `on` or `off`.
+        pub skew_split: String, default = "auto".to_string()
+        /// `auto` splits a partition past this times the median partition.
+        pub skew_split_factor: f64, default = 4.0
+        /// `auto` splits a partition of at least this many bytes.
+        pub skew_split_bytes: u64, default = 64 * 1024 * 1024
+        /// Set by the scheduler: which part of a split partition a task reads.
+        pub split_read: String, default = String::new()
     }
 }
 
@@ -210,8 +257,9 @@ impl DfxConfig {
                      `{SHUFFLE_DIR_KEY}`, `{SPLIT_KEY}`, `{SHUFFLE_COMPRESSION_KEY}`, \
                      `{S3_ENDPOINT_KEY}`, `{S3_REGION_KEY}`, `{S3_ALLOW_HTTP_KEY}`, \
                      `{MEMORY_TABLE_LIMIT_KEY}`, `{JOIN_FILTERS_KEY}`, \
-                     `{JOIN_FILTER_RATIO_KEY}`, `{COALESCE_KEY}` and \
-                     `{COALESCE_TASK_BYTES_KEY}`): {err}"
+                     `{JOIN_FILTER_RATIO_KEY}`, `{COALESCE_KEY}`, \
+                     `{COALESCE_TASK_BYTES_KEY}`, `{SKEW_SPLIT_KEY}`, \
+                     `{SKEW_SPLIT_FACTOR_KEY}` and `{SKEW_SPLIT_BYTES_KEY}`): {err}"
                 ))
             })?;
         }
@@ -306,6 +354,45 @@ impl DfxConfig {
     /// A setting that does not parse (see [`crate::adaptive::groups`]).
     pub fn coalesced_partitions(&self) -> Result<Option<crate::adaptive::PartitionGroups>> {
         crate::adaptive::PartitionGroups::parse(&self.coalesced_partitions)
+    }
+
+    /// Whether (and when) a ready stage's skewed partitions are split.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `auto`, `on` or `off`, or a factor that is not a
+    /// number of at least 1, named in the message.
+    pub fn skew_split(&self) -> Result<SkewSplit> {
+        match self.skew_split.trim() {
+            "" | "auto" => {
+                let factor = self.skew_split_factor;
+                if factor.is_nan() || factor < 1.0 {
+                    return Err(DataFusionError::Configuration(format!(
+                        "dfx config: `{SKEW_SPLIT_FACTOR_KEY}` is {factor}; expected a number of \
+                         at least 1"
+                    )));
+                }
+                Ok(SkewSplit::Auto {
+                    factor,
+                    bytes: self.skew_split_bytes,
+                })
+            }
+            "on" => Ok(SkewSplit::On),
+            "off" => Ok(SkewSplit::Off),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{SKEW_SPLIT_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
+            ))),
+        }
+    }
+
+    /// Which part of a split partition this task reads, as the scheduler
+    /// set it; `None` when it set none.
+    ///
+    /// # Errors
+    ///
+    /// A setting that does not parse (see [`crate::adaptive::split`]).
+    pub fn split_read(&self) -> Result<Option<crate::adaptive::SplitRead>> {
+        crate::adaptive::SplitRead::parse(&self.split_read)
     }
 
     /// The shuffle directory, or `None` when distribution is off.

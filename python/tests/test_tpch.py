@@ -50,8 +50,8 @@ def test_tpch_query_agrees_with_local(
 
 # Every decision the plugin makes per query, forced one way.
 DECISIONS = {
-    "on": {"join_filters": "on", "coalesce": "on"},
-    "off": {"join_filters": "off", "coalesce": "off"},
+    "on": {"join_filters": "on", "coalesce": "on", "skew_split": "on"},
+    "off": {"join_filters": "off", "coalesce": "off", "skew_split": "off"},
 }
 
 

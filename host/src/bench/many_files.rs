@@ -304,6 +304,7 @@ async fn measure(
             stage_id: info.stage_id,
             partition: map,
             attempt: 0,
+            added_from: None,
         };
         task_bytes.push(TaskInput::read(plugin, envelope.clone())?.plan.len() as f64);
         cut_times.push(timed_decode(&exe, plugin, &task_dir, envelope).await?);
@@ -319,6 +320,7 @@ async fn measure(
             stage_id: info.stage_id,
             partition: map,
             attempt: 0,
+            added_from: None,
         };
         whole_times.push(timed_decode(&exe, plugin, &task_dir, envelope).await?);
     }

@@ -157,18 +157,9 @@ pub async fn partition_bytes(reads: &[HashRead], config: &DfxConfig) -> Result<V
     for read in reads {
         if let std::collections::btree_map::Entry::Vacant(slot) = seen.entry(read.stage_id) {
             let mut per_bucket = vec![0u64; read.buckets];
-            for map in 0..read.maps {
-                let marker =
-                    read_map_marker(&read.shuffle_dir, config, read.stage_id, map, read.buckets)
-                        .await?;
-                for entry in &marker.buckets {
-                    let bucket = per_bucket.get_mut(entry.bucket as usize).ok_or_else(|| {
-                        fail(format!(
-                            "stage {} map {map}: bucket {} is past its {} buckets",
-                            read.stage_id, entry.bucket, read.buckets
-                        ))
-                    })?;
-                    *bucket += entry.bytes;
+            for map in map_bucket_bytes(read, config).await? {
+                for (slot, b) in per_bucket.iter_mut().zip(map) {
+                    *slot += b;
                 }
             }
             slot.insert(per_bucket);
@@ -178,6 +169,46 @@ pub async fn partition_bytes(reads: &[HashRead], config: &DfxConfig) -> Result<V
         }
     }
     Ok(bytes)
+}
+
+/// Bytes of each bucket of each map `read` names (`[map][bucket]`), as
+/// their markers list them; a map's companions (the other parts of a split
+/// partition, see [`super::split`]) count as the map's.
+///
+/// # Errors
+///
+/// A marker that cannot be read (a lost map among them), or one listing a
+/// bucket past the stage's buckets.
+pub async fn map_bucket_bytes(read: &HashRead, config: &DfxConfig) -> Result<Vec<Vec<u64>>> {
+    let mut out = Vec::with_capacity(read.maps);
+    for map in 0..read.maps {
+        let mut per_bucket = vec![0u64; read.buckets];
+        let mut pending = vec![map];
+        while let Some(physical) = pending.pop() {
+            let marker = read_map_marker(
+                &read.shuffle_dir,
+                config,
+                read.stage_id,
+                physical,
+                read.buckets,
+            )
+            .await?;
+            for entry in &marker.buckets {
+                let bucket = per_bucket.get_mut(entry.bucket as usize).ok_or_else(|| {
+                    fail(format!(
+                        "stage {} map {physical}: bucket {} is past its {} buckets",
+                        read.stage_id, entry.bucket, read.buckets
+                    ))
+                })?;
+                *bucket += entry.bytes;
+            }
+            if physical == map {
+                pending.extend(marker.companions.iter().map(|&c| c as usize));
+            }
+        }
+        out.push(per_bucket);
+    }
+    Ok(out)
 }
 
 /// Adjacent partitions grouped while a group stays within `target` bytes

@@ -13,11 +13,14 @@
 //!
 //! The decisions are the plugin's, the mechanics the scheduler's: it runs
 //! the tasks it is told to and hands each the settings, and knows nothing
-//! of plans. Each decision can be turned off (`dfx_engine.coalesce`).
-//! Coalescing is the one decision made so far (see [`coalesce`]).
+//! of plans. Two decisions are made, each of which can be turned off:
+//! splitting a skewed partition among several tasks ([`split`],
+//! `dfx_engine.skew_split`), else coalescing small ones into one
+//! ([`coalesce`], `dfx_engine.coalesce`).
 
 pub mod coalesce;
 pub mod groups;
+pub mod split;
 
 use std::collections::BTreeMap;
 
@@ -28,9 +31,10 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 
 pub use groups::{PartitionGroups, PartitionRole};
+pub use split::SplitRead;
 
 use crate::codec::fail;
-use crate::config::{COALESCED_PARTITIONS, Coalesce, DfxConfig};
+use crate::config::{COALESCED_PARTITIONS, Coalesce, DfxConfig, SPLIT_READ, SkewSplit};
 
 /// What the scheduler asks with a ready stage.
 #[derive(Debug, Clone, Deserialize)]
@@ -56,6 +60,22 @@ pub struct Adaptation {
     /// What was decided and why, for `--analyze`; `None` when the stage is
     /// not one a decision applies to.
     pub reason: Option<String>,
+    /// Tasks run differently from the plan, each with settings of its own
+    /// (after the stage's): a map at or past the stage's planned maps is a
+    /// task added to it. `None`: as planned (or as `groups` says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tasks: Option<Vec<PlannedTask>>,
+}
+
+/// One task of an adapted stage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedTask {
+    /// The map it runs as.
+    pub map: usize,
+    /// The planned map whose task it is made from (its own for a planned one).
+    pub like: usize,
+    /// `dfx_engine` settings (without the prefix) for this task alone.
+    pub settings: BTreeMap<String, String>,
 }
 
 /// Decide how the ready stage `plan_bytes` (an encoded writer, or a stage
@@ -77,7 +97,8 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
         })?;
     }
     let mode = config.coalesce()?;
-    if mode == Coalesce::Off {
+    let skew = config.skew_split()?;
+    if mode == Coalesce::Off && skew == SkewSplit::Off {
         return Ok(Adaptation::default());
     }
     let root = PhysicalPlanNode::decode(plan_bytes)
@@ -87,6 +108,18 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
         Ok(reads) => reads,
         Err(_why) => return Ok(Adaptation::default()),
     };
+    // Why no partition was split, said beside coalescing's decision.
+    let mut reasons = Vec::new();
+    if skew != SkewSplit::Off {
+        match split_stage(&root, stage_id, &reads, &config, skew)? {
+            Some(Ok(adaptation)) => return Ok(adaptation),
+            Some(Err(why)) => reasons.push(why),
+            None => {}
+        }
+    }
+    if mode == Coalesce::Off {
+        return Ok(Adaptation::default());
+    }
     let bytes = futures::executor::block_on(async {
         let config = config.clone();
         crate::exchange::store::on_io(
@@ -97,6 +130,10 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
     .map_err(|e| fail(format!("stage {stage_id}: {e}")))??;
     let (groups, reason) =
         coalesce::decide(&bytes, mode, request.slots, config.coalesce_task_bytes);
+    let reason = match reasons.is_empty() {
+        true => reason,
+        false => format!("{}; {reason}", reasons.join("; ")),
+    };
     let Some(groups) = groups else {
         return Ok(Adaptation {
             reason: Some(reason),
@@ -108,5 +145,52 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
         groups: Some(groups.iter().map(|g| [*g.start(), *g.end()]).collect()),
         settings: BTreeMap::from([(COALESCED_PARTITIONS.to_string(), setting)]),
         reason: Some(reason),
+        tasks: None,
     })
+}
+
+/// The stage `root` (`stage_id`, reading `reads`) with its skewed
+/// partitions split, or why none is; `None` for a stage whose partitions
+/// cannot be split (see [`split`]).
+fn split_stage(
+    root: &PhysicalPlanNode,
+    stage_id: u64,
+    reads: &[coalesce::HashRead],
+    config: &DfxConfig,
+    mode: SkewSplit,
+) -> Result<Option<std::result::Result<Adaptation, String>>> {
+    let Ok(probe) = split::probe_stage(root) else {
+        return Ok(None);
+    };
+    let Some(read) = reads.iter().find(|r| r.stage_id == probe).cloned() else {
+        return Ok(None);
+    };
+    let maps = read.buckets;
+    let per_map = futures::executor::block_on(async {
+        let config = config.clone();
+        let read = read.clone();
+        crate::exchange::store::on_io(
+            async move { coalesce::map_bucket_bytes(&read, &config).await },
+        )
+        .await
+    })
+    .map_err(|e| fail(format!("stage {stage_id}: {e}")))??;
+    let (parts, reason) = split::decide(stage_id, maps, &read, &per_map, mode);
+    if parts.is_empty() {
+        return Ok(Some(Err(reason)));
+    }
+    let tasks = parts
+        .into_iter()
+        .map(|part| PlannedTask {
+            map: part.map,
+            like: part.read.partition,
+            settings: BTreeMap::from([(SPLIT_READ.to_string(), part.read.format())]),
+        })
+        .collect();
+    Ok(Some(Ok(Adaptation {
+        groups: None,
+        settings: BTreeMap::new(),
+        reason: Some(reason),
+        tasks: Some(tasks),
+    })))
 }

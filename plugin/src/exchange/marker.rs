@@ -72,6 +72,12 @@ pub struct MapMarker {
     /// (a Bloom filter of some hundred kilobytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<KeysRegion>,
+    /// Maps of the same stage that hold the rest of this map's rows: the
+    /// other tasks of a partition split among several (see
+    /// [`crate::adaptive::split`]). Every reader of this map reads them
+    /// too, so what a map means is the same with or without a split.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub companions: Vec<u64>,
 }
 
 /// The byte range of a map's key summary (JSON) in its file.
@@ -374,6 +380,7 @@ mod tests {
             map: 1,
             attempt: 0,
             bytes: 10,
+            companions: Vec::new(),
             buckets: vec![
                 BucketEntry {
                     bucket: 0,

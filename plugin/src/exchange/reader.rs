@@ -370,7 +370,22 @@ impl ShuffleReaderExec {
         let groups = config
             .coalesced_partitions()
             .map_err(|e| self.error(partition, e))?;
-        let pieces = self.pieces(partition, groups.as_ref());
+        let split = config.split_read().map_err(|e| self.error(partition, e))?;
+        let pieces = match split {
+            // The probe side of a part of a split partition: its maps only.
+            Some(split)
+                if self.mode == ReadMode::Hash
+                    && split.probe_stage == self.stage_id
+                    && split.partition == partition =>
+            {
+                split
+                    .maps
+                    .filter(|&m| m < self.maps)
+                    .map(|m| (m, partition))
+                    .collect()
+            }
+            _ => self.pieces(partition, groups.as_ref()),
+        };
         let mut stream = BucketStream {
             stage_id: self.stage_id,
             location: root.clone(),
@@ -402,7 +417,13 @@ impl ShuffleReaderExec {
         }
         // Every marker first: a lost map fails the read before any row flows.
         let mut maps: BTreeMap<usize, (MapMarker, u64)> = BTreeMap::new();
-        for (map, bucket) in pieces {
+        let mut pending: VecDeque<Pending> = pieces.into_iter().map(Pending::planned).collect();
+        while let Some(Pending {
+            map,
+            bucket,
+            planned,
+        }) = pending.pop_front()
+        {
             if let std::collections::btree_map::Entry::Vacant(slot) = maps.entry(map) {
                 let path = map_path(&root, self.stage_id, map);
                 slot.insert(MapMarker::read(&MapFileRef {
@@ -418,8 +439,43 @@ impl ShuffleReaderExec {
             if let Some(piece) = Piece::of(marker, *size, &root, bucket) {
                 stream.queue.push_back(piece);
             }
+            if planned {
+                Pending::companions(marker, bucket, &mut pending);
+            }
         }
         Ok(Box::pin(stream))
+    }
+}
+
+/// A `(map, bucket)` piece whose marker is still to read.
+struct Pending {
+    map: usize,
+    bucket: usize,
+    /// One of the partition's own pieces, rather than a companion's: the
+    /// only kind whose marker may name companions.
+    planned: bool,
+}
+
+impl Pending {
+    fn planned((map, bucket): (usize, usize)) -> Self {
+        Self {
+            map,
+            bucket,
+            planned: true,
+        }
+    }
+
+    /// The same bucket of the maps `marker` names as its companions (the
+    /// other parts of a split partition, see [`crate::adaptive::split`]),
+    /// read next.
+    fn companions(marker: &MapMarker, bucket: usize, pending: &mut VecDeque<Pending>) {
+        for &companion in marker.companions.iter().rev() {
+            pending.push_front(Pending {
+                map: companion as usize,
+                bucket,
+                planned: false,
+            });
+        }
     }
 }
 
@@ -436,7 +492,13 @@ async fn read_markers(
 ) -> Result<VecDeque<Piece>> {
     let mut maps: BTreeMap<usize, (MapMarker, u64, Option<String>)> = BTreeMap::new();
     let mut queue = VecDeque::new();
-    for (map, bucket) in pieces {
+    let mut pending: VecDeque<Pending> = pieces.into_iter().map(Pending::planned).collect();
+    while let Some(Pending {
+        map,
+        bucket,
+        planned,
+    }) = pending.pop_front()
+    {
         if let std::collections::btree_map::Entry::Vacant(slot) = maps.entry(map) {
             let path = map_path(&root, stage_id, map);
             let at = MapFileRef {
@@ -453,6 +515,9 @@ async fn read_markers(
         if let Some(mut piece) = Piece::of(marker, *size, &root, bucket) {
             piece.e_tag = e_tag.clone();
             queue.push_back(piece);
+        }
+        if planned {
+            Pending::companions(marker, bucket, &mut pending);
         }
     }
     Ok(queue)

@@ -312,11 +312,38 @@ impl ShuffleWriterExec {
     /// `execute`'s body: start the map task; its stream runs it.
     fn start(&self, map: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
         let maps = self.maps();
-        if map >= maps {
-            return Err(self.error(map, format!("out of range: the stage has {maps} map(s)")));
-        }
         let config = DfxConfig::from_config(context.session_config().options())
             .map_err(|e| self.error(map, e.to_string()))?;
+        // A part of a split partition reads that partition and publishes as
+        // its own map, naming the other parts' maps if it is the first (see
+        // `crate::adaptive::split`).
+        let split = config.split_read().map_err(|e| self.error(map, e))?;
+        let (partition, companions) = match split {
+            Some(split) if split.stage_id != self.stage_id => {
+                return Err(self.error(
+                    map,
+                    format!(
+                        "the task was told a split partition of stage {}, not of this one",
+                        split.stage_id
+                    ),
+                ));
+            }
+            Some(split) if split.partition >= maps || (map < maps && map != split.partition) => {
+                return Err(self.error(
+                    map,
+                    format!(
+                        "the task was told to read part of partition {}, which this map \
+                         cannot run (the stage has {maps} map(s))",
+                        split.partition
+                    ),
+                ));
+            }
+            Some(split) => (split.partition, split.companions),
+            None if map >= maps => {
+                return Err(self.error(map, format!("out of range: the stage has {maps} map(s)")));
+            }
+            None => (map, Vec::new()),
+        };
         let location = ShuffleLocation::parse(&self.shuffle_dir).map_err(|e| self.error(map, e))?;
         let target = match &location {
             ShuffleLocation::Local(dir) => {
@@ -361,10 +388,10 @@ impl ShuffleWriterExec {
         // for the map's file (see `crate::filters`).
         let (input, summary) = match self.input.downcast_ref::<KeySummaryExec>() {
             Some(summarize) => {
-                let (input, slot) = summarize.execute_summarized(map, task_context)?;
+                let (input, slot) = summarize.execute_summarized(partition, task_context)?;
                 (input, Some(slot))
             }
-            None => (self.input.execute(map, task_context)?, None),
+            None => (self.input.execute(partition, task_context)?, None),
         };
         let batch_size = context.session_config().batch_size();
         // The worker's session decides (readers detect it per message).
@@ -377,7 +404,7 @@ impl ShuffleWriterExec {
             root: location_root(&location),
             target,
             schema: self.data_schema(),
-            partitioner: self.partitioner(map)?,
+            partitioner: self.partitioner(partition)?,
             buckets: (0..self.buckets()).map(|_| None).collect(),
             sink: None,
             batch_size,
@@ -386,6 +413,7 @@ impl ShuffleWriterExec {
             summary,
             members,
             empty_summary,
+            companions,
             _live: LiveObject::new(),
         };
         let summary = futures::stream::once(job.run(input));
@@ -473,6 +501,9 @@ struct MapJob {
     members: Vec<usize>,
     /// Their key summary (no key), when the stage is a build stage.
     empty_summary: Option<KeySummary>,
+    /// Maps holding the rest of a split partition's rows, named in this
+    /// map's marker (see `crate::adaptive::split`).
+    companions: Vec<usize>,
     _live: LiveObject,
 }
 
@@ -634,6 +665,7 @@ impl MapJob {
             bytes: sink.len(),
             buckets,
             keys,
+            companions: self.companions.iter().map(|&c| c as u64).collect(),
         };
         // Last: the file is published (renamed, or its upload completed)
         // only once it ends with the marker, so its presence is the commit.
@@ -704,6 +736,7 @@ impl EmptyMap {
                 })
                 .collect(),
             keys,
+            companions: Vec::new(),
         };
         sink.append(&marker.trailer()?).await.map_err(fail)?;
         sink.publish(&self.path).await.map_err(fail)?;

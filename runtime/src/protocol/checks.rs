@@ -51,7 +51,8 @@ impl TaskInput {
         let written = std::fs::metadata(&envelope.plan)
             .and_then(|meta| meta.modified())
             .ok();
-        let plan = stage_file::read_task_plan(plugin, &envelope.plan, envelope.partition as u64)?;
+        let plan =
+            stage_file::read_task_plan(plugin, &envelope.plan, envelope.planned_map() as u64)?;
         Ok(Self {
             envelope,
             plan,
@@ -67,7 +68,7 @@ impl TaskInput {
     ///
     /// A stage file without this map's files, or files the plugin refuses.
     pub fn from_bytes(plugin: &Plugin, envelope: Envelope, plan: Vec<u8>) -> Result<Self> {
-        let plan = stage_file::task_plan_from_bytes(plugin, plan, envelope.partition as u64)?;
+        let plan = stage_file::task_plan_from_bytes(plugin, plan, envelope.planned_map() as u64)?;
         Ok(Self {
             envelope,
             plan,
@@ -133,10 +134,18 @@ pub fn check_task(
             expected.display()
         ));
     }
-    if envelope.partition as u64 >= info.maps {
+    if envelope.planned_map() as u64 >= info.maps {
         return Err(format!(
             "{name}: map {} out of range; the stage in {plan_file} has {} map(s)",
-            envelope.partition, info.maps
+            envelope.planned_map(),
+            info.maps
+        ));
+    }
+    if envelope.added_from.is_some() && (envelope.partition as u64) < info.maps {
+        return Err(format!(
+            "{name}: the envelope says the map was added to the stage, but the stage in \
+             {plan_file} plans it (of {} map(s))",
+            info.maps
         ));
     }
     if vet {
@@ -163,7 +172,7 @@ fn vet_stage(
     let allowed = serde_json::json!({
         "tables": task.envelope.spec.table_roots(),
         "shuffle_dir": shuffle_dir,
-        "map": task.envelope.partition,
+        "map": task.envelope.planned_map(),
     })
     .to_string();
     match vet(RSlice::from_slice(&task.plan), RStr::from_str(&allowed)) {

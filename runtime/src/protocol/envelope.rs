@@ -31,6 +31,11 @@ pub struct Envelope {
     /// envelopes written before retries existed: the first.
     #[serde(default)]
     pub attempt: u32,
+    /// For a map an adaptive decision added past the stage's planned maps
+    /// (a part of a split partition): the planned map it was made from,
+    /// whose part of a stage file it reads. `None` for a planned map.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added_from: Option<usize>,
 }
 
 // The spec may arrive as an object or as a JSON string holding one (a
@@ -51,6 +56,12 @@ fn spec_object_or_string<'de, D: Deserializer<'de>>(
 }
 
 impl Envelope {
+    /// The planned map whose part of the stage's plan this task reads: its
+    /// own, or the one an added map was made from.
+    pub fn planned_map(&self) -> usize {
+        self.added_from.unwrap_or(self.partition)
+    }
+
     /// Read an envelope file.
     ///
     /// # Errors

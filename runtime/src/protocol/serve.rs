@@ -243,6 +243,7 @@ mod tests {
             stage_id: 2,
             partition: 5,
             attempt: 1,
+            added_from: None,
         };
         let request = Request::Inline {
             task: Box::new(envelope.clone()),
@@ -281,6 +282,7 @@ mod tests {
             stage_id,
             partition,
             attempt: 0,
+            added_from: None,
         }
     }
 

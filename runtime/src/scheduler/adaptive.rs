@@ -6,9 +6,14 @@
 //! one task, under its first partition's map) and the settings every task
 //! of the stage is given (`SessionSpec::stage_options`). The scheduler runs
 //! the groups' tasks only; the group's other maps are the head's to
-//! publish, so a lost one is restored by running the head again. A plugin
-//! without the export, or one that fails to answer, leaves the stage as
-//! planned: a decision never fails a query.
+//! publish, so a lost one is restored by running the head again.
+//!
+//! Or it answers with tasks of their own settings: a split partition's
+//! parts, the first as the partition's map, the others as maps added past
+//! the stage's planned ones (each made from the partition's task). An
+//! added map is a task like any other: it is retried, and a lost one is
+//! run again. A plugin without the export, or one that fails to answer,
+//! leaves the stage as planned: a decision never fails a query.
 
 use std::collections::BTreeMap;
 
@@ -32,6 +37,22 @@ pub struct Adaptation {
     /// What was decided and why; `None` when no decision applies.
     #[serde(default)]
     pub reason: Option<String>,
+    /// Tasks run with settings of their own (after the stage's); a map at
+    /// or past the stage's planned maps is added to it.
+    #[serde(default)]
+    pub tasks: Option<Vec<PlannedTask>>,
+}
+
+/// One task of an adapted stage, as the plugin answers it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct PlannedTask {
+    /// The map it runs as.
+    pub map: usize,
+    /// The planned map whose task it is made from (its own for a planned one).
+    pub like: usize,
+    /// `dfx_engine` settings (without the prefix) for this task alone.
+    #[serde(default)]
+    pub settings: BTreeMap<String, String>,
 }
 
 /// One adaptive decision, as `--analyze` prints it.
@@ -93,6 +114,38 @@ pub fn check_groups(groups: &[[usize; 2]], maps: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Check that `tasks` name each planned map (of `maps`) at most once and
+/// as itself, and add maps `maps..` in order, each made from a planned one.
+///
+/// # Errors
+///
+/// The first task that breaks this.
+pub fn check_tasks(tasks: &[PlannedTask], maps: usize) -> Result<(), String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut added: Vec<usize> = tasks.iter().map(|t| t.map).filter(|&m| m >= maps).collect();
+    added.sort_unstable();
+    for (expected, map) in (maps..).zip(added) {
+        if map != expected {
+            return Err(format!(
+                "added maps are not numbered from the stage's {maps} planned map(s) up: \
+                 expected map {expected}, found {map}"
+            ));
+        }
+    }
+    for task in tasks {
+        if !seen.insert(task.map) {
+            return Err(format!("map {} is named twice", task.map));
+        }
+        if task.like >= maps || (task.map < maps && task.map != task.like) {
+            return Err(format!(
+                "map {} is made from map {}, not a planned map of its own (of {maps})",
+                task.map, task.like
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +156,23 @@ mod tests {
         assert!(check_groups(&[[0, 1], [1, 2]], 4).is_err());
         assert!(check_groups(&[[2, 1]], 4).is_err());
         assert!(check_groups(&[[0, 4]], 4).is_err());
+    }
+
+    #[test]
+    fn added_tasks_are_checked_against_the_maps() {
+        let task = |map, like| PlannedTask {
+            map,
+            like,
+            settings: BTreeMap::new(),
+        };
+        assert!(check_tasks(&[task(1, 1), task(3, 1), task(4, 1)], 3).is_ok());
+        // Not numbered from the planned maps up.
+        assert!(check_tasks(&[task(1, 1), task(4, 1)], 3).is_err());
+        // Named twice.
+        assert!(check_tasks(&[task(1, 1), task(1, 1)], 3).is_err());
+        // A planned map made from another, or from one past the plan.
+        assert!(check_tasks(&[task(1, 2)], 3).is_err());
+        assert!(check_tasks(&[task(3, 3)], 3).is_err());
     }
 
     #[test]

@@ -118,6 +118,15 @@ impl Attempts {
         }
     }
 
+    /// `tasks` as an adaptive decision made them before any started, each
+    /// the first attempt of its map from now on (an added map included).
+    pub(crate) fn replace_first<'a>(&self, tasks: impl IntoIterator<Item = &'a Task>) {
+        let mut first = self.first_tasks.lock().unwrap_or_else(|p| p.into_inner());
+        for task in tasks {
+            first.insert((task.stage_id, task.map), task.clone());
+        }
+    }
+
     /// The first attempt's task of `key` (for a covered map, its head's).
     fn first_task(&self, key: Key) -> Option<Task> {
         self.first_tasks

@@ -79,7 +79,7 @@ impl Executor for ForeignExecutor {
             .read_envelope()
             .map_err(|err| fail(format!("cannot read its envelope: {err}"), Retry::No))?;
         // Of a stage cut for its maps, this map's part only.
-        let plan = read_one_map(&envelope.plan, envelope.partition as u64).map_err(|err| {
+        let plan = read_one_map(&envelope.plan, envelope.planned_map() as u64).map_err(|err| {
             fail(
                 format!("cannot read its plan {}: {err}", envelope.plan.display()),
                 Retry::No,

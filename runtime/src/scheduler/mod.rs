@@ -699,7 +699,7 @@ impl Adapter<'_> {
         stage: u64,
         maps: usize,
         slots: usize,
-        tasks: &mut [Task],
+        tasks: &mut Vec<Task>,
         covered: &mut BTreeSet<usize>,
         attempts: &Attempts,
     ) -> Option<Decision> {
@@ -721,6 +721,20 @@ impl Adapter<'_> {
             }
         };
         let reason = adaptation.reason.clone()?;
+        if let Some(planned) = &adaptation.tasks {
+            let tasks_now = match self.with_planned_tasks(stage, maps, tasks, &adaptation, planned)
+            {
+                Ok(added) => maps + added,
+                Err(err) => return Some(kept(format!("kept as planned: {err}"))),
+            };
+            attempts.replace_first(tasks.iter().filter(|t| t.stage_id == stage));
+            return Some(Decision {
+                stage_id: stage,
+                planned_tasks: maps,
+                tasks: tasks_now,
+                reason,
+            });
+        }
         let Some(groups) = adaptation.groups else {
             return Some(kept(reason));
         };
@@ -770,6 +784,117 @@ impl Adapter<'_> {
             tasks: maps - heads.len(),
             reason,
         })
+    }
+}
+
+impl Adapter<'_> {
+    /// Make `stage`'s tasks as `planned` says: each planned map named told
+    /// the stage's settings and its own, each added map (past `maps`) a
+    /// new task made from its `like`. The number of maps added. Added
+    /// tasks are written first, and a planned task's envelope is restored
+    /// when a later one cannot be rewritten, so a failure leaves the stage
+    /// as planned.
+    fn with_planned_tasks(
+        &self,
+        stage: u64,
+        maps: usize,
+        tasks: &mut Vec<Task>,
+        adaptation: &adaptive::Adaptation,
+        planned: &[adaptive::PlannedTask],
+    ) -> std::result::Result<usize, String> {
+        adaptive::check_tasks(planned, maps).map_err(|e| format!("the plugin's {e}"))?;
+        let index_of: BTreeMap<usize, usize> = tasks
+            .iter()
+            .enumerate()
+            .filter(|(_, task)| task.stage_id == stage)
+            .map(|(index, task)| (task.map, index))
+            .collect();
+        let settings_of = |task: &adaptive::PlannedTask| {
+            let mut settings = adaptation.settings.clone();
+            settings.extend(task.settings.clone());
+            settings
+        };
+        let mut added = Vec::new();
+        for task in planned.iter().filter(|t| t.map >= maps) {
+            let like = index_of.get(&task.like).ok_or_else(|| {
+                format!(
+                    "stage {stage} has no task of map {} to add map {} from",
+                    task.like, task.map
+                )
+            })?;
+            let made = added_task(&tasks[*like], task.map, &settings_of(task)).map_err(|e| {
+                format!("map {} of stage {stage} could not be added: {e}", task.map)
+            })?;
+            added.push(made);
+        }
+        let mut rewritten: Vec<(usize, Task, Task)> = Vec::new();
+        for task in planned.iter().filter(|t| t.map < maps) {
+            let index = index_of[&task.map];
+            match with_stage_options(&tasks[index], &settings_of(task)) {
+                Ok(made) => rewritten.push((index, tasks[index].clone(), made)),
+                Err(err) => {
+                    for (_, original, _) in &rewritten {
+                        restore(original);
+                    }
+                    for task in &added {
+                        if task.inline.is_none() {
+                            let _ = std::fs::remove_file(&task.envelope);
+                        }
+                    }
+                    return Err(format!(
+                        "the envelope of stage {stage} map {} could not be rewritten: {err}",
+                        task.map
+                    ));
+                }
+            }
+        }
+        for (index, _, made) in rewritten {
+            tasks[index] = made;
+        }
+        let count = added.len();
+        tasks.extend(added);
+        Ok(count)
+    }
+}
+
+/// A task of `like`'s stage running as map `map`, told `settings`: its
+/// own envelope (inline, or a file beside `like`'s).
+fn added_task(like: &Task, map: usize, settings: &BTreeMap<String, String>) -> Result<Task> {
+    let mut envelope = like.read_envelope()?;
+    envelope.added_from = Some(envelope.planned_map());
+    envelope.partition = map;
+    envelope.attempt = 0;
+    envelope.spec.stage_options = settings.clone();
+    let dir = like
+        .envelope
+        .parent()
+        .unwrap_or_else(|| std::path::Path::new(""));
+    let path = crate::protocol::envelope_path(dir, like.stage_id, map);
+    if like.inline.is_some() {
+        return Ok(Task {
+            stage_id: like.stage_id,
+            map,
+            envelope: path,
+            inline: Some(Arc::new(envelope)),
+        });
+    }
+    envelope.write(&path)?;
+    Ok(Task {
+        stage_id: like.stage_id,
+        map,
+        envelope: path,
+        inline: None,
+    })
+}
+
+/// Put back the envelope file of `original` (an inline one has none).
+fn restore(original: &Task) {
+    if original.inline.is_some() {
+        return;
+    }
+    if let Ok(mut envelope) = original.read_envelope() {
+        envelope.spec.stage_options.clear();
+        let _ = envelope.write(&original.envelope);
     }
 }
 
@@ -871,6 +996,7 @@ fn write_tasks(
                 stage_id,
                 partition: map,
                 attempt: 0,
+                added_from: None,
             };
             let path = envelope_path(task_dir, stage_id, map);
             let inline = if envelope_files {
@@ -1249,6 +1375,7 @@ mod tests {
                     stage_id,
                     partition: map,
                     attempt: 0,
+                    added_from: None,
                 })),
             })
             .collect();

@@ -1,0 +1,405 @@
+//! Skew splitting: a partition far larger than its stage's others read by
+//! several tasks, decided from the bytes its inputs published.
+//!
+//! A partition of a partitioned join is split by the maps of its probe
+//! side (as Spark's skew join splits by ranges of mappers): part `i`
+//! reads the partition's bucket from probe maps `first..=last` only, and
+//! every other input (the build side) whole, so each probe row meets every
+//! build row of its key in exactly one part. That is right only where
+//! every operator between the probe reader and the stage's writer treats
+//! rows one by one or keeps each probe row's output to itself:
+//!
+//! - projections, filters, batch coalescing, partial aggregates (the
+//!   next stage's final aggregate merges the parts' partial states);
+//! - hash joins, through their probe (right) input, of a kind that emits
+//!   nothing for build rows that found no match: inner, right, right
+//!   semi, right anti, right mark.
+//!
+//! Anything else (a final aggregate, a sort, a window, a left or full
+//! join, a limit, a key summary for a filter) leaves the stage as planned.
+//!
+//! The parts publish as maps of their own: the first as the partition's
+//! map, the others as maps numbered from the stage's planned maps up (its
+//! *companions*). The first names its companions in its marker, and every
+//! reader of a map reads its companions too, so the stage's maps mean what
+//! they meant unsplit, whoever reads them (a stage, the root, any host).
+//!
+//! ```text
+//! "<stage>:<partition>:<probe stage>:<first>-<last>:<companion>,..."   e.g. "4:1:2:0-0:3"
+//! ```
+//!
+//! is what each part's task is told (`dfx_engine.split_read`): which
+//! partition it reads, whose probe maps, and, for the first part, the maps
+//! of the others.
+
+use std::ops::RangeInclusive;
+
+use datafusion::common::{DataFusionError, Result};
+use datafusion_proto::protobuf::physical_plan_node::PhysicalPlanType;
+use datafusion_proto::protobuf::{AggregateMode, JoinType, PartitionMode, PhysicalPlanNode};
+
+use super::coalesce::{HashRead, human};
+use crate::codec::Payload;
+use crate::config::SkewSplit;
+use crate::exchange::ReadMode;
+use crate::map_files::find_payload;
+
+/// The least bytes a part aims at when a partition is split: below this,
+/// a task's fixed cost outweighs its rows.
+pub const MIN_PART_BYTES: u64 = 1 << 20;
+
+/// Parsed `dfx_engine.split_read`: the part of a split partition one task
+/// reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitRead {
+    /// The stage whose partition is split.
+    pub stage_id: u64,
+    /// The partition.
+    pub partition: usize,
+    /// The stage its probe side reads, split by map.
+    pub probe_stage: u64,
+    /// The probe stage's maps this part reads.
+    pub maps: RangeInclusive<usize>,
+    /// The maps the other parts publish as (the first part's only).
+    pub companions: Vec<usize>,
+}
+
+impl SplitRead {
+    /// The setting's value.
+    pub fn format(&self) -> String {
+        let companions: Vec<String> = self.companions.iter().map(ToString::to_string).collect();
+        format!(
+            "{}:{}:{}:{}-{}:{}",
+            self.stage_id,
+            self.partition,
+            self.probe_stage,
+            self.maps.start(),
+            self.maps.end(),
+            companions.join(",")
+        )
+    }
+
+    /// The part a setting names; `None` for an empty setting.
+    ///
+    /// # Errors
+    ///
+    /// Text that is not of the form above, or a reversed map range; the
+    /// message quotes the text.
+    pub fn parse(text: &str) -> Result<Option<Self>> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let bad = |why: &str| {
+            DataFusionError::Configuration(format!(
+                "dfx config: `dfx_engine.split_read` is {text:?}: {why}; expected \
+                 \"<stage>:<partition>:<probe stage>:<first>-<last>:<companion>,...\""
+            ))
+        };
+        let fields: Vec<&str> = text.split(':').collect();
+        let [stage, partition, probe, maps, companions] = fields[..] else {
+            return Err(bad("not five fields"));
+        };
+        let number = |s: &str| s.trim().parse::<usize>().map_err(|_| bad("not a number"));
+        let (first, last) = maps.split_once('-').ok_or_else(|| bad("no map range"))?;
+        let (first, last) = (number(first)?, number(last)?);
+        if first > last {
+            return Err(bad("a reversed map range"));
+        }
+        let companions = companions
+            .split(',')
+            .filter(|c| !c.trim().is_empty())
+            .map(number)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(Self {
+            stage_id: number(stage)? as u64,
+            partition: number(partition)?,
+            probe_stage: number(probe)? as u64,
+            maps: first..=last,
+            companions,
+        }))
+    }
+}
+
+/// The stage the probe side of the stage `root` (an encoded writer) reads
+/// partition by partition, when its partitions can be split, or why not.
+pub fn probe_stage(root: &PhysicalPlanNode) -> std::result::Result<u64, String> {
+    let Some(PhysicalPlanType::Extension(writer)) = root.physical_plan_type.as_ref() else {
+        return Err("its root is not a stage writer".into());
+    };
+    let [input] = &writer.inputs[..] else {
+        return Err("its writer has no one input".into());
+    };
+    probe_of(input)
+}
+
+fn probe_of(node: &PhysicalPlanNode) -> std::result::Result<u64, String> {
+    use PhysicalPlanType as T;
+    let Some(kind) = node.physical_plan_type.as_ref() else {
+        return Err("a node the plan does not name".into());
+    };
+    let only = |input: &Option<Box<PhysicalPlanNode>>| match input {
+        Some(input) => probe_of(input),
+        None => Err("a node without its input".into()),
+    };
+    match kind {
+        T::Projection(n) => only(&n.input),
+        T::Filter(n) => only(&n.input),
+        T::CoalesceBatches(n) => only(&n.input),
+        T::Aggregate(n) if n.mode == AggregateMode::Partial as i32 => only(&n.input),
+        T::Aggregate(_) => Err("an aggregate that is not partial sees every row of a key".into()),
+        T::HashJoin(join) => {
+            let keeps_probe_rows_apart = [
+                JoinType::Inner,
+                JoinType::Right,
+                JoinType::Rightsemi,
+                JoinType::Rightanti,
+                JoinType::Rightmark,
+            ]
+            .iter()
+            .any(|t| *t as i32 == join.join_type);
+            if !keeps_probe_rows_apart {
+                return Err("a join that emits its build side's unmatched rows".into());
+            }
+            let partitioned = [PartitionMode::Partitioned, PartitionMode::CollectLeft]
+                .iter()
+                .any(|m| *m as i32 == join.partition_mode);
+            if !partitioned {
+                return Err("a join that is neither partitioned nor a broadcast one".into());
+            }
+            only(&join.right)
+        }
+        T::Extension(extension) => match find_payload(&extension.node).map(|(_, p)| p) {
+            Some(Payload::Reader(ReadMode::Hash)) => extension
+                .inputs
+                .first()
+                .and_then(|w| match w.physical_plan_type.as_ref()? {
+                    T::Extension(w) => match find_payload(&w.node)? {
+                        (_, Payload::Writer(writer)) => Some(writer.stage_id),
+                        _ => None,
+                    },
+                    _ => None,
+                })
+                .ok_or_else(|| "a hash reader without its stage's writer".into()),
+            Some(other) => Err(format!("its probe side holds a {}", other.node_name())),
+            None => Err("an extension node that is not dfx's".into()),
+        },
+        _ => Err("an operator between the probe side and the writer sees many rows at once".into()),
+    }
+}
+
+/// One part of a split partition, as the scheduler runs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// The map the part publishes as.
+    pub map: usize,
+    /// What its task is told.
+    pub read: SplitRead,
+}
+
+/// The parts of the stage `stage_id` (of `maps` planned maps) whose
+/// partitions read `probe` (`per_map[m][p]`: bytes of bucket p in the
+/// probe stage's map m, companions included), under `mode` with `slots`
+/// tasks at once; and why.
+pub fn decide(
+    stage_id: u64,
+    maps: usize,
+    probe: &HashRead,
+    per_map: &[Vec<u64>],
+    mode: SkewSplit,
+) -> (Vec<Part>, String) {
+    let partitions = probe.buckets;
+    let per_partition: Vec<u64> = (0..partitions)
+        .map(|p| per_map.iter().map(|m| m.get(p).copied().unwrap_or(0)).sum())
+        .collect();
+    let median = median(&per_partition);
+    let mut parts = Vec::new();
+    let mut next = maps;
+    let mut said = Vec::new();
+    for (p, &bytes) in per_partition.iter().enumerate() {
+        let target = match mode {
+            SkewSplit::Off => return (Vec::new(), String::new()),
+            SkewSplit::On => 1,
+            SkewSplit::Auto {
+                factor,
+                bytes: least,
+            } => {
+                if (bytes as f64) <= factor * median as f64 || bytes < least {
+                    continue;
+                }
+                median.max(MIN_PART_BYTES)
+            }
+        };
+        let of_maps: Vec<u64> = per_map
+            .iter()
+            .map(|m| m.get(p).copied().unwrap_or(0))
+            .collect();
+        let ranges = ranges(&of_maps, target);
+        if ranges.len() < 2 {
+            continue;
+        }
+        let companions: Vec<usize> = (next..next + ranges.len() - 1).collect();
+        next += ranges.len() - 1;
+        for (i, range) in ranges.iter().enumerate() {
+            parts.push(Part {
+                map: if i == 0 { p } else { companions[i - 1] },
+                read: SplitRead {
+                    stage_id,
+                    partition: p,
+                    probe_stage: probe.stage_id,
+                    maps: range.clone(),
+                    companions: if i == 0 {
+                        companions.clone()
+                    } else {
+                        Vec::new()
+                    },
+                },
+            });
+        }
+        said.push(format!(
+            "partition {p} ({} from stage {}) into {} tasks by its maps",
+            human(bytes),
+            probe.stage_id,
+            ranges.len()
+        ));
+    }
+    let forced = if mode == SkewSplit::On {
+        ", forced on"
+    } else {
+        ""
+    };
+    if said.is_empty() {
+        return (
+            Vec::new(),
+            format!(
+                "split no partition: none of stage {}'s is skewed (median {}){forced}",
+                probe.stage_id,
+                human(median)
+            ),
+        );
+    }
+    let why = format!(
+        "split {} (the median partition {}){forced}",
+        said.join(", "),
+        human(median)
+    );
+    (parts, why)
+}
+
+/// Adjacent maps grouped while a group stays within `target` bytes; a
+/// map with no bytes never starts a group, so every group reads rows.
+fn ranges(bytes: &[u64], target: u64) -> Vec<RangeInclusive<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut sum = 0u64;
+    for (m, &b) in bytes.iter().enumerate() {
+        if sum > 0 && b > 0 && sum.saturating_add(b) > target {
+            out.push(start..=m - 1);
+            start = m;
+            sum = 0;
+        }
+        sum = sum.saturating_add(b);
+    }
+    if !bytes.is_empty() {
+        out.push(start..=bytes.len() - 1);
+    }
+    out
+}
+
+/// The median of `values` (the lower middle one of an even count).
+fn median(values: &[u64]) -> u64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    sorted
+        .get(sorted.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn probe(maps: usize, buckets: usize) -> HashRead {
+        HashRead {
+            stage_id: 2,
+            maps,
+            buckets,
+            shuffle_dir: PathBuf::from("/s"),
+        }
+    }
+
+    #[test]
+    fn a_setting_round_trips_and_bad_ones_are_refused() -> Result<()> {
+        let read = SplitRead {
+            stage_id: 4,
+            partition: 1,
+            probe_stage: 2,
+            maps: 0..=1,
+            companions: vec![3, 4],
+        };
+        assert_eq!(read.format(), "4:1:2:0-1:3,4");
+        assert_eq!(SplitRead::parse(&read.format())?, Some(read));
+        let last = SplitRead::parse("4:1:2:2-2:")?.expect("set");
+        assert!(last.companions.is_empty());
+        assert_eq!(SplitRead::parse("")?, None);
+        for bad in ["4:1:2", "4:1:2:1-0:", "4:x:2:0-1:", "4:1:2:0:"] {
+            let err = SplitRead::parse(bad).unwrap_err().to_string();
+            assert!(err.contains(bad), "{bad}: {err}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_skewed_partition_is_split_by_its_probe_maps() {
+        // Partition 1 holds 90 MiB over two maps, the others 1 MiB each.
+        let per_map = vec![vec![MIB, 45 * MIB, MIB], vec![0, 45 * MIB, 0]];
+        let mode = SkewSplit::Auto {
+            factor: 4.0,
+            bytes: 64 * MIB,
+        };
+        let (parts, why) = decide(7, 3, &probe(2, 3), &per_map, mode);
+        assert_eq!(parts.len(), 2, "{why}");
+        assert_eq!(parts[0].map, 1);
+        assert_eq!(parts[0].read.maps, 0..=0);
+        assert_eq!(parts[0].read.companions, vec![3]);
+        assert_eq!(parts[1].map, 3);
+        assert_eq!(parts[1].read.maps, 1..=1);
+        assert!(parts[1].read.companions.is_empty());
+        assert!(
+            why.contains("partition 1 (90.0 MiB from stage 2) into 2 tasks"),
+            "{why}"
+        );
+        // Below the least bytes: kept.
+        let small = SkewSplit::Auto {
+            factor: 4.0,
+            bytes: 128 * MIB,
+        };
+        let (parts, why) = decide(7, 3, &probe(2, 3), &per_map, small);
+        assert!(parts.is_empty());
+        assert!(why.starts_with("split no partition"), "{why}");
+    }
+
+    #[test]
+    fn every_group_of_maps_reads_rows() {
+        assert_eq!(ranges(&[10, 20], 1), vec![0..=0, 1..=1]);
+        assert_eq!(ranges(&[0, 5], 1), vec![0..=1]);
+        assert_eq!(ranges(&[10, 0, 20, 0], 1), vec![0..=1, 2..=3]);
+        assert_eq!(ranges(&[3, 3, 3], 6), vec![0..=1, 2..=2]);
+    }
+
+    #[test]
+    fn forced_on_splits_every_partition_with_rows_in_two_maps() {
+        let per_map = vec![vec![10, 0], vec![20, 5]];
+        let (parts, why) = decide(7, 2, &probe(2, 2), &per_map, SkewSplit::On);
+        // Partition 0 in two parts; partition 1's rows are in one map.
+        assert_eq!(parts.iter().map(|p| p.map).collect::<Vec<_>>(), vec![0, 2]);
+        assert!(why.ends_with("forced on"), "{why}");
+        let (parts, _) = decide(7, 2, &probe(2, 2), &per_map, SkewSplit::Off);
+        assert!(parts.is_empty());
+    }
+}
