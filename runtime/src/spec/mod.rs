@@ -87,10 +87,11 @@ pub struct SessionSpec {
     /// when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub engine_options: BTreeMap<String, String>,
-    /// `dfx_engine.<key>` settings the scheduler gives every task of one
-    /// stage, set after the engine options: what an adaptive decision tells
-    /// the stage (`coalesced_partitions`). Never a user's: a driver refuses
-    /// a spec that carries them. Left out of the JSON when empty.
+    /// `dfx_engine.<key>` settings the scheduler gives tasks of one stage,
+    /// set after the engine options: what an adaptive decision tells the
+    /// stage or one task (`coalesced_partitions`, `split_read`). Never a
+    /// user's: a driver refuses a spec that carries them. Left out of the
+    /// JSON when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stage_options: BTreeMap<String, String>,
 }
