@@ -408,3 +408,50 @@ def test_small_partitions_run_as_one_task_and_every_map_is_published(
     assert sorted(off.tasks) == sorted(
         (info.stage_id, m) for info in off.stages for m in range(info.maps)
     )
+
+
+SKEWED_JOIN_SQL = (
+    "SELECT count(*) AS n, count(d.k) AS matched, sum(t.v) AS v "
+    "FROM t LEFT JOIN d ON t.k = d.k"
+)
+
+
+def test_a_skewed_partition_is_split_and_every_part_published(
+    tmp_path: pathlib.Path,
+) -> None:
+    # t: key 0 in 360,000 rows, keys 1..=40,000 once, in two files (the
+    # second holds the tail); d: every even key of 0..=600,000, more rows
+    # than DataFusion broadcasts, so the join is partitioned with t probing.
+    keys = [0] * 360_000 + list(range(1, 40_001))
+    tables = {"t": [keys[:200_000], keys[200_000:]], "d": [list(range(0, 600_001, 2))]}
+    for name, files in tables.items():
+        (tmp_path / name).mkdir()
+        for index, column in enumerate(files):
+            table = pa.table(
+                {"k": pa.array(column, pa.int64()), "v": [1] * len(column)}
+            )
+            pq.write_table(table, tmp_path / name / f"part-{index}.parquet")
+    spec = SessionSpec(
+        tables={name: str(tmp_path / name) for name in tables},
+        shuffle_dir=str(tmp_path / "shuffle"),
+        target_partitions=4,
+        engine_options={"skew_split": "on", "coalesce": "off"},
+    )
+    result = run_distributed(SKEWED_JOIN_SQL, spec)
+    # By hand: every row of t counts; key 0's rows and the tail's 20,000
+    # even keys find their row of d.
+    assert as_rows(result.batches) == [{"n": 400_000, "matched": 380_000, "v": 400_000}]
+    split = [d for d in result.decisions if d["tasks"] > d["planned_tasks"]]
+    assert len(split) == 1, result.decisions
+    stage = split[0]["stage_id"]
+    assert (split[0]["planned_tasks"], split[0]["tasks"]) == (4, 5)
+    assert "into 2 tasks by its maps" in split[0]["reason"]
+    assert sorted(m for s, m in result.tasks if s == stage) == [0, 1, 2, 3, 4]
+    # The added map is published, and named by the one planned map it parts.
+    naming = [
+        m
+        for m in range(4)
+        if read_marker(spec.shuffle_dir, stage, m).get("companions") == [4]
+    ]
+    assert len(naming) == 1, naming
+    assert read_marker(spec.shuffle_dir, stage, 4)["map"] == 4

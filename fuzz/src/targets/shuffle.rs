@@ -338,6 +338,7 @@ impl Target for BucketTarget {
                 }],
             }],
             keys: None,
+            companions: Vec::new(),
         };
         let marker = serde_json::to_vec(&marker).map_err(|e| format!("marker: {e}"))?;
         std::fs::write(&self.bucket, map_file(input, &marker))
