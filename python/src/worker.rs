@@ -64,10 +64,12 @@ impl Task {
         self.input.envelope.stage_id
     }
 
-    /// The map to run (the partition of the stage's input).
+    /// The partition of the stage's plan to execute: the map's own, or, for
+    /// a map an adaptive decision added to the stage, the planned map it
+    /// was made from (the writer publishes it under its own number).
     #[getter]
     fn map(&self) -> usize {
-        self.input.envelope.partition
+        self.input.envelope.planned_map()
     }
 
     /// Which attempt of the task this is (0: the first).

@@ -215,7 +215,7 @@ pub fn decode_checked(session: &DfxSession, task: &TaskInput) -> Result<Arc<dyn 
     // Under a memory limit each task's pool must account for all its task
     // holds, so no task inherits a build side another task's pool reserved.
     let stage = match session.spec().memory_limit {
-        None => session.decode_stage_for_map(&task.plan, task.written, envelope.partition),
+        None => session.decode_stage_for_map(&task.plan, task.written, envelope.planned_map()),
         Some(_) => session.decode(&task.plan),
     }
     .map_err(|err| HostError::Invalid(format!("{}: plan {plan_file}: {err}", task.name())))?;
@@ -257,7 +257,7 @@ pub async fn run_map(
         }
     };
     let mut stream = stage
-        .execute(envelope.partition, ctx)
+        .execute(envelope.planned_map(), ctx)
         .context(|| format!("{task}: cannot start"))?;
     let mut published = Published {
         rows: 0,

@@ -25,12 +25,14 @@
 //! they meant unsplit, whoever reads them (a stage, the root, any host).
 //!
 //! ```text
-//! "<stage>:<partition>:<probe stage>:<first>-<last>:<companion>,..."   e.g. "4:1:2:0-0:3"
+//! "<stage>:<partition>:<probe stage>:<first>-<last>:<map>:<companion>,..."   e.g. "4:1:2:0-0:1:3"
 //! ```
 //!
 //! is what each part's task is told (`dfx_engine.split_read`): which
-//! partition it reads, whose probe maps, and, for the first part, the maps
-//! of the others.
+//! partition it reads, whose probe maps, the map it publishes as, and, for
+//! the first part, the maps of the others. Every part's task executes the
+//! partition itself (an added map's task runs its planned map's part of
+//! the plan), so no operator is asked for a partition it does not have.
 
 use std::ops::RangeInclusive;
 
@@ -60,6 +62,9 @@ pub struct SplitRead {
     pub probe_stage: u64,
     /// The probe stage's maps this part reads.
     pub maps: RangeInclusive<usize>,
+    /// The map this part publishes as: the partition's own for the first
+    /// part, one added past the stage's planned maps for the others.
+    pub map: usize,
     /// The maps the other parts publish as (the first part's only).
     pub companions: Vec<usize>,
 }
@@ -69,12 +74,13 @@ impl SplitRead {
     pub fn format(&self) -> String {
         let companions: Vec<String> = self.companions.iter().map(ToString::to_string).collect();
         format!(
-            "{}:{}:{}:{}-{}:{}",
+            "{}:{}:{}:{}-{}:{}:{}",
             self.stage_id,
             self.partition,
             self.probe_stage,
             self.maps.start(),
             self.maps.end(),
+            self.map,
             companions.join(",")
         )
     }
@@ -93,12 +99,12 @@ impl SplitRead {
         let bad = |why: &str| {
             DataFusionError::Configuration(format!(
                 "dfx config: `dfx_engine.split_read` is {text:?}: {why}; expected \
-                 \"<stage>:<partition>:<probe stage>:<first>-<last>:<companion>,...\""
+                 \"<stage>:<partition>:<probe stage>:<first>-<last>:<map>:<companion>,...\""
             ))
         };
         let fields: Vec<&str> = text.split(':').collect();
-        let [stage, partition, probe, maps, companions] = fields[..] else {
-            return Err(bad("not five fields"));
+        let [stage, partition, probe, maps, map, companions] = fields[..] else {
+            return Err(bad("not six fields"));
         };
         let number = |s: &str| s.trim().parse::<usize>().map_err(|_| bad("not a number"));
         let (first, last) = maps.split_once('-').ok_or_else(|| bad("no map range"))?;
@@ -116,6 +122,7 @@ impl SplitRead {
             partition: number(partition)?,
             probe_stage: number(probe)? as u64,
             maps: first..=last,
+            map: number(map)?,
             companions,
         }))
     }
@@ -248,6 +255,7 @@ pub fn decide(
                     partition: p,
                     probe_stage: probe.stage_id,
                     maps: range.clone(),
+                    map: if i == 0 { p } else { companions[i - 1] },
                     companions: if i == 0 {
                         companions.clone()
                     } else {
@@ -340,14 +348,22 @@ mod tests {
             partition: 1,
             probe_stage: 2,
             maps: 0..=1,
+            map: 1,
             companions: vec![3, 4],
         };
-        assert_eq!(read.format(), "4:1:2:0-1:3,4");
+        assert_eq!(read.format(), "4:1:2:0-1:1:3,4");
         assert_eq!(SplitRead::parse(&read.format())?, Some(read));
-        let last = SplitRead::parse("4:1:2:2-2:")?.expect("set");
+        let last = SplitRead::parse("4:1:2:2-2:4:")?.expect("set");
+        assert_eq!(last.map, 4);
         assert!(last.companions.is_empty());
         assert_eq!(SplitRead::parse("")?, None);
-        for bad in ["4:1:2", "4:1:2:1-0:", "4:x:2:0-1:", "4:1:2:0:"] {
+        for bad in [
+            "4:1:2",
+            "4:1:2:1-0:1:",
+            "4:x:2:0-1:1:",
+            "4:1:2:0:1:",
+            "4:1:2:0-1:y:",
+        ] {
             let err = SplitRead::parse(bad).unwrap_err().to_string();
             assert!(err.contains(bad), "{bad}: {err}");
         }

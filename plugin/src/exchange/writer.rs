@@ -314,34 +314,34 @@ impl ShuffleWriterExec {
         let maps = self.maps();
         let config = DfxConfig::from_config(context.session_config().options())
             .map_err(|e| self.error(map, e.to_string()))?;
-        // A part of a split partition reads that partition and publishes as
-        // its own map, naming the other parts' maps if it is the first (see
-        // `crate::adaptive::split`).
+        if map >= maps {
+            return Err(self.error(map, format!("out of range: the stage has {maps} map(s)")));
+        }
+        // A part of a split partition runs that partition and publishes as
+        // the map it is told, naming the other parts' maps if it is the
+        // first (see `crate::adaptive::split`).
+        let partition = map;
         let split = config.split_read().map_err(|e| self.error(map, e))?;
-        let (partition, companions) = match split {
-            Some(split) if split.stage_id != self.stage_id => {
+        let (map, companions) = match split {
+            Some(split) if split.stage_id != self.stage_id || split.partition != partition => {
                 return Err(self.error(
                     map,
                     format!(
-                        "the task was told a split partition of stage {}, not of this one",
-                        split.stage_id
+                        "the task was told a part of partition {} of stage {}, not of this one",
+                        split.partition, split.stage_id
                     ),
                 ));
             }
-            Some(split) if split.partition >= maps || (map < maps && map != split.partition) => {
+            Some(split) if split.map < maps && split.map != partition => {
                 return Err(self.error(
                     map,
                     format!(
-                        "the task was told to read part of partition {}, which this map \
-                         cannot run (the stage has {maps} map(s))",
-                        split.partition
+                        "the task was told to publish as map {}, another planned map",
+                        split.map
                     ),
                 ));
             }
-            Some(split) => (split.partition, split.companions),
-            None if map >= maps => {
-                return Err(self.error(map, format!("out of range: the stage has {maps} map(s)")));
-            }
+            Some(split) => (split.map, split.companions),
             None => (map, Vec::new()),
         };
         let location = ShuffleLocation::parse(&self.shuffle_dir).map_err(|e| self.error(map, e))?;
