@@ -1,6 +1,7 @@
 //! `dfx bench overhead`: what one task costs when it has no data to work on.
 //! (`dfx bench many-files`, what a table of many files costs the driver and
-//! each task, is [`many_files`].)
+//! each task, is [`many_files`]; `dfx bench skew`, a skewed join with skew
+//! splitting off and on, is [`skew`].)
 //!
 //! A distributed query pays, for every task, a process start, a plugin load
 //! and ABI handshake, a session build, a plan decode, the execution and the
@@ -37,6 +38,7 @@
 //!   (process start, plugin load, session build), paid once per slot.
 
 pub mod many_files;
+pub mod skew;
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -84,6 +86,10 @@ pub enum BenchCommand {
     /// and cut, and each task's read, checks and decode, cut to its own
     /// files and with the whole stage (medians; `--run`: end to end).
     ManyFiles(many_files::ManyFilesArgs),
+    /// A join whose probe side holds most rows under one key, distributed
+    /// with skew splitting off and `auto` in turn, and in one process
+    /// (medians, ratios to splitting off).
+    Skew(skew::SkewArgs),
 }
 
 /// Arguments of `dfx bench overhead`.
@@ -265,6 +271,18 @@ pub async fn run_cli(args: BenchArgs) -> Result<ExitCode, TpchError> {
             let plugin = load_plugin(args.plugin.as_deref())?;
             let figures = many_files::many_files(&plugin, &args).await?;
             print!("{}", many_files::table(&figures));
+            if let Some(path) = &args.json {
+                let text = serde_json::to_string_pretty(&figures).map_err(|e| {
+                    TpchError::Invalid(format!("cannot serialise the figures: {e}"))
+                })?;
+                std::fs::write(path, text + "\n").map_err(|e| TpchError::io(path, e))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCommand::Skew(args) => {
+            let plugin = load_plugin(args.plugin.as_deref())?;
+            let figures = skew::skew(&plugin, &args).await?;
+            print!("{}", skew::table(&figures));
             if let Some(path) = &args.json {
                 let text = serde_json::to_string_pretty(&figures).map_err(|e| {
                     TpchError::Invalid(format!("cannot serialise the figures: {e}"))
