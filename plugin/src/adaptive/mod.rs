@@ -111,7 +111,7 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
     // Why no partition was split, said beside coalescing's decision.
     let mut reasons = Vec::new();
     if skew != SkewSplit::Off {
-        match split_stage(&root, stage_id, &reads, &config, skew)? {
+        match split_stage(&root, stage_id, &reads, &config, skew, request.slots)? {
             Some(Ok(adaptation)) => return Ok(adaptation),
             Some(Err(why)) => reasons.push(why),
             None => {}
@@ -150,14 +150,15 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
 }
 
 /// The stage `root` (`stage_id`, reading `reads`) with its skewed
-/// partitions split, or why none is; `None` for a stage whose partitions
-/// cannot be split (see [`split`]).
+/// partitions split for `slots` tasks at once, or why none is; `None` for
+/// a stage whose partitions cannot be split (see [`split`]).
 fn split_stage(
     root: &PhysicalPlanNode,
     stage_id: u64,
     reads: &[coalesce::HashRead],
     config: &DfxConfig,
     mode: SkewSplit,
+    slots: usize,
 ) -> Result<Option<std::result::Result<Adaptation, String>>> {
     let Ok(probe) = split::probe_stage(root) else {
         return Ok(None);
@@ -175,7 +176,7 @@ fn split_stage(
         .await
     })
     .map_err(|e| fail(format!("stage {stage_id}: {e}")))??;
-    let (parts, reason) = split::decide(stage_id, maps, &read, &per_map, mode);
+    let (parts, reason) = split::decide(stage_id, maps, &read, &per_map, mode, slots);
     if parts.is_empty() {
         return Ok(Some(Err(reason)));
     }

@@ -207,13 +207,17 @@ pub struct Part {
 /// The parts of the stage `stage_id` (of `maps` planned maps) whose
 /// partitions read `probe` (`per_map[m][p]`: bytes of bucket p in the
 /// probe stage's map m, companions included), under `mode` with `slots`
-/// tasks at once; and why.
+/// tasks at once; and why. Under `auto` a skewed partition is cut into
+/// parts of at least the median, its share of the slots and
+/// [`MIN_PART_BYTES`]: more parts than slots only queue, and each reads
+/// the build side again.
 pub fn decide(
     stage_id: u64,
     maps: usize,
     probe: &HashRead,
     per_map: &[Vec<u64>],
     mode: SkewSplit,
+    slots: usize,
 ) -> (Vec<Part>, String) {
     let partitions = probe.buckets;
     let per_partition: Vec<u64> = (0..partitions)
@@ -234,7 +238,9 @@ pub fn decide(
                 if (bytes as f64) <= factor * median as f64 || bytes < least {
                     continue;
                 }
-                median.max(MIN_PART_BYTES)
+                median
+                    .max(MIN_PART_BYTES)
+                    .max(bytes.div_ceil(slots.max(1) as u64))
             }
         };
         let of_maps: Vec<u64> = per_map
@@ -378,7 +384,7 @@ mod tests {
             factor: 4.0,
             bytes: 64 * MIB,
         };
-        let (parts, why) = decide(7, 3, &probe(2, 3), &per_map, mode);
+        let (parts, why) = decide(7, 3, &probe(2, 3), &per_map, mode, 2);
         assert_eq!(parts.len(), 2, "{why}");
         assert_eq!(parts[0].map, 1);
         assert_eq!(parts[0].read.maps, 0..=0);
@@ -395,9 +401,23 @@ mod tests {
             factor: 4.0,
             bytes: 128 * MIB,
         };
-        let (parts, why) = decide(7, 3, &probe(2, 3), &per_map, small);
+        let (parts, why) = decide(7, 3, &probe(2, 3), &per_map, small, 2);
         assert!(parts.is_empty());
         assert!(why.starts_with("split no partition"), "{why}");
+    }
+
+    #[test]
+    fn a_skewed_partition_is_cut_into_about_as_many_parts_as_slots() {
+        // Partition 0 holds 10 MiB in each of eight maps; partition 1 a
+        // little in each.
+        let per_map = vec![vec![10 * MIB, MIB / 8]; 8];
+        let mode = SkewSplit::Auto {
+            factor: 4.0,
+            bytes: 64 * MIB,
+        };
+        let (parts, why) = decide(7, 2, &probe(8, 2), &per_map, mode, 2);
+        let ranges: Vec<_> = parts.iter().map(|p| p.read.maps.clone()).collect();
+        assert_eq!(ranges, vec![0..=3, 4..=7], "{why}");
     }
 
     #[test]
@@ -411,11 +431,11 @@ mod tests {
     #[test]
     fn forced_on_splits_every_partition_with_rows_in_two_maps() {
         let per_map = vec![vec![10, 0], vec![20, 5]];
-        let (parts, why) = decide(7, 2, &probe(2, 2), &per_map, SkewSplit::On);
+        let (parts, why) = decide(7, 2, &probe(2, 2), &per_map, SkewSplit::On, 2);
         // Partition 0 in two parts; partition 1's rows are in one map.
         assert_eq!(parts.iter().map(|p| p.map).collect::<Vec<_>>(), vec![0, 2]);
         assert!(why.ends_with("forced on"), "{why}");
-        let (parts, _) = decide(7, 2, &probe(2, 2), &per_map, SkewSplit::Off);
+        let (parts, _) = decide(7, 2, &probe(2, 2), &per_map, SkewSplit::Off, 2);
         assert!(parts.is_empty());
     }
 }
