@@ -410,13 +410,21 @@ case "$1" in */task-{join}-4.json) rm -f {lost} ;; esac"#,
     assert!(lost.is_file(), "its task published it again");
 }
 
-/// Joins of every kind over the skewed tables, split forced on: each
-/// answers as in one process. Those whose probe rows stay apart (inner,
-/// right, semi and anti joins probed by t, with a partial aggregate
-/// above) are split; a full join, which emits its build side's unmatched
-/// rows, never is.
+/// The decisions that switched a partitioned join to a broadcast one.
+fn switches(decisions: &[Decision]) -> Vec<&Decision> {
+    decisions
+        .iter()
+        .filter(|d| d.reason.starts_with("switched to broadcast"))
+        .collect()
+}
+
+/// Joins of every kind over the skewed tables, split forced on, then
+/// switched to broadcast joins forced on: each answers as in one process.
+/// Those whose probe rows stay apart (inner, right, semi and anti joins
+/// probed by t, with a partial aggregate above) are split or switched; a
+/// full join, which emits its build side's unmatched rows, never is.
 #[tokio::test]
-async fn joins_of_every_kind_answer_alike_with_their_skewed_partition_split() {
+async fn joins_of_every_kind_answer_alike_with_their_skewed_partition_split_or_switched() {
     const QUERIES: [(&str, bool); 5] = [
         (
             "SELECT t.k % 7 AS g, count(*) AS n FROM t JOIN d ON t.k = d.k GROUP BY g ORDER BY g",
@@ -438,29 +446,116 @@ async fn joins_of_every_kind_answer_alike_with_their_skewed_partition_split() {
         ),
         (SKEWED_JOIN, true),
     ];
+    type Adapted = fn(&[Decision]) -> Vec<&Decision>;
+    let decisions: [(&str, Adapted); 2] = [("skew_split", splits), ("broadcast_switch", switches)];
     let dir = tempfile::tempdir().unwrap();
     let spec = skewed_join_tables(dir.path());
     let host = host();
-    for (run, (sql, splits_expected)) in QUERIES.iter().enumerate() {
+    let mut run = 0;
+    for (sql, adapted_expected) in QUERIES {
         let local = rows(&host.run_local(sql, &spec).await.unwrap());
-        let distributed = with_option(
-            with_option(
-                spec.clone()
-                    .with_shuffle_dir(dir.path().join(format!("shuffle-{run}"))),
-                "skew_split",
-                "on",
-            ),
-            "coalesce",
+        for (decision, adapted) in decisions {
+            run += 1;
+            let mut distributed = spec
+                .clone()
+                .with_shuffle_dir(dir.path().join(format!("shuffle-{run}")));
+            for (key, value) in [
+                ("skew_split", "off"),
+                ("broadcast_switch", "off"),
+                ("coalesce", "off"),
+                (decision, "on"),
+            ] {
+                distributed = with_option(distributed, key, value);
+            }
+            let result = host.run_distributed(sql, &distributed).await.unwrap();
+            assert_eq!(rows(&result.batches), local, "{decision}: {sql}");
+            assert_eq!(
+                !adapted(&result.decisions).is_empty(),
+                adapted_expected,
+                "{decision}: {sql}: {:?}",
+                result.decisions
+            );
+        }
+    }
+}
+
+/// Rows each map of `stage` published into `shuffle`, from the markers.
+fn map_rows(shuffle: &std::path::Path, stage: u64, maps: usize) -> Vec<u64> {
+    (0..maps)
+        .map(|map| {
+            bucket_rows(&shuffle.join(format!("stage-{stage}/map-{map}.arrow")))
+                .iter()
+                .sum()
+        })
+        .collect()
+}
+
+/// The skewed tables' partitioned join, switched to a broadcast join
+/// (forced on, or `auto` under a threshold above d's published bytes):
+/// the join's stage runs its four planned tasks, each reading d whole and
+/// its share of t's two maps whole, so key 0's rows are divided as t's
+/// files divide them: 200,000 joined rows from the first file, 160,000 plus
+/// the tail's 20,000 from the second. `off`, and `auto` at its default
+/// threshold (d publishes more), keep the join partitioned: key 0's rows
+/// all in one task.
+#[tokio::test]
+async fn a_partitioned_join_with_a_small_build_side_runs_as_a_broadcast_join() {
+    const JOINED: &str = "SELECT t.k, t.v FROM t JOIN d ON t.k = d.k";
+    let dir = tempfile::tempdir().unwrap();
+    let spec = skewed_join_tables(dir.path());
+    let host = host();
+    // The rows as sorted pairs: the tasks' order is not the answer's.
+    let pairs = |batches: &[datafusion::arrow::array::RecordBatch]| {
+        let mut pairs: Vec<(i64, i64)> = rows(batches)
+            .into_iter()
+            .map(|row| match row[..] {
+                [Value::Int(k), Value::Int(v)] => (k, v),
+                _ => panic!("not two integers: {row:?}"),
+            })
+            .collect();
+        pairs.sort_unstable();
+        pairs
+    };
+    let local = pairs(&host.run_local(JOINED, &spec).await.unwrap());
+    assert_eq!(local.len(), 380_000);
+    let settings: [(&[(&str, &str)], bool); 4] = [
+        (&[("broadcast_switch", "on")], true),
+        (&[("broadcast_switch_bytes", "67108864")], true),
+        (&[], false),
+        (&[("broadcast_switch", "off")], false),
+    ];
+    for (run, (options, switched)) in settings.into_iter().enumerate() {
+        let shuffle = dir.path().join(format!("shuffle-{run}"));
+        let mut distributed = with_option(
+            with_option(spec.clone().with_shuffle_dir(&shuffle), "coalesce", "off"),
+            "skew_split",
             "off",
         );
-        let result = host.run_distributed(sql, &distributed).await.unwrap();
-        assert_eq!(rows(&result.batches), local, "{sql}");
-        let split = splits(&result.decisions);
-        assert_eq!(
-            !split.is_empty(),
-            *splits_expected,
-            "{sql}: {:?}",
-            result.decisions
+        for (key, value) in options {
+            distributed = with_option(distributed, key, value);
+        }
+        let result = host.run_distributed(JOINED, &distributed).await.unwrap();
+        assert!(
+            pairs(&result.batches) == local,
+            "{options:?}: the answers differ"
         );
+        let join = result
+            .stages
+            .iter()
+            .find(|s| s.deps.len() == 2)
+            .expect("the join's stage reads two stages");
+        let published = map_rows(&shuffle, join.stage_id, join.maps);
+        let decided = switches(&result.decisions);
+        if switched {
+            assert_eq!(decided.len(), 1, "{options:?}: {:?}", result.decisions);
+            assert_eq!((decided[0].planned_tasks, decided[0].tasks), (4, 4));
+            assert_eq!(published, vec![0, 200_000, 0, 180_000], "{options:?}");
+        } else {
+            assert!(decided.is_empty(), "{options:?}: {:?}", result.decisions);
+            assert!(
+                published.iter().any(|&rows| rows >= 360_000),
+                "{options:?}: {published:?}"
+            );
+        }
     }
 }

@@ -150,7 +150,7 @@ fn invalid_scale_or_partitions_are_refused() {
 /// answers must agree. Every disagreement or failure is collected, so one
 /// run names them all.
 async fn all_queries_agree(split: Split) -> Vec<QueryReport> {
-    all_queries_agree_with(split, PARTITIONS, &[]).await
+    all_queries_agree_with(split, PARTITIONS, &[], &[]).await
 }
 
 /// [`all_queries_agree`] at `partitions`, with plugin settings `options`.
@@ -158,6 +158,7 @@ async fn all_queries_agree_with(
     split: Split,
     partitions: usize,
     options: &[(&str, &str)],
+    datafusion_options: &[(&str, &str)],
 ) -> Vec<QueryReport> {
     let data = tempfile::tempdir().unwrap();
     let (dataset, _) = ensure_dataset(data.path(), SCALE, PARTITIONS, false).unwrap();
@@ -166,6 +167,10 @@ async fn all_queries_agree_with(
         .with_split(split);
     for (key, value) in options {
         spec.engine_options
+            .insert(key.to_string(), value.to_string());
+    }
+    for (key, value) in datafusion_options {
+        spec.datafusion_options
             .insert(key.to_string(), value.to_string());
     }
     let host = common::host();
@@ -218,30 +223,80 @@ async fn all_22_queries_agree_distributed_and_local_split_at_aggregates() {
 
 /// Every decision the plugin makes per query forced on (at four
 /// partitions, so coalesced groups sit beside each other) or off.
-const DECISIONS_ON: [(&str, &str); 3] = [
+const DECISIONS_ON: [(&str, &str); 4] = [
     ("join_filters", "on"),
     ("coalesce", "on"),
     ("skew_split", "on"),
+    ("broadcast_switch", "on"),
 ];
-const DECISIONS_OFF: [(&str, &str); 3] = [
+const DECISIONS_OFF: [(&str, &str); 4] = [
     ("join_filters", "off"),
     ("coalesce", "off"),
     ("skew_split", "off"),
+    ("broadcast_switch", "off"),
 ];
+
+/// DataFusion partitions every hash join, however small its build side:
+/// at this scale it would collect every one, and the decisions about
+/// partitioned joins would find none.
+const PARTITIONED_JOINS: [(&str, &str); 2] = [
+    (
+        "datafusion.optimizer.hash_join_single_partition_threshold",
+        "0",
+    ),
+    (
+        "datafusion.optimizer.hash_join_single_partition_threshold_rows",
+        "0",
+    ),
+];
+
+/// How many stages of all `reports` were adapted with a reason starting
+/// with `prefix`.
+fn decided(reports: &[QueryReport], prefix: &str) -> usize {
+    reports
+        .iter()
+        .flat_map(|r| &r.decisions)
+        .filter(|d| {
+            d.split_once(": ")
+                .is_some_and(|(_, why)| why.starts_with(prefix))
+        })
+        .count()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_22_queries_agree_with_every_decision_forced_on_split_at_every_exchange() {
-    all_queries_agree_with(Split::Exchange, 4, &DECISIONS_ON).await;
+    let reports =
+        all_queries_agree_with(Split::Exchange, 4, &DECISIONS_ON, &PARTITIONED_JOINS).await;
+    // Forced on, every partitioned join that can switch does.
+    assert!(
+        decided(&reports, "switched to broadcast") >= 5,
+        "{reports:?}"
+    );
+}
+
+/// Skew splitting forced on where the broadcast switch, which comes
+/// first, is off: every partitioned join whose partition can be split is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_with_partitioned_joins_cut_by_probe_maps_split_at_every_exchange() {
+    let options = [("skew_split", "on"), ("broadcast_switch", "off")];
+    let reports = all_queries_agree_with(Split::Exchange, 4, &options, &PARTITIONED_JOINS).await;
+    assert!(decided(&reports, "split partition") >= 5, "{reports:?}");
+    assert_eq!(decided(&reports, "switched to broadcast"), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_22_queries_agree_with_every_decision_forced_off_split_at_every_exchange() {
-    all_queries_agree_with(Split::Exchange, 4, &DECISIONS_OFF).await;
+    let reports =
+        all_queries_agree_with(Split::Exchange, 4, &DECISIONS_OFF, &PARTITIONED_JOINS).await;
+    assert!(
+        reports.iter().all(|r| r.decisions.is_empty()),
+        "{reports:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_22_queries_agree_with_every_decision_forced_on_split_at_aggregates() {
-    all_queries_agree_with(Split::Aggregate, 4, &DECISIONS_ON).await;
+    all_queries_agree_with(Split::Aggregate, 4, &DECISIONS_ON, &[]).await;
 }
 
 #[test]

@@ -46,6 +46,16 @@
 //! - `dfx_engine.split_read`: set by the scheduler, never by a user: which
 //!   part of a split partition one task reads (see
 //!   [`crate::adaptive::split`]).
+//! - `dfx_engine.broadcast_switch`: adaptive broadcast switching (see
+//!   [`crate::adaptive::broadcast`]): `auto` (the default: a partitioned
+//!   join whose build stages published at most `broadcast_switch_bytes`
+//!   runs as a broadcast join), `on` (every join that can switch does) or
+//!   `off`.
+//! - `dfx_engine.broadcast_switch_bytes`: that most, 1 MiB by default
+//!   (DataFusion's own size under which it collects a build side).
+//! - `dfx_engine.broadcast_read`: set by the scheduler, never by a user:
+//!   which reads of a switched stage are whole or by map (see
+//!   [`crate::adaptive::broadcast`]).
 //!
 //! A host that loaded the plugin registers the options as an
 //! `FFI_ExtensionOptions`, so on the plugin's side of the boundary they arrive
@@ -112,6 +122,27 @@ pub const SKEW_SPLIT_BYTES_KEY: &str = "dfx_engine.skew_split_bytes";
 /// The key (without the prefix) by which the scheduler tells a task of a
 /// split partition which part it reads.
 pub const SPLIT_READ: &str = "split_read";
+
+/// The full key of adaptive broadcast switching.
+pub const BROADCAST_SWITCH_KEY: &str = "dfx_engine.broadcast_switch";
+
+/// The key (without the prefix) by which the scheduler tells a switched
+/// stage's tasks how they read.
+pub const BROADCAST_READ: &str = "broadcast_read";
+
+/// Whether a ready stage's partitioned joins run as broadcast joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BroadcastSwitch {
+    /// When the build stages published at most `bytes`.
+    Auto {
+        /// The most bytes.
+        bytes: u64,
+    },
+    /// Every join that can switch, whatever its build side's bytes.
+    On,
+    /// Never.
+    Off,
+}
 
 /// Whether a ready stage's skewed partitions are read by several tasks.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -216,6 +247,12 @@ extensions_options! {
         pub skew_split_bytes: u64, default = 64 * 1024 * 1024
         /// Set by the scheduler: which part of a split partition a task reads.
         pub split_read: String, default = String::new()
+        /// Adaptive broadcast switching of a partitioned join: `auto`, `on` or `off`.
+        pub broadcast_switch: String, default = "auto".to_string()
+        /// `auto` switches when the build side published at most this many bytes.
+        pub broadcast_switch_bytes: u64, default = 1024 * 1024
+        /// Set by the scheduler: how the tasks of a switched stage read.
+        pub broadcast_read: String, default = String::new()
     }
 }
 
@@ -393,6 +430,35 @@ impl DfxConfig {
     /// A setting that does not parse (see [`crate::adaptive::split`]).
     pub fn split_read(&self) -> Result<Option<crate::adaptive::SplitRead>> {
         crate::adaptive::SplitRead::parse(&self.split_read)
+    }
+
+    /// Whether (and when) a ready stage's partitioned joins switch to
+    /// broadcast joins.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `auto`, `on` or `off`, named in the message.
+    pub fn broadcast_switch(&self) -> Result<BroadcastSwitch> {
+        match self.broadcast_switch.trim() {
+            "" | "auto" => Ok(BroadcastSwitch::Auto {
+                bytes: self.broadcast_switch_bytes,
+            }),
+            "on" => Ok(BroadcastSwitch::On),
+            "off" => Ok(BroadcastSwitch::Off),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{BROADCAST_SWITCH_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
+            ))),
+        }
+    }
+
+    /// How this task of a switched stage reads, as the scheduler set it;
+    /// `None` when it set nothing.
+    ///
+    /// # Errors
+    ///
+    /// A setting that does not parse (see [`crate::adaptive::broadcast`]).
+    pub fn broadcast_read(&self) -> Result<Option<crate::adaptive::BroadcastRead>> {
+        crate::adaptive::BroadcastRead::parse(&self.broadcast_read)
     }
 
     /// The shuffle directory, or `None` when distribution is off.

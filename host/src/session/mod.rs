@@ -410,13 +410,21 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
     let mut config = SessionConfig::new().with_target_partitions(partitions);
     // The settings that act when a stage executes (no file-stream work
     // stealing, one partition per file, the footer read) are the plugin's:
-    // set as it states them, on the driver's session and each worker's.
-    let settings = plugin.session_settings().map_err(HostError::Invalid)?;
+    // set as it states them, on the driver's session and each worker's,
+    // then the spec's own DataFusion settings.
+    let stated = plugin.session_settings().map_err(HostError::Invalid)?;
+    let settings = spec.datafusion_settings(stated)?;
     for (key, value) in &settings {
-        config
-            .options_mut()
-            .set(key, value)
-            .context(|| plugin_what(&format!("states the setting {key}={value}, which")))?;
+        let set = config.options_mut().set(key, value);
+        if spec.datafusion_options.contains_key(key) {
+            set.map_err(|e| {
+                HostError::Invalid(format!(
+                    "session spec datafusion_options sets {key} to {value:?}: {e}"
+                ))
+            })?;
+        } else {
+            set.context(|| plugin_what(&format!("states the setting {key}={value}, which")))?;
+        }
     }
     // The optimizer settings a stage needs so that each of its partitions can
     // run alone (no join dynamic filter, no physical scalar subquery, which

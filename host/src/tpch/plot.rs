@@ -117,6 +117,7 @@ mod tests {
             ratio: None,
             stages: None,
             tasks: None,
+            decisions: Vec::new(),
             outcome: Outcome::Agree,
         }
     }

@@ -55,6 +55,10 @@ pub struct QueryReport {
     pub stages: Option<usize>,
     /// Worker tasks (one per map of each stage) of one distributed run.
     pub tasks: Option<usize>,
+    /// Why each adapted stage of that run ran as it did, as `--analyze`
+    /// prints it (`stage 5: switched to broadcast: ...`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<String>,
     /// Whether the answers agree, or why there is no comparison.
     pub outcome: Outcome,
 }
@@ -237,6 +241,7 @@ mod tests {
             ratio,
             stages: Some(1),
             tasks: Some(2),
+            decisions: Vec::new(),
             outcome,
         }
     }

@@ -170,6 +170,7 @@ pub async fn run_query_in(
         ratio: None,
         stages: None,
         tasks: None,
+        decisions: Vec::new(),
         outcome: Outcome::Agree,
     };
 
@@ -258,6 +259,11 @@ pub async fn run_query_in(
                 distributed_times.push(millis(started));
                 report.stages = Some(result.stages.len());
                 report.tasks = Some(result.tasks.len());
+                report.decisions = result
+                    .decisions
+                    .iter()
+                    .map(|d| format!("stage {}: {}", d.stage_id, d.reason))
+                    .collect();
                 let actual = rows_of(&result.batches)?;
                 let agreement = compare_columns(&expected, &result.batches)
                     .and_then(|()| compare(&expected_rows, &actual, &order));

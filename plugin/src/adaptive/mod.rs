@@ -13,11 +13,14 @@
 //!
 //! The decisions are the plugin's, the mechanics the scheduler's: it runs
 //! the tasks it is told to and hands each the settings, and knows nothing
-//! of plans. Two decisions are made, each of which can be turned off:
-//! splitting a skewed partition among several tasks ([`split`],
-//! `dfx_engine.skew_split`), else coalescing small ones into one
-//! ([`coalesce`], `dfx_engine.coalesce`).
+//! of plans. Three decisions are made, the first that applies taken, each
+//! of which can be turned off: switching a partitioned join whose build
+//! side turned out small to a broadcast one ([`broadcast`],
+//! `dfx_engine.broadcast_switch`), splitting a skewed partition among
+//! several tasks ([`split`], `dfx_engine.skew_split`), and coalescing small
+//! ones into one ([`coalesce`], `dfx_engine.coalesce`).
 
+pub mod broadcast;
 pub mod coalesce;
 pub mod groups;
 pub mod split;
@@ -30,11 +33,15 @@ use datafusion_proto::protobuf::PhysicalPlanNode;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 
+pub use broadcast::BroadcastRead;
 pub use groups::{PartitionGroups, PartitionRole};
 pub use split::SplitRead;
 
 use crate::codec::fail;
-use crate::config::{COALESCED_PARTITIONS, Coalesce, DfxConfig, SPLIT_READ, SkewSplit};
+use crate::config::{
+    BROADCAST_READ, BroadcastSwitch, COALESCED_PARTITIONS, Coalesce, DfxConfig, SPLIT_READ,
+    SkewSplit,
+};
 
 /// What the scheduler asks with a ready stage.
 #[derive(Debug, Clone, Deserialize)]
@@ -98,7 +105,8 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
     }
     let mode = config.coalesce()?;
     let skew = config.skew_split()?;
-    if mode == Coalesce::Off && skew == SkewSplit::Off {
+    let switch = config.broadcast_switch()?;
+    if mode == Coalesce::Off && skew == SkewSplit::Off && switch == BroadcastSwitch::Off {
         return Ok(Adaptation::default());
     }
     let root = PhysicalPlanNode::decode(plan_bytes)
@@ -108,8 +116,16 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
         Ok(reads) => reads,
         Err(_why) => return Ok(Adaptation::default()),
     };
-    // Why no partition was split, said beside coalescing's decision.
+    // Why no join switched and no partition was split, said beside
+    // coalescing's decision.
     let mut reasons = Vec::new();
+    if switch != BroadcastSwitch::Off {
+        match switch_stage(&root, stage_id, &reads, &config, switch)? {
+            Some(Ok(adaptation)) => return Ok(adaptation),
+            Some(Err(why)) => reasons.push(why),
+            None => {}
+        }
+    }
     if skew != SkewSplit::Off {
         match split_stage(&root, stage_id, &reads, &config, skew, request.slots)? {
             Some(Ok(adaptation)) => return Ok(adaptation),
@@ -147,6 +163,51 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
         reason: Some(reason),
         tasks: None,
     })
+}
+
+/// The stage `root` (`stage_id`, reading `reads`) with its partitioned
+/// joins switched to broadcast ones, or why they are not; `None` for a
+/// stage that cannot switch (see [`broadcast`]).
+fn switch_stage(
+    root: &PhysicalPlanNode,
+    stage_id: u64,
+    reads: &[coalesce::HashRead],
+    config: &DfxConfig,
+    mode: BroadcastSwitch,
+) -> Result<Option<std::result::Result<Adaptation, String>>> {
+    let Ok((probe, builds)) = broadcast::switchable(root) else {
+        return Ok(None);
+    };
+    let build_reads: Vec<coalesce::HashRead> = builds
+        .iter()
+        .filter_map(|b| reads.iter().find(|r| r.stage_id == *b).cloned())
+        .collect();
+    if build_reads.len() != builds.len() || !reads.iter().any(|r| r.stage_id == probe) {
+        return Ok(None);
+    }
+    let build_bytes = futures::executor::block_on(async {
+        let config = config.clone();
+        crate::exchange::store::on_io(async move {
+            let mut totals = Vec::with_capacity(build_reads.len());
+            for read in &build_reads {
+                let per_map = coalesce::map_bucket_bytes(read, &config).await?;
+                totals.push(per_map.iter().flatten().sum::<u64>());
+            }
+            Ok::<_, DataFusionError>(totals)
+        })
+        .await
+    })
+    .map_err(|e| fail(format!("stage {stage_id}: {e}")))??;
+    let (read, reason) = broadcast::decide(stage_id, reads, probe, &builds, &build_bytes, mode);
+    let Some(read) = read else {
+        return Ok(Some(Err(reason)));
+    };
+    Ok(Some(Ok(Adaptation {
+        groups: None,
+        settings: BTreeMap::from([(BROADCAST_READ.to_string(), read.format())]),
+        reason: Some(reason),
+        tasks: None,
+    })))
 }
 
 /// The stage `root` (`stage_id`, reading `reads`) with its skewed

@@ -57,7 +57,7 @@ use super::store::{
     location_root, s3_store,
 };
 use super::writer::ShuffleWriterExec;
-use crate::adaptive::{PartitionGroups, PartitionRole};
+use crate::adaptive::{BroadcastRead, PartitionGroups, PartitionRole};
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
 use crate::failures;
@@ -371,9 +371,23 @@ impl ShuffleReaderExec {
             .coalesced_partitions()
             .map_err(|e| self.error(partition, e))?;
         let split = config.split_read().map_err(|e| self.error(partition, e))?;
-        let pieces = match split {
+        let switched = config
+            .broadcast_read()
+            .map_err(|e| self.error(partition, e))?
+            .filter(|_| self.mode == ReadMode::Hash);
+        let pieces = match (split, switched) {
+            // A switched stage's probe side: its share of the maps, whole.
+            (_, Some(read)) if read.probe_stage == self.stage_id => {
+                BroadcastRead::probe_maps(partition, self.buckets, self.maps)
+                    .flat_map(|m| (0..self.buckets).map(move |b| (m, b)))
+                    .collect()
+            }
+            // A switched stage's build side: every bucket of every map.
+            (_, Some(read)) if read.build_stages.contains(&self.stage_id) => (0..self.maps)
+                .flat_map(|m| (0..self.buckets).map(move |b| (m, b)))
+                .collect(),
             // The probe side of a part of a split partition: its maps only.
-            Some(split)
+            (Some(split), _)
                 if self.mode == ReadMode::Hash
                     && split.probe_stage == self.stage_id
                     && split.partition == partition =>

@@ -8,6 +8,9 @@
 //! the groups' tasks only; the group's other maps are the head's to
 //! publish, so a lost one is restored by running the head again.
 //!
+//! Or it answers with settings alone (a join switched to a broadcast
+//! one): every task is told them, and the stage runs as planned.
+//!
 //! Or it answers with tasks of their own settings: a split partition's
 //! parts, the first as the partition's map, the others as maps added past
 //! the stage's planned ones (each made from the partition's task). An

@@ -689,9 +689,10 @@ pub(crate) struct Adapter<'a> {
 
 impl Adapter<'_> {
     /// Ask the plugin how the ready `stage` (of `maps` maps) runs, and make
-    /// its tasks so: each group's first task runs the group, told the
-    /// plugin's settings (as is every task of the stage), the others are
-    /// `covered`, and a lost map of theirs reruns the group's task. The
+    /// its tasks so: every task of the stage is told the plugin's settings;
+    /// when partitions are grouped, each group's first task runs the
+    /// group, the others are `covered`, and a lost map of theirs reruns
+    /// the group's task. The
     /// decision, if one was made; a failed answer leaves the stage as
     /// planned and says why.
     fn adapt(
@@ -735,9 +736,11 @@ impl Adapter<'_> {
                 reason,
             });
         }
-        let Some(groups) = adaptation.groups else {
+        // Settings alone (a switched join's reads) keep the planned tasks.
+        if adaptation.groups.is_none() && adaptation.settings.is_empty() {
             return Some(kept(reason));
-        };
+        }
+        let groups = adaptation.groups.unwrap_or_default();
         if let Err(err) = adaptive::check_groups(&groups, maps) {
             return Some(kept(format!("kept as planned: the plugin's {err}")));
         }

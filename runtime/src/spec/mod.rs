@@ -94,6 +94,13 @@ pub struct SessionSpec {
     /// JSON when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub stage_options: BTreeMap<String, String>,
+    /// DataFusion settings (`datafusion.<key>`) of every session built from
+    /// the spec, the driver's and each worker's, so that each plans and
+    /// executes alike: say `datafusion.optimizer.hash_join_single_partition_threshold`.
+    /// A key dfx sets itself (for each stage to run alone) is refused when
+    /// a session is built, naming it. Left out of the JSON when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub datafusion_options: BTreeMap<String, String>,
 }
 
 impl Default for SessionSpec {
@@ -109,6 +116,7 @@ impl Default for SessionSpec {
             memory_limit: None,
             engine_options: BTreeMap::new(),
             stage_options: BTreeMap::new(),
+            datafusion_options: BTreeMap::new(),
         }
     }
 }
@@ -294,6 +302,31 @@ impl SessionSpec {
         settings
     }
 
+    /// The DataFusion settings every session built from the spec makes:
+    /// the plugin's (`stated`, what each stage needs to run alone), then
+    /// the spec's [`Self::datafusion_options`]. Both hosts set exactly these.
+    ///
+    /// # Errors
+    ///
+    /// [`crate::RuntimeError::Invalid`] when the spec sets a key the plugin
+    /// states, naming the key and both values.
+    pub fn datafusion_settings(
+        &self,
+        stated: impl IntoIterator<Item = (String, String)>,
+    ) -> crate::Result<Vec<(String, String)>> {
+        let mut settings: Vec<(String, String)> = stated.into_iter().collect();
+        for (key, value) in &self.datafusion_options {
+            if let Some((_, needed)) = settings.iter().find(|(k, _)| k == key) {
+                return Err(crate::RuntimeError::Invalid(format!(
+                    "session spec datafusion_options sets {key} to {value:?}, but dfx sets it \
+                     to {needed:?} in every session so that each stage runs alone"
+                )));
+            }
+            settings.push((key.clone(), value.clone()));
+        }
+        Ok(settings)
+    }
+
     /// Read a spec from its JSON text and check it ([`Self::validate`]).
     ///
     /// # Errors
@@ -354,6 +387,17 @@ impl SessionSpec {
                  {allow:?}"
             ));
         }
+        if let Some(key) = self
+            .datafusion_options
+            .keys()
+            .find(|key| !key.starts_with("datafusion."))
+        {
+            return invalid(format!(
+                "session spec datafusion_options sets {key:?}, which is not a DataFusion \
+                 setting (expected a key starting with \"datafusion.\"; dfx's own settings go \
+                 in engine_options)"
+            ));
+        }
         let owned: Vec<&String> = self
             .engine_options
             .keys()
@@ -411,6 +455,41 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn datafusion_options_follow_the_plugins_settings_and_never_replace_them() {
+        let stated = || {
+            vec![(
+                "datafusion.optimizer.enable_join_dynamic_filter_pushdown".to_string(),
+                "false".to_string(),
+            )]
+        };
+        let mut spec = SessionSpec::default();
+        let key = "datafusion.optimizer.hash_join_single_partition_threshold";
+        spec.datafusion_options.insert(key.into(), "0".into());
+        spec.validate().unwrap();
+        let settings = spec.datafusion_settings(stated()).unwrap();
+        assert_eq!(settings.len(), 2);
+        assert_eq!(settings[1], (key.to_string(), "0".to_string()));
+        let text = serde_json::to_string(&spec).unwrap();
+        assert_eq!(SessionSpec::from_json(&text).unwrap(), spec);
+        // A key the plugin sets for every stage to run alone.
+        spec.datafusion_options
+            .insert(stated()[0].0.clone(), "true".into());
+        let err = spec.datafusion_settings(stated()).unwrap_err().to_string();
+        assert!(
+            err.contains("enable_join_dynamic_filter_pushdown") && err.contains("\"false\""),
+            "{err}"
+        );
+        // Not a DataFusion key.
+        let mut spec = SessionSpec::default();
+        spec.datafusion_options.insert("split".into(), "x".into());
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("\"split\"") && err.contains("engine_options"),
+            "{err}"
+        );
     }
 
     #[test]

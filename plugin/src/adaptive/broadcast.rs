@@ -1,0 +1,345 @@
+//! Broadcast switching: a partitioned join whose build side turned out
+//! small is run as a broadcast join, decided from the bytes its build
+//! stages published.
+//!
+//! A partitioned hash join's task reads bucket `p` of both sides. Once
+//! the build side is known to be small, every task may read the build
+//! side whole instead, and the probe side by map rather than by bucket:
+//! task `p` reads every bucket of its share of the probe stage's maps
+//! (Spark's broadcast conversion with a local shuffle read). Each probe
+//! row still meets every build row of its key in exactly one task, and
+//! the tasks divide the probe rows as the probe stage's maps did, whatever
+//! their keys: a key holding most rows no longer lands in one task.
+//!
+//! That is right where a partitioned task could be split by probe maps
+//! ([`super::split`] states which operators allow it): every join on the
+//! probe path keeps probe rows apart, and each partitioned one's build
+//! side is a hash read (under projections, filters or batch coalescing),
+//! which is the read switched to whole. The stage's tasks, maps and plan
+//! stay as planned; its tasks are told (`dfx_engine.broadcast_read`)
+//!
+//! ```text
+//! "<stage>:<probe stage>:<build stage>,..."   e.g. "5:3:4"
+//! ```
+//!
+//! and its hash readers read accordingly. What the switch does not save:
+//! the probe stage has already hashed and published its rows by the time
+//! the build stage's size is known.
+
+use std::ops::Range;
+
+use datafusion::common::{DataFusionError, Result};
+use datafusion_proto::protobuf::PhysicalPlanNode;
+use datafusion_proto::protobuf::physical_plan_node::PhysicalPlanType;
+use datafusion_proto::protobuf::{AggregateMode, JoinType, PartitionMode};
+
+use super::coalesce::{HashRead, human};
+use crate::codec::Payload;
+use crate::config::BroadcastSwitch;
+use crate::exchange::ReadMode;
+use crate::map_files::find_payload;
+
+/// Parsed `dfx_engine.broadcast_read`: the reads of a switched stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BroadcastRead {
+    /// The switched stage.
+    pub stage_id: u64,
+    /// The stage its probe side reads, read by map.
+    pub probe_stage: u64,
+    /// The build stages every task reads whole.
+    pub build_stages: Vec<u64>,
+}
+
+impl BroadcastRead {
+    /// The setting's value.
+    pub fn format(&self) -> String {
+        let builds: Vec<String> = self.build_stages.iter().map(ToString::to_string).collect();
+        format!(
+            "{}:{}:{}",
+            self.stage_id,
+            self.probe_stage,
+            builds.join(",")
+        )
+    }
+
+    /// The reads a setting names; `None` for an empty setting.
+    ///
+    /// # Errors
+    ///
+    /// Text that is not of the form above, or one naming no build stage;
+    /// the message quotes the text.
+    pub fn parse(text: &str) -> Result<Option<Self>> {
+        let text = text.trim();
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let bad = |why: &str| {
+            DataFusionError::Configuration(format!(
+                "dfx config: `dfx_engine.broadcast_read` is {text:?}: {why}; expected \
+                 \"<stage>:<probe stage>:<build stage>,...\""
+            ))
+        };
+        let fields: Vec<&str> = text.split(':').collect();
+        let [stage, probe, builds] = fields[..] else {
+            return Err(bad("not three fields"));
+        };
+        let number = |s: &str| s.trim().parse::<u64>().map_err(|_| bad("not a number"));
+        let build_stages = builds
+            .split(',')
+            .filter(|b| !b.trim().is_empty())
+            .map(number)
+            .collect::<Result<Vec<_>>>()?;
+        if build_stages.is_empty() {
+            return Err(bad("no build stage"));
+        }
+        Ok(Some(Self {
+            stage_id: number(stage)?,
+            probe_stage: number(probe)?,
+            build_stages,
+        }))
+    }
+
+    /// The probe stage's maps (of `maps`) partition `partition` (of
+    /// `partitions`) reads: contiguous shares, as even as counts allow.
+    pub fn probe_maps(partition: usize, partitions: usize, maps: usize) -> Range<usize> {
+        let partitions = partitions.max(1);
+        let share = |p: usize| p.min(partitions) * maps / partitions;
+        share(partition)..share(partition + 1)
+    }
+}
+
+/// The probe stage of the stage `root` (an encoded writer) and the build
+/// stages its partitioned joins read, when it can be switched, or why not.
+pub fn switchable(root: &PhysicalPlanNode) -> std::result::Result<(u64, Vec<u64>), String> {
+    let Some(PhysicalPlanType::Extension(writer)) = root.physical_plan_type.as_ref() else {
+        return Err("its root is not a stage writer".into());
+    };
+    let [input] = &writer.inputs[..] else {
+        return Err("its writer has no one input".into());
+    };
+    let mut builds = Vec::new();
+    let probe = probe_path(input, &mut builds)?;
+    if builds.is_empty() {
+        return Err("no partitioned join on its probe side".into());
+    }
+    Ok((probe, builds))
+}
+
+/// Down the probe side of `node` to its hash read, collecting the build
+/// stage of each partitioned join on the way.
+fn probe_path(node: &PhysicalPlanNode, builds: &mut Vec<u64>) -> std::result::Result<u64, String> {
+    use PhysicalPlanType as T;
+    let Some(kind) = node.physical_plan_type.as_ref() else {
+        return Err("a node the plan does not name".into());
+    };
+    let only = |input: &Option<Box<PhysicalPlanNode>>, builds: &mut Vec<u64>| match input {
+        Some(input) => probe_path(input, builds),
+        None => Err("a node without its input".into()),
+    };
+    match kind {
+        T::Projection(n) => only(&n.input, builds),
+        T::Filter(n) => only(&n.input, builds),
+        T::CoalesceBatches(n) => only(&n.input, builds),
+        T::Aggregate(n) if n.mode == AggregateMode::Partial as i32 => only(&n.input, builds),
+        T::Aggregate(_) => Err("an aggregate that is not partial sees every row of a key".into()),
+        T::HashJoin(join) => {
+            let keeps_probe_rows_apart = [
+                JoinType::Inner,
+                JoinType::Right,
+                JoinType::Rightsemi,
+                JoinType::Rightanti,
+                JoinType::Rightmark,
+            ]
+            .iter()
+            .any(|t| *t as i32 == join.join_type);
+            if !keeps_probe_rows_apart {
+                return Err("a join that emits its build side's unmatched rows".into());
+            }
+            if join.partition_mode == PartitionMode::Partitioned as i32 {
+                let Some(left) = join.left.as_deref() else {
+                    return Err("a join without its build side".into());
+                };
+                builds.push(build_read(left)?);
+            } else if join.partition_mode != PartitionMode::CollectLeft as i32 {
+                return Err("a join that is neither partitioned nor a broadcast one".into());
+            }
+            only(&join.right, builds)
+        }
+        T::Extension(extension) => hash_read_stage(extension, "its probe side"),
+        _ => Err("an operator between the probe side and the writer sees many rows at once".into()),
+    }
+}
+
+/// The stage a partitioned join's build side `node` reads by hash, under
+/// operators that treat rows one by one.
+fn build_read(node: &PhysicalPlanNode) -> std::result::Result<u64, String> {
+    use PhysicalPlanType as T;
+    match node.physical_plan_type.as_ref() {
+        Some(T::Projection(n)) => n
+            .input
+            .as_deref()
+            .map_or_else(|| Err("a node without its input".into()), build_read),
+        Some(T::Filter(n)) => n
+            .input
+            .as_deref()
+            .map_or_else(|| Err("a node without its input".into()), build_read),
+        Some(T::CoalesceBatches(n)) => n
+            .input
+            .as_deref()
+            .map_or_else(|| Err("a node without its input".into()), build_read),
+        Some(T::Extension(extension)) => hash_read_stage(extension, "its build side"),
+        _ => Err("a build side that is not a stage read by hash".into()),
+    }
+}
+
+/// The stage a hash reader reads; `side` names where it was met.
+fn hash_read_stage(
+    extension: &datafusion_proto::protobuf::PhysicalExtensionNode,
+    side: &str,
+) -> std::result::Result<u64, String> {
+    match find_payload(&extension.node).map(|(_, p)| p) {
+        Some(Payload::Reader(ReadMode::Hash)) => extension
+            .inputs
+            .first()
+            .and_then(|w| match w.physical_plan_type.as_ref()? {
+                PhysicalPlanType::Extension(w) => match find_payload(&w.node)? {
+                    (_, Payload::Writer(writer)) => Some(writer.stage_id),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .ok_or_else(|| "a hash reader without its stage's writer".into()),
+        Some(other) => Err(format!("{side} holds a {}", other.node_name())),
+        None => Err("an extension node that is not dfx's".into()),
+    }
+}
+
+/// Whether the stage `stage_id` (whose partitions come from `reads`, the
+/// probe stage `probe` and the build stages `builds` among them) switches
+/// under `mode`, given each build stage's published bytes
+/// (`build_bytes`, in `builds`' order); and why.
+pub fn decide(
+    stage_id: u64,
+    reads: &[HashRead],
+    probe: u64,
+    builds: &[u64],
+    build_bytes: &[u64],
+    mode: BroadcastSwitch,
+) -> (Option<BroadcastRead>, String) {
+    if let Some(other) = reads
+        .iter()
+        .find(|r| r.stage_id != probe && !builds.contains(&r.stage_id))
+    {
+        return (
+            None,
+            format!(
+                "kept partitioned: it also reads stage {} partition by partition",
+                other.stage_id
+            ),
+        );
+    }
+    let total: u64 = build_bytes.iter().sum();
+    let named: Vec<String> = builds.iter().map(|b| format!("stage {b}")).collect();
+    let sides = named.join(" and ");
+    let forced = match mode {
+        BroadcastSwitch::Off => return (None, String::new()),
+        BroadcastSwitch::On => ", forced on",
+        BroadcastSwitch::Auto { bytes } if total > bytes => {
+            return (
+                None,
+                format!(
+                    "kept partitioned: its build side ({sides}) published {}, above {}",
+                    human(total),
+                    human(bytes)
+                ),
+            );
+        }
+        BroadcastSwitch::Auto { .. } => "",
+    };
+    let read = BroadcastRead {
+        stage_id,
+        probe_stage: probe,
+        build_stages: builds.to_vec(),
+    };
+    let why = format!(
+        "switched to broadcast: every task reads its build side ({sides}, {}) whole and \
+         stage {probe}'s maps by map{forced}",
+        human(total)
+    );
+    (Some(read), why)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn read(stage_id: u64) -> HashRead {
+        HashRead {
+            stage_id,
+            maps: 2,
+            buckets: 2,
+            shuffle_dir: PathBuf::from("/s"),
+        }
+    }
+
+    #[test]
+    fn a_setting_round_trips_and_bad_ones_are_refused() -> Result<()> {
+        let read = BroadcastRead {
+            stage_id: 5,
+            probe_stage: 3,
+            build_stages: vec![4, 6],
+        };
+        assert_eq!(read.format(), "5:3:4,6");
+        assert_eq!(BroadcastRead::parse(&read.format())?, Some(read));
+        assert_eq!(BroadcastRead::parse(" ")?, None);
+        for bad in ["5:3", "5:3:", "5:x:4", "5:3:4:1"] {
+            let err = BroadcastRead::parse(bad).unwrap_err().to_string();
+            assert!(err.contains(bad), "{bad}: {err}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_probe_maps_are_shared_out_whole_and_once() {
+        for (partitions, maps) in [(2, 2), (4, 2), (2, 5), (3, 7), (1, 3)] {
+            let mut covered = Vec::new();
+            for p in 0..partitions {
+                covered.extend(BroadcastRead::probe_maps(p, partitions, maps));
+            }
+            assert_eq!(
+                covered,
+                (0..maps).collect::<Vec<_>>(),
+                "{partitions}/{maps}"
+            );
+        }
+        assert_eq!(BroadcastRead::probe_maps(1, 2, 2), 1..2);
+        // Past the partitions: nothing.
+        assert!(BroadcastRead::probe_maps(5, 2, 2).is_empty());
+    }
+
+    #[test]
+    fn a_small_build_side_switches_and_a_large_one_stays() {
+        let reads = [read(3), read(4)];
+        let auto = BroadcastSwitch::Auto { bytes: 1 << 20 };
+        let (switched, why) = decide(5, &reads, 3, &[4], &[1000], auto);
+        assert_eq!(switched.expect("switched").format(), "5:3:4", "{why}");
+        assert!(why.starts_with("switched to broadcast"), "{why}");
+        let (kept, why) = decide(5, &reads, 3, &[4], &[2 << 20], auto);
+        assert!(kept.is_none());
+        assert!(why.contains("above 1.0 MiB"), "{why}");
+        let (forced, why) = decide(5, &reads, 3, &[4], &[2 << 20], BroadcastSwitch::On);
+        assert!(forced.is_some() && why.ends_with("forced on"), "{why}");
+        let (off, _) = decide(5, &reads, 3, &[4], &[0], BroadcastSwitch::Off);
+        assert!(off.is_none());
+    }
+
+    #[test]
+    fn a_stage_reading_another_stage_by_partition_stays() {
+        let reads = [read(3), read(4), read(7)];
+        let (kept, why) = decide(5, &reads, 3, &[4], &[0], BroadcastSwitch::On);
+        assert!(kept.is_none());
+        assert!(why.contains("stage 7"), "{why}");
+    }
+}
