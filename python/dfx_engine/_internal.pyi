@@ -168,8 +168,12 @@ def plugin_settings(json: str) -> list[tuple[str, str]]:
 def parse_script(sql: str) -> tuple[str, list[str]]:
     """A script's tables (a JSON object of definitions) and its queries' texts."""
 
-def session_settings() -> dict[str, str]:
-    """The DataFusion settings every dfx session needs, as the plugin states them."""
+def session_settings(spec_json: str) -> list[tuple[str, str]]:
+    """The DataFusion settings a session built from the spec makes, in order.
+
+    The plugin's (what each stage needs to run alone), then the spec's
+    ``datafusion_options``; a spec setting a key the plugin states is refused.
+    """
 
 # The runtime's scheduler.
 MALLOC_TUNABLES_VAR: str

@@ -189,6 +189,9 @@ class SessionSpec:
             tasks of one stage (an adaptive decision's); a worker reads them
             from its task's spec. Never set by a user: a driver refuses a
             spec carrying them.
+        datafusion_options: DataFusion settings (``datafusion.<key>``) of
+            every session of the query, the driver's and each worker's. A
+            key dfx sets itself so that each stage runs alone is refused.
     """
 
     tables: dict[str, str | Table] = field(default_factory=dict)
@@ -200,6 +203,7 @@ class SessionSpec:
     memory_limit: int | None = None
     engine_options: dict[str, str] = field(default_factory=dict)
     stage_options: dict[str, str] = field(default_factory=dict)
+    datafusion_options: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Check the spec through the runtime.
@@ -301,10 +305,11 @@ def build_session(
 ) -> tuple[SessionContext, _internal.DfxEngineExtension]:
     """A session with dfx installed, the plugin's functions and the spec's tables.
 
-    1. The settings every dfx session needs (``_internal.session_settings``)
-       and the config extension go on the config before the context exists,
-       so the planner sees the shuffle location (and split, compression and
-       store options, set only with one) from the first query on.
+    1. The settings every dfx session needs (``_internal.session_settings``),
+       then the spec's own DataFusion settings, and the config extension go
+       on the config before the context exists, so the planner sees the
+       shuffle location (and split, compression and store options, set only
+       with one) from the first query on.
     2. ``with_extensions`` installs the plugin's codec and planner and
        registers its functions (plans name them).
     3. Each table is registered by the statement the runtime writes for it
@@ -327,7 +332,7 @@ def build_session(
         effective_target_partitions(spec) if register_tables else spec.target_partitions
     )
     config = SessionConfig().with_target_partitions(partitions)
-    for key, value in sorted(_internal.session_settings().items()):
+    for key, value in _internal.session_settings(spec.to_json_text()):
         config = config.set(key, value)
     config = config.with_extension(
         _internal.DfxEngineConfig(shuffle_dir=spec.shuffle_dir, split=split)

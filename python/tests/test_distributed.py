@@ -416,12 +416,13 @@ SKEWED_JOIN_SQL = (
 )
 
 
-def test_a_skewed_partition_is_split_and_every_part_published(
-    tmp_path: pathlib.Path,
-) -> None:
-    # t: key 0 in 360,000 rows, keys 1..=40,000 once, in two files (the
-    # second holds the tail); d: every even key of 0..=600,000, more rows
-    # than DataFusion broadcasts, so the join is partitioned with t probing.
+def skewed_join_spec(tmp_path: pathlib.Path, **engine_options: str) -> SessionSpec:
+    """A spec over two tables joined on ``k``, ``t`` skewed under key 0.
+
+    t: key 0 in 360,000 rows, keys 1..=40,000 once, in two files (the
+    second holds the tail); d: every even key of 0..=600,000, more rows
+    than DataFusion broadcasts, so the join is partitioned with t probing.
+    """
     keys = [0] * 360_000 + list(range(1, 40_001))
     tables = {"t": [keys[:200_000], keys[200_000:]], "d": [list(range(0, 600_001, 2))]}
     for name, files in tables.items():
@@ -431,12 +432,18 @@ def test_a_skewed_partition_is_split_and_every_part_published(
                 {"k": pa.array(column, pa.int64()), "v": [1] * len(column)}
             )
             pq.write_table(table, tmp_path / name / f"part-{index}.parquet")
-    spec = SessionSpec(
+    return SessionSpec(
         tables={name: str(tmp_path / name) for name in tables},
         shuffle_dir=str(tmp_path / "shuffle"),
         target_partitions=4,
-        engine_options={"skew_split": "on", "coalesce": "off"},
+        engine_options={"coalesce": "off", **engine_options},
     )
+
+
+def test_a_skewed_partition_is_split_and_every_part_published(
+    tmp_path: pathlib.Path,
+) -> None:
+    spec = skewed_join_spec(tmp_path, skew_split="on", broadcast_switch="off")
     result = run_distributed(SKEWED_JOIN_SQL, spec)
     # By hand: every row of t counts; key 0's rows and the tail's 20,000
     # even keys find their row of d.
@@ -455,3 +462,28 @@ def test_a_skewed_partition_is_split_and_every_part_published(
     ]
     assert len(naming) == 1, naming
     assert read_marker(spec.shuffle_dir, stage, 4)["map"] == 4
+
+
+def test_a_partitioned_join_switched_to_broadcast_divides_its_probe_maps(
+    tmp_path: pathlib.Path,
+) -> None:
+    spec = skewed_join_spec(tmp_path, broadcast_switch="on", skew_split="off")
+    joined = "SELECT t.k, t.v FROM t JOIN d ON t.k = d.k"
+    result = run_distributed(joined, spec)
+    keys = sorted(row["k"] for row in as_rows(result.batches))
+    # By hand: key 0's 360,000 rows and the tail's 20,000 even keys.
+    assert keys[:360_000] == [0] * 360_000
+    assert keys[360_000:] == list(range(2, 40_001, 2))
+    switched = [
+        d for d in result.decisions if d["reason"].startswith("switched to broadcast")
+    ]
+    assert len(switched) == 1, result.decisions
+    assert (switched[0]["planned_tasks"], switched[0]["tasks"]) == (4, 4)
+    # Each task read d whole and its share of t's two maps whole: key 0's
+    # rows are divided as t's files divide them.
+    stage = switched[0]["stage_id"]
+    published = [
+        sum(b["rows"] for b in read_marker(spec.shuffle_dir, stage, m)["buckets"])
+        for m in range(4)
+    ]
+    assert published == [0, 200_000, 0, 180_000]

@@ -132,6 +132,23 @@ def test_the_new_fields_round_trip_and_are_left_out_at_their_defaults() -> None:
         SessionSpec(shuffle_compression="zstd")
 
 
+def test_datafusion_options_reach_the_session_and_never_replace_dfx_settings() -> None:
+    key = "datafusion.optimizer.hash_join_single_partition_threshold"
+    spec = SessionSpec(
+        datafusion_options={key: "7", "datafusion.catalog.information_schema": "true"}
+    )
+    assert SessionSpec.from_json(spec.to_json()) == spec
+    ctx, _ = build_session(spec)
+    shown = ctx.sql(f"SHOW {key}").to_pydict()
+    assert shown["value"] == ["7"], shown
+    # dfx sets this one for each stage to run alone.
+    owned = "datafusion.optimizer.repartition_file_scans"
+    with pytest.raises(ValueError, match=f'{owned} to "true", but dfx sets it'):
+        build_session(SessionSpec(datafusion_options={owned: "true"}))
+    with pytest.raises(ValueError, match="not a DataFusion setting"):
+        SessionSpec(datafusion_options={"join_filters": "off"})
+
+
 def test_the_defaults_and_modes_are_the_runtimes() -> None:
     runtime = json.loads(_internal.normalize_spec("{}"))
     spec = SessionSpec()

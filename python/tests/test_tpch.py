@@ -50,8 +50,26 @@ def test_tpch_query_agrees_with_local(
 
 # Every decision the plugin makes per query, forced one way.
 DECISIONS = {
-    "on": {"join_filters": "on", "coalesce": "on", "skew_split": "on"},
-    "off": {"join_filters": "off", "coalesce": "off", "skew_split": "off"},
+    "on": {
+        "join_filters": "on",
+        "coalesce": "on",
+        "skew_split": "on",
+        "broadcast_switch": "on",
+    },
+    "off": {
+        "join_filters": "off",
+        "coalesce": "off",
+        "skew_split": "off",
+        "broadcast_switch": "off",
+    },
+}
+
+# DataFusion partitions every hash join, however small its build side: at
+# this scale it would collect every one, and the decisions about partitioned
+# joins would find none.
+PARTITIONED_JOINS = {
+    "datafusion.optimizer.hash_join_single_partition_threshold": "0",
+    "datafusion.optimizer.hash_join_single_partition_threshold_rows": "0",
 }
 
 
@@ -63,7 +81,10 @@ def test_tpch_query_agrees_with_every_decision_forced(
 ) -> None:
     sql = (QUERIES / f"q{number}.sql").read_text()
     spec = dataclasses.replace(
-        tpch_spec(split), target_partitions=4, engine_options=DECISIONS[decisions]
+        tpch_spec(split),
+        target_partitions=4,
+        engine_options=DECISIONS[decisions],
+        datafusion_options=PARTITIONED_JOINS,
     )
     result = run_distributed(sql, spec)
     local = run_local(sql, spec)
