@@ -1,7 +1,7 @@
 //! `dfx bench overhead`: what one task costs when it has no data to work on.
 //! (`dfx bench many-files`, what a table of many files costs the driver and
 //! each task, is [`many_files`]; `dfx bench skew`, a skewed join with skew
-//! splitting off and on, is [`skew`].)
+//! splitting off and on and switched to a broadcast join, is [`skew`].)
 //!
 //! A distributed query pays, for every task, a process start, a plugin load
 //! and ABI handshake, a session build, a plan decode, the execution and the
@@ -87,8 +87,9 @@ pub enum BenchCommand {
     /// files and with the whole stage (medians; `--run`: end to end).
     ManyFiles(many_files::ManyFilesArgs),
     /// A join whose probe side holds most rows under one key, distributed
-    /// with skew splitting off and `auto` in turn, and in one process
-    /// (medians, ratios to splitting off).
+    /// with skew splitting off, `auto`, and the join switched to a
+    /// broadcast one in turn, and in one process (medians, ratios to
+    /// splitting off).
     Skew(skew::SkewArgs),
 }
 

@@ -1,6 +1,7 @@
 //! `dfx bench skew`: a join whose probe side puts most of its rows under
-//! one key, distributed with skew splitting off and `auto` in turn, and in
-//! one process, side by side.
+//! one key, distributed with skew splitting off, skew splitting `auto`
+//! and the join switched to a broadcast one in turn, and in one process,
+//! side by side.
 //!
 //! ```text
 //! t: --rows rows in --files Parquet files; a --hot share of them key 0,
@@ -33,6 +34,22 @@ use crate::{Host, Plugin, SessionSpec};
 /// The benchmark's query.
 pub const SKEW_SQL: &str = "SELECT count(*) AS n, count(d.k) AS matched \
                             FROM t LEFT JOIN d ON t.k = d.k";
+
+/// The distributed ways the query runs, by name, and the settings of each:
+/// neither decision about the skewed join, skew splitting alone, and the
+/// join switched to a broadcast one (forced: d is larger than `auto`'s
+/// threshold).
+const MODES: [(&str, &[(&str, &str)]); 3] = [
+    (
+        "skew_split=off",
+        &[("skew_split", "off"), ("broadcast_switch", "off")],
+    ),
+    ("skew_split=auto", &[("broadcast_switch", "off")]),
+    (
+        "broadcast_switch=on",
+        &[("skew_split", "off"), ("broadcast_switch", "on")],
+    ),
+];
 
 /// Rows written per Parquet row group and batch.
 const BATCH_ROWS: usize = 1 << 20;
@@ -70,7 +87,7 @@ pub struct SkewArgs {
 /// The figures of one way of running the query.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SkewFigures {
-    /// `one process`, or `skew_split=<mode>`.
+    /// `one process`, or the distributed mode's name (`skew_split=auto`).
     pub mode: String,
     /// Wall time of each run, in milliseconds.
     pub runs_ms: Vec<f64>,
@@ -130,16 +147,10 @@ pub async fn skew(plugin: &Plugin, args: &SkewArgs) -> Result<Vec<SkewFigures>, 
     ])
     .with_target_partitions(args.partitions);
     let host = Host::new(plugin.clone())?;
-    let modes = ["off", "auto"];
-    let mut figures: Vec<SkewFigures> = ["one process"]
-        .iter()
-        .chain(modes.iter())
+    let mut figures: Vec<SkewFigures> = std::iter::once("one process")
+        .chain(MODES.iter().map(|(mode, _)| *mode))
         .map(|mode| SkewFigures {
-            mode: if *mode == "one process" {
-                mode.to_string()
-            } else {
-                format!("skew_split={mode}")
-            },
+            mode: mode.to_string(),
             runs_ms: Vec::new(),
             median_ms: 0.0,
             tasks: 0,
@@ -151,16 +162,18 @@ pub async fn skew(plugin: &Plugin, args: &SkewArgs) -> Result<Vec<SkewFigures>, 
         let local = host.run_local(SKEW_SQL, &spec).await?;
         figures[0].runs_ms.push(ms(started));
         check(&local, expected, "one process")?;
-        for (index, mode) in modes.iter().enumerate() {
-            let shuffle = root.join(format!("shuffle-{mode}-{run}"));
+        for (index, (mode, options)) in MODES.iter().enumerate() {
+            let shuffle = root.join(format!("shuffle-{index}-{run}"));
             let mut distributed = spec.clone().with_shuffle_dir(&shuffle);
-            distributed
-                .engine_options
-                .insert("skew_split".to_string(), mode.to_string());
+            for (key, value) in *options {
+                distributed
+                    .engine_options
+                    .insert(key.to_string(), value.to_string());
+            }
             let started = Instant::now();
             let result = host.run_distributed(SKEW_SQL, &distributed).await?;
             let elapsed = ms(started);
-            check(&result.batches, expected, &format!("skew_split={mode}"))?;
+            check(&result.batches, expected, mode)?;
             let _ = std::fs::remove_dir_all(&shuffle);
             let entry = &mut figures[index + 1];
             entry.runs_ms.push(elapsed);
@@ -168,7 +181,9 @@ pub async fn skew(plugin: &Plugin, args: &SkewArgs) -> Result<Vec<SkewFigures>, 
             entry.decisions = result
                 .decisions
                 .iter()
-                .filter(|d| d.tasks != d.planned_tasks)
+                .filter(|d| {
+                    d.tasks != d.planned_tasks || d.reason.starts_with("switched to broadcast")
+                })
                 .map(|d| format!("stage {}: {}", d.stage_id, d.reason))
                 .collect();
         }
@@ -181,16 +196,16 @@ pub async fn skew(plugin: &Plugin, args: &SkewArgs) -> Result<Vec<SkewFigures>, 
 }
 
 /// The figures as a table: each mode's median, tasks, and ratio to
-/// `skew_split=off`, then the decisions that split.
+/// `skew_split=off`, then the decisions that split or switched.
 pub fn table(figures: &[SkewFigures]) -> String {
     let off = figures
         .iter()
         .find(|f| f.mode == "skew_split=off")
         .map_or(f64::NAN, |f| f.median_ms);
-    let mut out = String::from("mode               median ms  tasks  / off\n");
+    let mut out = String::from("mode                 median ms  tasks  / off\n");
     for f in figures {
         out.push_str(&format!(
-            "{:<18} {:>9.1}  {:>5}  {:>5.2}\n",
+            "{:<20} {:>9.1}  {:>5}  {:>5.2}\n",
             f.mode,
             f.median_ms,
             f.tasks,
