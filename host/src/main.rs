@@ -83,7 +83,8 @@ struct QueryArgs {
     shuffle_compression: ShuffleCompression,
     /// Set the plugin's dfx_engine.KEY in every session of the query, the
     /// driver's and each worker's (join_filters=off, join_filter_ratio=0.2,
-    /// memory_table_limit=...). Repeatable.
+    /// memory_table_limit=...); a KEY starting with `datafusion.` sets that
+    /// DataFusion setting instead. Repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = dfx_host::session::parse_engine_option)]
     settings: Vec<(String, String)>,
     /// Read the SQL from FILE (`-` for stdin) instead of the argument: a
@@ -353,7 +354,13 @@ fn spec_of(args: &QueryArgs, script: &Script) -> Result<SessionSpec> {
         .with_target_partitions(args.partitions)
         .with_split(args.split)
         .with_shuffle_compression(args.shuffle_compression);
-    spec.engine_options = args.settings.iter().cloned().collect();
+    let (datafusion, engine): (Vec<_>, Vec<_>) = args
+        .settings
+        .iter()
+        .cloned()
+        .partition(|(key, _)| key.starts_with("datafusion."));
+    spec.engine_options = engine.into_iter().collect();
+    spec.datafusion_options = datafusion.into_iter().collect();
     spec.validate()?;
     Ok(spec)
 }

@@ -715,4 +715,22 @@ fn dfx_run_set_gives_every_session_a_plugin_setting() {
     let out = run("join_filters");
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("expected KEY=VALUE"));
+    // A DataFusion key reaches DataFusion: one it takes runs, one it does
+    // not know is refused, naming it; one dfx sets itself is refused too.
+    let out = run("datafusion.optimizer.hash_join_single_partition_threshold=0");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run("datafusion.optimizer.no_such_setting=1");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("datafusion_options sets datafusion.optimizer.no_such_setting"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run("datafusion.optimizer.repartition_file_scans=true");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("but dfx sets it"),
+        "{}",
+        text(&out.stderr)
+    );
 }
