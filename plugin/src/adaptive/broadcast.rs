@@ -15,14 +15,16 @@
 //! ([`super::split`] states which operators allow it): every join on the
 //! probe path keeps probe rows apart, and each partitioned one's build
 //! side is a hash read (under projections, filters or batch coalescing),
-//! which is the read switched to whole. The stage's tasks, maps and plan
-//! stay as planned; its tasks are told (`dfx_engine.broadcast_read`)
+//! which is the read switched to whole. The stage's maps and plan stay as
+//! planned; its tasks are told (`dfx_engine.broadcast_read`)
 //!
 //! ```text
 //! "<stage>:<probe stage>:<build stage>,..."   e.g. "5:3:4"
 //! ```
 //!
-//! and its hash readers read accordingly. What the switch does not save:
+//! and its hash readers read accordingly. Its partitions may be coalesced
+//! as well, by their shares' probe bytes: a group's head reads the whole
+//! group's shares and the build side once. What the switch does not save:
 //! the probe stage has already hashed and published its rows by the time
 //! the build stage's size is known.
 

@@ -120,7 +120,7 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
     // coalescing's decision.
     let mut reasons = Vec::new();
     if switch != BroadcastSwitch::Off {
-        match switch_stage(&root, stage_id, &reads, &config, switch)? {
+        match switch_stage(&root, stage_id, &reads, &config, switch, request.slots)? {
             Some(Ok(adaptation)) => return Ok(adaptation),
             Some(Err(why)) => reasons.push(why),
             None => {}
@@ -167,13 +167,17 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
 
 /// The stage `root` (`stage_id`, reading `reads`) with its partitioned
 /// joins switched to broadcast ones, or why they are not; `None` for a
-/// stage that cannot switch (see [`broadcast`]).
+/// stage that cannot switch (see [`broadcast`]). A switched stage's
+/// partitions are coalesced too, by the probe bytes of their shares of
+/// maps, for `slots` tasks at once: each task reads the build side whole
+/// once, however many partitions it runs.
 fn switch_stage(
     root: &PhysicalPlanNode,
     stage_id: u64,
     reads: &[coalesce::HashRead],
     config: &DfxConfig,
     mode: BroadcastSwitch,
+    slots: usize,
 ) -> Result<Option<std::result::Result<Adaptation, String>>> {
     let Ok((probe, builds)) = broadcast::switchable(root) else {
         return Ok(None);
@@ -185,7 +189,10 @@ fn switch_stage(
     if build_reads.len() != builds.len() || !reads.iter().any(|r| r.stage_id == probe) {
         return Ok(None);
     }
-    let build_bytes = futures::executor::block_on(async {
+    let Some(probe_read) = reads.iter().find(|r| r.stage_id == probe).cloned() else {
+        return Ok(None);
+    };
+    let (build_bytes, probe_maps) = futures::executor::block_on(async {
         let config = config.clone();
         crate::exchange::store::on_io(async move {
             let mut totals = Vec::with_capacity(build_reads.len());
@@ -193,7 +200,12 @@ fn switch_stage(
                 let per_map = coalesce::map_bucket_bytes(read, &config).await?;
                 totals.push(per_map.iter().flatten().sum::<u64>());
             }
-            Ok::<_, DataFusionError>(totals)
+            let probe_maps: Vec<u64> = coalesce::map_bucket_bytes(&probe_read, &config)
+                .await?
+                .iter()
+                .map(|buckets| buckets.iter().sum())
+                .collect();
+            Ok::<_, DataFusionError>((totals, probe_maps))
         })
         .await
     })
@@ -202,9 +214,41 @@ fn switch_stage(
     let Some(read) = read else {
         return Ok(Some(Err(reason)));
     };
+    let mut settings = BTreeMap::from([(BROADCAST_READ.to_string(), read.format())]);
+    let coalescing = config.coalesce()?;
+    if coalescing == Coalesce::Off {
+        return Ok(Some(Ok(Adaptation {
+            groups: None,
+            settings,
+            reason: Some(reason),
+            tasks: None,
+        })));
+    }
+    let partitions = reads[0].buckets;
+    let bytes: Vec<u64> = (0..partitions)
+        .map(|p| {
+            BroadcastRead::probe_maps(p, partitions, probe_maps.len())
+                .map(|m| probe_maps[m])
+                .sum()
+        })
+        .collect();
+    let (groups, grouped) = coalesce::decide(&bytes, coalescing, slots, config.coalesce_task_bytes);
+    let reason = format!("{reason}; {grouped}");
+    let Some(groups) = groups else {
+        return Ok(Some(Ok(Adaptation {
+            groups: None,
+            settings,
+            reason: Some(reason),
+            tasks: None,
+        })));
+    };
+    settings.insert(
+        COALESCED_PARTITIONS.to_string(),
+        PartitionGroups::format(stage_id, &groups),
+    );
     Ok(Some(Ok(Adaptation {
-        groups: None,
-        settings: BTreeMap::from([(BROADCAST_READ.to_string(), read.format())]),
+        groups: Some(groups.iter().map(|g| [*g.start(), *g.end()]).collect()),
+        settings,
         reason: Some(reason),
         tasks: None,
     })))

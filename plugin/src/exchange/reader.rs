@@ -272,6 +272,43 @@ impl ShuffleReaderExec {
     }
 }
 
+impl ShuffleReaderExec {
+    /// The pieces of `partition` in a stage switched to a broadcast join
+    /// (`read`), or `None` when this reader is not one it switched: a
+    /// probe side reads every bucket of its partition's share of the maps,
+    /// a build side every bucket of every map. In a coalesced task
+    /// (`groups`), the group's head reads the shares of the whole group
+    /// and the build side once, and the group's other partitions nothing.
+    fn switched_pieces(
+        &self,
+        partition: usize,
+        read: &BroadcastRead,
+        groups: Option<&PartitionGroups>,
+    ) -> Option<Vec<(usize, usize)>> {
+        let probe = read.probe_stage == self.stage_id;
+        if !probe && !read.build_stages.contains(&self.stage_id) {
+            return None;
+        }
+        let (first, last) = match groups.map(|g| g.role(partition)) {
+            None | Some(PartitionRole::Own) => (partition, partition),
+            Some(PartitionRole::Head(group)) => (*group.start(), *group.end()),
+            Some(PartitionRole::Member) => return Some(Vec::new()),
+        };
+        let maps = if probe {
+            let start = BroadcastRead::probe_maps(first, self.buckets, self.maps).start;
+            let end = BroadcastRead::probe_maps(last, self.buckets, self.maps).end;
+            start..end
+        } else {
+            0..self.maps
+        };
+        let buckets = self.buckets;
+        Some(
+            maps.flat_map(|m| (0..buckets).map(move |b| (m, b)))
+                .collect(),
+        )
+    }
+}
+
 impl DisplayAs for ShuffleReaderExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
@@ -375,17 +412,10 @@ impl ShuffleReaderExec {
             .broadcast_read()
             .map_err(|e| self.error(partition, e))?
             .filter(|_| self.mode == ReadMode::Hash);
+        let switched =
+            switched.and_then(|read| self.switched_pieces(partition, &read, groups.as_ref()));
         let pieces = match (split, switched) {
-            // A switched stage's probe side: its share of the maps, whole.
-            (_, Some(read)) if read.probe_stage == self.stage_id => {
-                BroadcastRead::probe_maps(partition, self.buckets, self.maps)
-                    .flat_map(|m| (0..self.buckets).map(move |b| (m, b)))
-                    .collect()
-            }
-            // A switched stage's build side: every bucket of every map.
-            (_, Some(read)) if read.build_stages.contains(&self.stage_id) => (0..self.maps)
-                .flat_map(|m| (0..self.buckets).map(move |b| (m, b)))
-                .collect(),
+            (_, Some(pieces)) => pieces,
             // The probe side of a part of a split partition: its maps only.
             (Some(split), _)
                 if self.mode == ReadMode::Hash
