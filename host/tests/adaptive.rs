@@ -321,7 +321,12 @@ async fn a_skewed_partition_is_split_among_tasks_by_its_probe_maps() {
     ];
     for (run, options) in settings.iter().enumerate() {
         let shuffle = dir.path().join(format!("shuffle-{run}"));
-        let mut distributed = spec.clone().with_shuffle_dir(&shuffle);
+        // The broadcast switch, tried first, would take this join.
+        let mut distributed = with_option(
+            spec.clone().with_shuffle_dir(&shuffle),
+            "broadcast_switch",
+            "off",
+        );
         for (key, value) in *options {
             distributed = with_option(distributed, key, value);
         }
@@ -373,15 +378,14 @@ async fn a_skewed_partition_is_split_among_tasks_by_its_probe_maps() {
 async fn a_lost_added_map_of_a_split_partition_runs_again() {
     let dir = tempfile::tempdir().unwrap();
     let shuffle = dir.path().join("shuffle");
-    let spec = with_option(
-        with_option(
-            skewed_join_tables(dir.path()).with_shuffle_dir(&shuffle),
-            "skew_split",
-            "on",
-        ),
-        "coalesce",
-        "off",
-    );
+    let mut spec = skewed_join_tables(dir.path()).with_shuffle_dir(&shuffle);
+    for (key, value) in [
+        ("skew_split", "on"),
+        ("broadcast_switch", "off"),
+        ("coalesce", "off"),
+    ] {
+        spec = with_option(spec, key, value);
+    }
     let (_, stages) = planned(&spec, SKEWED_JOIN).await;
     let join = stages
         .iter()
@@ -491,13 +495,13 @@ fn map_rows(shuffle: &std::path::Path, stage: u64, maps: usize) -> Vec<u64> {
 }
 
 /// The skewed tables' partitioned join, switched to a broadcast join
-/// (forced on, or `auto` under a threshold above d's published bytes):
+/// (forced on; `auto` under a threshold above d's published bytes; `auto`
+/// at its default threshold, for the skewed partition):
 /// the join's stage runs its four planned tasks, each reading d whole and
 /// its share of t's two maps whole, so key 0's rows are divided as t's
 /// files divide them: 200,000 joined rows from the first file, 160,000 plus
-/// the tail's 20,000 from the second. `off`, and `auto` at its default
-/// threshold (d publishes more), keep the join partitioned: key 0's rows
-/// all in one task.
+/// the tail's 20,000 from the second. `off` keeps the join partitioned:
+/// key 0's rows all in one task.
 #[tokio::test]
 async fn a_partitioned_join_with_a_small_build_side_runs_as_a_broadcast_join() {
     const JOINED: &str = "SELECT t.k, t.v FROM t JOIN d ON t.k = d.k";
@@ -537,7 +541,9 @@ async fn a_partitioned_join_with_a_small_build_side_runs_as_a_broadcast_join() {
             &[("broadcast_switch", "on"), ("coalesce", "on")],
             Some((2, [200_000, 0, 0, 180_000])),
         ),
-        (&[("coalesce", "off")], None),
+        // `auto`: d publishes more than the threshold, but key 0's
+        // partition makes one task read more than any would switched.
+        (&[("coalesce", "off")], Some((4, [0, 200_000, 0, 180_000]))),
         (&[("broadcast_switch", "off"), ("coalesce", "off")], None),
     ];
     for (run, (options, switched)) in settings.into_iter().enumerate() {
@@ -563,6 +569,13 @@ async fn a_partitioned_join_with_a_small_build_side_runs_as_a_broadcast_join() {
             assert_eq!(decided.len(), 1, "{options:?}: {:?}", result.decisions);
             assert_eq!((decided[0].planned_tasks, decided[0].tasks), (4, tasks));
             assert_eq!(published, rows, "{options:?}");
+            if options == [("coalesce", "off")] {
+                assert!(
+                    decided[0].reason.contains("its slowest worker reads"),
+                    "{}",
+                    decided[0].reason
+                );
+            }
         } else {
             assert!(decided.is_empty(), "{options:?}: {:?}", result.decisions);
             assert!(

@@ -48,9 +48,10 @@
 //!   [`crate::adaptive::split`]).
 //! - `dfx_engine.broadcast_switch`: adaptive broadcast switching (see
 //!   [`crate::adaptive::broadcast`]): `auto` (the default: a partitioned
-//!   join whose build stages published at most `broadcast_switch_bytes`
-//!   runs as a broadcast join), `on` (every join that can switch does) or
-//!   `off`.
+//!   join runs as a broadcast join when its build stages published at most
+//!   `broadcast_switch_bytes`, or when its slowest worker would read fewer
+//!   bytes switched, as under a skewed partition), `on` (every join that
+//!   can switch does) or `off`.
 //! - `dfx_engine.broadcast_switch_bytes`: that most, 1 MiB by default
 //!   (DataFusion's own size under which it collects a build side).
 //! - `dfx_engine.broadcast_read`: set by the scheduler, never by a user:

@@ -192,25 +192,27 @@ fn switch_stage(
     let Some(probe_read) = reads.iter().find(|r| r.stage_id == probe).cloned() else {
         return Ok(None);
     };
-    let (build_bytes, probe_maps) = futures::executor::block_on(async {
+    let bytes = futures::executor::block_on(async {
         let config = config.clone();
         crate::exchange::store::on_io(async move {
-            let mut totals = Vec::with_capacity(build_reads.len());
+            let mut build_buckets = vec![0u64; probe_read.buckets];
             for read in &build_reads {
-                let per_map = coalesce::map_bucket_bytes(read, &config).await?;
-                totals.push(per_map.iter().flatten().sum::<u64>());
+                for map in coalesce::map_bucket_bytes(read, &config).await? {
+                    for (total, bucket) in build_buckets.iter_mut().zip(map) {
+                        *total += bucket;
+                    }
+                }
             }
-            let probe_maps: Vec<u64> = coalesce::map_bucket_bytes(&probe_read, &config)
-                .await?
-                .iter()
-                .map(|buckets| buckets.iter().sum())
-                .collect();
-            Ok::<_, DataFusionError>((totals, probe_maps))
+            let probe_maps = coalesce::map_bucket_bytes(&probe_read, &config).await?;
+            Ok::<_, DataFusionError>(broadcast::JoinBytes {
+                build_buckets,
+                probe_maps,
+            })
         })
         .await
     })
     .map_err(|e| fail(format!("stage {stage_id}: {e}")))??;
-    let (read, reason) = broadcast::decide(stage_id, reads, probe, &builds, &build_bytes, mode);
+    let (read, reason) = broadcast::decide(stage_id, reads, (probe, &builds), &bytes, mode, slots);
     let Some(read) = read else {
         return Ok(Some(Err(reason)));
     };
@@ -224,15 +226,17 @@ fn switch_stage(
             tasks: None,
         })));
     }
-    let partitions = reads[0].buckets;
-    let bytes: Vec<u64> = (0..partitions)
+    let partitions = bytes.build_buckets.len();
+    let maps: Vec<u64> = bytes.probe_maps.iter().map(|m| m.iter().sum()).collect();
+    let shares: Vec<u64> = (0..partitions)
         .map(|p| {
-            BroadcastRead::probe_maps(p, partitions, probe_maps.len())
-                .map(|m| probe_maps[m])
+            BroadcastRead::probe_maps(p, partitions, maps.len())
+                .map(|m| maps[m])
                 .sum()
         })
         .collect();
-    let (groups, grouped) = coalesce::decide(&bytes, coalescing, slots, config.coalesce_task_bytes);
+    let (groups, grouped) =
+        coalesce::decide(&shares, coalescing, slots, config.coalesce_task_bytes);
     let reason = format!("{reason}; {grouped}");
     let Some(groups) = groups else {
         return Ok(Some(Ok(Adaptation {
