@@ -257,11 +257,7 @@ pub async fn run_cli(args: BenchArgs) -> Result<ExitCode, TpchError> {
                 .map_err(|e| HostError::io("cannot find", "the running executable", e))?;
             let report = overhead(&plugin, &exe, args.tasks).await?;
             print!("{}", report.table());
-            if let Some(path) = &args.json {
-                let text = serde_json::to_string_pretty(&report)
-                    .map_err(|e| TpchError::Invalid(format!("cannot serialise the report: {e}")))?;
-                std::fs::write(path, text + "\n").map_err(|e| TpchError::io(path, e))?;
-            }
+            write_json(args.json.as_deref(), &report)?;
             Ok(ExitCode::SUCCESS)
         }
         BenchCommand::Task(args) => {
@@ -269,30 +265,44 @@ pub async fn run_cli(args: BenchArgs) -> Result<ExitCode, TpchError> {
             Ok(ExitCode::SUCCESS)
         }
         BenchCommand::ManyFiles(args) => {
-            let plugin = load_plugin(args.plugin.as_deref())?;
+            let plugin = load_plugin(args.output.plugin.as_deref())?;
             let figures = many_files::many_files(&plugin, &args).await?;
             print!("{}", many_files::table(&figures));
-            if let Some(path) = &args.json {
-                let text = serde_json::to_string_pretty(&figures).map_err(|e| {
-                    TpchError::Invalid(format!("cannot serialise the figures: {e}"))
-                })?;
-                std::fs::write(path, text + "\n").map_err(|e| TpchError::io(path, e))?;
-            }
+            write_json(args.output.json.as_deref(), &figures)?;
             Ok(ExitCode::SUCCESS)
         }
         BenchCommand::Skew(args) => {
-            let plugin = load_plugin(args.plugin.as_deref())?;
+            let plugin = load_plugin(args.output.plugin.as_deref())?;
             let figures = skew::skew(&plugin, &args).await?;
             print!("{}", skew::table(&figures));
-            if let Some(path) = &args.json {
-                let text = serde_json::to_string_pretty(&figures).map_err(|e| {
-                    TpchError::Invalid(format!("cannot serialise the figures: {e}"))
-                })?;
-                std::fs::write(path, text + "\n").map_err(|e| TpchError::io(path, e))?;
-            }
+            write_json(args.output.json.as_deref(), &figures)?;
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// The options every benchmark with files of its own takes.
+#[derive(Debug, Clone, Args)]
+pub struct BenchOutput {
+    /// Where the tables and shuffle locations go (default: a temp directory).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// The plugin file (default: $DFX_PLUGIN, else beside this executable).
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+    /// Also write the figures as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// Write `figures` as pretty JSON to `path`, when one was asked for.
+fn write_json(path: Option<&Path>, figures: &impl Serialize) -> Result<(), TpchError> {
+    let Some(path) = path else {
+        return Ok(());
+    };
+    let text = serde_json::to_string_pretty(figures)
+        .map_err(|e| TpchError::Invalid(format!("cannot serialise the figures: {e}")))?;
+    std::fs::write(path, text + "\n").map_err(|e| TpchError::io(path, e))
 }
 
 fn now_ns() -> u128 {

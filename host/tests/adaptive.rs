@@ -202,34 +202,17 @@ case "$1" in */task-{last}-0.json) rm -f {lost} ;; esac"#,
     assert!(bucket_rows(&lost).iter().all(|&rows| rows == 0));
 }
 
-/// A table of `k` and `v`, one Parquet file per entry of `files`.
-fn keys_table(dir: &std::path::Path, name: &str, files: &[Vec<i64>]) -> std::path::PathBuf {
-    use std::sync::Arc;
-
-    use datafusion::arrow::array::{Int64Array, RecordBatch};
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
-    use datafusion::parquet::arrow::ArrowWriter;
-
+/// The table `name` under `dir`: `rows` rows of `k` (`key(row)`) and `v`
+/// (1) over `files` Parquet files.
+fn keys_table(
+    dir: &std::path::Path,
+    name: &str,
+    files: u64,
+    rows: u64,
+    key: impl Fn(u64) -> i64,
+) -> std::path::PathBuf {
     let table = dir.join(name);
-    std::fs::create_dir_all(&table).unwrap();
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("k", DataType::Int64, false),
-        Field::new("v", DataType::Int64, false),
-    ]));
-    for (file, keys) in files.iter().enumerate() {
-        let batch = RecordBatch::try_new(
-            Arc::clone(&schema),
-            vec![
-                Arc::new(Int64Array::from(keys.clone())),
-                Arc::new(Int64Array::from(vec![1i64; keys.len()])),
-            ],
-        )
-        .unwrap();
-        let out = std::fs::File::create(table.join(format!("part-{file}.parquet"))).unwrap();
-        let mut writer = ArrowWriter::try_new(out, Arc::clone(&schema), None).unwrap();
-        writer.write(&batch).unwrap();
-        writer.close().unwrap();
-    }
+    dfx_host::bench::skew::write_keys_table(&table, files, rows, key).unwrap();
     table
 }
 
@@ -241,11 +224,12 @@ async fn a_skewed_join_answers_alike_whatever_coalescing_does() {
     const SKEWED: &str = "SELECT count(*) AS n, count(d.k) AS matched, sum(t.v) AS v \
          FROM t LEFT JOIN d ON t.k = d.k";
     let dir = tempfile::tempdir().unwrap();
-    // t: key 0 nine thousand times, keys 1..=1000 once; d: keys 0..=500.
-    let skewed: Vec<i64> = std::iter::repeat_n(0, 9_000).chain(1..=1_000).collect();
-    let halves: Vec<Vec<i64>> = skewed.chunks(5_000).map(<[i64]>::to_vec).collect();
-    let t = keys_table(dir.path(), "t", &halves);
-    let d = keys_table(dir.path(), "d", &[(0..=500).collect()]);
+    // t: key 0 nine thousand times, keys 1..=1000 once, in two files; d:
+    // keys 0..=500.
+    let t = keys_table(dir.path(), "t", 2, 10_000, |row| {
+        row.saturating_sub(8_999) as i64
+    });
+    let d = keys_table(dir.path(), "d", 1, 501, |row| row as i64);
     let spec =
         SessionSpec::new([("t".to_string(), t), ("d".to_string(), d)]).with_target_partitions(4);
     let host = host();
@@ -276,10 +260,10 @@ async fn a_skewed_join_answers_alike_whatever_coalescing_does() {
 /// its other side, every even key of 0..=600,000 (more rows than
 /// DataFusion broadcasts, fewer than the skewed side, so it is the build).
 fn skewed_join_tables(dir: &std::path::Path) -> SessionSpec {
-    let skewed: Vec<i64> = std::iter::repeat_n(0, 360_000).chain(1..=40_000).collect();
-    let halves: Vec<Vec<i64>> = skewed.chunks(200_000).map(<[i64]>::to_vec).collect();
-    let t = keys_table(dir, "t", &halves);
-    let d = keys_table(dir, "d", &[(0..=600_000).step_by(2).collect()]);
+    let t = keys_table(dir, "t", 2, 400_000, |row| {
+        row.saturating_sub(359_999) as i64
+    });
+    let d = keys_table(dir, "d", 1, 300_001, |row| 2 * row as i64);
     SessionSpec::new([("t".to_string(), t), ("d".to_string(), d)]).with_target_partitions(4)
 }
 

@@ -58,15 +58,9 @@ pub struct ManyFilesArgs {
     /// against one process.
     #[arg(long)]
     pub run: bool,
-    /// Where the tables and shuffle locations go (default: a temp directory).
-    #[arg(long, value_name = "DIR")]
-    pub dir: Option<PathBuf>,
-    /// The plugin file (default: $DFX_PLUGIN, else beside this executable).
-    #[arg(long, value_name = "PATH")]
-    pub plugin: Option<PathBuf>,
-    /// Also write the figures as JSON to this file.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// Where its files go, the plugin, and the JSON figures.
+    #[command(flatten)]
+    pub output: super::BenchOutput,
 }
 
 /// The figures of one file count.
@@ -149,7 +143,7 @@ pub async fn many_files(
     plugin: &Plugin,
     args: &ManyFilesArgs,
 ) -> Result<Vec<ManyFilesFigures>, TpchError> {
-    let scratch = match &args.dir {
+    let scratch = match &args.output.dir {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(|e| TpchError::io(dir, e))?;
             tempfile::Builder::new()

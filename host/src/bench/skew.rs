@@ -16,7 +16,7 @@
 //! one task probes all of them while the other slots idle. Every answer is
 //! checked against the one the tables were built to give.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -68,16 +68,10 @@ pub struct SkewArgs {
     /// Runs of each mode, taken in turn (medians are reported).
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub runs: usize,
-    /// Where the tables and shuffle locations go (default: a temp
-    /// directory); tables already there are reused.
-    #[arg(long, value_name = "DIR")]
-    pub dir: Option<PathBuf>,
-    /// The plugin file (default: $DFX_PLUGIN, else beside this executable).
-    #[arg(long, value_name = "PATH")]
-    pub plugin: Option<PathBuf>,
-    /// Also write the figures as JSON to this file.
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    /// Where its files go (tables already there are reused), the plugin,
+    /// and the JSON figures.
+    #[command(flatten)]
+    pub output: super::BenchOutput,
 }
 
 /// The figures of one way of running the query.
@@ -111,7 +105,7 @@ pub async fn skew(plugin: &Plugin, args: &SkewArgs) -> Result<Vec<SkewFigures>, 
         )));
     }
     let temp;
-    let root = match &args.dir {
+    let root = match &args.output.dir {
         Some(dir) => dir.clone(),
         None => {
             temp = tempfile::tempdir().map_err(|e| TpchError::io(Path::new("a temp dir"), e))?;
@@ -124,10 +118,10 @@ pub async fn skew(plugin: &Plugin, args: &SkewArgs) -> Result<Vec<SkewFigures>, 
     let t = tables.join("t");
     let d = tables.join("d");
     if !t.is_dir() || !d.is_dir() {
-        write_table(&t, args.files, args.rows, |row| {
+        write_keys_table(&t, args.files, args.rows, |row| {
             if row < hot { 0 } else { (row - hot + 1) as i64 }
         })?;
-        write_table(&d, 1, cold + 1, |row| 2 * row as i64)?;
+        write_keys_table(&d, 1, cold + 1, |row| 2 * row as i64)?;
     }
     // Every row of t; key 0's rows and the even keys among 1..=cold match.
     let expected = (args.rows as i64, (hot + cold / 2) as i64);
@@ -232,7 +226,13 @@ fn check(batches: &[RecordBatch], expected: (i64, i64), mode: &str) -> Result<()
 
 /// A table of `k` (row `r`'s key is `key(r)`) and `v` = 1, its `rows`
 /// rows in `files` Parquet files of adjacent rows.
-fn write_table(
+/// Write a table of `k` (`key(row)`) and `v` (1) into `dir`: `rows` rows
+/// over `files` Parquet files of as even a share as counts allow.
+///
+/// # Errors
+///
+/// A directory or file that cannot be written.
+pub fn write_keys_table(
     dir: &Path,
     files: u64,
     rows: u64,

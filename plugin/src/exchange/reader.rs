@@ -270,9 +270,7 @@ impl ShuffleReaderExec {
                 .collect(),
         }
     }
-}
 
-impl ShuffleReaderExec {
     /// The pieces of `partition` in a stage switched to a broadcast join
     /// (`read`), or `None` when this reader is not one it switched: a
     /// probe side reads every bucket of its partition's share of the maps,
@@ -415,6 +413,7 @@ impl ShuffleReaderExec {
         let switched =
             switched.and_then(|read| self.switched_pieces(partition, &read, groups.as_ref()));
         let pieces = match (split, switched) {
+            // A switched join's probe or build side.
             (_, Some(pieces)) => pieces,
             // The probe side of a part of a split partition: its maps only.
             (Some(split), _)

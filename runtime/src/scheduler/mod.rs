@@ -692,9 +692,8 @@ impl Adapter<'_> {
     /// its tasks so: every task of the stage is told the plugin's settings;
     /// when partitions are grouped, each group's first task runs the
     /// group, the others are `covered`, and a lost map of theirs reruns
-    /// the group's task. The
-    /// decision, if one was made; a failed answer leaves the stage as
-    /// planned and says why.
+    /// the group's task. The decision, if one was made; a failed answer
+    /// leaves the stage as planned and says why.
     fn adapt(
         &self,
         stage: u64,
