@@ -8,6 +8,9 @@
 //! {"node": "filter", "keys": [...], "max_rows": N,
 //!  "build": {"stage_id": S, "maps": M, "buckets": B, "shuffle_dir": "..."}}
 //! ```
+//!
+//! A filter that only prunes its scan (its rows tested higher in its
+//! stage) is `"node": "bounds"`, with the same fields.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,6 +35,7 @@ use super::summarize::KeySummaryExec;
 enum Role {
     Summary,
     Filter,
+    Bounds,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -97,7 +101,11 @@ pub fn encode_node(
             ))
         })?;
         NodeWire {
-            node: Role::Filter,
+            node: if filter.tests_rows() {
+                Role::Filter
+            } else {
+                Role::Bounds
+            },
             keys: encode_keys(filter.keys(), codec, converter)?,
             max_rows: filter.max_build_rows(),
             build: Some(BuildWire {
@@ -165,18 +173,24 @@ pub fn decode_node(
             keys,
             wire.max_rows,
         ))),
-        (Role::Filter, Some(build)) => Ok(Arc::new(JoinFilterExec::new(
-            Arc::clone(input),
-            keys,
-            BuildStage {
-                stage_id: build.stage_id,
-                maps: build.maps as usize,
-                buckets: build.buckets as usize,
-                shuffle_dir: PathBuf::from(build.shuffle_dir),
-            },
-            wire.max_rows,
-        ))),
+        (role @ (Role::Filter | Role::Bounds), Some(build)) => {
+            let filter = JoinFilterExec::new(
+                Arc::clone(input),
+                keys,
+                BuildStage {
+                    stage_id: build.stage_id,
+                    maps: build.maps as usize,
+                    buckets: build.buckets as usize,
+                    shuffle_dir: PathBuf::from(build.shuffle_dir),
+                },
+                wire.max_rows,
+            );
+            Ok(Arc::new(match role {
+                Role::Bounds => filter.bounds_only(),
+                _ => filter,
+            }))
+        }
         (Role::Summary, Some(_)) => Err(fail("a summary node names a build stage")),
-        (Role::Filter, None) => Err(fail("a filter node names no build stage")),
+        (Role::Filter | Role::Bounds, None) => Err(fail("a filter node names no build stage")),
     }
 }

@@ -72,6 +72,10 @@ pub struct JoinFilterExec {
     keys: Vec<Arc<dyn PhysicalExpr>>,
     build: BuildStage,
     max_build_rows: u64,
+    /// Whether it tests each row; `false`: it only prunes the scan below
+    /// it by the keys' bounds, and a filter higher in its stage tests the
+    /// rows (after the stage's own joins, see [`crate::filters::plan`]).
+    tests_rows: bool,
     metrics: ExecutionPlanMetricsSet,
     _live: LiveObject,
 }
@@ -91,9 +95,22 @@ impl JoinFilterExec {
             keys,
             build,
             max_build_rows,
+            tests_rows: true,
             metrics: ExecutionPlanMetricsSet::new(),
             _live: LiveObject::new(),
         }
+    }
+
+    /// The same filter pruning its scan by the keys' bounds only, its rows
+    /// passing untested.
+    pub fn bounds_only(mut self) -> Self {
+        self.tests_rows = false;
+        self
+    }
+
+    /// Whether it tests each row (else it only prunes its scan).
+    pub fn tests_rows(&self) -> bool {
+        self.tests_rows
     }
 
     /// The probe key expressions.
@@ -122,10 +139,11 @@ impl DisplayAs for JoinFilterExec {
         let keys: Vec<String> = self.keys.iter().map(|k| k.to_string()).collect();
         write!(
             f,
-            "{JOIN_FILTER_NODE_NAME}: keys=[{}], build_stage={}, max_build_rows={}",
+            "{JOIN_FILTER_NODE_NAME}: keys=[{}], build_stage={}, max_build_rows={}{}",
             keys.join(", "),
             self.build.stage_id,
-            self.max_build_rows
+            self.max_build_rows,
+            if self.tests_rows { "" } else { ", bounds only" }
         )
     }
 }
@@ -167,12 +185,17 @@ impl ExecutionPlan for JoinFilterExec {
                 children.len()
             )));
         }
-        Ok(Arc::new(Self::new(
+        let filter = Self::new(
             children.swap_remove(0),
             self.keys.clone(),
             self.build.clone(),
             self.max_build_rows,
-        )))
+        );
+        Ok(Arc::new(if self.tests_rows {
+            filter
+        } else {
+            filter.bounds_only()
+        }))
     }
 
     fn with_new_children(
@@ -220,6 +243,7 @@ impl JoinFilterExec {
         let keys = self.keys.clone();
         let build = self.build.clone();
         let max_build_rows = self.max_build_rows;
+        let tests_rows = self.tests_rows;
         let dropped = metrics::MetricBuilder::new(&self.metrics).counter("rows_dropped", partition);
         let kept = metrics::MetricBuilder::new(&self.metrics).output_rows(partition);
         let opened = async move {
@@ -242,6 +266,9 @@ impl JoinFilterExec {
                 return Ok(empty);
             }
             let input = with_bounds_pruning(&input, &keys, &filter)?;
+            if !tests_rows {
+                return input.execute(partition, context);
+            }
             let bounds = bounds_predicate(&keys, &filter);
             let stream = input.execute(partition, context)?;
             // Forced on (no threshold), it never gives up.
