@@ -120,7 +120,11 @@ async fn a_filtered_probe_stage_publishes_only_matching_rows_through_real_worker
             // The summary below the build stage's writer, the filter below
             // the probe stage's.
             let explained = host.explain(SQL, &spec).await.unwrap();
-            assert!(explained.contains("JoinFilterExec"), "{explained}");
+            assert_eq!(
+                explained.matches("JoinFilterExec").count(),
+                1,
+                "{explained}"
+            );
             assert!(explained.contains("KeySummaryExec"), "{explained}");
         }
     }

@@ -409,12 +409,15 @@ impl Placement {
     /// keeps 0.7 % of its rows by its join with part, and testing all of
     /// them first took most of its time). The filter below keeps pruning
     /// its scan by the keys' bounds, or goes when it is not over a scan.
+    /// A filter placed in another stage below (through a reader) stays
+    /// there, and `joined` is returned as it is.
     fn hoisted(
         &self,
         joined: Arc<dyn ExecutionPlan>,
         keys: Vec<Arc<dyn PhysicalExpr>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let stage = self.build.stage_id;
+        let mut moved = false;
         let joined = joined
             .transform_down(|node| {
                 // Another stage: none of this filter's nodes is there.
@@ -427,6 +430,7 @@ impl Placement {
                 if filter.build().stage_id != stage || !filter.tests_rows() {
                     return Ok(Transformed::no(node));
                 }
+                moved = true;
                 let input = Arc::clone(filter.input());
                 if !(input.is::<DataSourceExec>() || input.is::<StoreScanExec>()) {
                     return Ok(Transformed::yes(input));
@@ -441,6 +445,9 @@ impl Placement {
                 Ok(Transformed::yes(Arc::new(bounds) as Arc<dyn ExecutionPlan>))
             })
             .data()?;
+        if !moved {
+            return Ok(joined);
+        }
         Ok(Arc::new(JoinFilterExec::new(
             joined,
             keys,
