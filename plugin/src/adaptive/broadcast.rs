@@ -32,14 +32,9 @@ use std::ops::Range;
 
 use datafusion::common::{DataFusionError, Result};
 use datafusion_proto::protobuf::PhysicalPlanNode;
-use datafusion_proto::protobuf::physical_plan_node::PhysicalPlanType;
-use datafusion_proto::protobuf::{AggregateMode, JoinType, PartitionMode};
 
 use super::coalesce::{HashRead, human};
-use crate::codec::Payload;
 use crate::config::BroadcastSwitch;
-use crate::exchange::ReadMode;
-use crate::map_files::find_payload;
 
 /// Parsed `dfx_engine.broadcast_read`: the reads of a switched stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,107 +108,15 @@ impl BroadcastRead {
 /// The probe stage of the stage `root` (an encoded writer) and the build
 /// stages its partitioned joins read, when it can be switched, or why not.
 pub fn switchable(root: &PhysicalPlanNode) -> std::result::Result<(u64, Vec<u64>), String> {
-    let Some(PhysicalPlanType::Extension(writer)) = root.physical_plan_type.as_ref() else {
-        return Err("its root is not a stage writer".into());
-    };
-    let [input] = &writer.inputs[..] else {
-        return Err("its writer has no one input".into());
-    };
     let mut builds = Vec::new();
-    let probe = probe_path(input, &mut builds)?;
+    let probe = super::split::probe_path(super::split::writer_input(root)?, &mut builds)?;
     if builds.is_empty() {
         return Err("no partitioned join on its probe side".into());
     }
+    let builds = builds
+        .into_iter()
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     Ok((probe, builds))
-}
-
-/// Down the probe side of `node` to its hash read, collecting the build
-/// stage of each partitioned join on the way.
-fn probe_path(node: &PhysicalPlanNode, builds: &mut Vec<u64>) -> std::result::Result<u64, String> {
-    use PhysicalPlanType as T;
-    let Some(kind) = node.physical_plan_type.as_ref() else {
-        return Err("a node the plan does not name".into());
-    };
-    let only = |input: &Option<Box<PhysicalPlanNode>>, builds: &mut Vec<u64>| match input {
-        Some(input) => probe_path(input, builds),
-        None => Err("a node without its input".into()),
-    };
-    match kind {
-        T::Projection(n) => only(&n.input, builds),
-        T::Filter(n) => only(&n.input, builds),
-        T::CoalesceBatches(n) => only(&n.input, builds),
-        T::Aggregate(n) if n.mode == AggregateMode::Partial as i32 => only(&n.input, builds),
-        T::Aggregate(_) => Err("an aggregate that is not partial sees every row of a key".into()),
-        T::HashJoin(join) => {
-            let keeps_probe_rows_apart = [
-                JoinType::Inner,
-                JoinType::Right,
-                JoinType::Rightsemi,
-                JoinType::Rightanti,
-                JoinType::Rightmark,
-            ]
-            .iter()
-            .any(|t| *t as i32 == join.join_type);
-            if !keeps_probe_rows_apart {
-                return Err("a join that emits its build side's unmatched rows".into());
-            }
-            if join.partition_mode == PartitionMode::Partitioned as i32 {
-                let Some(left) = join.left.as_deref() else {
-                    return Err("a join without its build side".into());
-                };
-                builds.push(build_read(left)?);
-            } else if join.partition_mode != PartitionMode::CollectLeft as i32 {
-                return Err("a join that is neither partitioned nor a broadcast one".into());
-            }
-            only(&join.right, builds)
-        }
-        T::Extension(extension) => hash_read_stage(extension, "its probe side"),
-        _ => Err("an operator between the probe side and the writer sees many rows at once".into()),
-    }
-}
-
-/// The stage a partitioned join's build side `node` reads by hash, under
-/// operators that treat rows one by one.
-fn build_read(node: &PhysicalPlanNode) -> std::result::Result<u64, String> {
-    use PhysicalPlanType as T;
-    match node.physical_plan_type.as_ref() {
-        Some(T::Projection(n)) => n
-            .input
-            .as_deref()
-            .map_or_else(|| Err("a node without its input".into()), build_read),
-        Some(T::Filter(n)) => n
-            .input
-            .as_deref()
-            .map_or_else(|| Err("a node without its input".into()), build_read),
-        Some(T::CoalesceBatches(n)) => n
-            .input
-            .as_deref()
-            .map_or_else(|| Err("a node without its input".into()), build_read),
-        Some(T::Extension(extension)) => hash_read_stage(extension, "its build side"),
-        _ => Err("a build side that is not a stage read by hash".into()),
-    }
-}
-
-/// The stage a hash reader reads; `side` names where it was met.
-fn hash_read_stage(
-    extension: &datafusion_proto::protobuf::PhysicalExtensionNode,
-    side: &str,
-) -> std::result::Result<u64, String> {
-    match find_payload(&extension.node).map(|(_, p)| p) {
-        Some(Payload::Reader(ReadMode::Hash)) => extension
-            .inputs
-            .first()
-            .and_then(|w| match w.physical_plan_type.as_ref()? {
-                PhysicalPlanType::Extension(w) => match find_payload(&w.node)? {
-                    (_, Payload::Writer(writer)) => Some(writer.stage_id),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .ok_or_else(|| "a hash reader without its stage's writer".into()),
-        Some(other) => Err(format!("{side} holds a {}", other.node_name())),
-        None => Err("an extension node that is not dfx's".into()),
-    }
 }
 
 /// What a stage's inputs published, as a switch is decided from.

@@ -136,14 +136,12 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
     if mode == Coalesce::Off {
         return Ok(Adaptation::default());
     }
-    let bytes = futures::executor::block_on(async {
+    let bytes = {
         let config = config.clone();
-        crate::exchange::store::on_io(
-            async move { coalesce::partition_bytes(&reads, &config).await },
-        )
-        .await
-    })
-    .map_err(|e| fail(format!("stage {stage_id}: {e}")))??;
+        on_io_blocking(stage_id, async move {
+            coalesce::partition_bytes(&reads, &config).await
+        })?
+    };
     let (groups, reason) =
         coalesce::decide(&bytes, mode, request.slots, config.coalesce_task_bytes);
     let reason = match reasons.is_empty() {
@@ -163,6 +161,17 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
         reason: Some(reason),
         tasks: None,
     })
+}
+
+/// `work` (reading the markers of stage `stage_id`'s inputs, local or on
+/// S3) run to its end on the plugin's I/O runtime, from this synchronous
+/// export.
+fn on_io_blocking<T: Send + 'static>(
+    stage_id: u64,
+    work: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> Result<T> {
+    futures::executor::block_on(crate::exchange::store::on_io(work))
+        .map_err(|e| fail(format!("stage {stage_id}: {e}")))?
 }
 
 /// The stage `root` (`stage_id`, reading `reads`) with its partitioned
@@ -186,15 +195,15 @@ fn switch_stage(
         .iter()
         .filter_map(|b| reads.iter().find(|r| r.stage_id == *b).cloned())
         .collect();
-    if build_reads.len() != builds.len() || !reads.iter().any(|r| r.stage_id == probe) {
+    if build_reads.len() != builds.len() {
         return Ok(None);
     }
     let Some(probe_read) = reads.iter().find(|r| r.stage_id == probe).cloned() else {
         return Ok(None);
     };
-    let bytes = futures::executor::block_on(async {
+    let bytes = {
         let config = config.clone();
-        crate::exchange::store::on_io(async move {
+        on_io_blocking(stage_id, async move {
             let mut build_buckets = vec![0u64; probe_read.buckets];
             for read in &build_reads {
                 for map in coalesce::map_bucket_bytes(read, &config).await? {
@@ -204,14 +213,12 @@ fn switch_stage(
                 }
             }
             let probe_maps = coalesce::map_bucket_bytes(&probe_read, &config).await?;
-            Ok::<_, DataFusionError>(broadcast::JoinBytes {
+            Ok(broadcast::JoinBytes {
                 build_buckets,
                 probe_maps,
             })
-        })
-        .await
-    })
-    .map_err(|e| fail(format!("stage {stage_id}: {e}")))??;
+        })?
+    };
     let (read, reason) = broadcast::decide(stage_id, reads, (probe, &builds), &bytes, mode, slots);
     let Some(read) = read else {
         return Ok(Some(Err(reason)));
@@ -276,15 +283,12 @@ fn split_stage(
         return Ok(None);
     };
     let maps = read.buckets;
-    let per_map = futures::executor::block_on(async {
-        let config = config.clone();
-        let read = read.clone();
-        crate::exchange::store::on_io(
-            async move { coalesce::map_bucket_bytes(&read, &config).await },
-        )
-        .await
-    })
-    .map_err(|e| fail(format!("stage {stage_id}: {e}")))??;
+    let per_map = {
+        let (config, read) = (config.clone(), read.clone());
+        on_io_blocking(stage_id, async move {
+            coalesce::map_bucket_bytes(&read, &config).await
+        })?
+    };
     let (parts, reason) = split::decide(stage_id, maps, &read, &per_map, mode, slots);
     if parts.is_empty() {
         return Ok(Some(Err(reason)));

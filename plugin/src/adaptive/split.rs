@@ -131,29 +131,44 @@ impl SplitRead {
 /// The stage the probe side of the stage `root` (an encoded writer) reads
 /// partition by partition, when its partitions can be split, or why not.
 pub fn probe_stage(root: &PhysicalPlanNode) -> std::result::Result<u64, String> {
+    probe_path(writer_input(root)?, &mut Vec::new())
+}
+
+/// The input of the stage writer `root`, or why it is not one.
+pub(super) fn writer_input(
+    root: &PhysicalPlanNode,
+) -> std::result::Result<&PhysicalPlanNode, String> {
     let Some(PhysicalPlanType::Extension(writer)) = root.physical_plan_type.as_ref() else {
         return Err("its root is not a stage writer".into());
     };
-    let [input] = &writer.inputs[..] else {
-        return Err("its writer has no one input".into());
-    };
-    probe_of(input)
+    match &writer.inputs[..] {
+        [input] => Ok(input),
+        _ => Err("its writer has no one input".into()),
+    }
 }
 
-fn probe_of(node: &PhysicalPlanNode) -> std::result::Result<u64, String> {
+/// Down the probe side of `node` to the hash read it divides, through the
+/// operators listed above; for each partitioned join on the way, what its
+/// build side reads (the stage of a hash read under row-by-row nodes, or
+/// why it is something else) goes into `builds`.
+pub(super) fn probe_path(
+    node: &PhysicalPlanNode,
+    builds: &mut Vec<std::result::Result<u64, String>>,
+) -> std::result::Result<u64, String> {
     use PhysicalPlanType as T;
     let Some(kind) = node.physical_plan_type.as_ref() else {
         return Err("a node the plan does not name".into());
     };
-    let only = |input: &Option<Box<PhysicalPlanNode>>| match input {
-        Some(input) => probe_of(input),
+    let only = |input: &Option<Box<PhysicalPlanNode>>,
+                builds: &mut Vec<std::result::Result<u64, String>>| match input {
+        Some(input) => probe_path(input, builds),
         None => Err("a node without its input".into()),
     };
     match kind {
-        T::Projection(n) => only(&n.input),
-        T::Filter(n) => only(&n.input),
-        T::CoalesceBatches(n) => only(&n.input),
-        T::Aggregate(n) if n.mode == AggregateMode::Partial as i32 => only(&n.input),
+        T::Projection(n) => only(&n.input, builds),
+        T::Filter(n) => only(&n.input, builds),
+        T::CoalesceBatches(n) => only(&n.input, builds),
+        T::Aggregate(n) if n.mode == AggregateMode::Partial as i32 => only(&n.input, builds),
         T::Aggregate(_) => Err("an aggregate that is not partial sees every row of a key".into()),
         T::HashJoin(join) => {
             let keeps_probe_rows_apart = [
@@ -168,30 +183,54 @@ fn probe_of(node: &PhysicalPlanNode) -> std::result::Result<u64, String> {
             if !keeps_probe_rows_apart {
                 return Err("a join that emits its build side's unmatched rows".into());
             }
-            let partitioned = [PartitionMode::Partitioned, PartitionMode::CollectLeft]
-                .iter()
-                .any(|m| *m as i32 == join.partition_mode);
-            if !partitioned {
+            if join.partition_mode == PartitionMode::Partitioned as i32 {
+                builds.push(match join.left.as_deref() {
+                    Some(left) => build_read(left),
+                    None => Err("a join without its build side".into()),
+                });
+            } else if join.partition_mode != PartitionMode::CollectLeft as i32 {
                 return Err("a join that is neither partitioned nor a broadcast one".into());
             }
-            only(&join.right)
+            only(&join.right, builds)
         }
-        T::Extension(extension) => match find_payload(&extension.node).map(|(_, p)| p) {
-            Some(Payload::Reader(ReadMode::Hash)) => extension
-                .inputs
-                .first()
-                .and_then(|w| match w.physical_plan_type.as_ref()? {
-                    T::Extension(w) => match find_payload(&w.node)? {
-                        (_, Payload::Writer(writer)) => Some(writer.stage_id),
-                        _ => None,
-                    },
-                    _ => None,
-                })
-                .ok_or_else(|| "a hash reader without its stage's writer".into()),
-            Some(other) => Err(format!("its probe side holds a {}", other.node_name())),
-            None => Err("an extension node that is not dfx's".into()),
-        },
+        T::Extension(extension) => hash_read_stage(extension, "its probe side"),
         _ => Err("an operator between the probe side and the writer sees many rows at once".into()),
+    }
+}
+
+/// The stage a partitioned join's build side `node` reads by hash, under
+/// operators that treat rows one by one.
+fn build_read(node: &PhysicalPlanNode) -> std::result::Result<u64, String> {
+    use PhysicalPlanType as T;
+    let input = match node.physical_plan_type.as_ref() {
+        Some(T::Projection(n)) => n.input.as_deref(),
+        Some(T::Filter(n)) => n.input.as_deref(),
+        Some(T::CoalesceBatches(n)) => n.input.as_deref(),
+        Some(T::Extension(extension)) => return hash_read_stage(extension, "its build side"),
+        _ => return Err("a build side that is not a stage read by hash".into()),
+    };
+    input.map_or_else(|| Err("a node without its input".into()), build_read)
+}
+
+/// The stage a hash reader reads; `side` names where it was met.
+fn hash_read_stage(
+    extension: &datafusion_proto::protobuf::PhysicalExtensionNode,
+    side: &str,
+) -> std::result::Result<u64, String> {
+    match find_payload(&extension.node).map(|(_, p)| p) {
+        Some(Payload::Reader(ReadMode::Hash)) => extension
+            .inputs
+            .first()
+            .and_then(|w| match w.physical_plan_type.as_ref()? {
+                PhysicalPlanType::Extension(w) => match find_payload(&w.node)? {
+                    (_, Payload::Writer(writer)) => Some(writer.stage_id),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .ok_or_else(|| "a hash reader without its stage's writer".into()),
+        Some(other) => Err(format!("{side} holds a {}", other.node_name())),
+        None => Err("an extension node that is not dfx's".into()),
     }
 }
 
