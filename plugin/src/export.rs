@@ -24,16 +24,17 @@ use datafusion_ffi::udf::FFI_ScalarUDF;
 use dfx_abi::module::DfxCutStage;
 use dfx_abi::{DFX_ABI_VERSION, DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 
-use crate::codec::{CODEC_ID, DfxPhysicalCodec};
+use crate::codec::logical::{DfxLogicalCodec, LOGICAL_CODEC_ID};
+use crate::codec::physical::DfxPhysicalCodec;
 use crate::config::{CONFIG_PREFIX, DfxConfig};
 use crate::exchange::probe;
 use crate::exchange::store::S3Options;
-use crate::exchange::{READER_NODE_NAME, ShuffleWriterExec, WRITER_NODE_NAME};
-use crate::guard::{self, GuardedQueryPlanner};
-use crate::memory_table::{DfxLogicalCodec, LOGICAL_CODEC_ID};
-use crate::planner::{self, DfxQueryPlanner};
+use crate::exec::shuffle_writer::ShuffleWriterExec;
+use crate::guard::GuardedQueryPlanner;
+use crate::planner::DfxQueryPlanner;
 use crate::vet::{Allowed, vet_encoded_stage};
-use crate::{adaptive, counters, failures, functions, map_files, paths};
+use crate::wire::{CODEC_ID, READER_NODE_NAME, WRITER_NODE_NAME};
+use crate::{adapt, counters, encoded, error, functions, guard, isolation, paths};
 
 /// The plugin's root module, as `abi_stable` exports it.
 #[export_root_module]
@@ -204,7 +205,7 @@ extern "C" fn stage_info(plan: FFI_ExecutionPlan) -> FfiResult<DfxStageInfo> {
 
 extern "C" fn encoded_stage_info(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxStageInfo> {
     guarded("encoded stage info", || {
-        let payload = crate::codec::read_encoded_stage(plan_bytes.as_slice())?;
+        let payload = crate::wire::read_encoded_stage(plan_bytes.as_slice())?;
         Ok(DfxStageInfo {
             stage_id: payload.stage_id,
             shuffle_dir: RString::from(payload.shuffle_dir),
@@ -243,7 +244,7 @@ extern "C" fn probe_location(location: RStr<'_>, options_json: RStr<'_>) -> FfiR
 /// reports as an error: it must not read as "nothing failed".
 extern "C" fn take_failures(location: RStr<'_>) -> RString {
     let taken = guard::catch("take_failures", || {
-        serde_json::to_string(&failures::take(location.as_str()))
+        serde_json::to_string(&error::take(location.as_str()))
             .map_err(|e| DataFusionError::Execution(format!("cannot encode failure classes: {e}")))
     });
     match taken {
@@ -253,11 +254,11 @@ extern "C" fn take_failures(location: RStr<'_>) -> RString {
 }
 
 /// The settings every session running the plugin's stages must carry
-/// ([`planner::session_settings`]), as a JSON object. A caught panic
+/// ([`isolation::session_settings`]), as a JSON object. A caught panic
 /// answers its message, which a host cannot parse as one.
 extern "C" fn session_settings() -> RString {
     let answered = guard::catch("session_settings", || {
-        let settings: serde_json::Map<String, serde_json::Value> = planner::session_settings()
+        let settings: serde_json::Map<String, serde_json::Value> = isolation::session_settings()
             .into_iter()
             .map(|(key, value)| (key.to_string(), serde_json::Value::String(value)))
             .collect();
@@ -269,10 +270,10 @@ extern "C" fn session_settings() -> RString {
     }
 }
 
-/// The encoded stage cut for its maps ([`map_files::cut_stage`]).
+/// The encoded stage cut for its maps ([`encoded::cut_stage`]).
 extern "C" fn cut_stage(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxCutStage> {
     guarded("stage cut", || {
-        let cut = map_files::cut_stage(plan_bytes.as_slice())?;
+        let cut = encoded::cut_stage(plan_bytes.as_slice())?;
         Ok(DfxCutStage {
             shared: RVec::from(cut.shared),
             maps: cut.maps.into_iter().map(RVec::from).collect(),
@@ -280,26 +281,26 @@ extern "C" fn cut_stage(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxCutStage> {
     })
 }
 
-/// How a ready stage runs ([`adaptive::adapt_stage`]), as JSON.
+/// How a ready stage runs ([`adapt::adapt_stage`]), as JSON.
 extern "C" fn adapt_stage(
     plan_bytes: RSlice<'_, u8>,
     request_json: RStr<'_>,
 ) -> FfiResult<RString> {
     guarded("adaptive stage", || {
-        let adaptation = adaptive::adapt_stage(plan_bytes.as_slice(), request_json.as_str())?;
+        let adaptation = adapt::adapt_stage(plan_bytes.as_slice(), request_json.as_str())?;
         serde_json::to_string(&adaptation)
             .map(RString::from)
             .map_err(|e| DataFusionError::Execution(format!("cannot encode the decision: {e}")))
     })
 }
 
-/// The stage one map runs ([`map_files::stage_for_map`]).
+/// The stage one map runs ([`encoded::stage_for_map`]).
 extern "C" fn stage_for_map(
     shared: RSlice<'_, u8>,
     map_files: RSlice<'_, u8>,
     map: u64,
 ) -> FfiResult<RVec<u8>> {
     guarded("stage for a map", || {
-        map_files::stage_for_map(shared.as_slice(), map_files.as_slice(), map).map(RVec::from)
+        encoded::stage_for_map(shared.as_slice(), map_files.as_slice(), map).map(RVec::from)
     })
 }

@@ -14,30 +14,50 @@
 //!   map tasks publish their map files, each closed by its commit marker
 //!   (see [`paths`]), and readers find them.
 //! - **failure class**: how a failed task may be retried, recorded where the
-//!   error is made (see [`failures`]).
+//!   error is made (see [`error`]).
+//!
+//! The rooms, from the bottom up (a module imports only those above it in
+//! this list, never one that imports it back):
+//!
+//! ```text
+//! error, paths, counters, guard, test_hooks   errors and their classes, file names, plumbing
+//! wire, read_settings, isolation              payloads and node names; settings a driver hands tasks;
+//!                                             what a stage needs to run alone
+//! config                                      the dfx_engine keys
+//! filters, tables, memory_table               key summaries; tables on object stores; in-memory tables
+//! exchange                                    the shuffle's bytes: publish, locate, stream, store
+//! exec                                        every *Exec node, one a file
+//! encoded                                     encoded plans, without decoding: walk, cut, assemble
+//! codec                                       physical, join filter, logical
+//! planner                                     the query planner and its rewrites, one a file
+//! adapt, vet, functions, export               adaptive stages; the stage check; UDFs; the FFI root
+//! ```
 
-pub mod adaptive;
+pub mod adapt;
 pub mod codec;
 pub mod config;
 pub mod counters;
+pub mod encoded;
+pub mod error;
 pub mod exchange;
+pub mod exec;
 pub mod export;
-pub mod failures;
 pub mod filters;
 pub mod functions;
 pub mod guard;
-pub mod map_files;
+pub mod isolation;
 pub mod memory_table;
 pub mod paths;
 pub mod planner;
-pub mod recursive;
-pub mod split;
+pub mod read_settings;
 pub mod tables;
 pub mod test_hooks;
 pub mod vet;
+pub mod wire;
 
-pub use codec::{CODEC_ID, DfxPhysicalCodec};
+pub use codec::DfxPhysicalCodec;
 pub use config::{DfxConfig, SHUFFLE_DIR_KEY, SPLIT_KEY, SplitMode};
-pub use exchange::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
-pub use planner::{DfxQueryPlanner, isolate_partitions};
-pub use split::insert_stages;
+pub use exec::{ShuffleReaderExec, ShuffleWriterExec};
+pub use isolation::isolate_partitions;
+pub use planner::{DfxQueryPlanner, insert_stages};
+pub use wire::{CODEC_ID, ReadMode};

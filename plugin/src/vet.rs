@@ -13,7 +13,7 @@
 //! - a dfx writer aimed at another shuffle location (nested stages too);
 //! - an extension node that is not dfx's: nothing here can say what it does;
 //! - a scan cut for a map other than the task's, or not cut for any (a
-//!   stage's shared part, see [`crate::map_files`]).
+//!   stage's shared part, see [`crate::encoded`]).
 //!
 //! The plan is walked in its protobuf JSON form, generically: every key that
 //! names a sink, every file path and store URL, every extension node, at any
@@ -29,10 +29,9 @@ use object_store::path::Path as ObjectPath;
 use prost::Message;
 use serde_json::Value;
 
-use crate::codec::{PAYLOAD_MAGIC, Payload};
 use crate::exchange::store::canonical_location;
-use crate::map_files::{ANY_MAP, UNCUT_MAP};
 use crate::memory_table::is_source_file;
+use crate::wire::{ANY_MAP, PAYLOAD_MAGIC, Payload, UNCUT_MAP};
 
 /// What a worker may touch: its spec's tables and its shuffle location.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -369,7 +368,7 @@ impl<'v> Walk<'v> {
             // A probe side's filter reads its build stage's markers: from the
             // spec's shuffle location only.
             Some(Payload::JoinFilter { node }) => {
-                if let Some(dir) = crate::filters::payload::read_location(&node)
+                if let Some(dir) = crate::codec::join_filter::read_location(&node)
                     && !same_location(&dir, &self.allowed.shuffle_dir)
                 {
                     let finding = format!(

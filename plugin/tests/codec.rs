@@ -122,7 +122,7 @@ async fn an_encoded_stage_tells_its_id_and_directory_without_decoding() -> Resul
         let writer = stage.downcast_ref::<ShuffleWriterExec>().unwrap();
         let (maps, buckets, deps) = (writer.maps(), writer.buckets(), writer.deps().to_vec());
         let bytes = physical_plan_to_bytes_with_extension_codec(Arc::clone(&stage), &chain())?;
-        let payload = dfx_plugin::codec::read_encoded_stage(&bytes)?;
+        let payload = dfx_plugin::wire::read_encoded_stage(&bytes)?;
         assert_eq!(payload.stage_id, index as u64 + 1);
         assert_eq!(payload.shuffle_dir, dir.path().to_string_lossy());
         assert_eq!(
@@ -135,11 +135,11 @@ async fn an_encoded_stage_tells_its_id_and_directory_without_decoding() -> Resul
     let local = datafusion::prelude::SessionContext::new();
     let other = local.sql("SELECT 1").await?.create_physical_plan().await?;
     let bytes = physical_plan_to_bytes_with_extension_codec(other, &chain())?;
-    let err = dfx_plugin::codec::read_encoded_stage(&bytes)
+    let err = dfx_plugin::wire::read_encoded_stage(&bytes)
         .unwrap_err()
         .to_string();
     assert!(err.contains("not an extension node"), "{err}");
-    let err = dfx_plugin::codec::read_encoded_stage(b"\xff\xff garbage")
+    let err = dfx_plugin::wire::read_encoded_stage(b"\xff\xff garbage")
         .unwrap_err()
         .to_string();
     assert!(err.contains("dfx codec"), "{err}");

@@ -17,7 +17,8 @@ use datafusion::physical_expr::expressions::col;
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::SessionContext;
 use dfx_abi::FailureClass::{Io, Lost};
-use dfx_plugin::{ReadMode, ShuffleReaderExec, ShuffleWriterExec, failures};
+use dfx_plugin::error;
+use dfx_plugin::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
 use futures::StreamExt;
 
 /// A hash writer of stage 3 over `maps` generated partitions, 4 buckets,
@@ -102,7 +103,7 @@ async fn a_reader_that_finds_a_map_file_missing_records_that_map_lost() -> Resul
         assert!(err.contains(part), "{part:?} not in {err}");
     }
     // Every partition of the reader missed map 1; it is recorded once.
-    assert_eq!(failures::take(&location(dir.path())), vec![Lost([3, 1])]);
+    assert_eq!(error::take(&location(dir.path())), vec![Lost([3, 1])]);
     Ok(())
 }
 
@@ -130,7 +131,7 @@ async fn a_map_file_gone_after_its_marker_was_read_is_lost_output_too() -> Resul
     ] {
         assert!(err.contains(part), "{part:?} not in {err}");
     }
-    assert_eq!(failures::take(&location(dir.path())), vec![Lost([3, 0])]);
+    assert_eq!(error::take(&location(dir.path())), vec![Lost([3, 0])]);
     Ok(())
 }
 
@@ -150,7 +151,7 @@ async fn a_writer_whose_publish_fails_records_an_io_failure() -> Result<()> {
     ] {
         assert!(err.contains(part), "{part:?} not in {err}");
     }
-    assert_eq!(failures::take(&location(dir.path())), vec![Io]);
+    assert_eq!(error::take(&location(dir.path())), vec![Io]);
     Ok(())
 }
 
@@ -164,8 +165,8 @@ async fn failures_are_taken_once() -> Result<()> {
     assert_eq!(exported_take(&at), "[]");
     // A second failed read records it again, for the next take.
     failed_read(&writer).await;
-    assert_eq!(failures::take(&at), vec![Lost([3, 1])]);
-    assert!(failures::take(&at).is_empty());
+    assert_eq!(error::take(&at), vec![Lost([3, 1])]);
+    assert!(error::take(&at).is_empty());
     Ok(())
 }
 
@@ -178,9 +179,9 @@ async fn another_locations_failures_are_not_taken() -> Result<()> {
     std::fs::create_dir_all(full.path().join("stage-3/map-0.arrow/taken"))?;
     run_map(&hash_writer(full.path(), 1), 0).await.unwrap_err();
     let untouched = temp_dir();
-    assert!(failures::take(&location(untouched.path())).is_empty());
-    assert_eq!(failures::take(&location(full.path())), vec![Io]);
-    assert_eq!(failures::take(&location(lost.path())), vec![Lost([3, 1])]);
+    assert!(error::take(&location(untouched.path())).is_empty());
+    assert_eq!(error::take(&location(full.path())), vec![Io]);
+    assert_eq!(error::take(&location(lost.path())), vec![Lost([3, 1])]);
     Ok(())
 }
 
@@ -190,11 +191,11 @@ async fn a_location_is_one_location_however_it_is_spelled() -> Result<()> {
     let writer = stage_with_map_1_lost(dir.path()).await?;
     failed_read(&writer).await;
     let slash = format!("{}/", location(dir.path()));
-    assert_eq!(failures::take(&slash), vec![Lost([3, 1])]);
+    assert_eq!(error::take(&slash), vec![Lost([3, 1])]);
     failed_read(&writer).await;
     let url = format!("file://{}", location(dir.path()));
-    assert_eq!(failures::take(&url), vec![Lost([3, 1])]);
-    assert!(failures::take(&location(dir.path())).is_empty());
+    assert_eq!(error::take(&url), vec![Lost([3, 1])]);
+    assert!(error::take(&location(dir.path())).is_empty());
     Ok(())
 }
 

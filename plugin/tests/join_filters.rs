@@ -423,7 +423,7 @@ async fn a_missing_build_map_is_lost_output_of_that_map() -> Result<()> {
     )
     .unwrap();
     let location = shuffle.path().to_string_lossy().into_owned();
-    dfx_plugin::failures::take(&location);
+    dfx_plugin::error::take(&location);
     let mut stream = probe.execute(0, ctx.task_ctx())?;
     let mut failed = None;
     while let Some(batch) = stream.next().await {
@@ -435,7 +435,7 @@ async fn a_missing_build_map_is_lost_output_of_that_map() -> Result<()> {
     let failed = failed.expect("the probe task fails");
     assert!(failed.contains("lost output"), "{failed}");
     assert_eq!(
-        dfx_plugin::failures::take(&location),
+        dfx_plugin::error::take(&location),
         vec![Lost([build_id, 1])]
     );
     Ok(())

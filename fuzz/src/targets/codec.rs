@@ -15,7 +15,7 @@ use datafusion_proto::physical_plan::{
     ComposedPhysicalExtensionCodec, DefaultPhysicalExtensionCodec, DefaultPhysicalProtoConverter,
     PhysicalExtensionCodec,
 };
-use dfx_plugin::codec::{PAYLOAD_MAGIC, Payload, read_encoded_stage};
+use dfx_plugin::wire::{PAYLOAD_MAGIC, Payload, read_encoded_stage};
 use dfx_plugin::{DfxPhysicalCodec, ReadMode, ShuffleReaderExec, ShuffleWriterExec};
 
 use crate::{Outcome, Target};

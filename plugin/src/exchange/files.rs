@@ -8,7 +8,7 @@
 //! (a coalesced batch), so there is no storm of small writes.
 
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -20,9 +20,9 @@ use datafusion::arrow::ipc::reader::StreamDecoder;
 use datafusion::arrow::ipc::writer::{IpcWriteOptions, StreamWriter};
 use datafusion::arrow::record_batch::RecordBatch;
 
-use super::ipc_check::check_stream_bytes;
 use crate::config::ShuffleCompression;
-use crate::failures::io_failure;
+use crate::error::io_failure;
+use crate::exchange::ipc_check::check_stream_bytes;
 use crate::guard;
 use crate::paths::temp_path;
 
@@ -148,7 +148,7 @@ pub fn encode_segment(
 ///
 /// Every failure of its storage is an [`dfx_abi::IO_FAILURE`] error naming
 /// the file, and records [`dfx_abi::FailureClass::Io`] for the shuffle
-/// location (see [`crate::failures`]): another attempt may succeed.
+/// location (see [`crate::error`]): another attempt may succeed.
 pub struct MapFile {
     file: File,
     temp: TempFile,
@@ -290,6 +290,21 @@ pub fn describe_fields(fields: &Fields) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// `len` bytes of `file` from `offset`, into a buffer that is not zeroed
+/// first (the read fills it).
+pub(crate) fn read_range(mut file: &File, offset: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.seek(SeekFrom::Start(offset))?;
+    file.take(len).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 != len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("the file ends {} byte(s) into the segment", bytes.len()),
+        ));
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

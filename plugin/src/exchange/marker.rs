@@ -25,7 +25,7 @@ use datafusion::common::{DataFusionError, Result};
 use dfx_abi::FailureClass;
 use serde::{Deserialize, Serialize};
 
-use crate::failures;
+use crate::error;
 
 /// One Arrow IPC stream inside a map's file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,7 +74,7 @@ pub struct MapMarker {
     pub keys: Option<KeysRegion>,
     /// Maps of the same stage that hold the rest of this map's rows: the
     /// other tasks of a partition split among several (see
-    /// [`crate::adaptive::split`]). Every reader of this map reads them
+    /// [`crate::adapt::skew_split`]). Every reader of this map reads them
     /// too, so what a map means is the same with or without a split.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub companions: Vec<u64>,
@@ -149,7 +149,7 @@ impl MapFileRef<'_> {
     /// recorded as [`FailureClass::Lost`] of the map for the location, so
     /// the host runs the map again before this reader.
     pub fn lost(&self) -> DataFusionError {
-        failures::record(
+        error::record(
             self.location,
             FailureClass::Lost([self.stage_id, self.map as u64]),
         );

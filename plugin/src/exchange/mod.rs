@@ -1,22 +1,26 @@
-//! The exchange: the two nodes that carry rows between stages.
+//! The exchange's bytes, no nodes: how a stage's maps are published and
+//! read back.
 //!
-//! - [`ShuffleWriterExec`] is the root of every stage: a map task executes
-//!   one of its input partitions and publishes the rows split into buckets.
-//! - [`ShuffleReaderExec`] is how the consumer reads them: by bucket (hash),
-//!   by map (pass-through) or all at once (broadcast).
+//! - [`files`]: a map's file, its segments (Arrow IPC) and their checks;
+//! - [`marker`]: the commit marker closing each map's file;
+//! - [`publish`]: a map's rows cut into buckets and published;
+//! - [`locate`]: a map's marker (and key summary) found and checked;
+//! - [`stream`]: one reader partition's segments, read and decoded;
+//! - [`store`]: the shuffle location, a local directory or an `s3://` prefix;
+//! - [`io`]: the plugin's own runtime, on which every request runs;
+//! - [`dirs`], [`probe`], [`ipc_check`]: stage directories, the location's
+//!   probe, the IPC stream check.
 //!
-//! Files are named in [`crate::paths`]; each map's commit marker is
-//! [`marker::MapMarker`]. The shuffle location is a local directory or an
-//! `s3://` prefix ([`store`]).
+//! The nodes that drive them are [`crate::exec::ShuffleWriterExec`] and
+//! [`crate::exec::ShuffleReaderExec`]; files are named in [`crate::paths`].
 
 pub mod dirs;
 pub mod files;
+pub mod io;
 pub mod ipc_check;
+pub mod locate;
 pub mod marker;
 pub mod probe;
-pub mod reader;
+pub mod publish;
 pub mod store;
-pub mod writer;
-
-pub use reader::{READER_NODE_NAME, ReadMode, ShuffleReaderExec};
-pub use writer::{SUMMARY_SCHEMA, ShuffleWriterExec, WRITER_NODE_NAME};
+pub mod stream;

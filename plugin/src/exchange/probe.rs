@@ -27,7 +27,7 @@ use object_store::{
     BackoffConfig, ClientConfigKey, ObjectStore, PutMode, PutOptions, PutPayload, RetryConfig,
 };
 
-use super::store::{S3Location, S3Options, ShuffleLocation};
+use crate::exchange::store::{S3Location, S3Options, ShuffleLocation};
 use crate::paths::PARTITION_GLOB;
 
 /// How long the probe may take, retries included: a wrong endpoint fails the
@@ -95,7 +95,7 @@ fn is_stage_output(name: &str) -> bool {
 /// driver calls this once, before any task, from any thread.
 fn probe_s3(s3: S3Location, options: S3Options) -> Result<(), String> {
     let (done, answer) = mpsc::channel();
-    super::store::spawn_detached(async move {
+    super::io::spawn_detached(async move {
         let _ = done.send(probe_s3_async(&s3, &options).await);
     })?;
     answer

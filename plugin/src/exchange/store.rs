@@ -24,24 +24,10 @@
 //! `AWS_ENDPOINT_URL` or `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`), then from the
 //! session's `dfx_engine.s3_endpoint`, `dfx_engine.s3_region` and
 //! `dfx_engine.s3_allow_http`, which win. Plain http is refused unless one of
-//! the two asks for it: it is for local endpoints only.
-//!
-//! # The I/O runtime
-//!
-//! object_store's S3 client needs a tokio runtime (its HTTP connections and
-//! timers register with one). The plugin cannot use its host's: it carries
-//! its own copy of tokio, and a copy finds no runtime of another on the
-//! thread, so a request made while the host polls would panic ("no reactor
-//! running"). So the plugin builds a small runtime of its own, once, on first
-//! use of an S3 location: two threads, enough to keep a part upload and a
-//! download in flight while the host's threads compute. Every request is
-//! spawned onto it and its `JoinHandle` awaited from the host-polled stream:
-//! the stream never blocks a host thread on the network (a `block_on` there
-//! would stall, or, inside the host's own runtime, deadlock a
-//! single-threaded one).
+//! the two asks for it: it is for local endpoints only. Requests run on
+//! the plugin's own I/O runtime ([`super::io`]).
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -50,15 +36,14 @@ use object_store::aws::AmazonS3Builder;
 use object_store::path::Path as ObjectPath;
 // The base trait's methods, not `ObjectStoreExt`'s: theirs are not known to
 // be `Send`, and every request is spawned onto the I/O runtime.
+use crate::config::DfxConfig;
+use crate::error::io_failure;
+use crate::exchange::io::{join, on_io, spawn};
 use object_store::{
     GetOptions, GetRange, MultipartUpload, ObjectStore, PutMode, PutMultipartOptions, PutOptions,
     PutPayload,
 };
-use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
-
-use crate::config::DfxConfig;
-use crate::failures::io_failure;
 
 // Parsed and compared by the rule every host shares: re-exported for the
 // exchange, and for `failures` and `vet`, which key and compare locations
@@ -73,9 +58,6 @@ pub const PART_SIZE: usize = 8 * 1024 * 1024;
 /// Parts of one bucket in flight at once: memory per open bucket stays
 /// below `(MAX_PARTS_IN_FLIGHT + 1) * PART_SIZE`.
 pub const MAX_PARTS_IN_FLIGHT: usize = 2;
-
-/// Threads of the plugin's I/O runtime.
-const IO_THREADS: usize = 2;
 
 /// The directory (or URL) the names of [`crate::paths`] are built under:
 /// the local directory as written, or the S3 location's URL.
@@ -197,62 +179,6 @@ pub fn apply_options(builder: AmazonS3Builder, options: &S3Options) -> AmazonS3B
         options.region.as_deref(),
         options.allow_http,
     )
-}
-
-/// Start `work` on the I/O runtime without awaiting it: for a caller that
-/// is not async and waits for its answer on a channel.
-///
-/// # Errors
-///
-/// A runtime that cannot start.
-pub fn spawn_detached<F>(work: F) -> Result<(), String>
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    spawn(work).map(drop)
-}
-
-/// The plugin's I/O runtime (see the module's doc for why it has one).
-/// The plugin's own runtime (see the module doc); a sealed recursive query
-/// also runs on it (see `crate::recursive`).
-pub(crate) fn io_runtime() -> Result<&'static Runtime, String> {
-    static RUNTIME: LazyLock<Result<Runtime, String>> = LazyLock::new(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(IO_THREADS)
-            .thread_name("dfx-io")
-            .enable_all()
-            .build()
-            .map_err(|e| format!("cannot start the plugin's I/O runtime: {e}"))
-    });
-    RUNTIME.as_ref().map_err(Clone::clone)
-}
-
-/// Spawn `work` onto the I/O runtime (see the module's doc).
-fn spawn<F>(work: F) -> Result<JoinHandle<F::Output>, String>
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    Ok(io_runtime()?.spawn(work))
-}
-
-/// Run `work` on the I/O runtime and await its end from any executor.
-///
-/// # Errors
-///
-/// A runtime that cannot start, or a task that panicked.
-pub async fn on_io<F>(work: F) -> Result<F::Output, String>
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    join(spawn(work)?).await
-}
-
-async fn join<T>(handle: JoinHandle<T>) -> Result<T, String> {
-    handle
-        .await
-        .map_err(|e| format!("an S3 request did not finish: {e}"))
 }
 
 /// Up to the last `len` bytes of object `key` (all of it when it is

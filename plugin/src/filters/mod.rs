@@ -5,7 +5,7 @@
 //!
 //! Stock DataFusion pushes a dynamic filter from a hash join's build side
 //! into its probe side's scan; dfx turns those off (see
-//! [`crate::planner::isolate_partitions`]: a filter built in one task never
+//! [`crate::isolation::isolate_partitions`]: a filter built in one task never
 //! reaches a scan in another). These do the same across processes:
 //!
 //! ```text
@@ -21,18 +21,13 @@
 //! ```
 //!
 //! - [`summary`]: what a map publishes and how a probe task tests a row;
-//! - [`summarize`]: `KeySummaryExec`, below the build stage's writer;
-//! - [`probe`]: `JoinFilterExec`, on the probe side near its scan;
-//! - [`plan`]: which joins get them, where, and when they pay;
-//! - [`payload`]: both nodes across a process boundary.
+//! - [`slot`]: a map's summary while its rows go by;
+//! - [`crate::exec::key_summary`]: `KeySummaryExec`, below the build stage's writer;
+//! - [`crate::exec::join_filter`]: `JoinFilterExec`, on the probe side near its scan;
+//! - [`crate::planner::add_join_filters`]: which joins get them, where, and when they pay;
+//! - [`crate::codec::join_filter`]: both nodes across a process boundary.
 
-pub mod payload;
-pub mod plan;
-pub mod probe;
-pub mod summarize;
+pub mod slot;
 pub mod summary;
 
-pub use plan::add_join_filters;
-pub use probe::{JOIN_FILTER_NODE_NAME, JoinFilterExec};
-pub use summarize::{KEY_SUMMARY_NODE_NAME, KeySummaryExec};
 pub use summary::KeySummary;

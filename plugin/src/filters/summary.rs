@@ -14,7 +14,7 @@
 //!
 //! A row whose key has a null in any column is left out of the build
 //! summary and dropped on the probe side: the joins filtered here match no
-//! null key ([`crate::filters::plan`] filters only joins where null equals
+//! null key ([`crate::planner::add_join_filters`] filters only joins where null equals
 //! nothing). Hashes are DataFusion's own (`create_hashes`, the hash join's),
 //! with a fixed seed, so equal keys of equal types hash alike in every
 //! process; the planner filters only joins whose two sides' keys have the

@@ -30,21 +30,16 @@
 //! under its location's [`SOURCES_DIR`] beside its spec's tables
 //! ([`is_source_file`]).
 
-mod codec;
 mod source;
 
-pub use codec::{DfxLogicalCodec, LOGICAL_CODEC_ID};
 pub use source::{MemorySourceTable, SOURCES_DIR, is_source_file};
 
-use datafusion::common::{DataFusionError, Result};
+use datafusion::common::Result;
 
 /// The setting that bounds a table carried this way, in bytes of Arrow IPC.
-pub use crate::config::MEMORY_TABLE_LIMIT_KEY;
-
-/// [`MEMORY_TABLE_LIMIT_KEY`]'s default: 64 MiB. Such a table crosses the
-/// boundary inside the plan and sits in the driver's memory twice while it
-/// is planned; data larger than this belongs in files.
-pub const DEFAULT_MEMORY_TABLE_LIMIT: u64 = 64 * 1024 * 1024;
+pub use crate::config::{DEFAULT_MEMORY_TABLE_LIMIT, MEMORY_TABLE_LIMIT_KEY};
+use crate::error::Area;
+use crate::error::fail;
 
 /// First bytes of every payload of [`DfxLogicalCodec`].
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"DFXT";
@@ -59,17 +54,17 @@ pub struct TablePayload {
     pub partitions: Vec<Vec<u8>>,
 }
 
-fn fail(what: impl std::fmt::Display) -> DataFusionError {
-    DataFusionError::Execution(format!("dfx in-memory table: {what}"))
-}
-
 impl TablePayload {
     /// Append the framed payload to `buf`.
     pub fn encode(&self, buf: &mut Vec<u8>) -> Result<()> {
         buf.extend_from_slice(&PAYLOAD_MAGIC);
         buf.extend_from_slice(&PAYLOAD_VERSION.to_le_bytes());
-        let count = u32::try_from(self.partitions.len())
-            .map_err(|_| fail(format!("{} partitions do not fit", self.partitions.len())))?;
+        let count = u32::try_from(self.partitions.len()).map_err(|_| {
+            fail(
+                Area::InMemoryTable,
+                format!("{} partitions do not fit", self.partitions.len()),
+            )
+        })?;
         buf.extend_from_slice(&count.to_le_bytes());
         for partition in &self.partitions {
             buf.extend_from_slice(&(partition.len() as u64).to_le_bytes());
@@ -88,40 +83,50 @@ impl TablePayload {
         let mut rest = buf;
         let mut take = |n: usize, what: &str| -> Result<&[u8]> {
             if rest.len() < n {
-                return Err(fail(format!(
-                    "payload truncated in {what}: {n} byte(s) wanted, {} left",
-                    rest.len()
-                )));
+                return Err(fail(
+                    Area::InMemoryTable,
+                    format!(
+                        "payload truncated in {what}: {n} byte(s) wanted, {} left",
+                        rest.len()
+                    ),
+                ));
             }
             let (head, tail) = rest.split_at(n);
             rest = tail;
             Ok(head)
         };
         if take(4, "the magic")? != PAYLOAD_MAGIC {
-            return Err(fail(format!(
-                "not a dfx table payload: it does not start with {:?}",
-                String::from_utf8_lossy(&PAYLOAD_MAGIC)
-            )));
+            return Err(fail(
+                Area::InMemoryTable,
+                format!(
+                    "not a dfx table payload: it does not start with {:?}",
+                    String::from_utf8_lossy(&PAYLOAD_MAGIC)
+                ),
+            ));
         }
         let version = u16::from_le_bytes(take(2, "the version")?.try_into().unwrap_or_default());
         if version != PAYLOAD_VERSION {
-            return Err(fail(format!(
-                "payload version {version}, but this plugin reads version {PAYLOAD_VERSION}"
-            )));
+            return Err(fail(
+                Area::InMemoryTable,
+                format!(
+                    "payload version {version}, but this plugin reads version {PAYLOAD_VERSION}"
+                ),
+            ));
         }
         let count = u32::from_le_bytes(take(4, "the count")?.try_into().unwrap_or_default());
         let mut partitions = Vec::new();
         for partition in 0..count {
             let what = format!("partition {partition}'s length");
             let len = u64::from_le_bytes(take(8, &what)?.try_into().unwrap_or_default());
-            let len = usize::try_from(len).map_err(|_| fail(format!("{what} is {len}")))?;
+            let len = usize::try_from(len)
+                .map_err(|_| fail(Area::InMemoryTable, format!("{what} is {len}")))?;
             partitions.push(take(len, &format!("partition {partition}"))?.to_vec());
         }
         if !rest.is_empty() {
-            return Err(fail(format!(
-                "{} trailing byte(s) after {count} partition(s)",
-                rest.len()
-            )));
+            return Err(fail(
+                Area::InMemoryTable,
+                format!("{} trailing byte(s) after {count} partition(s)", rest.len()),
+            ));
         }
         Ok(Self { partitions })
     }

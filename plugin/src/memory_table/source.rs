@@ -26,10 +26,10 @@ use datafusion::physical_plan::ExecutionPlan;
 use dfx_abi::location::ShuffleLocation;
 use object_store::path::Path as ObjectPath;
 
-use super::TablePayload;
 use crate::config::DfxConfig;
 use crate::exchange::dirs::PRIVATE_DIR_MODE;
 use crate::exchange::files::{TempFile, create_exclusive, decode_segment, describe_fields};
+use crate::memory_table::TablePayload;
 use crate::paths::temp_path;
 
 /// The directory of a shuffle location that holds carried tables:

@@ -21,8 +21,6 @@
 //! store it registered, and a filter DataFusion pushed into it may read a
 //! scalar subquery's value from a node above it, a link no payload carries.
 
-mod scan;
 mod store;
 
-pub use scan::{STORE_SCAN_NODE_NAME, StoreScanExec, wrap_store_scans};
 pub use store::{IoStore, TableStores, with_table_stores, with_table_stores_context};

@@ -29,7 +29,9 @@ use tokio::sync::mpsc;
 use url::Url;
 
 use crate::config::DfxConfig;
-use crate::exchange::store::{S3Options, io_runtime, s3_store};
+use crate::exchange::io::io_runtime;
+use crate::exchange::store::{S3Options, s3_store};
+use crate::isolation::rebuilt_task_context;
 
 /// Chunks of one response buffered between the I/O runtime and its reader.
 const CHUNKS_IN_FLIGHT: usize = 4;
@@ -277,14 +279,9 @@ pub fn with_table_stores(runtime: &RuntimeEnv, options: S3Options) -> DfResult<A
 pub fn with_table_stores_context(context: &TaskContext) -> DfResult<TaskContext> {
     let config = DfxConfig::from_config(context.session_config().options())?;
     let runtime = with_table_stores(&context.runtime_env(), S3Options::from_config(&config))?;
-    Ok(TaskContext::new(
-        context.task_id(),
-        context.session_id(),
+    Ok(rebuilt_task_context(
+        context,
         context.session_config().clone(),
-        context.scalar_functions().clone(),
-        context.higher_order_functions().clone(),
-        context.aggregate_functions().clone(),
-        context.window_functions().clone(),
         runtime,
     ))
 }

@@ -1,0 +1,372 @@
+//! Skew splitting: a partition far larger than its stage's others read by
+//! several tasks, decided from the bytes its inputs published.
+//!
+//! A partition of a partitioned join is split by the maps of its probe
+//! side (as Spark's skew join splits by ranges of mappers): part `i`
+//! reads the partition's bucket from probe maps `first..=last` only, and
+//! every other input (the build side) whole, so each probe row meets every
+//! build row of its key in exactly one part. That is right only where
+//! every operator between the probe reader and the stage's writer treats
+//! rows one by one or keeps each probe row's output to itself:
+//!
+//! - projections, filters, batch coalescing, partial aggregates (the
+//!   next stage's final aggregate merges the parts' partial states);
+//! - hash joins, through their probe (right) input, of a kind that emits
+//!   nothing for build rows that found no match: inner, right, right
+//!   semi, right anti, right mark.
+//!
+//! Anything else (a final aggregate, a sort, a window, a left or full
+//! join, a limit, a key summary for a filter) leaves the stage as planned.
+//!
+//! The parts publish as maps of their own: the first as the partition's
+//! map, the others as maps numbered from the stage's planned maps up (its
+//! *companions*). The first names its companions in its marker, and every
+//! reader of a map reads its companions too, so the stage's maps mean what
+//! they meant unsplit, whoever reads them (a stage, the root, any host).
+//!
+//! ```text
+//! "<stage>:<partition>:<probe stage>:<first>-<last>:<map>:<companion>,..."   e.g. "4:1:2:0-0:1:3"
+//! ```
+//!
+//! is what each part's task is told (`dfx_engine.split_read`): which
+//! partition it reads, whose probe maps, the map it publishes as, and, for
+//! the first part, the maps of the others. Every part's task executes the
+//! partition itself (an added map's task runs its planned map's part of
+//! the plan), so no operator is asked for a partition it does not have.
+
+use std::ops::RangeInclusive;
+
+use datafusion_proto::protobuf::physical_plan_node::PhysicalPlanType;
+use datafusion_proto::protobuf::{AggregateMode, JoinType, PartitionMode, PhysicalPlanNode};
+
+use crate::adapt::coalesce::{HashRead, human};
+use crate::config::SkewSplit;
+use crate::encoded::find_payload;
+use crate::read_settings::SplitRead;
+use crate::wire::{Payload, ReadMode};
+
+/// The least bytes a part aims at when a partition is split: below this,
+/// a task's fixed cost outweighs its rows.
+pub const MIN_PART_BYTES: u64 = 1 << 20;
+
+/// The stage the probe side of the stage `root` (an encoded writer) reads
+/// partition by partition, when its partitions can be split, or why not.
+pub fn probe_stage(root: &PhysicalPlanNode) -> std::result::Result<u64, String> {
+    probe_path(writer_input(root)?, &mut Vec::new())
+}
+
+/// The input of the stage writer `root`, or why it is not one.
+pub(super) fn writer_input(
+    root: &PhysicalPlanNode,
+) -> std::result::Result<&PhysicalPlanNode, String> {
+    let Some(PhysicalPlanType::Extension(writer)) = root.physical_plan_type.as_ref() else {
+        return Err("its root is not a stage writer".into());
+    };
+    match &writer.inputs[..] {
+        [input] => Ok(input),
+        _ => Err("its writer has no one input".into()),
+    }
+}
+
+/// Down the probe side of `node` to the hash read it divides, through the
+/// operators listed above; for each partitioned join on the way, what its
+/// build side reads (the stage of a hash read under row-by-row nodes, or
+/// why it is something else) goes into `builds`.
+pub(super) fn probe_path(
+    node: &PhysicalPlanNode,
+    builds: &mut Vec<std::result::Result<u64, String>>,
+) -> std::result::Result<u64, String> {
+    use PhysicalPlanType as T;
+    let Some(kind) = node.physical_plan_type.as_ref() else {
+        return Err("a node the plan does not name".into());
+    };
+    let only = |input: &Option<Box<PhysicalPlanNode>>,
+                builds: &mut Vec<std::result::Result<u64, String>>| match input {
+        Some(input) => probe_path(input, builds),
+        None => Err("a node without its input".into()),
+    };
+    match kind {
+        T::Projection(n) => only(&n.input, builds),
+        T::Filter(n) => only(&n.input, builds),
+        T::CoalesceBatches(n) => only(&n.input, builds),
+        T::Aggregate(n) if n.mode == AggregateMode::Partial as i32 => only(&n.input, builds),
+        T::Aggregate(_) => Err("an aggregate that is not partial sees every row of a key".into()),
+        T::HashJoin(join) => {
+            let keeps_probe_rows_apart = [
+                JoinType::Inner,
+                JoinType::Right,
+                JoinType::Rightsemi,
+                JoinType::Rightanti,
+                JoinType::Rightmark,
+            ]
+            .iter()
+            .any(|t| *t as i32 == join.join_type);
+            if !keeps_probe_rows_apart {
+                return Err("a join that emits its build side's unmatched rows".into());
+            }
+            if join.partition_mode == PartitionMode::Partitioned as i32 {
+                builds.push(match join.left.as_deref() {
+                    Some(left) => build_read(left),
+                    None => Err("a join without its build side".into()),
+                });
+            } else if join.partition_mode != PartitionMode::CollectLeft as i32 {
+                return Err("a join that is neither partitioned nor a broadcast one".into());
+            }
+            only(&join.right, builds)
+        }
+        T::Extension(extension) => hash_read_stage(extension, "its probe side"),
+        _ => Err("an operator between the probe side and the writer sees many rows at once".into()),
+    }
+}
+
+/// The stage a partitioned join's build side `node` reads by hash, under
+/// operators that treat rows one by one.
+fn build_read(node: &PhysicalPlanNode) -> std::result::Result<u64, String> {
+    use PhysicalPlanType as T;
+    let input = match node.physical_plan_type.as_ref() {
+        Some(T::Projection(n)) => n.input.as_deref(),
+        Some(T::Filter(n)) => n.input.as_deref(),
+        Some(T::CoalesceBatches(n)) => n.input.as_deref(),
+        Some(T::Extension(extension)) => return hash_read_stage(extension, "its build side"),
+        _ => return Err("a build side that is not a stage read by hash".into()),
+    };
+    input.map_or_else(|| Err("a node without its input".into()), build_read)
+}
+
+/// The stage a hash reader reads; `side` names where it was met.
+fn hash_read_stage(
+    extension: &datafusion_proto::protobuf::PhysicalExtensionNode,
+    side: &str,
+) -> std::result::Result<u64, String> {
+    match find_payload(&extension.node).map(|(_, p)| p) {
+        Some(Payload::Reader(ReadMode::Hash)) => extension
+            .inputs
+            .first()
+            .and_then(|w| match w.physical_plan_type.as_ref()? {
+                PhysicalPlanType::Extension(w) => match find_payload(&w.node)? {
+                    (_, Payload::Writer(writer)) => Some(writer.stage_id),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .ok_or_else(|| "a hash reader without its stage's writer".into()),
+        Some(other) => Err(format!("{side} holds a {}", other.node_name())),
+        None => Err("an extension node that is not dfx's".into()),
+    }
+}
+
+/// One part of a split partition, as the scheduler runs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    /// The map the part publishes as.
+    pub map: usize,
+    /// What its task is told.
+    pub read: SplitRead,
+}
+
+/// The parts of the stage `stage_id` (of `maps` planned maps) whose
+/// partitions read `probe` (`per_map[m][p]`: bytes of bucket p in the
+/// probe stage's map m, companions included), under `mode` with `slots`
+/// tasks at once; and why. Under `auto` a skewed partition is cut into
+/// parts of at least the median, its share of the slots and
+/// [`MIN_PART_BYTES`]: more parts than slots only queue, and each reads
+/// the build side again.
+pub fn decide(
+    stage_id: u64,
+    maps: usize,
+    probe: &HashRead,
+    per_map: &[Vec<u64>],
+    mode: SkewSplit,
+    slots: usize,
+) -> (Vec<Part>, String) {
+    let partitions = probe.buckets;
+    let per_partition: Vec<u64> = (0..partitions)
+        .map(|p| per_map.iter().map(|m| m.get(p).copied().unwrap_or(0)).sum())
+        .collect();
+    let median = median(&per_partition);
+    let mut parts = Vec::new();
+    let mut next = maps;
+    let mut said = Vec::new();
+    for (p, &bytes) in per_partition.iter().enumerate() {
+        let target = match mode {
+            SkewSplit::Off => return (Vec::new(), String::new()),
+            SkewSplit::On => 1,
+            SkewSplit::Auto {
+                factor,
+                bytes: least,
+            } => {
+                if (bytes as f64) <= factor * median as f64 || bytes < least {
+                    continue;
+                }
+                median
+                    .max(MIN_PART_BYTES)
+                    .max(bytes.div_ceil(slots.max(1) as u64))
+            }
+        };
+        let of_maps: Vec<u64> = per_map
+            .iter()
+            .map(|m| m.get(p).copied().unwrap_or(0))
+            .collect();
+        let ranges = ranges(&of_maps, target);
+        if ranges.len() < 2 {
+            continue;
+        }
+        let companions: Vec<usize> = (next..next + ranges.len() - 1).collect();
+        next += ranges.len() - 1;
+        for (i, range) in ranges.iter().enumerate() {
+            parts.push(Part {
+                map: if i == 0 { p } else { companions[i - 1] },
+                read: SplitRead {
+                    stage_id,
+                    partition: p,
+                    probe_stage: probe.stage_id,
+                    maps: range.clone(),
+                    map: if i == 0 { p } else { companions[i - 1] },
+                    companions: if i == 0 {
+                        companions.clone()
+                    } else {
+                        Vec::new()
+                    },
+                },
+            });
+        }
+        said.push(format!(
+            "partition {p} ({} from stage {}) into {} tasks by its maps",
+            human(bytes),
+            probe.stage_id,
+            ranges.len()
+        ));
+    }
+    let forced = if mode == SkewSplit::On {
+        ", forced on"
+    } else {
+        ""
+    };
+    if said.is_empty() {
+        return (
+            Vec::new(),
+            format!(
+                "split no partition: none of stage {}'s is skewed (median {}){forced}",
+                probe.stage_id,
+                human(median)
+            ),
+        );
+    }
+    let why = format!(
+        "split {} (the median partition {}){forced}",
+        said.join(", "),
+        human(median)
+    );
+    (parts, why)
+}
+
+/// Adjacent maps grouped while a group stays within `target` bytes; a
+/// map with no bytes never starts a group, so every group reads rows.
+fn ranges(bytes: &[u64], target: u64) -> Vec<RangeInclusive<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut sum = 0u64;
+    for (m, &b) in bytes.iter().enumerate() {
+        if sum > 0 && b > 0 && sum.saturating_add(b) > target {
+            out.push(start..=m - 1);
+            start = m;
+            sum = 0;
+        }
+        sum = sum.saturating_add(b);
+    }
+    if !bytes.is_empty() {
+        out.push(start..=bytes.len() - 1);
+    }
+    out
+}
+
+/// The median of `values` (the lower middle one of an even count).
+fn median(values: &[u64]) -> u64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    sorted
+        .get(sorted.len().saturating_sub(1) / 2)
+        .copied()
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn probe(maps: usize, buckets: usize) -> HashRead {
+        HashRead {
+            stage_id: 2,
+            maps,
+            buckets,
+            shuffle_dir: PathBuf::from("/s"),
+        }
+    }
+
+    #[test]
+    fn a_skewed_partition_is_split_by_its_probe_maps() {
+        // Partition 1 holds 90 MiB over two maps, the others 1 MiB each.
+        let per_map = vec![vec![MIB, 45 * MIB, MIB], vec![0, 45 * MIB, 0]];
+        let mode = SkewSplit::Auto {
+            factor: 4.0,
+            bytes: 64 * MIB,
+        };
+        let (parts, why) = decide(7, 3, &probe(2, 3), &per_map, mode, 2);
+        assert_eq!(parts.len(), 2, "{why}");
+        assert_eq!(parts[0].map, 1);
+        assert_eq!(parts[0].read.maps, 0..=0);
+        assert_eq!(parts[0].read.companions, vec![3]);
+        assert_eq!(parts[1].map, 3);
+        assert_eq!(parts[1].read.maps, 1..=1);
+        assert!(parts[1].read.companions.is_empty());
+        assert!(
+            why.contains("partition 1 (90.0 MiB from stage 2) into 2 tasks"),
+            "{why}"
+        );
+        // Below the least bytes: kept.
+        let small = SkewSplit::Auto {
+            factor: 4.0,
+            bytes: 128 * MIB,
+        };
+        let (parts, why) = decide(7, 3, &probe(2, 3), &per_map, small, 2);
+        assert!(parts.is_empty());
+        assert!(why.starts_with("split no partition"), "{why}");
+    }
+
+    #[test]
+    fn a_skewed_partition_is_cut_into_about_as_many_parts_as_slots() {
+        // Partition 0 holds 10 MiB in each of eight maps; partition 1 a
+        // little in each.
+        let per_map = vec![vec![10 * MIB, MIB / 8]; 8];
+        let mode = SkewSplit::Auto {
+            factor: 4.0,
+            bytes: 64 * MIB,
+        };
+        let (parts, why) = decide(7, 2, &probe(8, 2), &per_map, mode, 2);
+        let ranges: Vec<_> = parts.iter().map(|p| p.read.maps.clone()).collect();
+        assert_eq!(ranges, vec![0..=3, 4..=7], "{why}");
+    }
+
+    #[test]
+    fn every_group_of_maps_reads_rows() {
+        assert_eq!(ranges(&[10, 20], 1), vec![0..=0, 1..=1]);
+        assert_eq!(ranges(&[0, 5], 1), vec![0..=1]);
+        assert_eq!(ranges(&[10, 0, 20, 0], 1), vec![0..=1, 2..=3]);
+        assert_eq!(ranges(&[3, 3, 3], 6), vec![0..=1, 2..=2]);
+    }
+
+    #[test]
+    fn forced_on_splits_every_partition_with_rows_in_two_maps() {
+        let per_map = vec![vec![10, 0], vec![20, 5]];
+        let (parts, why) = decide(7, 2, &probe(2, 2), &per_map, SkewSplit::On, 2);
+        // Partition 0 in two parts; partition 1's rows are in one map.
+        assert_eq!(parts.iter().map(|p| p.map).collect::<Vec<_>>(), vec![0, 2]);
+        assert!(why.ends_with("forced on"), "{why}");
+        let (parts, _) = decide(7, 2, &probe(2, 2), &per_map, SkewSplit::Off, 2);
+        assert!(parts.is_empty());
+    }
+}

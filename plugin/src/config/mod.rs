@@ -1,0 +1,476 @@
+//! The `dfx_engine` config extension.
+//!
+//! The keys:
+//! - `dfx_engine.shuffle_dir`: where stage output goes: a local path,
+//!   `file://...` or `s3://bucket/prefix` (see [`crate::exchange::store`]).
+//!   Empty (the default) means "do not distribute": the planner inserts no
+//!   stage.
+//! - `dfx_engine.split`: where the planner cuts the plan into stages,
+//!   `exchange` (the default: at every exchange) or `aggregate` (the
+//!   aggregate split: one stage per topmost partial aggregate).
+//! - `dfx_engine.shuffle_compression`: how the segments of map files are
+//!   compressed, `auto` (the default: none in a local directory, LZ4 on S3),
+//!   `lz4` (LZ4 frames, the codec Ballista measured as paying for itself) or
+//!   `none`. Read by the writer when its task runs, so a worker's session
+//!   decides; readers detect it per message.
+//! - `dfx_engine.s3_endpoint`, `dfx_engine.s3_region`,
+//!   `dfx_engine.s3_allow_http`: how an `s3://` location is reached, over
+//!   the standard AWS environment variables (credentials come only from the
+//!   environment: a config travels inside every encoded stage). Plain http
+//!   only when `s3_allow_http` (or `AWS_ALLOW_HTTP`) asks for it.
+//! - `dfx_engine.memory_table_limit`: the most bytes (as Arrow IPC) an
+//!   in-memory table may carry into a plan (see [`crate::memory_table`]);
+//!   64 MiB by default.
+//! - `dfx_engine.join_filters`: filters that cross stages (see
+//!   [`crate::filters`]): `auto` (the default: a join's probe side is
+//!   filtered by its build stage's keys when the build published at most
+//!   `join_filter_ratio` times the probe table's rows), `on` (whatever the
+//!   sizes) or `off` (none: the plan is cut as without them).
+//! - `dfx_engine.join_filter_ratio`: that threshold, `0.5` by default.
+//! - `dfx_engine.coalesce`: adaptive coalescing (see [`crate::adapt`]):
+//!   `auto` (the default: a ready stage's adjacent small partitions share a
+//!   task, each task up to the stage's bytes over the workers, at least
+//!   1 MiB, at most `coalesce_task_bytes`), `on` (at least two partitions a
+//!   task, whatever their bytes) or `off` (one task per partition).
+//! - `dfx_engine.coalesce_task_bytes`: that most, 64 MiB by default.
+//! - `dfx_engine.coalesced_partitions`: set by the scheduler, never by a
+//!   user: the partitions each task of one coalesced stage reads (see
+//!   [`crate::read_settings`]).
+//! - `dfx_engine.skew_split`: adaptive splitting of a skewed partition (see
+//!   [`crate::adapt::skew_split`]): `auto` (the default: a partition whose
+//!   probe-side bytes are above `skew_split_factor` times the median and
+//!   above `skew_split_bytes` is read by several tasks), `on` (every
+//!   partition that can be split is, one task per map it reads) or `off`.
+//! - `dfx_engine.skew_split_factor`: that factor, `4.0` by default.
+//! - `dfx_engine.skew_split_bytes`: that least, 64 MiB by default.
+//! - `dfx_engine.split_read`: set by the scheduler, never by a user: which
+//!   part of a split partition one task reads (see
+//!   [`crate::adapt::skew_split`]).
+//! - `dfx_engine.broadcast_switch`: adaptive broadcast switching (see
+//!   [`crate::adapt::broadcast_switch`]): `auto` (the default: a partitioned
+//!   join runs as a broadcast join when its build stages published at most
+//!   `broadcast_switch_bytes`, or when its slowest worker would read fewer
+//!   bytes switched, as under a skewed partition), `on` (every join that
+//!   can switch does) or `off`.
+//! - `dfx_engine.broadcast_switch_bytes`: that most, 1 MiB by default
+//!   (DataFusion's own size under which it collects a build side).
+//! - `dfx_engine.broadcast_read`: set by the scheduler, never by a user:
+//!   which reads of a switched stage are whole or by map (see
+//!   [`crate::adapt::broadcast_switch`]).
+//!
+//! A host that loaded the plugin registers the options as an
+//! `FFI_ExtensionOptions`, so on the plugin's side of the boundary they arrive
+//! as plain key/value entries, and a host may show the key as
+//! `datafusion_ffi.dfx_engine.shuffle_dir`. Both spellings are read here.
+
+use std::path::PathBuf;
+
+use datafusion::common::config::{ConfigExtension, ConfigOptions, ExtensionOptions};
+use datafusion::common::{DataFusionError, Result, extensions_options};
+use datafusion::config::DATAFUSION_FFI_CONFIG_NAMESPACE;
+use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
+
+pub use crate::read_settings::{BROADCAST_READ, COALESCED_PARTITIONS, SPLIT_READ};
+use crate::read_settings::{BroadcastRead, PartitionGroups, SplitRead};
+
+/// Prefix of every dfx config key.
+pub const CONFIG_PREFIX: &str = "dfx_engine";
+
+/// The full key of the shuffle directory.
+pub const SHUFFLE_DIR_KEY: &str = "dfx_engine.shuffle_dir";
+
+/// The full key of the split rule.
+pub const SPLIT_KEY: &str = "dfx_engine.split";
+
+/// The full key of the shuffle files' compression.
+pub const SHUFFLE_COMPRESSION_KEY: &str = "dfx_engine.shuffle_compression";
+
+/// The full key of the S3 endpoint (overrides `AWS_ENDPOINT_URL`).
+pub const S3_ENDPOINT_KEY: &str = "dfx_engine.s3_endpoint";
+
+/// The full key of the S3 region (overrides `AWS_REGION`).
+pub const S3_REGION_KEY: &str = "dfx_engine.s3_region";
+
+/// The full key allowing plain http to the S3 endpoint.
+pub const S3_ALLOW_HTTP_KEY: &str = "dfx_engine.s3_allow_http";
+
+/// The full key of the in-memory table limit ([`dfx_abi::MEMORY_TABLE_LIMIT`]
+/// under [`CONFIG_PREFIX`]).
+pub const MEMORY_TABLE_LIMIT_KEY: &str = "dfx_engine.memory_table_limit";
+
+/// [`MEMORY_TABLE_LIMIT_KEY`]'s default: 64 MiB. Such a table crosses the
+/// boundary inside the plan and sits in the driver's memory twice while it
+/// is planned; data larger than this belongs in files.
+pub const DEFAULT_MEMORY_TABLE_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// The full key of the filters that cross stages.
+pub const JOIN_FILTERS_KEY: &str = "dfx_engine.join_filters";
+
+/// The full key of the build-to-probe row ratio under which `auto` filters.
+pub const JOIN_FILTER_RATIO_KEY: &str = "dfx_engine.join_filter_ratio";
+
+/// The full key of adaptive coalescing.
+pub const COALESCE_KEY: &str = "dfx_engine.coalesce";
+
+/// The full key of the most bytes a coalesced task reads.
+pub const COALESCE_TASK_BYTES_KEY: &str = "dfx_engine.coalesce_task_bytes";
+
+/// The full key of adaptive skew splitting.
+pub const SKEW_SPLIT_KEY: &str = "dfx_engine.skew_split";
+
+/// The full key of the factor over the median past which a partition is skewed.
+pub const SKEW_SPLIT_FACTOR_KEY: &str = "dfx_engine.skew_split_factor";
+
+/// The full key of the fewest bytes a skewed partition has.
+pub const SKEW_SPLIT_BYTES_KEY: &str = "dfx_engine.skew_split_bytes";
+
+/// The full key of adaptive broadcast switching.
+pub const BROADCAST_SWITCH_KEY: &str = "dfx_engine.broadcast_switch";
+
+/// Whether a ready stage's partitioned joins run as broadcast joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BroadcastSwitch {
+    /// When the build stages published at most `bytes`.
+    Auto {
+        /// The most bytes.
+        bytes: u64,
+    },
+    /// Every join that can switch, whatever its build side's bytes.
+    On,
+    /// Never.
+    Off,
+}
+
+/// Whether a ready stage's skewed partitions are read by several tasks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SkewSplit {
+    /// A partition past `factor` times the median and past `bytes`.
+    Auto {
+        /// The factor over the median.
+        factor: f64,
+        /// The fewest bytes.
+        bytes: u64,
+    },
+    /// Every partition that can be split, one task per map it reads.
+    On,
+    /// Never.
+    Off,
+}
+
+/// Whether ready stages' small partitions share tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coalesce {
+    /// Up to the target bytes a task.
+    Auto,
+    /// At least two partitions a task, whatever their bytes.
+    On,
+    /// One task per partition, as planned.
+    Off,
+}
+
+/// Whether the planner adds filters that cross stages.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum JoinFilters {
+    /// When the build stage published at most this many times the probe
+    /// table's rows.
+    Auto(f64),
+    /// Whatever the sizes.
+    On,
+    /// Never.
+    Off,
+}
+
+/// How a writer compresses the segments of its map files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShuffleCompression {
+    /// Arrow IPC with LZ4 frame compression per buffer.
+    Lz4,
+    /// Uncompressed Arrow IPC.
+    None,
+}
+
+/// Where the planner cuts a plan into stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitMode {
+    /// At every exchange: hash repartitions, below merges, broadcast builds,
+    /// and around operators that need every partition of an input.
+    Exchange,
+    /// At each topmost partial aggregate (a plan with none is one stage).
+    Aggregate,
+}
+
+impl SplitMode {
+    /// The config value naming this mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SplitMode::Exchange => "exchange",
+            SplitMode::Aggregate => "aggregate",
+        }
+    }
+}
+
+extensions_options! {
+    /// dfx's session options.
+    pub struct DfxConfig {
+        /// Directory that receives stage output; empty disables distribution.
+        pub shuffle_dir: String, default = String::new()
+        /// Where the plan is cut into stages: `exchange` or `aggregate`.
+        pub split: String, default = "exchange".to_string()
+        /// How the segments of map files are compressed: `auto`, `lz4` or `none`.
+        pub shuffle_compression: String, default = "auto".to_string()
+        /// S3 endpoint URL for an `s3://` shuffle location; empty: `AWS_ENDPOINT_URL`.
+        pub s3_endpoint: String, default = String::new()
+        /// S3 region; empty: `AWS_REGION`.
+        pub s3_region: String, default = String::new()
+        /// Allow plain http to the S3 endpoint (local endpoints only).
+        pub s3_allow_http: bool, default = false
+        /// The most bytes (Arrow IPC) an in-memory table may carry into a plan.
+        pub memory_table_limit: u64, default = DEFAULT_MEMORY_TABLE_LIMIT
+        /// Filters that cross stages: `auto`, `on` or `off`.
+        pub join_filters: String, default = "auto".to_string()
+        /// `auto` filters when build rows are at most this times the probe table's.
+        pub join_filter_ratio: f64, default = 0.5
+        /// Adaptive coalescing of a ready stage's partitions: `auto`, `on` or `off`.
+        pub coalesce: String, default = "auto".to_string()
+        /// The most bytes a coalesced task reads.
+        pub coalesce_task_bytes: u64, default = 64 * 1024 * 1024
+        /// Set by the scheduler: the partitions each task of a coalesced stage reads.
+        pub coalesced_partitions: String, default = String::new()
+        /// Adaptive splitting of a skewed partition: `auto`, `on` or `off`.
+        pub skew_split: String, default = "auto".to_string()
+        /// `auto` splits a partition past this times the median partition.
+        pub skew_split_factor: f64, default = 4.0
+        /// `auto` splits a partition of at least this many bytes.
+        pub skew_split_bytes: u64, default = 64 * 1024 * 1024
+        /// Set by the scheduler: which part of a split partition a task reads.
+        pub split_read: String, default = String::new()
+        /// Adaptive broadcast switching of a partitioned join: `auto`, `on` or `off`.
+        pub broadcast_switch: String, default = "auto".to_string()
+        /// `auto` switches when the build side published at most this many bytes.
+        pub broadcast_switch_bytes: u64, default = 1024 * 1024
+        /// Set by the scheduler: how the tasks of a switched stage read.
+        pub broadcast_read: String, default = String::new()
+    }
+}
+
+impl ConfigExtension for DfxConfig {
+    const PREFIX: &'static str = CONFIG_PREFIX;
+}
+
+impl DfxConfig {
+    /// Read dfx's options from a session's config, under either spelling.
+    ///
+    /// # Errors
+    ///
+    /// A key under `dfx_engine` that dfx does not declare: a typo must not
+    /// silently run a query in one process.
+    pub fn from_config(options: &ConfigOptions) -> Result<Self> {
+        if let Some(config) = options.extensions.get::<DfxConfig>() {
+            return Ok(config.clone());
+        }
+        let mut config = DfxConfig::default();
+        let Some(ffi) = options.extensions.get::<FFI_ExtensionOptions>() else {
+            return Ok(config);
+        };
+        for entry in ffi.entries() {
+            let key = entry.key.as_str();
+            let key = key
+                .strip_prefix(DATAFUSION_FFI_CONFIG_NAMESPACE)
+                .and_then(|k| k.strip_prefix('.'))
+                .unwrap_or(key);
+            let Some(inner) = key
+                .strip_prefix(CONFIG_PREFIX)
+                .and_then(|k| k.strip_prefix('.'))
+            else {
+                continue;
+            };
+            let value = entry.value.unwrap_or_default();
+            config.set(inner, &value).map_err(|err| {
+                DataFusionError::Configuration(format!(
+                    "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` (dfx declares \
+                     `{SHUFFLE_DIR_KEY}`, `{SPLIT_KEY}`, `{SHUFFLE_COMPRESSION_KEY}`, \
+                     `{S3_ENDPOINT_KEY}`, `{S3_REGION_KEY}`, `{S3_ALLOW_HTTP_KEY}`, \
+                     `{MEMORY_TABLE_LIMIT_KEY}`, `{JOIN_FILTERS_KEY}`, \
+                     `{JOIN_FILTER_RATIO_KEY}`, `{COALESCE_KEY}`, \
+                     `{COALESCE_TASK_BYTES_KEY}`, `{SKEW_SPLIT_KEY}`, \
+                     `{SKEW_SPLIT_FACTOR_KEY}` and `{SKEW_SPLIT_BYTES_KEY}`): {err}"
+                ))
+            })?;
+        }
+        Ok(config)
+    }
+
+    /// The split rule.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `exchange` or `aggregate`, named in the message.
+    pub fn split_mode(&self) -> Result<SplitMode> {
+        match self.split.trim() {
+            "" | "exchange" => Ok(SplitMode::Exchange),
+            "aggregate" => Ok(SplitMode::Aggregate),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{SPLIT_KEY}` is {other:?}; expected \"exchange\" or \"aggregate\""
+            ))),
+        }
+    }
+
+    /// How the segments of map files are compressed.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `auto`, `lz4` or `none`, named in the message.
+    ///
+    /// `auto` (the default) follows the location: none for a local
+    /// directory, where LZ4 cost a query more CPU than the bytes it saved
+    /// (at TPC-H scale 1, 2 partitions, the geo-mean was 1.76x stock
+    /// DataFusion without it and 2.02x with it), and LZ4 for S3, where every
+    /// byte crosses the network.
+    pub fn shuffle_compression(&self, local: bool) -> Result<ShuffleCompression> {
+        match self.shuffle_compression.trim() {
+            "" | "auto" if local => Ok(ShuffleCompression::None),
+            "" | "auto" | "lz4" => Ok(ShuffleCompression::Lz4),
+            "none" => Ok(ShuffleCompression::None),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{SHUFFLE_COMPRESSION_KEY}` is {other:?}; expected \"auto\", \"lz4\" \
+                 or \"none\""
+            ))),
+        }
+    }
+
+    /// Whether (and when) the planner filters probe sides across stages.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `auto`, `on` or `off`, or a ratio that is not a
+    /// number of at least 0, named in the message.
+    pub fn join_filters(&self) -> Result<JoinFilters> {
+        match self.join_filters.trim() {
+            "" | "auto" => {
+                let ratio = self.join_filter_ratio;
+                if ratio.is_nan() || ratio < 0.0 {
+                    return Err(DataFusionError::Configuration(format!(
+                        "dfx config: `{JOIN_FILTER_RATIO_KEY}` is {ratio}; expected a number of \
+                         at least 0"
+                    )));
+                }
+                Ok(JoinFilters::Auto(ratio))
+            }
+            "on" => Ok(JoinFilters::On),
+            "off" => Ok(JoinFilters::Off),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{JOIN_FILTERS_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
+            ))),
+        }
+    }
+
+    /// Whether ready stages' small partitions share tasks.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `auto`, `on` or `off`, named in the message.
+    pub fn coalesce(&self) -> Result<Coalesce> {
+        match self.coalesce.trim() {
+            "" | "auto" => Ok(Coalesce::Auto),
+            "on" => Ok(Coalesce::On),
+            "off" => Ok(Coalesce::Off),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{COALESCE_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
+            ))),
+        }
+    }
+
+    /// The partitions each task of a coalesced stage reads, as the
+    /// scheduler set them; `None` when it set none.
+    ///
+    /// # Errors
+    ///
+    /// A setting that does not parse (see [`crate::read_settings`]).
+    pub fn coalesced_partitions(&self) -> Result<Option<PartitionGroups>> {
+        PartitionGroups::parse(&self.coalesced_partitions)
+    }
+
+    /// Whether (and when) a ready stage's skewed partitions are split.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `auto`, `on` or `off`, or a factor that is not a
+    /// number of at least 1, named in the message.
+    pub fn skew_split(&self) -> Result<SkewSplit> {
+        match self.skew_split.trim() {
+            "" | "auto" => {
+                let factor = self.skew_split_factor;
+                if factor.is_nan() || factor < 1.0 {
+                    return Err(DataFusionError::Configuration(format!(
+                        "dfx config: `{SKEW_SPLIT_FACTOR_KEY}` is {factor}; expected a number of \
+                         at least 1"
+                    )));
+                }
+                Ok(SkewSplit::Auto {
+                    factor,
+                    bytes: self.skew_split_bytes,
+                })
+            }
+            "on" => Ok(SkewSplit::On),
+            "off" => Ok(SkewSplit::Off),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{SKEW_SPLIT_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
+            ))),
+        }
+    }
+
+    /// Which part of a split partition this task reads, as the scheduler
+    /// set it; `None` when it set none.
+    ///
+    /// # Errors
+    ///
+    /// A setting that does not parse (see [`crate::read_settings`]).
+    pub fn split_read(&self) -> Result<Option<SplitRead>> {
+        SplitRead::parse(&self.split_read)
+    }
+
+    /// Whether (and when) a ready stage's partitioned joins switch to
+    /// broadcast joins.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `auto`, `on` or `off`, named in the message.
+    pub fn broadcast_switch(&self) -> Result<BroadcastSwitch> {
+        match self.broadcast_switch.trim() {
+            "" | "auto" => Ok(BroadcastSwitch::Auto {
+                bytes: self.broadcast_switch_bytes,
+            }),
+            "on" => Ok(BroadcastSwitch::On),
+            "off" => Ok(BroadcastSwitch::Off),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{BROADCAST_SWITCH_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
+            ))),
+        }
+    }
+
+    /// How this task of a switched stage reads, as the scheduler set it;
+    /// `None` when it set nothing.
+    ///
+    /// # Errors
+    ///
+    /// A setting that does not parse (see [`crate::read_settings`]).
+    pub fn broadcast_read(&self) -> Result<Option<BroadcastRead>> {
+        BroadcastRead::parse(&self.broadcast_read)
+    }
+
+    /// The shuffle directory, or `None` when distribution is off.
+    pub fn shuffle_dir(&self) -> Option<PathBuf> {
+        let dir = self.shuffle_dir.trim();
+        (!dir.is_empty()).then(|| PathBuf::from(dir))
+    }
+
+    /// These options as an `FFI_ExtensionOptions`, for a host to register.
+    pub fn to_ffi(&self) -> Result<FFI_ExtensionOptions> {
+        let mut options = FFI_ExtensionOptions::default();
+        options.add_config(self)?;
+        Ok(options)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,155 @@
+//! The config's keys, parsed and refused.
+
+use super::*;
+
+fn options_with_ffi(key: &str, value: &str) -> Result<ConfigOptions> {
+    let mut options = ConfigOptions::default();
+    options.extensions.insert(DfxConfig::default().to_ffi()?);
+    options.set(key, value)?;
+    Ok(options)
+}
+
+#[test]
+fn local_extension() -> Result<()> {
+    let mut options = ConfigOptions::default();
+    options.extensions.insert(DfxConfig::default());
+    options.set(SHUFFLE_DIR_KEY, "/tmp/q1")?;
+    let config = DfxConfig::from_config(&options)?;
+    assert_eq!(config.shuffle_dir(), Some(PathBuf::from("/tmp/q1")));
+    Ok(())
+}
+
+#[test]
+fn ffi_extension_under_both_spellings() -> Result<()> {
+    for key in [SHUFFLE_DIR_KEY, "datafusion_ffi.dfx_engine.shuffle_dir"] {
+        let options = options_with_ffi(key, "/tmp/q2")?;
+        let config = DfxConfig::from_config(&options)?;
+        assert_eq!(
+            config.shuffle_dir(),
+            Some(PathBuf::from("/tmp/q2")),
+            "{key}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn empty_or_missing_means_no_distribution() -> Result<()> {
+    let options = options_with_ffi(SHUFFLE_DIR_KEY, "")?;
+    assert_eq!(DfxConfig::from_config(&options)?.shuffle_dir(), None);
+    let options = ConfigOptions::default();
+    assert_eq!(DfxConfig::from_config(&options)?.shuffle_dir(), None);
+    Ok(())
+}
+
+#[test]
+fn unknown_key_is_an_error() -> Result<()> {
+    let options = options_with_ffi("dfx_engine.shufle_dir", "/tmp/x")?;
+    let err = DfxConfig::from_config(&options).unwrap_err().to_string();
+    assert!(err.contains("dfx_engine.shufle_dir"), "{err}");
+    assert!(err.contains(SHUFFLE_DIR_KEY), "{err}");
+    Ok(())
+}
+
+#[test]
+fn shuffle_compression_follows_the_location_unless_set() -> Result<()> {
+    let config = DfxConfig::from_config(&ConfigOptions::default())?;
+    assert_eq!(config.shuffle_compression(true)?, ShuffleCompression::None);
+    assert_eq!(config.shuffle_compression(false)?, ShuffleCompression::Lz4);
+    let options = options_with_ffi(SHUFFLE_COMPRESSION_KEY, "none")?;
+    let config = DfxConfig::from_config(&options)?;
+    assert_eq!(config.shuffle_compression(false)?, ShuffleCompression::None);
+    let options = options_with_ffi(SHUFFLE_COMPRESSION_KEY, "lz4")?;
+    let config = DfxConfig::from_config(&options)?;
+    assert_eq!(config.shuffle_compression(true)?, ShuffleCompression::Lz4);
+    let options = options_with_ffi(SHUFFLE_COMPRESSION_KEY, "zip")?;
+    let err = DfxConfig::from_config(&options)?
+        .shuffle_compression(true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(SHUFFLE_COMPRESSION_KEY) && err.contains("zip"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn s3_keys_cross_ffi() -> Result<()> {
+    let mut options = ConfigOptions::default();
+    options.extensions.insert(DfxConfig::default().to_ffi()?);
+    options.set(S3_ENDPOINT_KEY, "http://127.0.0.1:9000")?;
+    options.set(S3_REGION_KEY, "eu-west-1")?;
+    options.set(S3_ALLOW_HTTP_KEY, "true")?;
+    let config = DfxConfig::from_config(&options)?;
+    assert_eq!(config.s3_endpoint, "http://127.0.0.1:9000");
+    assert_eq!(config.s3_region, "eu-west-1");
+    assert!(config.s3_allow_http);
+    assert!(!DfxConfig::default().s3_allow_http);
+    Ok(())
+}
+
+#[test]
+fn the_memory_table_limit_key_is_the_abi_one_under_the_prefix() -> Result<()> {
+    let key = format!("{CONFIG_PREFIX}.{}", dfx_abi::MEMORY_TABLE_LIMIT);
+    assert_eq!(key, MEMORY_TABLE_LIMIT_KEY);
+    let options = options_with_ffi(&key, "1000")?;
+    assert_eq!(DfxConfig::from_config(&options)?.memory_table_limit, 1000);
+    assert_eq!(
+        DfxConfig::default().memory_table_limit,
+        DEFAULT_MEMORY_TABLE_LIMIT
+    );
+    Ok(())
+}
+
+#[test]
+fn join_filters_are_auto_unless_set() -> Result<()> {
+    let config = DfxConfig::from_config(&ConfigOptions::default())?;
+    assert_eq!(config.join_filters()?, JoinFilters::Auto(0.5));
+    let options = options_with_ffi(JOIN_FILTERS_KEY, "off")?;
+    assert_eq!(
+        DfxConfig::from_config(&options)?.join_filters()?,
+        JoinFilters::Off
+    );
+    let options = options_with_ffi(JOIN_FILTER_RATIO_KEY, "0.25")?;
+    assert_eq!(
+        DfxConfig::from_config(&options)?.join_filters()?,
+        JoinFilters::Auto(0.25)
+    );
+    let options = options_with_ffi(JOIN_FILTERS_KEY, "sometimes")?;
+    let err = DfxConfig::from_config(&options)?
+        .join_filters()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(JOIN_FILTERS_KEY) && err.contains("sometimes"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn coalescing_is_auto_unless_set() -> Result<()> {
+    let config = DfxConfig::from_config(&ConfigOptions::default())?;
+    assert_eq!(config.coalesce()?, Coalesce::Auto);
+    assert_eq!(config.coalesced_partitions()?, None);
+    let options = options_with_ffi(COALESCE_KEY, "off")?;
+    assert_eq!(DfxConfig::from_config(&options)?.coalesce()?, Coalesce::Off);
+    let options = options_with_ffi(COALESCE_KEY, "always")?;
+    let err = DfxConfig::from_config(&options)?
+        .coalesce()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(COALESCE_KEY) && err.contains("always"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn other_extensions_are_ignored() -> Result<()> {
+    let options = options_with_ffi("other_lib.key", "v")?;
+    assert_eq!(DfxConfig::from_config(&options)?.shuffle_dir(), None);
+    Ok(())
+}

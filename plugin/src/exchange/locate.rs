@@ -1,0 +1,321 @@
+//! Finding a map's output: its commit marker read and checked, locally or
+//! from an `s3://` location, and the key summary it published for join
+//! filters. Every error names stage, map, bucket and file; a missing map is
+//! lost output, recorded for the location (see [`crate::error`]).
+use std::collections::BTreeMap;
+use std::collections::VecDeque;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::common::{DataFusionError, Result};
+use object_store::ObjectStore;
+
+use crate::config::DfxConfig;
+use crate::exchange::files::read_range;
+use crate::exchange::marker::{Located, MapFileRef, MapMarker, Segment, TAIL_GUESS};
+use crate::exchange::store::{
+    ObjectKey, S3Location, S3Options, ShuffleLocation, get_range_if, get_tail_tagged,
+    location_root, s3_store,
+};
+use crate::filters::summary::KeySummary;
+use crate::paths::map_path;
+
+/// A `(map, bucket)` piece whose marker is still to read.
+struct Pending {
+    map: usize,
+    bucket: usize,
+    /// One of the partition's own pieces, rather than a companion's: the
+    /// only kind whose marker may name companions.
+    planned: bool,
+}
+
+impl Pending {
+    fn planned((map, bucket): (usize, usize)) -> Self {
+        Self {
+            map,
+            bucket,
+            planned: true,
+        }
+    }
+
+    /// The same bucket of the maps `marker` names as its companions (the
+    /// other parts of a split partition, see [`crate::adapt::skew_split`]),
+    /// read next.
+    fn companions(marker: &MapMarker, bucket: usize, pending: &mut VecDeque<Pending>) {
+        for &companion in marker.companions.iter().rev() {
+            pending.push_front(Pending {
+                map: companion as usize,
+                bucket,
+                planned: false,
+            });
+        }
+    }
+}
+
+/// The pieces of an S3 reader's partition, after reading (GET of each
+/// object's tail) and checking the marker of every map it reads, as a local
+/// reader does in `execute`.
+pub(crate) async fn read_markers(
+    store: Arc<dyn ObjectStore>,
+    location: S3Location,
+    root: PathBuf,
+    stage_id: u64,
+    buckets: usize,
+    pieces: Vec<(usize, usize)>,
+) -> Result<VecDeque<Piece>> {
+    let mut maps: BTreeMap<usize, (MapMarker, u64, Option<String>)> = BTreeMap::new();
+    let mut queue = VecDeque::new();
+    let mut pending: VecDeque<Pending> = pieces.into_iter().map(Pending::planned).collect();
+    while let Some(Pending {
+        map,
+        bucket,
+        planned,
+    }) = pending.pop_front()
+    {
+        if let std::collections::btree_map::Entry::Vacant(slot) = maps.entry(map) {
+            let path = map_path(&root, stage_id, map);
+            let at = MapFileRef {
+                location: &root,
+                path: &path,
+                stage_id,
+                map,
+                bucket,
+                buckets,
+            };
+            slot.insert(read_remote_marker(&store, &location, &at).await?);
+        }
+        let (marker, size, e_tag) = &maps[&map];
+        if let Some(mut piece) = Piece::of(marker, *size, &root, bucket) {
+            piece.e_tag = e_tag.clone();
+            queue.push_back(piece);
+        }
+        if planned {
+            Pending::companions(marker, bucket, &mut pending);
+        }
+    }
+    Ok(queue)
+}
+
+/// The key summary map `map` of stage `stage_id` (of `buckets` buckets)
+/// published into `shuffle_dir`, local or on S3: its marker read and
+/// checked as a reader checks it, then the summary's byte range. `None`
+/// when the map published none. A missing map is lost output, recorded for
+/// the location as a reader records it.
+///
+/// # Errors
+///
+/// Those of [`MapMarker::read`], an S3 location that cannot be reached, a
+/// map whose object changed in between, or a summary that is not one.
+pub(crate) async fn read_map_keys(
+    shuffle_dir: &Path,
+    config: &DfxConfig,
+    stage_id: u64,
+    map: usize,
+    buckets: usize,
+) -> Result<Option<KeySummary>> {
+    let location = ShuffleLocation::parse(shuffle_dir)
+        .map_err(|e| DataFusionError::Execution(format!("dfx stage {stage_id} map {map}: {e}")))?;
+    let root = location_root(&location);
+    let path = map_path(&root, stage_id, map);
+    let at = MapFileRef {
+        location: &root,
+        path: &path,
+        stage_id,
+        map,
+        bucket: 0,
+        buckets,
+    };
+    let fail = |what: String| at.error(format!("cannot read the key summary: {what}"));
+    let bytes = match location {
+        ShuffleLocation::Local(_) => {
+            let (marker, _) = MapMarker::read(&at)?;
+            let Some(keys) = marker.keys else {
+                return Ok(None);
+            };
+            let file = File::open(&path).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    at.lost()
+                } else {
+                    fail(e.to_string())
+                }
+            })?;
+            read_range(&file, keys.offset, keys.bytes).map_err(|e| fail(e.to_string()))?
+        }
+        ShuffleLocation::S3(s3) => {
+            let store =
+                s3_store(&s3.bucket, &S3Options::from_config(config)).map_err(|e| at.error(e))?;
+            let (marker, size, e_tag) = read_remote_marker(&store, &s3, &at).await?;
+            let Some(keys) = marker.keys else {
+                return Ok(None);
+            };
+            let key = s3.key(&path).map_err(|e| at.error(e))?;
+            let (bytes, now) = get_range_if(store, key, keys.offset, keys.bytes, e_tag)
+                .await
+                .map_err(fail)?
+                .ok_or_else(|| at.lost())?;
+            if now != size {
+                return Err(fail(format!(
+                    "the map's object changed while it was read ({size} byte(s), then {now})"
+                )));
+            }
+            bytes
+        }
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| fail(format!("not a key summary: {e}")))
+}
+
+/// The marker of map `map` of stage `stage_id` (of `buckets` buckets)
+/// published into `shuffle_dir`, local or on S3, read and checked as a
+/// reader checks it. A missing map is lost output, recorded for the
+/// location as a reader records it.
+///
+/// # Errors
+///
+/// Those of [`MapMarker::read`], or an S3 location that cannot be reached.
+pub(crate) async fn read_map_marker(
+    shuffle_dir: &Path,
+    config: &DfxConfig,
+    stage_id: u64,
+    map: usize,
+    buckets: usize,
+) -> Result<MapMarker> {
+    let location = ShuffleLocation::parse(shuffle_dir)
+        .map_err(|e| DataFusionError::Execution(format!("dfx stage {stage_id} map {map}: {e}")))?;
+    let root = location_root(&location);
+    let path = map_path(&root, stage_id, map);
+    let at = MapFileRef {
+        location: &root,
+        path: &path,
+        stage_id,
+        map,
+        bucket: 0,
+        buckets,
+    };
+    match location {
+        ShuffleLocation::Local(_) => Ok(MapMarker::read(&at)?.0),
+        ShuffleLocation::S3(s3) => {
+            let store =
+                s3_store(&s3.bucket, &S3Options::from_config(config)).map_err(|e| at.error(e))?;
+            Ok(read_remote_marker(&store, &s3, &at).await?.0)
+        }
+    }
+}
+
+/// The marker closing the object at `path`: its tail, and, for an index
+/// longer than the first guess, the rest of it; with the object's size and
+/// entity tag, which every later fetch of its segments must match.
+async fn read_remote_marker(
+    store: &Arc<dyn ObjectStore>,
+    location: &S3Location,
+    at: &MapFileRef<'_>,
+) -> Result<(MapMarker, u64, Option<String>)> {
+    let fail = |what: String| at.error(what);
+    let key = location.key(at.path).map_err(fail)?;
+    let (tail, size, e_tag) = get_tail_tagged(Arc::clone(store), key.clone(), TAIL_GUESS)
+        .await
+        .map_err(|e| fail(format!("cannot fetch the commit marker: {e}")))?
+        .ok_or_else(|| at.lost())?;
+    let range = match MapMarker::locate(&tail, size, at)? {
+        Located::InTail(index) => return Ok((MapMarker::check(index, size, at)?, size, e_tag)),
+        Located::At(range) => range,
+    };
+    let (index, now) = get_range_if(
+        Arc::clone(store),
+        key,
+        range.offset,
+        range.len,
+        e_tag.clone(),
+    )
+    .await
+    .map_err(|e| fail(format!("cannot fetch the commit marker: {e}")))?
+    .ok_or_else(|| at.lost())?;
+    if now != size {
+        return Err(fail(format!(
+            "the map's object changed while it was read ({size} byte(s), then {now})"
+        )));
+    }
+    Ok((MapMarker::check(&index, size, at)?, size, e_tag))
+}
+
+/// One bucket of one map to read: the segments its marker lists.
+pub(crate) struct Piece {
+    pub(crate) map: usize,
+    pub(crate) bucket: usize,
+    pub(crate) rows: u64,
+    pub(crate) segments: VecDeque<Segment>,
+    pub(crate) path: PathBuf,
+    /// The map file's whole size, as its marker was read from it.
+    pub(crate) size: u64,
+    /// The object's entity tag, as its marker was read from it (S3): each
+    /// segment is fetched only from that object, never from another
+    /// attempt's that replaced it.
+    pub(crate) e_tag: Option<String>,
+    /// The map's file, once open (when local).
+    pub(crate) file: Option<File>,
+}
+
+impl Piece {
+    /// Bucket `bucket` of the map `marker` describes (closing a file of
+    /// `size` bytes), unless it is empty.
+    pub(crate) fn of(marker: &MapMarker, size: u64, root: &Path, bucket: usize) -> Option<Self> {
+        let entry = &marker.buckets[bucket];
+        (entry.rows > 0).then(|| Piece {
+            map: marker.map as usize,
+            bucket,
+            rows: entry.rows,
+            segments: entry.segments.iter().copied().collect(),
+            path: map_path(root, marker.stage_id, marker.map as usize),
+            size,
+            e_tag: None,
+            file: None,
+        })
+    }
+}
+
+/// The pieces of bucket-of-map pairs `pieces` of stage `stage_id` (of
+/// `buckets` buckets) in the local directory `root`: every marker read and
+/// checked first, so a lost map fails the read before any row flows; the
+/// companions of a split map read with it.
+///
+/// # Errors
+///
+/// Those of [`MapMarker::read`]: a missing or torn map, recorded as lost.
+pub(crate) fn locate_local(
+    root: &Path,
+    stage_id: u64,
+    buckets: usize,
+    pieces: Vec<(usize, usize)>,
+) -> Result<VecDeque<Piece>> {
+    let mut located = VecDeque::new();
+    let mut maps: BTreeMap<usize, (MapMarker, u64)> = BTreeMap::new();
+    let mut pending: VecDeque<Pending> = pieces.into_iter().map(Pending::planned).collect();
+    while let Some(Pending {
+        map,
+        bucket,
+        planned,
+    }) = pending.pop_front()
+    {
+        if let std::collections::btree_map::Entry::Vacant(slot) = maps.entry(map) {
+            let path = map_path(root, stage_id, map);
+            slot.insert(MapMarker::read(&MapFileRef {
+                location: root,
+                path: &path,
+                stage_id,
+                map,
+                bucket,
+                buckets,
+            })?);
+        }
+        let (marker, size) = &maps[&map];
+        if let Some(piece) = Piece::of(marker, *size, root, bucket) {
+            located.push_back(piece);
+        }
+        if planned {
+            Pending::companions(marker, bucket, &mut pending);
+        }
+    }
+    Ok(located)
+}

@@ -1,0 +1,371 @@
+//! Publishing one map: its rows cut into buckets, each bucket's segments
+//! appended to the map's file (local, or staged and uploaded to S3), then
+//! the commit marker that closes it, and the summary row the writer
+//! answers with. A map that publishes nothing still closes an empty file,
+//! so its readers find every map they expect.
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock};
+
+use datafusion::arrow::array::{ArrayRef, UInt64Array};
+use datafusion::arrow::compute::BatchCoalescer;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::repartition::BatchPartitioner;
+use futures::StreamExt;
+
+use object_store::ObjectStore;
+
+use crate::config::ShuffleCompression;
+use crate::counters::LiveObject;
+use crate::exchange::files::{MapFile, encode_segment};
+use crate::exchange::marker::{BucketEntry, KeysRegion, MapMarker, Segment};
+use crate::exchange::store::{ObjectKey, ObjectMap, S3Location};
+use crate::filters::slot::{self, SummarySlot};
+use crate::filters::summary::KeySummary;
+use crate::paths::map_path;
+
+/// Schema of the summary a map task returns: one row per bucket.
+pub static SUMMARY_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        Field::new("bucket", DataType::UInt64, false),
+        Field::new("rows", DataType::UInt64, false),
+        Field::new("bytes", DataType::UInt64, false),
+    ]))
+});
+
+/// Where a map task publishes.
+pub(crate) enum Target {
+    /// Files under a local directory.
+    Local,
+    /// Objects in an S3 bucket, through the plugin's I/O runtime.
+    S3 {
+        store: Arc<dyn ObjectStore>,
+        location: S3Location,
+    },
+}
+
+/// The map's one file while it is written.
+pub(crate) enum MapSink {
+    File(MapFile),
+    Object(ObjectMap),
+}
+
+impl MapSink {
+    fn len(&self) -> u64 {
+        match self {
+            MapSink::File(file) => file.len(),
+            MapSink::Object(object) => object.len(),
+        }
+    }
+
+    async fn append(&mut self, segment: &[u8]) -> std::result::Result<(), String> {
+        match self {
+            MapSink::File(file) => file.append(segment),
+            MapSink::Object(object) => object.append(segment).await,
+        }
+    }
+
+    async fn publish(self, path: &Path) -> std::result::Result<u64, String> {
+        match self {
+            MapSink::File(file) => file.publish(path),
+            MapSink::Object(object) => object
+                .publish()
+                .await
+                .map_err(|e| format!("{}: {e}", path.display())),
+        }
+    }
+}
+
+/// One bucket while its map runs: rows coalesce here before each segment
+/// is written; the segments written so far.
+pub(crate) struct OpenBucket {
+    coalescer: BatchCoalescer,
+    rows: u64,
+    bytes: u64,
+    segments: Vec<Segment>,
+}
+
+/// The work of one map task. Dropping it before `run` ends (an error, or the
+/// caller dropping the stream) drops the open map file, which removes its
+/// temp file (or aborts its upload): nothing is published.
+pub(crate) struct MapJob {
+    pub(crate) stage_id: u64,
+    pub(crate) map: usize,
+    /// The location's root, for the names of `paths`.
+    pub(crate) root: PathBuf,
+    pub(crate) target: Target,
+    pub(crate) schema: SchemaRef,
+    pub(crate) partitioner: BatchPartitioner,
+    pub(crate) buckets: Vec<Option<OpenBucket>>,
+    /// The map's file, created with its first segment.
+    pub(crate) sink: Option<MapSink>,
+    pub(crate) batch_size: usize,
+    pub(crate) compression: ShuffleCompression,
+    /// Segments written so far (for the test hooks).
+    pub(crate) batches_written: u64,
+    /// The key summary of a build stage's map, complete once the input ends.
+    pub(crate) summary: Option<SummarySlot>,
+    /// Maps of a coalesced stage whose rows this one read: published empty
+    /// after it.
+    pub(crate) members: Vec<usize>,
+    /// Their key summary (no key), when the stage is a build stage.
+    pub(crate) empty_summary: Option<KeySummary>,
+    /// Maps holding the rest of a split partition's rows, named in this
+    /// map's marker (see `crate::adapt::skew_split`).
+    pub(crate) companions: Vec<usize>,
+    pub(crate) _live: LiveObject,
+}
+
+impl MapJob {
+    fn error(&self, message: impl fmt::Display) -> DataFusionError {
+        DataFusionError::Execution(format!(
+            "dfx stage {} map {}: {message}",
+            self.stage_id, self.map
+        ))
+    }
+
+    /// Split every input batch into buckets, then publish.
+    pub(crate) async fn run(mut self, mut input: SendableRecordBatchStream) -> Result<RecordBatch> {
+        while let Some(batch) = input.next().await {
+            let batch = batch?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let mut pieces = Vec::new();
+            self.partitioner.partition(batch, |bucket, piece| {
+                pieces.push((bucket, piece));
+                Ok(())
+            })?;
+            for (bucket, piece) in pieces {
+                self.append(bucket, piece).await?;
+            }
+        }
+        self.publish().await
+    }
+
+    /// Add `piece` to `bucket`, writing a segment for each full batch.
+    async fn append(&mut self, bucket: usize, piece: RecordBatch) -> Result<()> {
+        if piece.num_rows() == 0 {
+            return Ok(());
+        }
+        let open = self.buckets[bucket].get_or_insert_with(|| OpenBucket {
+            coalescer: BatchCoalescer::new(Arc::clone(&self.schema), self.batch_size),
+            rows: 0,
+            bytes: 0,
+            segments: Vec::new(),
+        });
+        open.coalescer.push_batch(piece).map_err(|e| {
+            DataFusionError::Execution(format!(
+                "dfx stage {} map {} bucket {bucket}: cannot coalesce: {e}",
+                self.stage_id, self.map
+            ))
+        })?;
+        while let Some(full) = self.buckets[bucket]
+            .as_mut()
+            .and_then(|open| open.coalescer.next_completed_batch())
+        {
+            self.write_segment(bucket, &full).await?;
+        }
+        Ok(())
+    }
+
+    /// Encode `batch` and append it to the map's file as a segment of
+    /// `bucket` (creating the file with the first one).
+    async fn write_segment(&mut self, bucket: usize, batch: &RecordBatch) -> Result<()> {
+        let (stage_id, map) = (self.stage_id, self.map);
+        let fail = |e: String| {
+            DataFusionError::Execution(format!(
+                "dfx stage {stage_id} map {map} bucket {bucket}: {e}"
+            ))
+        };
+        let segment = encode_segment(&self.schema, batch, self.compression).map_err(fail)?;
+        if self.sink.is_none() {
+            self.sink = Some(self.create_sink(self.map)?);
+        }
+        let sink = self.sink.as_mut().expect("created above");
+        let offset = sink.len();
+        sink.append(&segment).await.map_err(fail)?;
+        let open = self.buckets[bucket].as_mut().expect("opened by append");
+        let rows = batch.num_rows() as u64;
+        open.rows += rows;
+        open.bytes += segment.len() as u64;
+        open.segments.push(Segment {
+            offset,
+            bytes: segment.len() as u64,
+            rows,
+        });
+        self.batches_written += 1;
+        crate::test_hooks::batch_written(self.batches_written);
+        Ok(())
+    }
+
+    /// Start map `map`'s file (a temp file, or an upload).
+    fn create_sink(&self, map: usize) -> Result<MapSink> {
+        let path = map_path(&self.root, self.stage_id, map);
+        match &self.target {
+            Target::Local => MapFile::create(&self.root, &path).map(MapSink::File),
+            Target::S3 { store, location } => location
+                .key(&path)
+                .map(|key| MapSink::Object(ObjectMap::create(Arc::clone(store), location, key))),
+        }
+        .map_err(|e| self.error(e))
+    }
+
+    /// Flush every bucket, close the map's file with its marker, publish it.
+    async fn publish(mut self) -> Result<RecordBatch> {
+        for bucket in 0..self.buckets.len() {
+            let Some(open) = self.buckets[bucket].as_mut() else {
+                continue;
+            };
+            open.coalescer.finish_buffered_batch().map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "dfx stage {} map {} bucket {bucket}: cannot coalesce: {e}",
+                    self.stage_id, self.map
+                ))
+            })?;
+            while let Some(rest) = self.buckets[bucket]
+                .as_mut()
+                .and_then(|open| open.coalescer.next_completed_batch())
+            {
+                self.write_segment(bucket, &rest).await?;
+            }
+        }
+        let buckets = std::mem::take(&mut self.buckets)
+            .into_iter()
+            .enumerate()
+            .map(|(bucket, open)| match open {
+                Some(open) => BucketEntry {
+                    bucket: bucket as u64,
+                    rows: open.rows,
+                    bytes: open.bytes,
+                    segments: open.segments,
+                },
+                None => BucketEntry {
+                    bucket: bucket as u64,
+                    rows: 0,
+                    bytes: 0,
+                    segments: Vec::new(),
+                },
+            })
+            .collect();
+        let mut sink = match self.sink.take() {
+            Some(sink) => sink,
+            // Every bucket is empty: the file is the marker alone.
+            None => self.create_sink(self.map)?,
+        };
+        // Complete: `run` read the input to its end before publishing.
+        let keys = match self.summary.as_ref().and_then(slot::finish) {
+            Some(summary) => {
+                let bytes = serde_json::to_vec(&summary)
+                    .map_err(|e| self.error(format!("cannot encode the key summary: {e}")))?;
+                let offset = sink.len();
+                sink.append(&bytes).await.map_err(|e| self.error(e))?;
+                Some(KeysRegion {
+                    offset,
+                    bytes: bytes.len() as u64,
+                })
+            }
+            None => None,
+        };
+        let marker = MapMarker {
+            stage_id: self.stage_id,
+            map: self.map as u64,
+            attempt: 0,
+            bytes: sink.len(),
+            buckets,
+            keys,
+            companions: self.companions.iter().map(|&c| c as u64).collect(),
+        };
+        // Last: the file is published (renamed, or its upload completed)
+        // only once it ends with the marker, so its presence is the commit.
+        sink.append(&marker.trailer()?)
+            .await
+            .map_err(|e| self.error(e))?;
+        let path = map_path(&self.root, self.stage_id, self.map);
+        sink.publish(&path).await.map_err(|e| self.error(e))?;
+        for member in self.members.clone() {
+            let empty = EmptyMap {
+                stage_id: self.stage_id,
+                head: self.map,
+                map: member,
+                buckets: marker.buckets.len(),
+                path: map_path(&self.root, self.stage_id, member),
+            };
+            let sink = self.create_sink(member)?;
+            empty.publish(sink, self.empty_summary.clone()).await?;
+        }
+        summary_batch(&marker.buckets)
+    }
+}
+
+/// A map of a coalesced stage whose rows its group's head read.
+struct EmptyMap {
+    stage_id: u64,
+    head: usize,
+    map: usize,
+    buckets: usize,
+    path: PathBuf,
+}
+
+impl EmptyMap {
+    /// Publish it into `sink` with no rows: the marker alone, after an
+    /// empty key summary for a build stage. Another attempt's publish of it
+    /// is kept.
+    async fn publish(self, mut sink: MapSink, summary: Option<KeySummary>) -> Result<()> {
+        let (stage_id, map, head) = (self.stage_id, self.map, self.head);
+        let fail = |e: String| {
+            DataFusionError::Execution(format!(
+                "dfx stage {stage_id} map {map} (coalesced into map {head}): {e}"
+            ))
+        };
+        let buckets = self.buckets;
+        let keys = match &summary {
+            Some(summary) => {
+                let bytes = serde_json::to_vec(summary)
+                    .map_err(|e| fail(format!("cannot encode the key summary: {e}")))?;
+                sink.append(&bytes).await.map_err(fail)?;
+                Some(KeysRegion {
+                    offset: 0,
+                    bytes: bytes.len() as u64,
+                })
+            }
+            None => None,
+        };
+        let marker = MapMarker {
+            stage_id,
+            map: map as u64,
+            attempt: 0,
+            bytes: sink.len(),
+            buckets: (0..buckets as u64)
+                .map(|bucket| BucketEntry {
+                    bucket,
+                    rows: 0,
+                    bytes: 0,
+                    segments: Vec::new(),
+                })
+                .collect(),
+            keys,
+            companions: Vec::new(),
+        };
+        sink.append(&marker.trailer()?).await.map_err(fail)?;
+        sink.publish(&self.path).await.map_err(fail)?;
+        Ok(())
+    }
+}
+
+fn summary_batch(entries: &[BucketEntry]) -> Result<RecordBatch> {
+    let column = |f: fn(&BucketEntry) -> u64| -> ArrayRef {
+        Arc::new(UInt64Array::from_iter_values(entries.iter().map(f)))
+    };
+    Ok(RecordBatch::try_new(
+        Arc::clone(&SUMMARY_SCHEMA),
+        vec![
+            column(|e| e.bucket),
+            column(|e| e.rows),
+            column(|e| e.bytes),
+        ],
+    )?)
+}

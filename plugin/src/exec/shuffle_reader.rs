@@ -1,0 +1,357 @@
+//! `ShuffleReaderExec`: how a consumer reads a stage's published output.
+//!
+//! Its only child is the writer of the stage it reads, so the plan stays one
+//! tree; the reader never executes it. Three modes:
+//!
+//! ```text
+//! hash          partition b = bucket b of every map        (replaces a RepartitionExec)
+//! pass-through  partition m = map m's one bucket           (below a merge)
+//! broadcast     partition 0 = every bucket of every map    (a CollectLeft build side)
+//! ```
+//!
+//! Before streaming anything it reads and checks the commit marker (the
+//! index closing the file) of every map it reads, and the file's size
+//! against it. Then, for each map, it reads only its bucket's segments (byte
+//! ranges of the map's file, listed by the marker): each segment's framing,
+//! its fields against the stage's schema and its row count against the
+//! marker's. Every error names stage, map, bucket and file. Reading never
+//! computes: lost output is an error, not a rerun; the reader records it as
+//! [`FailureClass::Lost`] of the missing map for its shuffle location (see
+//! [`crate::error`]), so the host knows which map to run again.
+//!
+//! From an `s3://` location the same checks run on the first poll rather
+//! than in `execute`: each marker is a GET of the object's tail, and each
+//! segment a ranged GET, decoded as a local one is. Requests run on the plugin's I/O runtime and
+//! are awaited, never blocked on, from the host's poll. A segment is one
+//! coalesced batch, so the bytes held at once stay small.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::FutureExt;
+
+use crate::config::DfxConfig;
+use crate::counters::LiveObject;
+use crate::exchange::locate::{locate_local, read_markers};
+use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
+use crate::exchange::stream::BucketStream;
+use crate::exec::common::exec_defaults;
+use crate::exec::shuffle_writer::ShuffleWriterExec;
+use crate::read_settings::{BroadcastRead, PartitionGroups, PartitionRole};
+use crate::wire::READER_NODE_NAME;
+use crate::wire::ReadMode;
+
+/// Reads the published output of the stage below it.
+#[derive(Debug)]
+pub struct ShuffleReaderExec {
+    mode: ReadMode,
+    writer: Arc<dyn ExecutionPlan>,
+    stage_id: u64,
+    shuffle_dir: PathBuf,
+    maps: usize,
+    buckets: usize,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+    _live: LiveObject,
+}
+
+/// What still holds of `input`'s equivalences once its rows are shuffled
+/// (hash) or gathered (broadcast): its equal columns and the constants of
+/// every partition, not its orderings nor one partition's constants; as
+/// DataFusion's `RepartitionExec` keeps them. Dropping them all would make
+/// the plan above it, decoded in a worker, disagree with the plan the
+/// planner checked: a window over `PARTITION BY a, b` with `b` filtered to a
+/// constant was sorted on `a` only, and its decoded operator then refused to
+/// run ("All partition by columns should have an ordering").
+fn shuffled_equivalences(
+    input: &Arc<dyn ExecutionPlan>,
+    schema: &SchemaRef,
+) -> EquivalenceProperties {
+    if input.schema() != *schema {
+        return EquivalenceProperties::new(Arc::clone(schema));
+    }
+    let mut equivalences = input.properties().equivalence_properties().clone();
+    equivalences.clear_orderings();
+    equivalences.clear_per_partition_constants();
+    equivalences
+}
+
+impl ShuffleReaderExec {
+    /// This node over `writer` in place of its own writer.
+    fn with_writer(&self, writer: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self::try_new(self.mode, writer)?))
+    }
+
+    /// A reader of `writer`'s stage in `mode`.
+    ///
+    /// # Errors
+    ///
+    /// When `writer` is not a dfx writer, or `mode` does not fit it (hash
+    /// needs a hash or round-robin writer; pass-through and broadcast a
+    /// single-bucket one).
+    pub fn try_new(mode: ReadMode, writer: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        let Some(w) = writer.downcast_ref::<ShuffleWriterExec>() else {
+            return Err(DataFusionError::Internal(format!(
+                "dfx reader: its child must be a ShuffleWriterExec, not {}",
+                writer.name()
+            )));
+        };
+        let (maps, buckets, schema) = (w.maps(), w.buckets(), w.data_schema());
+        let properties = match mode {
+            ReadMode::Hash => {
+                if matches!(w.partitioning(), Partitioning::UnknownPartitioning(_)) {
+                    return Err(DataFusionError::Internal(format!(
+                        "dfx reader of stage {}: hash mode needs a splitting writer",
+                        w.stage_id()
+                    )));
+                }
+                PlanProperties::new(
+                    shuffled_equivalences(w.input(), &schema),
+                    w.partitioning().clone(),
+                    EmissionType::Incremental,
+                    Boundedness::Bounded,
+                )
+            }
+            ReadMode::PassThrough | ReadMode::Broadcast if buckets != 1 => {
+                return Err(DataFusionError::Internal(format!(
+                    "dfx reader of stage {}: {} mode needs one bucket per map, the writer has \
+                     {buckets}",
+                    w.stage_id(),
+                    mode.as_str()
+                )));
+            }
+            // Map m's rows in the order the input produced them: everything
+            // the input's partition m promised still holds.
+            ReadMode::PassThrough => {
+                let input = w.input().properties();
+                PlanProperties::new(
+                    input.equivalence_properties().clone(),
+                    input.output_partitioning().clone(),
+                    EmissionType::Incremental,
+                    Boundedness::Bounded,
+                )
+            }
+            ReadMode::Broadcast => PlanProperties::new(
+                shuffled_equivalences(w.input(), &schema),
+                Partitioning::UnknownPartitioning(1),
+                EmissionType::Incremental,
+                Boundedness::Bounded,
+            ),
+        };
+        Ok(Self {
+            mode,
+            stage_id: w.stage_id(),
+            shuffle_dir: w.shuffle_dir().to_path_buf(),
+            maps,
+            buckets,
+            schema,
+            writer,
+            properties: Arc::new(properties),
+            _live: LiveObject::new(),
+        })
+    }
+
+    /// How partitions map to buckets.
+    pub fn mode(&self) -> ReadMode {
+        self.mode
+    }
+
+    /// The stage this reader reads.
+    pub fn stage_id(&self) -> u64 {
+        self.stage_id
+    }
+
+    /// The directory the stage's output is read from.
+    pub fn shuffle_dir(&self) -> &Path {
+        &self.shuffle_dir
+    }
+
+    /// The writer of that stage (never executed by the reader).
+    pub fn writer(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.writer
+    }
+
+    fn partitions(&self) -> usize {
+        match self.mode {
+            ReadMode::Hash => self.buckets,
+            ReadMode::PassThrough => self.maps,
+            ReadMode::Broadcast => 1,
+        }
+    }
+
+    fn error(&self, partition: usize, message: impl fmt::Display) -> DataFusionError {
+        DataFusionError::Execution(format!(
+            "dfx reader of stage {} partition {partition}: {message}",
+            self.stage_id
+        ))
+    }
+
+    /// The `(map, bucket)` pieces of `partition`, in reading order. In a
+    /// task of a coalesced stage (`groups`), a hash partition heading a
+    /// group reads the buckets of the whole group and the group's other
+    /// partitions read nothing (see [`crate::read_settings`]).
+    fn pieces(&self, partition: usize, groups: Option<&PartitionGroups>) -> Vec<(usize, usize)> {
+        let maps = self.maps;
+        match self.mode {
+            ReadMode::Hash => match groups.map(|g| g.role(partition)) {
+                None | Some(PartitionRole::Own) => (0..maps).map(|m| (m, partition)).collect(),
+                Some(PartitionRole::Head(group)) => group
+                    .filter(|&bucket| bucket < self.buckets)
+                    .flat_map(|bucket| (0..maps).map(move |m| (m, bucket)))
+                    .collect(),
+                Some(PartitionRole::Member) => Vec::new(),
+            },
+            ReadMode::PassThrough => vec![(partition, 0)],
+            ReadMode::Broadcast => (0..self.maps)
+                .flat_map(|m| (0..self.buckets).map(move |b| (m, b)))
+                .collect(),
+        }
+    }
+
+    /// The pieces of `partition` in a stage switched to a broadcast join
+    /// (`read`), or `None` when this reader is not one it switched: a
+    /// probe side reads every bucket of its partition's share of the maps,
+    /// a build side every bucket of every map. In a coalesced task
+    /// (`groups`), the group's head reads the shares of the whole group
+    /// and the build side once, and the group's other partitions nothing.
+    fn switched_pieces(
+        &self,
+        partition: usize,
+        read: &BroadcastRead,
+        groups: Option<&PartitionGroups>,
+    ) -> Option<Vec<(usize, usize)>> {
+        let probe = read.probe_stage == self.stage_id;
+        if !probe && !read.build_stages.contains(&self.stage_id) {
+            return None;
+        }
+        let (first, last) = match groups.map(|g| g.role(partition)) {
+            None | Some(PartitionRole::Own) => (partition, partition),
+            Some(PartitionRole::Head(group)) => (*group.start(), *group.end()),
+            Some(PartitionRole::Member) => return Some(Vec::new()),
+        };
+        let maps = if probe {
+            let start = BroadcastRead::probe_maps(first, self.buckets, self.maps).start;
+            let end = BroadcastRead::probe_maps(last, self.buckets, self.maps).end;
+            start..end
+        } else {
+            0..self.maps
+        };
+        let buckets = self.buckets;
+        Some(
+            maps.flat_map(|m| (0..buckets).map(move |b| (m, b)))
+                .collect(),
+        )
+    }
+}
+
+impl DisplayAs for ShuffleReaderExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "{READER_NODE_NAME}: stage={}, mode={}, partitions={}",
+            self.stage_id,
+            self.mode.as_str(),
+            self.partitions()
+        )
+    }
+}
+
+impl ExecutionPlan for ShuffleReaderExec {
+    exec_defaults!(
+        name = READER_NODE_NAME,
+        guarded_execute = (open, place),
+        one_child = (writer, with_writer),
+        properties = properties,
+        no_expressions,
+    );
+}
+
+impl ShuffleReaderExec {
+    /// How errors and panics name partition `partition` of this reader.
+    fn place(&self, partition: usize) -> String {
+        format!(
+            "{READER_NODE_NAME} stage {} partition {partition}",
+            self.stage_id
+        )
+    }
+
+    /// `execute`'s body: check the markers, queue the partition's files
+    /// (from an S3 location: a stream that does both on its first poll).
+    fn open(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let count = self.partitions();
+        if partition >= count {
+            return Err(self.error(
+                partition,
+                format!("out of range: the reader has {count} partition(s)"),
+            ));
+        }
+        let location =
+            ShuffleLocation::parse(&self.shuffle_dir).map_err(|e| self.error(partition, e))?;
+        let root = location_root(&location);
+        let config = DfxConfig::from_config(context.session_config().options())
+            .map_err(|e| self.error(partition, e))?;
+        let groups = config
+            .coalesced_partitions()
+            .map_err(|e| self.error(partition, e))?;
+        let split = config.split_read().map_err(|e| self.error(partition, e))?;
+        let switched = config
+            .broadcast_read()
+            .map_err(|e| self.error(partition, e))?
+            .filter(|_| self.mode == ReadMode::Hash);
+        let switched =
+            switched.and_then(|read| self.switched_pieces(partition, &read, groups.as_ref()));
+        let pieces = match (split, switched) {
+            // A switched join's probe or build side.
+            (_, Some(pieces)) => pieces,
+            // The probe side of a part of a split partition: its maps only.
+            (Some(split), _)
+                if self.mode == ReadMode::Hash
+                    && split.probe_stage == self.stage_id
+                    && split.partition == partition =>
+            {
+                split
+                    .maps
+                    .filter(|&m| m < self.maps)
+                    .map(|m| (m, partition))
+                    .collect()
+            }
+            _ => self.pieces(partition, groups.as_ref()),
+        };
+        if let ShuffleLocation::S3(s3) = location {
+            let store = s3_store(&s3.bucket, &S3Options::from_config(&config))
+                .map_err(|e| self.error(partition, e))?;
+            let markers = read_markers(
+                Arc::clone(&store),
+                s3.clone(),
+                root.clone(),
+                self.stage_id,
+                self.buckets,
+                pieces,
+            )
+            .boxed();
+            let stream = BucketStream::remote(
+                self.stage_id,
+                root,
+                Arc::clone(&self.schema),
+                store,
+                s3,
+                markers,
+            );
+            return Ok(Box::pin(stream));
+        }
+        let located = locate_local(&root, self.stage_id, self.buckets, pieces)?;
+        let stream = BucketStream::local(self.stage_id, root, Arc::clone(&self.schema), located);
+        Ok(Box::pin(stream))
+    }
+}

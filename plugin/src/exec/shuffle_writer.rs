@@ -1,0 +1,371 @@
+//! `ShuffleWriterExec`: the root of every stage.
+//!
+//! ```text
+//!   execute(map m)
+//!        │
+//!   input.execute(m) ──► each batch: split into buckets with DataFusion's own
+//!                        partitioner, coalesce per bucket; each full batch
+//!                        is one segment appended to the map's temp file
+//!   end of input: the rest of each bucket as a last segment, then the
+//!   key summary when the input is a `KeySummaryExec`, then the commit
+//!   marker (the index of the segments by bucket, and of the summary),
+//!   then publish the file (rename)
+//!   error or drop: the temp file removed, nothing published
+//!   (an s3:// location: the map's object uploads as it is written and
+//!   appears whole on completion; an error or drop aborts the upload, see
+//!   `store`)
+//!        │
+//!   one summary batch: (bucket, rows, bytes) per bucket
+//! ```
+//!
+//! Hash buckets use `BatchPartitioner`, the partitioner of `RepartitionExec`,
+//! so bucket `b` of every map together hold exactly what partition `b` of
+//! the repartition it replaces would: a join or aggregate above the exchange
+//! sees the partitions it was planned for. Memory stays flat: each bucket
+//! holds at most one batch being coalesced, and a segment is written as
+//! soon as it is encoded.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::config::DfxConfig;
+use crate::counters::LiveObject;
+use crate::exchange::dirs::prepare_stage_dir;
+use crate::exchange::publish::{MapJob, SUMMARY_SCHEMA, Target};
+use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
+use crate::exec::common::exec_defaults;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics;
+use datafusion::physical_plan::repartition::BatchPartitioner;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+};
+
+use crate::exec::KeySummaryExec;
+use crate::isolation::isolated_task_context;
+use crate::wire::WRITER_NODE_NAME;
+
+/// The root of a stage: runs one input partition per map task and publishes
+/// its rows split into buckets.
+#[derive(Debug)]
+pub struct ShuffleWriterExec {
+    stage_id: u64,
+    shuffle_dir: PathBuf,
+    input: Arc<dyn ExecutionPlan>,
+    partitioning: Partitioning,
+    deps: Vec<u64>,
+    properties: Arc<PlanProperties>,
+    _live: LiveObject,
+}
+
+impl ShuffleWriterExec {
+    /// This node over `input` in place of its own input.
+    fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self::try_new(
+            self.stage_id,
+            self.shuffle_dir.clone(),
+            input,
+            self.partitioning.clone(),
+            self.deps.clone(),
+        )?))
+    }
+
+    /// A writer of stage `stage_id` over `input`, splitting each map's rows
+    /// by `partitioning` (hash or round-robin, or one bucket for
+    /// `UnknownPartitioning(1)`), publishing into `shuffle_dir`. `deps` are
+    /// the ids of the stages `input` reads.
+    ///
+    /// # Errors
+    ///
+    /// A partitioning with no bucket, or one the writer cannot split by.
+    pub fn try_new(
+        stage_id: u64,
+        shuffle_dir: PathBuf,
+        input: Arc<dyn ExecutionPlan>,
+        partitioning: Partitioning,
+        deps: Vec<u64>,
+    ) -> Result<Self> {
+        let buckets = partitioning.partition_count();
+        let supported = matches!(
+            partitioning,
+            Partitioning::Hash(_, _) | Partitioning::RoundRobinBatch(_)
+        ) || matches!(partitioning, Partitioning::UnknownPartitioning(1));
+        if buckets == 0 || !supported {
+            return Err(DataFusionError::Internal(format!(
+                "dfx stage {stage_id}: a writer cannot split rows by {partitioning}"
+            )));
+        }
+        let maps = input.output_partitioning().partition_count();
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&SUMMARY_SCHEMA)),
+            Partitioning::UnknownPartitioning(maps),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            stage_id,
+            shuffle_dir,
+            input,
+            partitioning,
+            deps,
+            properties,
+            _live: LiveObject::new(),
+        })
+    }
+
+    /// The id the planner gave this stage.
+    pub fn stage_id(&self) -> u64 {
+        self.stage_id
+    }
+
+    /// The directory this stage publishes into.
+    pub fn shuffle_dir(&self) -> &Path {
+        &self.shuffle_dir
+    }
+
+    /// The stage's operators, below the writer.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+
+    /// How each map's rows are split into buckets.
+    pub fn partitioning(&self) -> &Partitioning {
+        &self.partitioning
+    }
+
+    /// Ids of the stages this one reads.
+    pub fn deps(&self) -> &[u64] {
+        &self.deps
+    }
+
+    /// Map tasks: the input's partitions.
+    pub fn maps(&self) -> usize {
+        self.input.output_partitioning().partition_count()
+    }
+
+    /// Buckets per map.
+    pub fn buckets(&self) -> usize {
+        self.partitioning.partition_count()
+    }
+
+    /// The schema of the rows the stage publishes.
+    pub fn data_schema(&self) -> SchemaRef {
+        self.input.schema()
+    }
+
+    /// The partitioning for display: `hash([k@0], 4)`, `round_robin(4)` or
+    /// `single`.
+    pub fn partitioning_display(&self) -> String {
+        match &self.partitioning {
+            Partitioning::Hash(exprs, n) => {
+                let exprs: Vec<String> = exprs.iter().map(|e| e.to_string()).collect();
+                format!("hash([{}], {n})", exprs.join(", "))
+            }
+            Partitioning::RoundRobinBatch(n) => format!("round_robin({n})"),
+            _ => "single".to_string(),
+        }
+    }
+
+    /// This writer with another id and deps (the planner renumbers stages
+    /// in pre-order once every cut is made).
+    pub fn renumbered(&self, stage_id: u64, deps: Vec<u64>) -> Result<Self> {
+        Self::try_new(
+            stage_id,
+            self.shuffle_dir.clone(),
+            Arc::clone(&self.input),
+            self.partitioning.clone(),
+            deps,
+        )
+    }
+
+    fn error(&self, map: usize, message: impl fmt::Display) -> DataFusionError {
+        DataFusionError::Execution(format!("dfx stage {} map {map}: {message}", self.stage_id))
+    }
+
+    fn partitioner(&self, map: usize) -> Result<BatchPartitioner> {
+        let timer = metrics::Time::new();
+        match &self.partitioning {
+            Partitioning::Hash(exprs, n) => {
+                BatchPartitioner::new_hash_partitioner(exprs.clone(), *n, timer)
+            }
+            Partitioning::RoundRobinBatch(n) => Ok(BatchPartitioner::new_round_robin_partitioner(
+                *n,
+                timer,
+                map,
+                self.maps().max(1),
+            )),
+            // One bucket: every row goes to bucket 0 without hashing.
+            _ => Ok(BatchPartitioner::new_round_robin_partitioner(
+                1, timer, 0, 1,
+            )),
+        }
+    }
+}
+
+impl DisplayAs for ShuffleWriterExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "{WRITER_NODE_NAME}: stage={}, maps={}, buckets={}, partitioning={}",
+            self.stage_id,
+            self.maps(),
+            self.buckets(),
+            self.partitioning_display()
+        )?;
+        if matches!(t, DisplayFormatType::Verbose) {
+            write!(f, ", shuffle_dir={}", self.shuffle_dir.display())?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for ShuffleWriterExec {
+    exec_defaults!(
+        name = WRITER_NODE_NAME,
+        properties = properties,
+        one_child = (input, with_input),
+        guarded_execute = (start, place),
+    );
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        if let Partitioning::Hash(exprs, _) = &self.partitioning {
+            for expr in exprs {
+                if f(expr)? == TreeNodeRecursion::Stop {
+                    return Ok(TreeNodeRecursion::Stop);
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+}
+
+impl ShuffleWriterExec {
+    /// How errors and panics name map `map` of this stage.
+    fn place(&self, map: usize) -> String {
+        format!("{WRITER_NODE_NAME} stage {} map {map}", self.stage_id)
+    }
+
+    /// `execute`'s body: start the map task; its stream runs it.
+    fn start(&self, map: usize, context: Arc<TaskContext>) -> Result<SendableRecordBatchStream> {
+        let maps = self.maps();
+        let config = DfxConfig::from_config(context.session_config().options())
+            .map_err(|e| self.error(map, e.to_string()))?;
+        if map >= maps {
+            return Err(self.error(map, format!("out of range: the stage has {maps} map(s)")));
+        }
+        // A part of a split partition runs that partition and publishes as
+        // the map it is told, naming the other parts' maps if it is the
+        // first (see `crate::adapt::skew_split`).
+        let partition = map;
+        let split = config.split_read().map_err(|e| self.error(map, e))?;
+        let (map, companions) = match split {
+            Some(split) if split.stage_id != self.stage_id || split.partition != partition => {
+                return Err(self.error(
+                    map,
+                    format!(
+                        "the task was told a part of partition {} of stage {}, not of this one",
+                        split.partition, split.stage_id
+                    ),
+                ));
+            }
+            Some(split) if split.map < maps && split.map != partition => {
+                return Err(self.error(
+                    map,
+                    format!(
+                        "the task was told to publish as map {}, another planned map",
+                        split.map
+                    ),
+                ));
+            }
+            Some(split) => (split.map, split.companions),
+            None => (map, Vec::new()),
+        };
+        let location = ShuffleLocation::parse(&self.shuffle_dir).map_err(|e| self.error(map, e))?;
+        let target = match &location {
+            ShuffleLocation::Local(dir) => {
+                // Private, and refused when another user controls a
+                // directory on the way (see `dirs`).
+                prepare_stage_dir(dir, self.stage_id).map_err(|e| {
+                    self.error(map, format!("cannot prepare the stage's directory: {e}"))
+                })?;
+                Target::Local
+            }
+            // No directory to prepare: a key names an object whole.
+            ShuffleLocation::S3(s3) => Target::S3 {
+                store: s3_store(&s3.bucket, &S3Options::from_config(&config))
+                    .map_err(|e| self.error(map, e))?,
+                location: s3.clone(),
+            },
+        };
+        // In a coalesced stage's task, the partitions whose rows this map
+        // reads publish their maps empty (see `crate::read_settings`).
+        let members = match config
+            .coalesced_partitions()
+            .map_err(|e| self.error(map, e))?
+        {
+            Some(groups) if groups.stage_id != self.stage_id => {
+                return Err(self.error(
+                    map,
+                    format!(
+                        "the task was told the coalesced partitions of stage {}, not of this one",
+                        groups.stage_id
+                    ),
+                ));
+            }
+            Some(groups) => groups.members_of(map),
+            None => Vec::new(),
+        };
+        let empty_summary = match self.input.downcast_ref::<KeySummaryExec>() {
+            Some(summarize) if !members.is_empty() => Some(summarize.empty_summary()?),
+            _ => None,
+        };
+        let task_context = isolated_task_context(&context);
+        // A build stage of a filtered join sums up its keys as rows go by,
+        // for the map's file (see `crate::filters`).
+        let (input, summary) = match self.input.downcast_ref::<KeySummaryExec>() {
+            Some(summarize) => {
+                let (input, slot) = summarize.execute_summarized(partition, task_context)?;
+                (input, Some(slot))
+            }
+            None => (self.input.execute(partition, task_context)?, None),
+        };
+        let batch_size = context.session_config().batch_size();
+        // The worker's session decides (readers detect it per message).
+        let compression = config
+            .shuffle_compression(matches!(location, ShuffleLocation::Local(_)))
+            .map_err(|e| self.error(map, e.to_string()))?;
+        let job = MapJob {
+            stage_id: self.stage_id,
+            map,
+            root: location_root(&location),
+            target,
+            schema: self.data_schema(),
+            partitioner: self.partitioner(partition)?,
+            buckets: (0..self.buckets()).map(|_| None).collect(),
+            sink: None,
+            batch_size,
+            compression,
+            batches_written: 0,
+            summary,
+            members,
+            empty_summary,
+            companions,
+            _live: LiveObject::new(),
+        };
+        let summary = futures::stream::once(job.run(input));
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&SUMMARY_SCHEMA),
+            summary,
+        )))
+    }
+}
