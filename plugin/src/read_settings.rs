@@ -18,10 +18,10 @@
 //!
 //! **Split reads.** Which partition a part of a split partition reads,
 //! whose probe maps, the map it publishes as and, for the first part, the
-//! maps of the others (see [`crate::adapt::split_skewed`]).
+//! maps of the others (see [`crate::adapt::skew_split`]).
 //!
 //! **Broadcast reads.** Which stages a switched stage reads whole and
-//! which by map (see [`crate::adapt::switch_broadcast`]).
+//! which by map (see [`crate::adapt::broadcast_switch`]).
 //!
 //! Nothing here imports the rest of the plugin: the config, the readers,
 //! the writer and the adaptive step all ask this module.

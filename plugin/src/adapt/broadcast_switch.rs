@@ -12,7 +12,7 @@
 //! their keys: a key holding most rows no longer lands in one task.
 //!
 //! That is right where a partitioned task could be split by probe maps
-//! ([`super::split`] states which operators allow it): every join on the
+//! ([`super::skew_split`] states which operators allow it): every join on the
 //! probe path keeps probe rows apart, and each partitioned one's build
 //! side is a hash read (under projections, filters or batch coalescing),
 //! which is the read switched to whole. The stage's maps and plan stay as

@@ -174,7 +174,7 @@ pub async fn partition_bytes(reads: &[HashRead], config: &DfxConfig) -> Result<V
 
 /// Bytes of each bucket of each map `read` names (`[map][bucket]`), as
 /// their markers list them; a map's companions (the other parts of a split
-/// partition, see [`super::split`]) count as the map's.
+/// partition, see [`super::skew_split`]) count as the map's.
 ///
 /// # Errors
 ///

@@ -37,7 +37,7 @@ use crate::paths::temp_path;
 /// Not `stage-*`, so it never counts as stage output.
 pub const SOURCES_DIR: &str = "sources";
 
-/// A table carried by [`super::DfxLogicalCodec`]: its partitions' rows as
+/// A table carried by [`crate::codec::DfxLogicalCodec`]: its partitions' rows as
 /// Arrow IPC, scanned from memory when nothing is distributed, and from
 /// source files in the shuffle location when the plan is cut into stages.
 #[derive(Debug)]
