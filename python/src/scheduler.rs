@@ -4,7 +4,7 @@
 //! dfx_engine.driver                         this module                 dfx_runtime
 //! ─────────────────                         ───────────                 ───────────
 //! ClaimedLocation(spec_json)  ───────────►  ClaimedLocation::claim      lock / probe
-//! plan, encode each stage     ─ bytes ───►  EncodedStage::describe_all
+//! plan, encode each stage     ─ bytes ───►  prepare::describe
 //! Scheduler(executor).run(...)  ─────────►  Scheduler::run              graph, waves,
 //!                                                                       attempts, executors
 //! QueryRun.read_root(loc, read) ◄─ read() ─ QueryRun::read_root         reruns lost maps
@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use dfx_runtime::protocol::stage_file;
 use dfx_runtime::scheduler::{
-    ClaimedLocation as RuntimeClaim, EncodedStage, ForeignExecutor, ForeignFailure, ForeignRunner,
+    ClaimedLocation as RuntimeClaim, ForeignExecutor, ForeignFailure, ForeignRunner,
     ProcessExecutor, QueryRun as RuntimeRun, Speculation, StageInfo as RuntimeStageInfo,
     WorkerCommand, WorkerPool as RuntimePool,
 };
@@ -319,7 +319,8 @@ impl Scheduler {
     ) -> PyResult<QueryRun> {
         let plugin = plugin(py)?;
         let spec = SessionSpec::from_json(spec_json).map_err(from_runtime)?;
-        let stages = EncodedStage::describe_all(plugin, encoded_stages).map_err(from_runtime)?;
+        let stages =
+            dfx_runtime::prepare::describe(plugin, encoded_stages).map_err(from_runtime)?;
         // Each task carries only the files its map reads (the runtime's
         // stage files, one per stage).
         let stages = py
