@@ -1,7 +1,7 @@
 //! The runtime's one step between encoding a query's stages and running
 //! them, for the Python driver: each stage described by the plugin from
 //! its bytes, its id checked against its pre-order position, and cut for
-//! its maps ([`dfx_runtime::prepare`], the step the Rust host calls too).
+//! its maps ([`dfx_runtime::prepare()`], the step the Rust host calls too).
 //!
 //! ```text
 //! dfx_engine.driver                        this module           dfx_runtime

@@ -16,7 +16,7 @@
 //! - every stage is encoded with the session's codecs, and the codec ids
 //!   are shipped, so a worker refuses what it would misread;
 //! - the stages are described and cut for their maps by the runtime
-//!   ([`dfx_runtime::prepare`]), the one step both hosts call;
+//!   ([`dfx_runtime::prepare()`]), the one step both hosts call;
 //! - a stage runs only once every stage it reads is published, and the root
 //!   is read only once every stage is (the scheduler's).
 

@@ -9,7 +9,7 @@
 //! A **stage** runs as one **map task** per partition of its input; each map
 //! splits its rows into **buckets**. A stage may run once every stage it
 //! **deps** on is published. The graph comes from the plugin's exports
-//! (`encoded_stage_info` of a stage's bytes, see [`crate::prepare`]), never
+//! (`encoded_stage_info` of a stage's bytes, see [`crate::prepare()`]), never
 //! from a display string.
 //!
 //! These types sit beneath both the scheduler and the stage file
@@ -56,7 +56,7 @@ impl From<DfxStageInfo> for StageInfo {
 
 /// One stage as the host hands it over: the plugin's description and its
 /// bytes, encoded with the host's session (and cut for its maps by
-/// [`crate::prepare`]).
+/// [`crate::prepare()`]).
 #[derive(Debug, Clone)]
 pub struct EncodedStage {
     /// Id, maps, buckets, deps.

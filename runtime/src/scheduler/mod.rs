@@ -20,7 +20,7 @@
 //! may run a second attempt of a task running well past its stage's median
 //! (see [`speculation`]); the first of the two to publish is the task's.
 //!
-//! Both hosts drive queries through [`crate::prepare`], [`Scheduler::run`]
+//! Both hosts drive queries through [`crate::prepare()`], [`Scheduler::run`]
 //! and [`QueryRun::read_root`]: the Rust host with its plan, the Python
 //! package with the plan its user's session made. What only a host can do
 //! (plan, encode with its session, execute the root) stays with the host.

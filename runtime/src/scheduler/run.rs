@@ -1,6 +1,7 @@
 //! The scheduler itself: a query's stages checked, written as tasks and
-//! run through the ready queue ([`crate::scheduler::ready`]); or tasks of a
-//! caller's own, run once each.
+//! run through the ready queue (the `ready` module: one `RunState` whose
+//! steps are dispatch, finish and speculate); or tasks of a caller's own,
+//! run once each.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -39,8 +40,9 @@ impl Scheduler {
         self.executor.name()
     }
 
-    /// Run every task of `stages` (a query's, in pre-order), each as soon as
-    /// every stage it reads is published (see the module doc); `spec` is shipped to every
+    /// Run every task of `stages` (a query's, in pre-order, as
+    /// [`crate::prepare()`] made them), each as soon as every stage it reads
+    /// is published (see [`crate::scheduler`]); `spec` is shipped to every
     /// worker (with the codec ids the host encoded with) and `task_dir`
     /// receives the encoded stages. Envelopes travel inline unless
     /// `envelope_files`.
