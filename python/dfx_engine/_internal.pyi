@@ -218,6 +218,16 @@ class QueryRun:
     @property
     def decisions(self) -> list[dict[str, Any]]: ...
 
+class PreparedStages:
+    """A query's stages, described by the plugin and cut for their maps."""
+
+    @property
+    def stages(self) -> list[StageInfo]: ...
+    def __len__(self) -> int: ...
+
+def prepare(encoded_stages: list[bytes]) -> PreparedStages:
+    """Describe and cut a query's encoded stages (pre-order), as the runtime does."""
+
 class Scheduler:
     """Runs queries' tasks on one executor."""
 
@@ -235,7 +245,7 @@ class Scheduler:
         self,
         spec_json: str,
         task_dir: str,
-        encoded_stages: list[bytes],
+        stages: PreparedStages,
         envelope_files: bool = False,
     ) -> QueryRun: ...
 

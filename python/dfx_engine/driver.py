@@ -12,9 +12,11 @@ lost output::
     df = ctx.sql(sql), or the caller's DataFrame
     plan = df.execution_plan()                 planned ONCE, with the session
     writers in pre-order ─► to_bytes(ctx)      encoded with the same session
-    Scheduler(executor).run(spec, stages)      each stage cut for its maps (a
-                                               task carries its own files),
-                                               waves, attempts, reruns
+    _internal.prepare(encoded)                 described by the plugin, each
+                                               cut for its maps (a task
+                                               carries its own files): the
+                                               runtime's step, as the Rust host's
+    Scheduler(executor).run(spec, stages)      waves, attempts, reruns
     run.read_root(location, read)              the root of the same plan,
                                                read again after lost maps reran
 
@@ -341,9 +343,11 @@ def run_distributed(
             # id or a cut. Also where in-memory tables are written.
             with plain_planning_errors(ctx, df), plain_memory_table_errors():
                 plan = df.execution_plan()
-            stages = encode_stages(ctx, plan)
-            if not stages and given:
+            encoded = encode_stages(ctx, plan)
+            if not encoded and given:
                 raise not_a_dfx_dataframe(spec)
+            # Described and cut by the runtime, the step the Rust host takes.
+            stages = _internal.prepare(encoded)
             # With the partitions the session planned for: a worker takes
             # them as they are, listing no table.
             shipped = dataclasses.replace(

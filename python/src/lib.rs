@@ -14,7 +14,8 @@
 //!                                           stage info of encoded stages,
 //!                                           location probe, stage vetting,
 //!                                           driver lock ──► dfx_engine.*
-//! dfx_runtime ──► spec.rs (SessionSpec), scheduler.rs (pool, process, foreign
+//! dfx_runtime ──► spec.rs (SessionSpec), prepare.rs (describe and cut the
+//!                 encoded stages), scheduler.rs (pool, process, foreign
 //!                 executors, attempts, the root's reruns), worker.rs (serve,
 //!                 one task from a file or by value)
 //! ```
@@ -31,6 +32,7 @@ mod extension;
 mod functions;
 mod location;
 mod plugin;
+mod prepare;
 mod scheduler;
 mod settings;
 mod spec;
@@ -82,6 +84,8 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(spec::plugin_settings, m)?)?;
     spec::add_constants(m)?;
     m.add_function(wrap_pyfunction!(settings::session_settings, m)?)?;
+    m.add_class::<prepare::PreparedStages>()?;
+    m.add_function(wrap_pyfunction!(prepare::prepare, m)?)?;
     m.add_class::<scheduler::WorkerPool>()?;
     m.add_class::<scheduler::Scheduler>()?;
     m.add_class::<scheduler::QueryRun>()?;

@@ -4,7 +4,7 @@
 //! dfx_engine.driver                         this module                 dfx_runtime
 //! ─────────────────                         ───────────                 ───────────
 //! ClaimedLocation(spec_json)  ───────────►  ClaimedLocation::claim      lock / probe
-//! plan, encode each stage     ─ bytes ───►  EncodedStage::describe_all
+//! plan, encode each stage     ─ bytes ───►  prepare (crate::prepare)    describe, cut
 //! Scheduler(executor).run(...)  ─────────►  Scheduler::run              graph, waves,
 //!                                                                       attempts, executors
 //! QueryRun.read_root(loc, read) ◄─ read() ─ QueryRun::read_root         reruns lost maps
@@ -20,11 +20,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dfx_runtime::protocol::stage_file;
 use dfx_runtime::scheduler::{
-    ClaimedLocation as RuntimeClaim, EncodedStage, ForeignExecutor, ForeignFailure, ForeignRunner,
-    ProcessExecutor, QueryRun as RuntimeRun, Speculation, StageInfo as RuntimeStageInfo,
-    WorkerCommand, WorkerPool as RuntimePool,
+    ClaimedLocation as RuntimeClaim, ForeignExecutor, ForeignFailure, ForeignRunner,
+    ProcessExecutor, QueryRun as RuntimeRun, Speculation, WorkerCommand, WorkerPool as RuntimePool,
 };
 use dfx_runtime::{
     Envelope, Executor, Scheduler as RuntimeScheduler, SchedulerOptions, SessionSpec,
@@ -36,6 +34,7 @@ use pyo3::types::{PyBytes, PyDict, PyString, PyTuple};
 use crate::blocking::{call_python, wait};
 use crate::error::{WorkerLost, from_runtime};
 use crate::plugin::{PLUGIN_ENV, plugin};
+use crate::prepare::PreparedStages;
 use crate::stage_info::StageInfo;
 
 /// The command a worker is started with, pinned to the plugin file this
@@ -297,34 +296,28 @@ impl Scheduler {
         })
     }
 
-    /// Run every task of the stages `encoded_stages` (the query's writers,
-    /// encoded in pre-order), stage after stage as their inputs are
-    /// published; `spec_json` (with the codec ids the stages were encoded
-    /// with) goes to every worker, and `task_dir` receives the plans (and
-    /// the envelopes, when `envelope_files`).
+    /// Run every task of `stages` (the query's, as `prepare` made them from
+    /// its writers encoded in pre-order), stage after stage as their inputs
+    /// are published; `spec_json` (with the codec ids the stages were
+    /// encoded with) goes to every worker, and `task_dir` receives the plans
+    /// (and the envelopes, when `envelope_files`).
     ///
     /// Raises:
-    ///     ValueError: Stages the plugin cannot describe, numbered out of
-    ///         pre-order, or publishing outside the spec's location.
+    ///     ValueError: Stages publishing outside the spec's location.
     ///     RuntimeError: Failed tasks: every failure of the first wave that
     ///         had one, each naming stage and map; nothing after it ran.
-    #[pyo3(signature = (spec_json, task_dir, encoded_stages, envelope_files = false))]
+    #[pyo3(signature = (spec_json, task_dir, stages, envelope_files = false))]
     fn run(
         &self,
         py: Python<'_>,
         spec_json: &str,
         task_dir: PathBuf,
-        encoded_stages: Vec<Vec<u8>>,
+        stages: &Bound<'_, PreparedStages>,
         envelope_files: bool,
     ) -> PyResult<QueryRun> {
         let plugin = plugin(py)?;
         let spec = SessionSpec::from_json(spec_json).map_err(from_runtime)?;
-        let stages = EncodedStage::describe_all(plugin, encoded_stages).map_err(from_runtime)?;
-        // Each task carries only the files its map reads (the runtime's
-        // stage files, one per stage).
-        let stages = py
-            .detach(|| stage_file::cut_stages(plugin, stages))
-            .map_err(from_runtime)?;
+        let stages = stages.get().encoded().to_vec();
         let scheduler = self.scheduler.clone();
         let run = wait(py, move || async move {
             scheduler
@@ -381,7 +374,7 @@ impl QueryRun {
     /// Every stage, in pre-order, as the plugin described it.
     #[getter]
     fn stages(&self) -> Vec<StageInfo> {
-        self.run.stages().iter().map(stage_info).collect()
+        self.run.stages().iter().map(StageInfo::from).collect()
     }
 
     /// The stage ids of each wave, in the order the waves ran.
@@ -452,17 +445,6 @@ impl QueryRun {
             self.run.waves(),
             self.run.tasks().len()
         )
-    }
-}
-
-fn stage_info(info: &RuntimeStageInfo) -> StageInfo {
-    StageInfo {
-        stage_id: info.stage_id,
-        shuffle_dir: info.shuffle_dir.display().to_string(),
-        maps: info.maps as u64,
-        buckets: info.buckets as u64,
-        deps: info.deps.clone(),
-        partitioning: info.partitioning.clone(),
     }
 }
 

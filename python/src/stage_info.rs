@@ -8,6 +8,7 @@
 
 use dfx_abi::DfxStageInfo;
 use dfx_runtime::protocol::stage_file;
+use dfx_runtime::scheduler::StageInfo as RuntimeStageInfo;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -47,6 +48,19 @@ impl From<DfxStageInfo> for StageInfo {
             buckets: info.buckets,
             deps: info.deps.into_vec(),
             partitioning: info.partitioning.into_string(),
+        }
+    }
+}
+
+impl From<&RuntimeStageInfo> for StageInfo {
+    fn from(info: &RuntimeStageInfo) -> Self {
+        Self {
+            stage_id: info.stage_id,
+            shuffle_dir: info.shuffle_dir.display().to_string(),
+            maps: info.maps as u64,
+            buckets: info.buckets as u64,
+            deps: info.deps.clone(),
+            partitioning: info.partitioning.clone(),
         }
     }
 }

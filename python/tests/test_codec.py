@@ -138,6 +138,23 @@ def test_every_writer_describes_itself_in_pre_order(
     assert infos[-1].deps == []
 
 
+def test_prepare_describes_each_stage_as_the_plugin_does_and_refuses_them_reordered(
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    sql = "SELECT l_returnflag, count(*) FROM lineitem GROUP BY 1 ORDER BY 1"
+    ctx, _engine = build_session(make_spec())
+    encoded = [w.to_bytes(ctx) for w in find_stages(ctx.sql(sql).execution_plan())]
+    assert len(encoded) > 1
+    prepared = _internal.prepare(encoded)
+    assert len(prepared) == len(encoded)
+    assert prepared.stages == [_internal.encoded_stage_info(e) for e in encoded]
+    # The runtime's numbering check: the first writer is not stage 2.
+    with pytest.raises(ValueError, match="stage numbering disagrees"):
+        _internal.prepare(list(reversed(encoded)))
+    with pytest.raises(ValueError, match="cannot describe stage"):
+        _internal.prepare([b"\x00\x01garbage"])
+
+
 def test_plugin_objects_are_released_with_the_session(
     make_spec: Callable[..., SessionSpec],
 ) -> None:

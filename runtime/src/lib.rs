@@ -16,8 +16,11 @@
 //!             definition, a script of CREATE EXTERNAL TABLE and queries
 //! tables      a table's S3 client, its files, the partition floor
 //! protocol/   envelope, response (its failure class as data), serve requests,
-//!             the worker's checks before decoding
-//! scheduler/  graph, attempts, claim, executors: pool, process, foreign
+//!             the worker's checks before decoding, the stage file
+//! prepare     describe and cut a query's encoded stages: the step both
+//!             hosts call between encoding and running them
+//! scheduler/  graph, options, run, ready (one RunState), tasks, adaptive,
+//!             query_run, attempts, claim, executors: pool, process, foreign
 //! ```
 //!
 //! The engine itself (planner, nodes, codec) is the plugin's; this crate
@@ -28,6 +31,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod prepare;
 pub mod protocol;
 pub mod scheduler;
 pub mod spec;
@@ -35,6 +39,7 @@ pub mod tables;
 
 pub use dfx_abi::FailureClass;
 pub use error::{Result, Retry, RuntimeError, TaskFailure};
+pub use prepare::prepare;
 pub use protocol::{Envelope, Published, Request, Response, TaskError, TaskInput, WorkerReport};
 pub use scheduler::{
     EncodedStage, Executor, QueryRun, Scheduler, SchedulerOptions, StageInfo, Task, TaskReport,

@@ -17,9 +17,9 @@ use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 
+use crate::error::{Result, RuntimeError};
 use crate::spec::location::{S3_ALLOW_HTTP, S3_ENDPOINT, S3_REGION};
 use crate::spec::{SessionSpec, TableDefinition, TableFormat};
-use crate::{Result, RuntimeError};
 
 /// The S3 client for `bucket`, configured by a spec's `store_options` over
 /// the AWS environment (the rule of [`dfx_abi::location::apply_s3_options`]).

@@ -2,22 +2,23 @@
 //! scheduler, finish it.
 //!
 //! ```text
-//! claim the location ─► build_session ─► plan ONCE ─► stages (pre-order, asked of the plugin)
-//!   ─► encode each writer ─► the scheduler runs every task (dfx_runtime::scheduler)
+//! claim the location ─► build_session ─► plan ONCE ─► the writers in pre-order
+//!   ─► encode each writer ─► dfx_runtime::prepare (describe, cut)
+//!   ─► the scheduler runs every task (dfx_runtime::scheduler)
 //!   ─► read the root of the SAME plan here; lost output it finds runs again
 //! ```
 //!
-//! The rules it keeps, each at the line that keeps it:
+//! What it keeps, each at the line that keeps it:
 //!
-//! 1. encode each stage with its session's codecs;
-//! 2. ship the codec ids, so a worker refuses what it would misread;
-//! 3. the shuffle location lives in the session config, so it travels
-//!    inside the encoded stage;
-//! 4. a stage runs only once every stage it reads is published, and the
-//!    root read only once every stage is (the scheduler's);
-//! 5. ship every stage, keyed by `(stage_id, map)`;
-//! 6. claim the location (lock, probe) before building anything;
-//! 7. cut each encoded stage for its maps (the runtime's stage files).
+//! - the location is claimed (lock, probe) before anything is built;
+//! - the shuffle location lives in the session config, so it travels inside
+//!   every encoded stage;
+//! - every stage is encoded with the session's codecs, and the codec ids
+//!   are shipped, so a worker refuses what it would misread;
+//! - the stages are described and cut for their maps by the runtime
+//!   ([`dfx_runtime::prepare()`]), the one step both hosts call;
+//! - a stage runs only once every stage it reads is published, and the root
+//!   is read only once every stage is (the scheduler's).
 
 pub mod analyze;
 pub mod stages;
@@ -27,10 +28,11 @@ use std::sync::Arc;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect;
 use dfx_abi::Plugin;
-use dfx_runtime::protocol::stage_file;
+use dfx_abi::stages::find_stages;
+use dfx_runtime::prepare;
 use dfx_runtime::scheduler::{
-    ClaimedLocation, Decision, EncodedStage, Executor, ProcessExecutor, Progress, Scheduler,
-    SchedulerOptions, Shutdown, TaskReports, TaskRows, WorkerCommand, WorkerMode, WorkerPool,
+    ClaimedLocation, Decision, Executor, ProcessExecutor, Progress, Scheduler, SchedulerOptions,
+    Shutdown, TaskReports, TaskRows, WorkerCommand, WorkerMode, WorkerPool,
 };
 
 use crate::driver::stages::{StageInfo, render_with_stages, stages};
@@ -234,43 +236,43 @@ impl Host {
         sql: &str,
         spec: &SessionSpec,
     ) -> Result<DistributedResult> {
-        // Rule 6, first of all: nothing is built, planned or written into a
-        // location another driver uses or that holds stage output.
+        // First of all: nothing is built, planned or written into a location
+        // another driver uses or that holds stage output.
         let claim = ClaimedLocation::claim(&self.plugin, spec).await?;
 
-        // Rule 3: the spec's shuffle location goes into the session config.
+        // The spec's shuffle location goes into the session config, so it
+        // travels inside every encoded stage.
         let session = build_session(&self.plugin, spec).await?;
         // Planned once: the plan the stages are cut from is the plan whose
         // root runs here at the end, so both name the same files.
         let plan = session.physical_plan(sql).await?;
-        let stages = stages(&self.plugin, &plan)?;
-        if stages.is_empty() {
+        let writers = find_stages(&plan, self.plugin.stage_node_name());
+        if writers.is_empty() {
             return Err(HostError::Invalid(format!(
                 "no {} in the plan of {sql:?}; the plugin's planner did not run or its config \
                  extension was not registered",
                 self.plugin.stage_node_name()
             )));
         }
-        // Rules 1 and 5: every stage, encoded through the session that owns
-        // the codecs.
-        let encoded = stages
+        // Every stage, encoded through the session that owns the codecs:
+        // without them only DataFusion's own nodes survive.
+        let encoded = writers
             .iter()
-            .map(|stage| {
-                let bytes = session.encode(Arc::clone(&stage.plan)).map_err(|err| {
-                    HostError::Invalid(format!("stage {}: {err}", stage.stage_id()))
-                })?;
-                Ok(EncodedStage {
-                    info: stage.info.clone(),
-                    bytes,
+            .enumerate()
+            .map(|(index, writer)| {
+                session.encode(Arc::clone(writer)).map_err(|err| {
+                    HostError::Invalid(format!("stage {}: {err}", self.plugin.stage_id(index)))
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        // Rule 7: each task carries only the files its map reads, so a
-        // task's plan does not grow with the stage's file count.
-        let encoded = stage_file::cut_stages(&self.plugin, encoded)?;
-        // Rule 2: the ids the workers must carry. And the partitions the
-        // driver planned for (the spec's, raised to its largest table's file
-        // count): a worker takes them as they are, listing no table.
+        // Described by the plugin from their bytes, numbered, and cut so a
+        // task carries only the files its map reads: the runtime's step, the
+        // same as the Python host's.
+        let encoded = prepare(&self.plugin, encoded)?;
+        // The codec ids the workers must carry, so a worker refuses a stage
+        // it would misread. And the partitions the driver planned for (the
+        // spec's, raised to its largest table's file count): a worker takes
+        // them as they are, listing no table.
         let shipped = SessionSpec {
             codec_ids: session.codec_ids(),
             target_partitions: session.ctx().copied_config().target_partitions(),

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use dfx_abi::Plugin;
 pub use dfx_abi::stages::{find_stages, node_display};
-use dfx_runtime::scheduler::check_numbering;
+use dfx_runtime::prepare::check_numbering;
 pub use dfx_runtime::scheduler::{StageInfo, describe};
 
 use crate::error::{DataFusionContext, Result};

@@ -152,8 +152,9 @@ impl DfxSession {
             .context(|| format!("cannot create the physical plan of {sql:?}"))
     }
 
-    /// Encode `plan` with this session's codecs (driver rule 1: without them
-    /// only DataFusion's own nodes survive).
+    /// Encode `plan` with this session's codecs: a driver encodes each
+    /// stage with them, since without them only DataFusion's own nodes
+    /// survive.
     ///
     /// # Errors
     ///

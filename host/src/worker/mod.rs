@@ -7,7 +7,8 @@
 //! 2. the runtime's checks before decoding ([`dfx_runtime::protocol::check_task`]):
 //!    codec ids, the stage's id, shuffle location and map, and the plugin's
 //!    vet (once per stage and session);
-//! 3. decode the stage and check its root is the plugin's writer;
+//! 3. decode the stage and check its root is the plugin's writer (by its
+//!    node name, never its display);
 //! 4. execute the map and drain it: the writer reads its upstream buckets,
 //!    runs the stage, publishes `stage-S/map-M.arrow` (its buckets, closed by
 //!    the commit marker), and yields one summary batch;
@@ -29,13 +30,13 @@ use std::time::Instant;
 use datafusion::arrow::array::{Array, UInt64Array};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::ExecutionPlan;
+use dfx_abi::Plugin;
+use dfx_abi::stages::node_display;
 use dfx_runtime::protocol::report::clear_recorded;
 use dfx_runtime::protocol::serve::{read_task_file, serve as serve_requests};
-use dfx_runtime::protocol::{Envelope, Published, Response, TaskInput, check_task};
+use dfx_runtime::protocol::{Envelope, Published, Response, TaskInput, WorkerReport, check_task};
 use futures::StreamExt;
 
-use crate::Plugin;
-use crate::driver::stages::node_display;
 use crate::error::{DataFusionContext, HostError, Result};
 use crate::session::{DfxSession, SessionSpec, build_worker_session};
 use crate::worker::memory::{bind_below_root, limited_context};
@@ -59,7 +60,7 @@ pub const WARM_SESSIONS: usize = 2;
 /// [`HostError::Invalid`] with the task's response message: each refusal
 /// names the stage, the map and what disagreed; a failure while executing
 /// carries DataFusion's or the plugin's message.
-pub async fn run_task(plugin: &Plugin, envelope: &Envelope) -> Result<crate::WorkerReport> {
+pub async fn run_task(plugin: &Plugin, envelope: &Envelope) -> Result<WorkerReport> {
     match respond(plugin, &mut SessionCache::default(), envelope.clone()).await {
         Response::Report(report) => Ok(report),
         Response::Error(error) => Err(HostError::Invalid(error.error)),
@@ -219,8 +220,11 @@ pub fn decode_checked(session: &DfxSession, task: &TaskInput) -> Result<Arc<dyn 
         Some(_) => session.decode(&task.plan),
     }
     .map_err(|err| HostError::Invalid(format!("{}: plan {plan_file}: {err}", task.name())))?;
-    let display = node_display(stage.as_ref());
-    if !display.contains(plugin.stage_node_name()) {
+    // By the node's name, which a foreign node answers with its plugin
+    // node's own (the plugin's exported stage node name); the display is
+    // only for the message.
+    if stage.name() != plugin.stage_node_name() {
+        let display = node_display(stage.as_ref());
         return Err(HostError::Invalid(format!(
             "{}: plan {plan_file} is not a stage: its root is {display:?}, not a {}",
             task.name(),

@@ -20,8 +20,9 @@ use abi_stable::std_types::{RResult, RSlice, RStr};
 use dfx_abi::Plugin;
 
 use crate::error::Result;
-use crate::protocol::{Envelope, stage_file};
-use crate::spec::same_location;
+use crate::protocol::envelope::Envelope;
+use crate::protocol::stage_file;
+use crate::spec::location::same_location;
 
 /// A task as a worker receives it: its envelope and its encoded stage.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 use dfx_abi::{FailureClass, Plugin};
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::Envelope;
+use crate::protocol::envelope::Envelope;
 
 /// What one map published, from the writer's summary.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -24,7 +24,8 @@ use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, RuntimeError};
-use crate::protocol::{Envelope, Response};
+use crate::protocol::envelope::Envelope;
+use crate::protocol::report::Response;
 
 /// One request to a serving worker (`--serve`).
 ///

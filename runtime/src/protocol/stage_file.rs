@@ -29,7 +29,7 @@ use abi_stable::std_types::{RResult, RSlice};
 use dfx_abi::{DfxStageInfo, Plugin};
 
 use crate::error::{Result, RuntimeError};
-use crate::scheduler::EncodedStage;
+use crate::scheduler::graph::EncodedStage;
 
 /// First bytes of a stage file.
 pub const STAGE_FILE_MAGIC: [u8; 4] = *b"DFXC";

@@ -18,13 +18,17 @@
 //! run again. A plugin without the export, or one that fails to answer,
 //! leaves the stage as planned: a decision never fails a query.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use abi_stable::std_types::{RResult, RSlice, RStr};
 use dfx_abi::Plugin;
 use serde::{Deserialize, Serialize};
 
 use crate::protocol::stage_file;
+use crate::scheduler::attempts::Attempts;
+use crate::scheduler::graph::EncodedStage;
+use crate::scheduler::task::Task;
+use crate::scheduler::tasks::{added_task, restore, with_stage_options};
 use crate::spec::SessionSpec;
 
 /// The plugin's answer for one ready stage.
@@ -147,6 +151,206 @@ pub fn check_tasks(tasks: &[PlannedTask], maps: usize) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// What the scheduler asks the plugin about each ready stage with (see the
+/// module doc).
+pub(crate) struct Adapter<'a> {
+    plugin: &'a Plugin,
+    spec: &'a SessionSpec,
+    /// Each stage's plan bytes, by id.
+    stages: BTreeMap<u64, &'a [u8]>,
+}
+
+impl<'a> Adapter<'a> {
+    /// An adapter asking `plugin` about `stages` (a query's), with `spec`'s
+    /// settings.
+    pub(crate) fn new(
+        plugin: &'a Plugin,
+        spec: &'a SessionSpec,
+        stages: &'a [EncodedStage],
+    ) -> Self {
+        Self {
+            plugin,
+            spec,
+            stages: stages
+                .iter()
+                .map(|stage| (stage.info.stage_id, stage.bytes.as_slice()))
+                .collect(),
+        }
+    }
+}
+
+impl Adapter<'_> {
+    /// Ask the plugin how the ready `stage` (of `maps` maps) runs, and make
+    /// its tasks so: every task of the stage is told the plugin's settings;
+    /// when partitions are grouped, each group's first task runs the
+    /// group, the others are `covered`, and a lost map of theirs reruns
+    /// the group's task. The decision, if one was made; a failed answer
+    /// leaves the stage as planned and says why.
+    pub(crate) fn adapt(
+        &self,
+        stage: u64,
+        maps: usize,
+        slots: usize,
+        tasks: &mut Vec<Task>,
+        covered: &mut BTreeSet<usize>,
+        attempts: &Attempts,
+    ) -> Option<Decision> {
+        let bytes = self.stages.get(&stage)?;
+        let kept = |reason: String| Decision {
+            stage_id: stage,
+            planned_tasks: maps,
+            tasks: maps,
+            reason,
+        };
+        let adaptation = match ask(self.plugin, bytes, self.spec, slots) {
+            Ok(Some(adaptation)) => adaptation,
+            Ok(None) => return None,
+            Err(err) => {
+                return Some(kept(format!(
+                    "kept as planned: the plugin {} could not decide: {err}",
+                    self.plugin.path().display()
+                )));
+            }
+        };
+        let reason = adaptation.reason.clone()?;
+        if let Some(planned) = &adaptation.tasks {
+            let tasks_now = match self.with_planned_tasks(stage, maps, tasks, &adaptation, planned)
+            {
+                Ok(added) => maps + added,
+                Err(err) => return Some(kept(format!("kept as planned: {err}"))),
+            };
+            attempts.replace_first(tasks.iter().filter(|t| t.stage_id == stage));
+            return Some(Decision {
+                stage_id: stage,
+                planned_tasks: maps,
+                tasks: tasks_now,
+                reason,
+            });
+        }
+        // Settings alone (a switched join's reads) keep the planned tasks.
+        if adaptation.groups.is_none() && adaptation.settings.is_empty() {
+            return Some(kept(reason));
+        }
+        let groups = adaptation.groups.unwrap_or_default();
+        if let Err(err) = check_groups(&groups, maps) {
+            return Some(kept(format!("kept as planned: the plugin's {err}")));
+        }
+        let index_of: BTreeMap<usize, usize> = tasks
+            .iter()
+            .enumerate()
+            .filter(|(_, task)| task.stage_id == stage)
+            .map(|(index, task)| (task.map, index))
+            .collect();
+        // Every task of the stage told the settings, before any is covered.
+        let mut rewritten = BTreeMap::new();
+        for (&map, &index) in &index_of {
+            match with_stage_options(&tasks[index], &adaptation.settings) {
+                Ok(task) => {
+                    rewritten.insert(map, task);
+                }
+                Err(err) => {
+                    return Some(kept(format!(
+                        "kept as planned: the envelope of stage {stage} map {map} could not be \
+                         rewritten: {err}"
+                    )));
+                }
+            }
+        }
+        for (&map, task) in &rewritten {
+            tasks[index_of[&map]] = task.clone();
+        }
+        let mut heads = BTreeMap::new();
+        for &[first, last] in &groups {
+            for member in first + 1..=last {
+                let index = index_of[&member];
+                covered.insert(index);
+                heads.insert(member, first);
+                // No worker is given it: its head's task runs the map.
+                if tasks[index].inline.is_none() {
+                    let _ = std::fs::remove_file(&tasks[index].envelope);
+                }
+            }
+        }
+        attempts.regroup(stage, &rewritten, &heads);
+        Some(Decision {
+            stage_id: stage,
+            planned_tasks: maps,
+            tasks: maps - heads.len(),
+            reason,
+        })
+    }
+}
+
+impl Adapter<'_> {
+    /// Make `stage`'s tasks as `planned` says: each planned map named told
+    /// the stage's settings and its own, each added map (past `maps`) a
+    /// new task made from its `like`. The number of maps added. Added
+    /// tasks are written first, and a planned task's envelope is restored
+    /// when a later one cannot be rewritten, so a failure leaves the stage
+    /// as planned.
+    fn with_planned_tasks(
+        &self,
+        stage: u64,
+        maps: usize,
+        tasks: &mut Vec<Task>,
+        adaptation: &Adaptation,
+        planned: &[PlannedTask],
+    ) -> std::result::Result<usize, String> {
+        check_tasks(planned, maps).map_err(|e| format!("the plugin's {e}"))?;
+        let index_of: BTreeMap<usize, usize> = tasks
+            .iter()
+            .enumerate()
+            .filter(|(_, task)| task.stage_id == stage)
+            .map(|(index, task)| (task.map, index))
+            .collect();
+        let settings_of = |task: &PlannedTask| {
+            let mut settings = adaptation.settings.clone();
+            settings.extend(task.settings.clone());
+            settings
+        };
+        let mut added = Vec::new();
+        for task in planned.iter().filter(|t| t.map >= maps) {
+            let like = index_of.get(&task.like).ok_or_else(|| {
+                format!(
+                    "stage {stage} has no task of map {} to add map {} from",
+                    task.like, task.map
+                )
+            })?;
+            let made = added_task(&tasks[*like], task.map, &settings_of(task)).map_err(|e| {
+                format!("map {} of stage {stage} could not be added: {e}", task.map)
+            })?;
+            added.push(made);
+        }
+        let mut rewritten: Vec<(usize, Task, Task)> = Vec::new();
+        for task in planned.iter().filter(|t| t.map < maps) {
+            let index = index_of[&task.map];
+            match with_stage_options(&tasks[index], &settings_of(task)) {
+                Ok(made) => rewritten.push((index, tasks[index].clone(), made)),
+                Err(err) => {
+                    for (_, original, _) in &rewritten {
+                        restore(original);
+                    }
+                    for task in &added {
+                        if task.inline.is_none() {
+                            let _ = std::fs::remove_file(&task.envelope);
+                        }
+                    }
+                    return Err(format!(
+                        "the envelope of stage {stage} map {} could not be rewritten: {err}",
+                        task.map
+                    ));
+                }
+            }
+        }
+        for (index, _, made) in rewritten {
+            tasks[index] = made;
+        }
+        let count = added.len();
+        tasks.extend(added);
+        Ok(count)
+    }
 }
 
 #[cfg(test)]

@@ -168,7 +168,7 @@ impl Attempts {
             }
         });
         if inline.is_none() && attempt > 0 {
-            let fail = |err: crate::RuntimeError| TaskFailure {
+            let fail = |err: crate::error::RuntimeError| TaskFailure {
                 stage_id: task.stage_id,
                 map: task.map,
                 reason: format!(

@@ -1,5 +1,6 @@
 //! The stage graph the scheduler is given: each stage's id, maps, buckets
-//! and the stages it reads, as the plugin describes them.
+//! and the stages it reads, as the plugin describes them, and the encoded
+//! stage as the host hands it over.
 //!
 //! ```text
 //! root (driver) ── reader ── writer S1 (deps [2]) ── ... ── reader ── writer S2 (deps [])
@@ -8,10 +9,13 @@
 //! A **stage** runs as one **map task** per partition of its input; each map
 //! splits its rows into **buckets**. A stage may run once every stage it
 //! **deps** on is published. The graph comes from the plugin's exports
-//! (`stage_info` of a writer, `encoded_stage_info` of its bytes), never from
-//! a display string.
+//! (`encoded_stage_info` of a stage's bytes, see [`crate::prepare()`]), never
+//! from a display string.
+//!
+//! These types sit beneath both the scheduler and the stage file
+//! ([`crate::protocol::stage_file`]), so neither imports the other.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use dfx_abi::DfxStageInfo;
@@ -48,6 +52,17 @@ impl From<DfxStageInfo> for StageInfo {
             partitioning: info.partitioning.into_string(),
         }
     }
+}
+
+/// One stage as the host hands it over: the plugin's description and its
+/// bytes, encoded with the host's session (and cut for its maps by
+/// [`crate::prepare()`]).
+#[derive(Debug, Clone)]
+pub struct EncodedStage {
+    /// Id, maps, buckets, deps.
+    pub info: StageInfo,
+    /// The encoded writer, or the stage file it was cut into.
+    pub bytes: Vec<u8>,
 }
 
 /// Group `stages` into waves: each wave holds every stage (in the order
@@ -97,6 +112,44 @@ pub fn describe(info: &StageInfo) -> String {
         "stage {} (maps {}, buckets {}, {}, deps {:?})",
         info.stage_id, info.maps, info.buckets, info.partitioning, info.deps
     )
+}
+
+/// For each stage, the stages on the longest chain from it to the root
+/// (itself and the root included): the critical path it starts, as far as
+/// the graph alone tells, before any task has run.
+pub(crate) fn remaining_paths(infos: &[StageInfo]) -> BTreeMap<u64, usize> {
+    fn path(stage: u64, infos: &[StageInfo], paths: &mut BTreeMap<u64, usize>) -> usize {
+        if let Some(&known) = paths.get(&stage) {
+            return known;
+        }
+        let readers: Vec<u64> = infos
+            .iter()
+            .filter(|reader| reader.deps.contains(&stage))
+            .map(|reader| reader.stage_id)
+            .collect();
+        // The graph was checked for cycles (`waves`), so this ends.
+        let longest = readers
+            .into_iter()
+            .map(|reader| path(reader, infos, paths))
+            .max()
+            .unwrap_or(0);
+        paths.insert(stage, longest + 1);
+        longest + 1
+    }
+    let mut paths = BTreeMap::new();
+    for info in infos {
+        path(info.stage_id, infos, &mut paths);
+    }
+    paths
+}
+
+/// Whether `stage` reads no stage: nothing it reads has published, so
+/// there is nothing to adapt it to.
+pub(crate) fn reads_no_stage(infos: &[StageInfo], stage: u64) -> bool {
+    infos
+        .iter()
+        .find(|info| info.stage_id == stage)
+        .is_none_or(|info| info.deps.is_empty())
 }
 
 #[cfg(test)]

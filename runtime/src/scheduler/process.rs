@@ -72,7 +72,7 @@ impl WorkerCommand {
     /// # Errors
     ///
     /// When the path of the running executable is unknown.
-    pub fn current_exe() -> crate::Result<Self> {
+    pub fn current_exe() -> crate::error::Result<Self> {
         let exe = std::env::current_exe()
             .map_err(|e| RuntimeError::io("cannot find", "the running executable", e))?;
         Ok(Self::dfx(exe))

@@ -71,7 +71,7 @@ impl Task {
     /// # Errors
     ///
     /// An envelope file that cannot be read or does not parse.
-    pub fn read_envelope(&self) -> crate::Result<Envelope> {
+    pub fn read_envelope(&self) -> crate::error::Result<Envelope> {
         match &self.inline {
             Some(envelope) => Ok(Envelope::clone(envelope)),
             None => Envelope::read(&self.envelope),

@@ -7,6 +7,7 @@
 //! Python package in `dfx_engine.session`, which reads the spec through this
 //! type), so both sides plan, encode and decode with the same settings.
 
+pub mod format;
 pub mod location;
 pub mod script;
 pub mod table;
@@ -16,9 +17,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use format::TableFormat;
 pub use location::{ShuffleLocation, same_location};
 pub use script::Script;
-pub use table::{Column, TableDefinition, TableFormat};
+pub use table::{Column, TableDefinition};
 
 /// Partitions a session plans for unless told otherwise. Pinned rather than
 /// the core count, so a plan's shape does not depend on the machine it was
@@ -308,16 +310,16 @@ impl SessionSpec {
     ///
     /// # Errors
     ///
-    /// [`crate::RuntimeError::Invalid`] when the spec sets a key the plugin
+    /// [`crate::error::RuntimeError::Invalid`] when the spec sets a key the plugin
     /// states, naming the key and both values.
     pub fn datafusion_settings(
         &self,
         stated: impl IntoIterator<Item = (String, String)>,
-    ) -> crate::Result<Vec<(String, String)>> {
+    ) -> crate::error::Result<Vec<(String, String)>> {
         let mut settings: Vec<(String, String)> = stated.into_iter().collect();
         for (key, value) in &self.datafusion_options {
             if let Some((_, needed)) = settings.iter().find(|(k, _)| k == key) {
-                return Err(crate::RuntimeError::Invalid(format!(
+                return Err(crate::error::RuntimeError::Invalid(format!(
                     "session spec datafusion_options sets {key} to {value:?}, but dfx sets it \
                      to {needed:?} in every session so that each stage runs alone"
                 )));
@@ -333,12 +335,12 @@ impl SessionSpec {
     ///
     /// JSON that is not a spec (the parser's message names the field), or a
     /// spec [`Self::validate`] refuses.
-    pub fn from_json(text: &str) -> crate::Result<Self> {
+    pub fn from_json(text: &str) -> crate::error::Result<Self> {
         // Through the path of the field that failed, so the message names it
         // (serde's own says only "unknown variant" for a bad `split`).
         let deserializer = &mut serde_json::Deserializer::from_str(text);
         let spec: Self = serde_path_to_error::deserialize(deserializer).map_err(|err| {
-            crate::RuntimeError::Invalid(format!(
+            crate::error::RuntimeError::Invalid(format!(
                 "not a dfx session spec: field {}: {}",
                 err.path(),
                 err.inner()
@@ -361,9 +363,9 @@ impl SessionSpec {
     ///
     /// # Errors
     ///
-    /// [`crate::RuntimeError::Invalid`] saying what was expected and found.
-    pub fn validate(&self) -> crate::Result<()> {
-        let invalid = |message: String| Err(crate::RuntimeError::Invalid(message));
+    /// [`crate::error::RuntimeError::Invalid`] saying what was expected and found.
+    pub fn validate(&self) -> crate::error::Result<()> {
+        let invalid = |message: String| Err(crate::error::RuntimeError::Invalid(message));
         if self.target_partitions == 0 {
             return invalid("session spec target_partitions must be at least 1, got 0".into());
         }
@@ -416,7 +418,9 @@ impl SessionSpec {
             ShuffleLocation::parse(dir)?;
         }
         for (name, table) in &self.tables {
-            table.validate(name).map_err(crate::RuntimeError::Invalid)?;
+            table
+                .validate(name)
+                .map_err(crate::error::RuntimeError::Invalid)?;
         }
         Ok(())
     }

@@ -17,10 +17,12 @@
 //! (`CREATE TABLE AS`, `INSERT`, `SET`): the spec is fixed once the first
 //! query is planned.
 
-use super::{TableDefinition, TableFormat};
-use crate::{Result, RuntimeError};
 use datafusion::sql::parser::{CreateExternalTable, DFParser, Statement};
 use datafusion::sql::sqlparser::ast::{Statement as SqlStatement, Value};
+
+use crate::error::{Result, RuntimeError};
+use crate::spec::format::TableFormat;
+use crate::spec::table::TableDefinition;
 
 /// A parsed script: the tables it creates, in order, then its queries.
 #[derive(Debug, Clone, Default, PartialEq)]
