@@ -81,8 +81,10 @@ step "build the plugin files and the host binary (debug, linted)"
 ffi-tests/build-plugins.sh
 cargo build -p dfx-plugin -p dfx-host --all-targets
 
-step "Rust tests: plugin, host (real worker processes), TPC-H (linted)"
-cargo test --workspace --exclude dfx-ffi-tests
+step "Rust tests: plugin, host (real worker processes), TPC-H, plan shapes (linted)"
+# A plan-shape snapshot that differs or is missing fails, whatever the
+# environment says: INSTA_UPDATE=always would accept any plan in silence.
+INSTA_UPDATE=no INSTA_FORCE_PASS=0 cargo test --workspace --exclude dfx-ffi-tests
 
 step "ABI suite: debug host and plugin"
 DFX_PLUGINS_BUILT=1 ffi-tests/run-suite.sh
