@@ -264,6 +264,8 @@ class Scope:
     inline: dict[str, Scope] = field(default_factory=dict)
     uses: list[UsePath] = field(default_factory=list)
     paths: list[UsePath] = field(default_factory=list)
+    # Every name the code uses (outside `use` declarations and attributes).
+    names: set[str] = field(default_factory=set)
 
 
 def parse_use_tree(tokens: list[Token], line: int) -> list[UsePath]:
@@ -364,6 +366,8 @@ def _parse_scope(tokens: list[Token], start: int, end: int, scope: Scope) -> Non
             scope.uses.extend(found)
             i = semi + 1
             continue
+        if _ident(t):
+            scope.names.add(t)
         if _ident(t) and i + 1 < end and tokens[i + 1].text == "::":
             before = tokens[i - 1].text if i > 0 else ""
             # Not the middle of a longer path, a method's turbofish
@@ -572,8 +576,13 @@ def crate_edges(root_file: Path, scopes: dict[Path, Scope], edges: Edges) -> Non
     for here, node in modules:
         # A `pub use` is a re-export: it draws an arrow only for a path
         # that goes through it (followed in `file_of`), or every module
-        # list that re-exports a child would be in a circle with it.
-        imports = [u for u in node.scope.uses if not u.public]
+        # list that re-exports a child would be in a circle with it; unless
+        # the module's own code uses the name too.
+        imports = [
+            u
+            for u in node.scope.uses
+            if not u.public or (u.alias is not None and u.alias in node.scope.names)
+        ]
         for use in [*imports, *node.scope.paths]:
             segments = [s for s in use.segments if s != "*"]
             target = absolute(here, node, segments)
@@ -822,6 +831,18 @@ def self_test() -> None:
         )
         text = _found(base, "clean/src")
         cycle = "clean/src/scheduler/graph.rs -> clean/src/scheduler/mod.rs"
+        _expect(cycle in text, text)
+        _expect("graph::build" in text, text)
+
+        # The same with the module's use of its child through a re-export.
+        _write(
+            base,
+            {
+                "clean/src/scheduler/mod.rs": "mod graph;\npub use graph::build;\n"
+                "pub struct Plan;\nfn f() { build(); }\n",
+            },
+        )
+        text = _found(base, "clean/src")
         _expect(cycle in text, text)
         _expect("graph::build" in text, text)
     print("check-layout self-test: circles and a long file found, a clean tree passed")
