@@ -1,6 +1,7 @@
 //! The timed worker, `dfx bench task`: a task run as `dfx worker` runs it,
-//! with a clock around each step, its report line carrying the timings (see
-//! [`super::overhead`] for the steps and how the driver reads them).
+//! with a clock around each step, its report line carrying the timings
+//! (see [`super::overhead`](mod@super::overhead) for the steps and how the
+//! driver reads them).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

@@ -1,7 +1,7 @@
 //! The ABI of a dfx plugin file, and the one loader every host uses.
 //!
 //! A dfx plugin is a `cdylib` exporting one `abi_stable` root module,
-//! [`DfxPlugin`]. A host calls [`load`] with the file's path, which performs
+//! [`DfxPlugin`]. A host calls [`load()`] with the file's path, which performs
 //! the whole handshake before anything in the library is called:
 //!
 //! 1. open the file as a shared library ([`LoadCheck::Open`]);
