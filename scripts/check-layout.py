@@ -10,11 +10,18 @@ then one graph of files: an arrow from a file to each file it names in a
 path, whether in a `use` (grouped trees included) or inline in code. A
 path starts at `crate::`, `super::`, `self::`, at a module the file
 declares, or at a module it imported; it names the deepest file it
-reaches, so an item resolves to the file it is in, and an item re-exported
-through a `mod.rs` to that `mod.rs`. `mod x;` alone is no arrow: a module
-list is not an import. Test code (`#[cfg(test)]` items, `tests.rs`,
-`tests/`) is left out. Each circle is printed as `a.rs -> b.rs -> a.rs`
-with the paths that draw each arrow.
+reaches, so an item resolves to the file it is in.
+
+Re-exports: a name a module re-exports from this crate (`pub use x::Y;`
+in a `mod.rs` or `lib.rs`) is followed to the file that defines it, and
+another crate's item stops at the file that re-exports it. A `pub use` is
+itself no arrow, unless the module's own code uses the name: a module list
+re-exporting its children would otherwise be in a circle with every child
+that imports through it. Nor is `mod x;`: a module list is not an import.
+
+Test code (`#[cfg(test)]` items, `tests.rs`, `tests/`) is left out. Each
+circle is printed as `a.rs -> b.rs -> a.rs` with the paths that draw each
+arrow.
 
 Needs only the standard library.
 """
