@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The one test command: everything CI checks, from a fresh clone.
 #
-# Checks the format, then builds the plugin file (every host test loads it from
-# disk) and the host, then runs the Rust suites and the Python suite (whose
-# host, datafusion-python, is a release build loading the debug plugin: the
-# optimized/debug pairing CI keeps, see ffi-tests/README.md). Later steps assume
-# the earlier ones: a plugin that does not build fails here, not in a host.
+# Checks the format and the layout (scripts/check-layout.py), then builds
+# the plugin file (every host test loads it from disk) and the host, then
+# runs the Rust suites and the Python suite (whose host, datafusion-python,
+# is a release build loading the debug plugin: the optimized/debug pairing
+# CI keeps, see ffi-tests/README.md). Later steps assume the earlier ones: a
+# plugin that does not build fails here, not in a host.
 # Every step prints how long it took, and the summary at the end lists them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,14 +69,22 @@ trap summary EXIT
 step "format"
 cargo fmt --all -- --check
 
+step "layout: no import circle, no file over 600 lines"
+# The self-test first: a check that cannot find a planted circle would pass
+# anything.
+python3 scripts/check-layout.py --self-test
+python3 scripts/check-layout.py
+
 step "build the plugin files and the host binary (debug, linted)"
 # The test-hooks plugin first (the host's fault-injection tests load it as
 # well as the ABI suite), then the shipped one and everything else.
 ffi-tests/build-plugins.sh
 cargo build -p dfx-plugin -p dfx-host --all-targets
 
-step "Rust tests: plugin, host (real worker processes), TPC-H (linted)"
-cargo test --workspace --exclude dfx-ffi-tests
+step "Rust tests: plugin, host (real worker processes), TPC-H, plan shapes (linted)"
+# A plan-shape snapshot that differs or is missing fails, whatever the
+# environment says: INSTA_UPDATE=always would accept any plan in silence.
+INSTA_UPDATE=no INSTA_FORCE_PASS=0 cargo test --workspace --exclude dfx-ffi-tests
 
 step "ABI suite: debug host and plugin"
 DFX_PLUGINS_BUILT=1 ffi-tests/run-suite.sh

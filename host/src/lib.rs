@@ -26,9 +26,10 @@
 //! ```
 //!
 //! [`Host`] is the entry point for embedding; `dfx` is a thin CLI over it.
-//! The default feature `cli-extras` adds [`tpch`] and [`bench`] (`dfx tpch`,
-//! `dfx bench`) and the workers' progress bar; an embedder that turns default
-//! features off builds neither the TPC-H generator nor indicatif.
+//! The default feature `cli-extras` adds [`tpch`] and
+//! [`bench`](mod@bench) (`dfx tpch`, `dfx bench`) and the workers' progress
+//! bar; an embedder that turns default features off builds neither the
+//! TPC-H generator nor indicatif.
 
 #![warn(missing_docs)]
 

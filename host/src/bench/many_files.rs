@@ -28,6 +28,8 @@ use dfx_runtime::protocol::{Envelope, TASK_DIR, TaskInput, plan_path, stage_file
 use dfx_runtime::scheduler::EncodedStage;
 use serde::Serialize;
 
+use super::output::BenchOutput;
+use super::timed::{SPAWN_TIME_ENV, TimedReport, now_ns, run_child};
 use crate::error::HostError;
 use crate::session::TableDefinition;
 use crate::tpch::TpchError;
@@ -60,7 +62,7 @@ pub struct ManyFilesArgs {
     pub run: bool,
     /// Where its files go, the plugin, and the JSON figures.
     #[command(flatten)]
-    pub output: super::BenchOutput,
+    pub output: BenchOutput,
 }
 
 /// The figures of one file count.
@@ -364,14 +366,14 @@ async fn timed_decode(
         .arg("--plugin")
         .arg(plugin.path())
         .arg(&path);
-    command.env(super::SPAWN_TIME_ENV, super::now_ns().to_string());
-    let stdout = super::run_child(command, &what).await?;
+    command.env(SPAWN_TIME_ENV, now_ns().to_string());
+    let stdout = run_child(command, &what).await?;
     let line = stdout
         .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
         .unwrap_or_default();
-    let report: super::TimedReport = serde_json::from_str(line.trim())
+    let report: TimedReport = serde_json::from_str(line.trim())
         .map_err(|e| TpchError::Invalid(format!("{what}: unreadable timings {line:?}: {e}")))?;
     Ok(report.steps.decode_us / 1e3)
 }

@@ -26,6 +26,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::parquet::arrow::ArrowWriter;
 use serde::Serialize;
 
+use super::output::BenchOutput;
 use crate::session::TableDefinition;
 use crate::tpch::TpchError;
 use crate::tpch::report::median;
@@ -71,7 +72,7 @@ pub struct SkewArgs {
     /// Where its files go (tables already there are reused), the plugin,
     /// and the JSON figures.
     #[command(flatten)]
-    pub output: super::BenchOutput,
+    pub output: BenchOutput,
 }
 
 /// The figures of one way of running the query.

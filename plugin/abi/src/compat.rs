@@ -48,7 +48,7 @@ impl fmt::Display for LoadCheck {
     }
 }
 
-/// A plugin file refused by [`crate::load`]: which check failed, and both
+/// A plugin file refused by [`crate::load()`]: which check failed, and both
 /// sides' values.
 #[derive(Debug, Clone)]
 pub struct LoadError {

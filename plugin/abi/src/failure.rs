@@ -16,6 +16,12 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Words in every error of a failed write of shuffle storage (a full disk, a
+/// dropped connection), for the person reading it. Hosts do not look for
+/// them: the plugin records [`FailureClass::Io`] where it makes such an
+/// error, and a host takes the class with [`crate::Plugin::take_failures`].
+pub const IO_FAILURE: &str = "I/O failure";
+
 /// How a failed task may be retried, decided where the failure was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
