@@ -8,12 +8,12 @@
 
 pub mod codec_chain;
 pub mod query_planner;
+mod tables;
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::SystemTime;
 
-use datafusion::execution::object_store::ObjectStoreUrl;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::{TaskContext, TaskContextProvider};
 use datafusion::physical_plan::ExecutionPlan;
@@ -32,6 +32,7 @@ use dfx_abi::Plugin;
 use crate::error::{DataFusionContext, HostError, Result};
 use crate::session::codec_chain::CodecChain;
 use crate::session::query_planner::PluginQueryPlanner;
+use crate::session::tables::register_table;
 
 pub use dfx_runtime::spec::{
     DEFAULT_TARGET_PARTITIONS, SessionSpec, ShuffleCompression, Split, TableDefinition, TableFormat,
@@ -515,71 +516,6 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
 /// or holds no file of its format.
 pub async fn effective_target_partitions(spec: &SessionSpec) -> Result<usize> {
     Ok(dfx_runtime::tables::effective_target_partitions(spec).await?)
-}
-
-/// Register `table` as `name` in `ctx`, by the statement its definition
-/// writes ([`TableDefinition::create_statement`]), after giving the session
-/// the S3 client for its bucket. The Parquet options are the session's
-/// (the footer read the plugin's settings set).
-///
-/// # Errors
-///
-/// A location DataFusion cannot list or read a schema from, files whose
-/// schemas conflict, or a partition column that is also a column of the
-/// files: each names the table and its location.
-async fn register_table(
-    ctx: &SessionContext,
-    name: &str,
-    table: &TableDefinition,
-    spec: &SessionSpec,
-) -> Result<()> {
-    let what = || format!("cannot register table {name} over {}", table.location);
-    let table = table
-        .clone()
-        .absolute()
-        .map_err(|e| HostError::io("cannot resolve", table.location.as_str(), e))?;
-    if let Some(bucket) = table.s3_bucket() {
-        let store = dfx_runtime::tables::s3_store(bucket, &spec.store_options)?;
-        let url = ObjectStoreUrl::parse(format!("s3://{bucket}")).context(what)?;
-        ctx.register_object_store(url.as_ref(), store);
-    }
-    // Run by `sql` itself: the empty frame it answers needs no collect,
-    // which would plan it (with stages, in a distributing session).
-    if let Err(err) = ctx.sql(&table.create_statement(name)).await {
-        // Which file, when one is to blame: DataFusion names the table's
-        // location at most.
-        let file = dfx_runtime::tables::unreadable_file(name, &table, &spec.store_options).await;
-        return Err(match file {
-            Some(file) => HostError::Invalid(format!("cannot register {file}")),
-            None => HostError::datafusion(what(), err),
-        });
-    }
-    check_partition_columns(ctx, name, &table).await
-}
-
-/// Refuse a table whose partition column is also a column of its files:
-/// DataFusion takes the definition, and a query would then read one of
-/// the two by chance.
-async fn check_partition_columns(
-    ctx: &SessionContext,
-    name: &str,
-    table: &TableDefinition,
-) -> Result<()> {
-    if table.partition_columns.is_empty() {
-        return Ok(());
-    }
-    let provider = ctx
-        .table_provider(name)
-        .await
-        .context(|| format!("table {name} is not registered"))?;
-    // A listing table's columns: its files', then its partition columns.
-    let schema = provider.schema();
-    let columns: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-    let files = columns.len().saturating_sub(table.partition_columns.len());
-    if let Some(clash) = dfx_runtime::tables::partition_clash(name, table, &columns[..files]) {
-        return Err(HostError::Invalid(clash));
-    }
-    Ok(())
 }
 
 /// A `KEY=VALUE` plugin setting as a command line gives it (`--set`): the
