@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from .costs import (
     FOOTER_BYTES,
+    MB,
     PARSE_MB_S,
     RAY_TASK_MS,
     REQUEST_CUT,
@@ -196,6 +197,24 @@ def predictions(
         )
 
     scale = 1000.0
+    k = KS[-1]
+    built = total(cases[0], scale, k, "tasks")
+    after_tasks = total(cases[2], scale, k, "tasks")
+    pool_ms = costs.dispatch_ms
+    print(
+        f"\n- Scale {scale:.0f}, k = {k}: {built:,.0f} tasks as built (the driver's "
+        f"loop: {built * pool_ms / 1e3:.0f} s at the pool's {pool_ms:.2f} ms, "
+        f"{built * ray / 1e3:.0f} s at {ray:g} ms), {after_tasks:,.0f} after issue 37."
+    )
+    conn = store.conn_bw / MB
+    in_flight = after.bytes_in_flight // REQUEST_CUT
+    print(
+        f"- A machine's bandwidth to S3: as built {cores} tasks x {conn:.0f} MB/s = "
+        f"{cores * conn:,.0f} MB/s; after issue 37 one task reads {in_flight} x "
+        f"{conn:.0f} = {in_flight * conn:,.0f} MB/s and uploads "
+        f"{after.parts_in_flight} x {conn:.0f} = {after.parts_in_flight * conn:,.0f} "
+        f"MB/s, of the interface's {store.machine_bw / MB:,.0f}."
+    )
     print(
         f"\n### What each correction does: scale {scale:.0f}, as built, pool, seconds\n"
     )
