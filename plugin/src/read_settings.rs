@@ -27,6 +27,7 @@
 //! the writer and the adaptive step all ask this module.
 
 use std::ops::{Range, RangeInclusive};
+use std::str::FromStr;
 
 use datafusion::common::{DataFusionError, Result};
 
@@ -42,12 +43,73 @@ pub const SPLIT_READ: &str = "split_read";
 /// stage's tasks how they read.
 pub const BROADCAST_READ: &str = "broadcast_read";
 
-/// The error for a setting `key` whose value `text` does not parse: `why`,
-/// against the form `expected`. One spelling for every setting here.
-fn bad_setting(key: &str, text: &str, why: &str, expected: &str) -> DataFusionError {
-    DataFusionError::Configuration(format!(
-        "dfx config: `dfx_engine.{key}` is {text:?}: {why}; expected {expected}"
-    ))
+/// One setting's text being parsed: the one parser every setting here
+/// goes through, so each is split, numbered and refused the same way.
+struct SettingText<'a> {
+    /// The key, without the `dfx_engine.` prefix.
+    key: &'static str,
+    /// The value, trimmed.
+    text: &'a str,
+    /// The form it must have, for the error.
+    expected: &'static str,
+}
+
+impl<'a> SettingText<'a> {
+    /// `text` of `key`, or `None` when it is empty (nothing was set).
+    fn of(key: &'static str, text: &'a str, expected: &'static str) -> Option<Self> {
+        let text = text.trim();
+        (!text.is_empty()).then_some(Self {
+            key,
+            text,
+            expected,
+        })
+    }
+
+    /// The error for this text: `why`, against the form expected; the
+    /// message quotes the text.
+    fn bad(&self, why: &str) -> DataFusionError {
+        DataFusionError::Configuration(format!(
+            "dfx config: `dfx_engine.{}` is {:?}: {why}; expected {}",
+            self.key, self.text, self.expected
+        ))
+    }
+
+    /// The text's `N` fields, separated by `:`.
+    fn fields<const N: usize>(&self) -> Result<[&'a str; N]> {
+        let fields: Vec<&str> = self.text.split(':').collect();
+        fields
+            .try_into()
+            .map_err(|_| self.bad(&format!("not {N} fields")))
+    }
+
+    /// `field` as a number.
+    fn number<T: FromStr>(&self, field: &str) -> Result<T> {
+        field.trim().parse().map_err(|_| self.bad("not a number"))
+    }
+
+    /// `field` as a comma-separated list of numbers; empty items skipped.
+    fn numbers<T: FromStr>(&self, field: &str) -> Result<Vec<T>> {
+        field
+            .split(',')
+            .filter(|item| !item.trim().is_empty())
+            .map(|item| self.number(item))
+            .collect()
+    }
+
+    /// `field` as `<first>-<last>`, or a lone number when `lone` allows it;
+    /// a reversed range is refused.
+    fn range(&self, field: &str, lone: bool) -> Result<RangeInclusive<usize>> {
+        let (first, last) = match field.split_once('-') {
+            Some((first, last)) => (first, last),
+            None if lone => (field, field),
+            None => return Err(self.bad("no range")),
+        };
+        let (first, last) = (self.number(first)?, self.number(last)?);
+        if first > last {
+            return Err(self.bad("a reversed range"));
+        }
+        Ok(first..=last)
+    }
 }
 
 /// Parsed `dfx_engine.coalesced_partitions`.
@@ -93,42 +155,23 @@ impl PartitionGroups {
     /// Text that is not `<stage>:<ranges>`, or ranges that are reversed,
     /// overlap or are out of order; the message quotes the text.
     pub fn parse(text: &str) -> Result<Option<Self>> {
-        let text = text.trim();
-        if text.is_empty() {
+        let Some(setting) = SettingText::of(
+            COALESCED_PARTITIONS,
+            text,
+            "\"<stage>:<first>-<last>,...\" with ascending, disjoint groups",
+        ) else {
             return Ok(None);
-        }
-        let bad = |why: &str| {
-            bad_setting(
-                COALESCED_PARTITIONS,
-                text,
-                why,
-                "\"<stage>:<first>-<last>,...\" with ascending, disjoint groups",
-            )
         };
-        let (stage, ranges) = text.split_once(':').ok_or_else(|| bad("no stage"))?;
-        let stage_id = stage
-            .trim()
-            .parse()
-            .map_err(|_| bad("the stage is no number"))?;
+        let [stage, ranges] = setting.fields()?;
+        let stage_id = setting.number(stage)?;
         let mut groups: Vec<RangeInclusive<usize>> = Vec::new();
         for part in ranges.split(',') {
-            let number = |s: &str| {
-                s.trim()
-                    .parse::<usize>()
-                    .map_err(|_| bad("not a partition"))
-            };
-            let group = match part.split_once('-') {
-                Some((first, last)) => number(first)?..=number(last)?,
-                None => number(part)?..=number(part)?,
-            };
-            if group.start() > group.end() {
-                return Err(bad("a reversed group"));
-            }
+            let group = setting.range(part, true)?;
             if groups
                 .last()
                 .is_some_and(|last| last.end() >= group.start())
             {
-                return Err(bad("groups overlap or are out of order"));
+                return Err(setting.bad("groups overlap or are out of order"));
             }
             groups.push(group);
         }
@@ -195,40 +238,21 @@ impl SplitRead {
     /// Text that is not of the form above, or a reversed map range; the
     /// message quotes the text.
     pub fn parse(text: &str) -> Result<Option<Self>> {
-        let text = text.trim();
-        if text.is_empty() {
+        let Some(setting) = SettingText::of(
+            SPLIT_READ,
+            text,
+            "\"<stage>:<partition>:<probe stage>:<first>-<last>:<map>:<companion>,...\"",
+        ) else {
             return Ok(None);
-        }
-        let bad = |why: &str| {
-            bad_setting(
-                SPLIT_READ,
-                text,
-                why,
-                "\"<stage>:<partition>:<probe stage>:<first>-<last>:<map>:<companion>,...\"",
-            )
         };
-        let fields: Vec<&str> = text.split(':').collect();
-        let [stage, partition, probe, maps, map, companions] = fields[..] else {
-            return Err(bad("not six fields"));
-        };
-        let number = |s: &str| s.trim().parse::<usize>().map_err(|_| bad("not a number"));
-        let (first, last) = maps.split_once('-').ok_or_else(|| bad("no map range"))?;
-        let (first, last) = (number(first)?, number(last)?);
-        if first > last {
-            return Err(bad("a reversed map range"));
-        }
-        let companions = companions
-            .split(',')
-            .filter(|c| !c.trim().is_empty())
-            .map(number)
-            .collect::<Result<Vec<_>>>()?;
+        let [stage, partition, probe, maps, map, companions] = setting.fields()?;
         Ok(Some(Self {
-            stage_id: number(stage)? as u64,
-            partition: number(partition)?,
-            probe_stage: number(probe)? as u64,
-            maps: first..=last,
-            map: number(map)?,
-            companions,
+            stage_id: setting.number(stage)?,
+            partition: setting.number(partition)?,
+            probe_stage: setting.number(probe)?,
+            maps: setting.range(maps, false)?,
+            map: setting.number(map)?,
+            companions: setting.numbers(companions)?,
         }))
     }
 }
@@ -263,34 +287,21 @@ impl BroadcastRead {
     /// Text that is not of the form above, or one naming no build stage;
     /// the message quotes the text.
     pub fn parse(text: &str) -> Result<Option<Self>> {
-        let text = text.trim();
-        if text.is_empty() {
+        let Some(setting) = SettingText::of(
+            BROADCAST_READ,
+            text,
+            "\"<stage>:<probe stage>:<build stage>,...\"",
+        ) else {
             return Ok(None);
-        }
-        let bad = |why: &str| {
-            bad_setting(
-                BROADCAST_READ,
-                text,
-                why,
-                "\"<stage>:<probe stage>:<build stage>,...\"",
-            )
         };
-        let fields: Vec<&str> = text.split(':').collect();
-        let [stage, probe, builds] = fields[..] else {
-            return Err(bad("not three fields"));
-        };
-        let number = |s: &str| s.trim().parse::<u64>().map_err(|_| bad("not a number"));
-        let build_stages = builds
-            .split(',')
-            .filter(|b| !b.trim().is_empty())
-            .map(number)
-            .collect::<Result<Vec<_>>>()?;
+        let [stage, probe, builds] = setting.fields()?;
+        let build_stages = setting.numbers(builds)?;
         if build_stages.is_empty() {
-            return Err(bad("no build stage"));
+            return Err(setting.bad("no build stage"));
         }
         Ok(Some(Self {
-            stage_id: number(stage)?,
-            probe_stage: number(probe)?,
+            stage_id: setting.number(stage)?,
+            probe_stage: setting.number(probe)?,
             build_stages,
         }))
     }
