@@ -19,7 +19,7 @@ const SLOW: &str = "SELECT count(*) AS n FROM t a JOIN t b ON a.v = b.v";
 
 /// Rows of the table: files times rows per file.
 const FILES: u64 = 4;
-const ROWS_PER_FILE: u64 = 1750;
+const ROWS_PER_FILE: u64 = 7000;
 
 /// The answer of [`SLOW`]: each of the 7 values of `v` is held by a
 /// seventh of the rows, joined with each of them.

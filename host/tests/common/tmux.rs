@@ -103,7 +103,13 @@ impl Tmux {
 
     /// Type `text`, then Enter.
     pub fn send_line(&self, text: &str) {
-        let typed = self.run(&["send-keys", "-t", self.session, "-l", "--", text]);
+        // tmux reads an argument ending in `;` as the end of its command
+        // and drops the `;`: the statement would never end.
+        let text = match text.strip_suffix(';') {
+            Some(head) => format!("{head}\\;"),
+            None => text.to_string(),
+        };
+        let typed = self.run(&["send-keys", "-t", self.session, "-l", "--", &text]);
         assert!(typed.status.success(), "tmux send-keys failed");
         let entered = self.run(&["send-keys", "-t", self.session, "Enter"]);
         assert!(entered.status.success(), "tmux send-keys Enter failed");
