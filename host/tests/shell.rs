@@ -164,8 +164,8 @@ fn the_shell_creates_a_table_answers_on_one_pool_survives_a_bad_query_and_quits(
     let (answered, stages, tasks) = footers(&pane)[0];
     assert_eq!(answered, 3, "{pane}");
     // Scanned in one stage, aggregated by region in another at least; a
-    // task per map of each.
-    assert!(stages >= 2 && tasks >= 2 * stages, "{pane}");
+    // task at least for each (adaptive coalescing may run two maps as one).
+    assert!(stages >= 2 && tasks >= stages, "{pane}");
 
     tmux.send_line("\\stats");
     let pane = tmux.wait_for("the stats", |pane| {
