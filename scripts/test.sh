@@ -82,6 +82,9 @@ ffi-tests/build-plugins.sh
 cargo build -p dfx-plugin -p dfx-host --all-targets
 
 step "Rust tests: plugin, host (real worker processes), TPC-H, plan shapes (linted)"
+# The shell's and the progress line's tests drive a real terminal with tmux,
+# and fail (they do not skip) without it.
+command -v tmux >/dev/null || (apt-get update && apt-get install -y tmux)
 # A plan-shape snapshot that differs or is missing fails, whatever the
 # environment says: INSTA_UPDATE=always would accept any plan in silence.
 INSTA_UPDATE=no INSTA_FORCE_PASS=0 cargo test --workspace --exclude dfx-ffi-tests

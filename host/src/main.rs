@@ -5,21 +5,24 @@
 
 mod cli;
 
+use std::io::IsTerminal as _;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use dfx_host::HostError;
 
 use cli::explain::ExplainArgs;
 use cli::run::RunArgs;
+use cli::shell::ShellArgs;
 use cli::worker::WorkerArgs;
 
 /// Distributed SQL over tables of files (Parquet, CSV, JSON, Arrow; local or on S3) with the dfx plugin.
 #[derive(Debug, Parser)]
 #[command(name = "dfx", version, about, propagate_version = true)]
 struct Cli {
+    /// Without one, on a terminal: the shell (`dfx shell`).
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 /// One variant per subcommand; add new ones here and in `main`'s match.
@@ -27,6 +30,8 @@ struct Cli {
 enum Command {
     /// Run a query: each map of each stage in its own worker, stage after stage, then the plan's root here.
     Run(RunArgs),
+    /// A prompt: queries, CREATE EXTERNAL TABLE, SET and SHOW, \d, one worker pool for the session.
+    Shell(ShellArgs),
     /// Show the physical plan with each stage marked with its id, maps, buckets and deps.
     Explain(ExplainArgs),
     /// Run one task from an envelope file, or serve tasks from stdin with
@@ -43,11 +48,32 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let command = match cli.command {
+        Some(command) => command,
+        None if std::io::stdin().is_terminal() => match Cli::parse_from(["dfx", "shell"]).command {
+            Some(shell) => shell,
+            None => unreachable!("`dfx shell` names a subcommand"),
+        },
+        None => {
+            // Not a terminal: no one to prompt. Say what dfx takes.
+            let _ = Cli::command().print_help();
+            return ExitCode::from(2);
+        }
+    };
+    // The shell handles Ctrl-C itself: it stops a query, not the shell.
+    let command = match command {
+        Command::Shell(args) => return exit_status(cli::shell::shell(args).await),
+        Command::Run(args) if args.wants_shell() => {
+            return exit_status(cli::shell::shell(ShellArgs::from_run(args)).await);
+        }
+        command => command,
+    };
     // `tpch` and `bench` choose their own exit status (a mismatch is not an error).
     #[cfg_attr(not(feature = "cli-extras"), allow(unused_mut))]
     let mut status = ExitCode::SUCCESS;
     let work = async {
-        match cli.command {
+        match command {
+            Command::Shell(_) => unreachable!("the shell ran above"),
             Command::Run(args) => cli::run::run(args).await,
             Command::Explain(args) => cli::explain::explain(args).await,
             Command::Worker(args) => cli::worker::worker(args).await,
@@ -79,6 +105,14 @@ async fn main() -> ExitCode {
     };
     match outcome {
         Ok(()) => status,
+        Err(err) => exit_status(Err(err)),
+    }
+}
+
+/// Success, or the error printed as `dfx: error: ...` and a failure status.
+fn exit_status(outcome: Result<(), HostError>) -> ExitCode {
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("dfx: error: {err}");
             ExitCode::FAILURE

@@ -491,6 +491,7 @@ fn every_subcommand_has_help() {
         &["run", "--help"],
         &["explain", "--help"],
         &["worker", "--help"],
+        &["shell", "--help"],
         #[cfg(feature = "cli-extras")]
         &["tpch", "--help"],
         #[cfg(feature = "cli-extras")]

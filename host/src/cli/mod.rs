@@ -4,4 +4,5 @@
 pub mod explain;
 pub mod query;
 pub mod run;
+pub mod shell;
 pub mod worker;

@@ -73,6 +73,10 @@ pub struct RunArgs {
         requires = "worker"
     )]
     worker_args: Vec<String>,
+    /// No live progress line on stderr while the tasks run (it shows only
+    /// on a terminal, once a query has taken about a second).
+    #[arg(long)]
+    no_progress: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -95,9 +99,66 @@ fn parse_speculation(
     dfx_runtime::scheduler::Speculation::after(factor)
 }
 
+impl RunArgs {
+    /// The query options: tables, partitions, settings, the plugin.
+    pub fn query(&self) -> &QueryArgs {
+        &self.query
+    }
+
+    /// The memory each map task may hold (`--memory-limit`).
+    pub fn memory_limit(&self) -> Option<u64> {
+        self.memory_limit
+    }
+
+    /// Whether `--analyze` asks for each stage's task times.
+    pub fn analyze(&self) -> bool {
+        self.analyze
+    }
+
+    /// Whether no query was given (neither SQL nor `-f`) and stdin is a
+    /// terminal: then `dfx run` opens the shell instead of waiting for a
+    /// query to end with Ctrl-D.
+    pub fn wants_shell(&self) -> bool {
+        use std::io::IsTerminal as _;
+        self.query.sql.is_none() && self.query.file.is_none() && std::io::stdin().is_terminal()
+    }
+
+    /// The host these options describe: its plugin, workers, bounds,
+    /// retries and progress line.
+    ///
+    /// # Errors
+    ///
+    /// A plugin that cannot be found or is refused, or an executable path
+    /// that cannot be known.
+    pub fn host(&self) -> Result<Host> {
+        host_of(self)
+    }
+}
+
 /// Run `dfx run`: every query of the script, in turn, on one host.
 pub async fn run(args: RunArgs) -> Result<()> {
     let started = Instant::now();
+    let host = host_of(&args)?;
+    let script = Script::parse(&args.query.sql()?)?;
+    let spec = spec_of(&args.query, &script)?;
+    let count = script.queries.len();
+    for (index, sql) in script.queries.iter().enumerate() {
+        if count > 1 {
+            eprintln!("query {} of {count}", index + 1);
+        }
+        let shuffle = match (&args.query.shuffle_dir, count) {
+            // One location per query: a location must hold no stage output yet.
+            (Some(dir), 2..) => Some(dir.join(format!("query-{}", index + 1))),
+            (dir, _) => dir.clone(),
+        };
+        let last = index + 1 == count;
+        run_query(&host, &args, sql, &spec, shuffle, started, last).await?;
+    }
+    Ok(())
+}
+
+/// The host `args` describe.
+fn host_of(args: &RunArgs) -> Result<Host> {
     let plugin = load_plugin(args.query.plugin.as_deref())?;
     let host = match &args.worker {
         Some(program) => {
@@ -117,23 +178,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
             .map(|secs| std::time::Duration::from_secs(secs as u64)),
     )
     .speculation(args.speculate)
-    .progress(true);
-    let script = Script::parse(&args.query.sql()?)?;
-    let spec = spec_of(&args.query, &script)?;
-    let count = script.queries.len();
-    for (index, sql) in script.queries.iter().enumerate() {
-        if count > 1 {
-            eprintln!("query {} of {count}", index + 1);
-        }
-        let shuffle = match (&args.query.shuffle_dir, count) {
-            // One location per query: a location must hold no stage output yet.
-            (Some(dir), 2..) => Some(dir.join(format!("query-{}", index + 1))),
-            (dir, _) => dir.clone(),
-        };
-        let last = index + 1 == count;
-        run_query(&host, &args, sql, &spec, shuffle, started, last).await?;
-    }
-    Ok(())
+    .progress(!args.no_progress);
+    Ok(host)
 }
 
 /// Run one query of a script and print its answer and figures.

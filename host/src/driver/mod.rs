@@ -21,6 +21,8 @@
 //!   is read only once every stage is (the scheduler's).
 
 pub mod analyze;
+#[cfg(feature = "cli-extras")]
+pub mod progress;
 pub mod stages;
 
 use std::sync::Arc;
@@ -207,7 +209,9 @@ impl Host {
         self
     }
 
-    /// Draw a progress bar on stderr while workers run (only on a terminal).
+    /// Show a live progress line on stderr while a query's tasks run (only
+    /// on a terminal, and only once the query has run about a second; see
+    /// `dfx_host::driver::progress`).
     pub fn progress(mut self, show: bool) -> Self {
         self.progress = show;
         self
@@ -386,48 +390,15 @@ impl Host {
     }
 }
 
-/// The scheduler's progress bar on stderr: indicatif's with the
+/// The scheduler's live progress line on stderr ([`progress`]): with the
 /// `cli-extras` feature, only on a terminal and when asked for.
 #[cfg(feature = "cli-extras")]
 fn progress_bar(wanted: bool) -> Option<Arc<dyn Progress>> {
-    use std::io::IsTerminal as _;
-    (wanted && std::io::stderr().is_terminal())
-        .then(|| Arc::new(Bar::default()) as Arc<dyn Progress>)
+    progress::live_line(wanted)
 }
 
-/// Without `cli-extras` there is no bar to draw.
+/// Without `cli-extras` there is no line to draw.
 #[cfg(not(feature = "cli-extras"))]
 fn progress_bar(_wanted: bool) -> Option<Arc<dyn Progress>> {
     None
-}
-
-/// One bar per wave of tasks.
-#[cfg(feature = "cli-extras")]
-#[derive(Default)]
-struct Bar(std::sync::Mutex<Option<indicatif::ProgressBar>>);
-
-#[cfg(feature = "cli-extras")]
-impl Progress for Bar {
-    fn start(&self, total: usize) {
-        use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-        let bar = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
-        if let Ok(style) =
-            ProgressStyle::with_template("{spinner} workers {pos}/{len} [{bar:30}] {elapsed}")
-        {
-            bar.set_style(style.progress_chars("=> "));
-        }
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(bar);
-    }
-
-    fn task_done(&self) {
-        if let Some(bar) = &*self.0.lock().unwrap_or_else(|p| p.into_inner()) {
-            bar.inc(1);
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(bar) = self.0.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            bar.finish_and_clear();
-        }
-    }
 }

@@ -104,6 +104,10 @@ pub struct TpchArgs {
     /// dfx-local runs make (coalesce=off, join_filters=on). Repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::session::parse_engine_option)]
     pub settings: Vec<(String, String)>,
+    /// No live progress line on stderr while a distributed run's tasks run
+    /// (it shows only on a terminal, once a run has taken about a second).
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 /// Exit status when some query's distributed answer differs from the local one.
@@ -129,7 +133,8 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
     let host = crate::Host::new(plugin)?
         .worker_mode(args.worker_mode)
         .max_attempts(args.max_attempts)
-        .task_timeout(args.task_timeout.map(std::time::Duration::from_secs));
+        .task_timeout(args.task_timeout.map(std::time::Duration::from_secs))
+        .progress(!args.no_progress);
     let data_dir =
         std::path::absolute(&args.data_dir).map_err(|e| TpchError::io(&args.data_dir, e))?;
     let options = TpchOptions {

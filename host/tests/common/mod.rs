@@ -36,6 +36,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod tmux;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

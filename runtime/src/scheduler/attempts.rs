@@ -51,6 +51,9 @@ struct State {
     made: BTreeMap<Key, u32>,
     /// Why each retry or rerun happened, in the order they did.
     retries: Vec<String>,
+    /// Attempts made again after a failure, and reruns of lost maps (a
+    /// speculative twin is neither).
+    retried: usize,
     /// A logical clock of finished reruns: a loss seen by an attempt that
     /// began before a rerun of that map finished is mended already.
     clock: u64,
@@ -86,6 +89,12 @@ impl Attempts {
     /// in order.
     pub fn retries(&self) -> Vec<String> {
         self.lock().retries.clone()
+    }
+
+    /// Attempts made again so far: retries after a failure worth retrying,
+    /// and reruns of maps whose output was lost.
+    pub fn retried(&self) -> usize {
+        self.lock().retried
     }
 
     /// Attempts started per task.
@@ -256,6 +265,7 @@ pub(crate) fn run_with_attempts<'a>(
                 })?;
             }
             let first_line = failure.reason.lines().next().unwrap_or_default();
+            attempts.lock().retried += 1;
             attempts.log(format!(
                 "stage {} map {} attempt {attempt}: {first_line}",
                 task.stage_id, task.map
@@ -334,6 +344,7 @@ pub(crate) async fn restore(
     state.clock += 1;
     let now = state.clock;
     state.rerun_at.insert(lost, now);
+    state.retried += 1;
     state.reruns.insert(lost, report);
     state.retries.push(format!(
         "stage {lost_stage} map {lost_map} attempt {}: run again, its output was lost \

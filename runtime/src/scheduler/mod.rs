@@ -27,7 +27,7 @@
 //!
 //! ```text
 //! graph       StageInfo, EncodedStage, waves, remaining paths
-//! options     SchedulerOptions, Progress
+//! options     SchedulerOptions, Progress, ProgressSnapshot
 //! run         Scheduler: a query's checks, its tasks, the ready queue
 //! ready       RunState: queue_ready, dispatch, speculate, finish
 //! tasks       plan files and envelopes, and their adaptive rewrites
@@ -60,7 +60,7 @@ pub use claim::ClaimedLocation;
 pub use executor::{Executor, WorkerMode, default_max_workers};
 pub use foreign::{ForeignExecutor, ForeignFailure, ForeignRunner};
 pub use graph::{EncodedStage, StageInfo, describe, waves};
-pub use options::{Progress, SchedulerOptions};
+pub use options::{Progress, ProgressSnapshot, SchedulerOptions};
 pub use pool::{Shutdown, WorkerPool};
 pub use process::{ProcessExecutor, WorkerCommand};
 pub use query_run::QueryRun;

@@ -16,6 +16,34 @@ pub trait Progress: Send + Sync {
     fn task_done(&self);
     /// The wave ended.
     fn finish(&self);
+    /// Where a query's run stands now: told by the ready queue whenever a
+    /// task starts or ends (never by [`crate::scheduler::Scheduler::run_tasks`],
+    /// which has no stages). A display of counts alone may ignore it.
+    fn update(&self, _now: &ProgressSnapshot) {}
+}
+
+/// Where a query's run stands, as [`Progress::update`] is told it. Every
+/// count is the query's so far, not a wave's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProgressSnapshot {
+    /// The query's stages.
+    pub stages: usize,
+    /// Stages every task of which has published.
+    pub stages_done: usize,
+    /// Tasks the query runs (an adaptive decision may change it as stages
+    /// become ready: a coalesced group is one task, a split partition
+    /// several).
+    pub tasks: usize,
+    /// Attempts running now, speculative twins included.
+    pub running: usize,
+    /// Tasks published.
+    pub tasks_done: usize,
+    /// Bytes the published tasks reported (a worker that does not report
+    /// them counts nothing).
+    pub bytes: u64,
+    /// Attempts made again: a task retried after a failure worth retrying,
+    /// or a map run again because its output was lost.
+    pub retries: usize,
 }
 
 /// How the scheduler runs a query's tasks.

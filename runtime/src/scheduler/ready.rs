@@ -27,7 +27,7 @@ use crate::scheduler::adaptive::{Adapter, Decision};
 use crate::scheduler::attempts::{self, Attempts};
 use crate::scheduler::executor::Executor;
 use crate::scheduler::graph::{StageInfo, reads_no_stage, remaining_paths};
-use crate::scheduler::options::{Progress, SchedulerOptions};
+use crate::scheduler::options::{Progress, ProgressSnapshot, SchedulerOptions};
 use crate::scheduler::speculation::{Running, Speculation, stage_median, straggler};
 use crate::scheduler::task::{Task, TaskReport};
 
@@ -81,12 +81,14 @@ pub(crate) async fn run_ready<'a>(
         state.queue_ready(adapter);
         state.dispatch();
         state.speculate();
+        state.report_progress();
         match state.next_finished().await {
             Wake::Tick => {}
             Wake::Idle => break,
             Wake::Ended(finished) => state.finish(finished),
         }
     }
+    state.report_progress();
     if let Some(progress) = &state.progress {
         progress.finish();
     }
@@ -153,6 +155,10 @@ struct RunState<'a> {
     decisions: Vec<Decision>,
     /// Each stage's tasks not yet published.
     unpublished: BTreeMap<u64, usize>,
+    /// Stages every task of which has published.
+    stages_done: usize,
+    /// Bytes the published tasks reported.
+    bytes: u64,
     /// The stages each stage still waits for.
     waiting: BTreeMap<u64, BTreeSet<u64>>,
     ready: BinaryHeap<Ready>,
@@ -215,6 +221,8 @@ impl<'a> RunState<'a> {
                 .iter()
                 .map(|info| (info.stage_id, info.deps.iter().copied().collect()))
                 .collect(),
+            stages_done: 0,
+            bytes: 0,
             ready: BinaryHeap::new(),
             newly_ready: infos
                 .iter()
@@ -265,6 +273,7 @@ impl<'a> RunState<'a> {
             }
             self.unpublished.insert(stage, queued);
             if queued == 0 {
+                self.stages_done += 1;
                 let readers = published(&mut self.waiting, stage);
                 self.newly_ready.extend(readers);
             }
@@ -298,6 +307,22 @@ impl<'a> RunState<'a> {
             self.running
                 .push(Box::pin(async move { (index, false, attempt.await) }));
         }
+    }
+
+    /// Tell the progress display, if any, where the run stands.
+    fn report_progress(&self) {
+        let Some(progress) = &self.progress else {
+            return;
+        };
+        progress.update(&ProgressSnapshot {
+            stages: self.graph.infos.len(),
+            stages_done: self.stages_done,
+            tasks: self.tasks.len() - self.covered.len(),
+            running: self.running.len(),
+            tasks_done: self.done.len(),
+            bytes: self.bytes,
+            retries: self.attempts.retried(),
+        });
     }
 
     /// Speculation while no task has failed: the policy, if any.
@@ -405,10 +430,12 @@ impl<'a> RunState<'a> {
                 if let Some(progress) = &self.progress {
                     progress.task_done();
                 }
+                self.bytes += report.bytes.unwrap_or(0);
                 self.done.push(((stage_id, self.tasks[index].map), report));
                 let left = self.unpublished.entry(stage_id).or_default();
                 *left = left.saturating_sub(1);
                 if *left == 0 {
+                    self.stages_done += 1;
                     // Published: its readers may be ready now.
                     let readers = published(&mut self.waiting, stage_id);
                     self.newly_ready.extend(readers);

@@ -47,6 +47,23 @@ impl Script {
     /// that is neither that nor a query; a script without a query. Each
     /// names the statement by its position.
     pub fn parse(sql: &str) -> Result<Self> {
+        let script = Self::parse_statements(sql)?;
+        if script.queries.is_empty() {
+            return Err(RuntimeError::Invalid(
+                "the script has no query: it only creates tables".to_string(),
+            ));
+        }
+        Ok(script)
+    }
+
+    /// Parse `sql` as [`Script::parse`] does, but accept statements that
+    /// only create tables: what a shell takes one input at a time, each
+    /// table lasting for the rest of its session.
+    ///
+    /// # Errors
+    ///
+    /// What [`Script::parse`] refuses, except a script without a query.
+    pub fn parse_statements(sql: &str) -> Result<Self> {
         let statements = DFParser::parse_sql(sql)
             .map_err(|e| RuntimeError::Invalid(format!("the SQL does not parse: {e}")))?;
         let single = statements.len() == 1;
@@ -81,11 +98,6 @@ impl Script {
                     )));
                 }
             }
-        }
-        if script.queries.is_empty() {
-            return Err(RuntimeError::Invalid(
-                "the script has no query: it only creates tables".to_string(),
-            ));
         }
         Ok(script)
     }
