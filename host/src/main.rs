@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use dfx_host::HostError;
 
 use cli::explain::ExplainArgs;
+use cli::gc::GcArgs;
 use cli::run::RunArgs;
 use cli::worker::WorkerArgs;
 
@@ -29,6 +30,9 @@ enum Command {
     Run(RunArgs),
     /// Show the physical plan with each stage marked with its id, maps, buckets and deps.
     Explain(ExplainArgs),
+    /// Remove the query locations crashed drivers left under a shuffle root
+    /// (older than --older-than, held by no live driver).
+    Gc(GcArgs),
     /// Run one task from an envelope file, or serve tasks from stdin with
     /// --serve (what the driver starts; not for humans).
     Worker(WorkerArgs),
@@ -50,6 +54,7 @@ async fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => cli::run::run(args).await,
             Command::Explain(args) => cli::explain::explain(args).await,
+            Command::Gc(args) => cli::gc::gc(args).await,
             Command::Worker(args) => cli::worker::worker(args).await,
             #[cfg(feature = "cli-extras")]
             Command::Tpch(args) => dfx_host::tpch::run_cli(args)
