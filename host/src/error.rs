@@ -68,6 +68,17 @@ pub enum HostError {
     /// directory operation failed ([`HostError::io`]).
     #[error(transparent)]
     Runtime(#[from] dfx_runtime::RuntimeError),
+
+    /// A query failed in a location made for it under a shuffle root, and
+    /// the location is kept, with what its workers left, for inspection.
+    #[error("{source}\nthe query's shuffle location is kept for inspection: {location}")]
+    LocationKept {
+        /// The kept location, in its one spelling.
+        location: String,
+        /// Why the query failed.
+        #[source]
+        source: Box<HostError>,
+    },
 }
 
 impl HostError {

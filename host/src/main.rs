@@ -12,6 +12,7 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 use dfx_host::HostError;
 
 use cli::explain::ExplainArgs;
+use cli::gc::GcArgs;
 use cli::run::RunArgs;
 use cli::shell::ShellArgs;
 use cli::worker::WorkerArgs;
@@ -34,6 +35,9 @@ enum Command {
     Shell(ShellArgs),
     /// Show the physical plan with each stage marked with its id, maps, buckets and deps.
     Explain(ExplainArgs),
+    /// Remove the query locations crashed drivers left under a shuffle root
+    /// (older than --older-than, held by no live driver).
+    Gc(GcArgs),
     /// Run one task from an envelope file, or serve tasks from stdin with
     /// --serve (what the driver starts; not for humans).
     Worker(WorkerArgs),
@@ -76,6 +80,7 @@ async fn main() -> ExitCode {
             Command::Shell(_) => unreachable!("the shell ran above"),
             Command::Run(args) => cli::run::run(args).await,
             Command::Explain(args) => cli::explain::explain(args).await,
+            Command::Gc(args) => cli::gc::gc(args).await,
             Command::Worker(args) => cli::worker::worker(args).await,
             #[cfg(feature = "cli-extras")]
             Command::Tpch(args) => dfx_host::tpch::run_cli(args)

@@ -124,6 +124,12 @@ def probe_location(location: str, store_options: dict[str, str] | None = None) -
 def vet_stage(plan: bytes, tables: list[str], shuffle_dir: str) -> None:
     """Refuse a stage with a sink, a file outside tables, or a foreign writer."""
 
+def temporary_root() -> str:
+    """The process's temporary shuffle root, made on first use."""
+
+def remove_temporary_root() -> None:
+    """Remove the process's temporary shuffle root, if one was made."""
+
 class DriverLock:
     """An exclusive lock on a local shuffle directory, for one driver's run."""
 
@@ -258,7 +264,10 @@ class ClaimedLocation:
     @property
     def canonical(self) -> str: ...
     @property
+    def query_spec_json(self) -> str: ...
+    @property
     def held(self) -> bool: ...
+    def finish(self, answered: bool) -> str | None: ...
     def release(self) -> None: ...
     def __enter__(self) -> ClaimedLocation: ...
     def __exit__(self, *args: object) -> bool: ...

@@ -27,6 +27,7 @@ such as :class:`dfx_engine.ray.RayExecutor`.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -275,10 +276,14 @@ def run_distributed(
     memory (``from_arrow``, ``register_record_batches``) is written once into
     the shuffle location for the workers (:mod:`dfx_engine.dataframes`).
 
-    ``spec.shuffle_dir`` is required and must hold no stage output yet: a
-    local directory (a path or ``file://``) or ``s3://bucket/prefix``,
-    reached with the spec's ``store_options`` and the ``AWS_*`` variables of
-    each process's environment. ``extra_udfs`` are Python functions
+    The query runs in ``spec.shuffle_dir``, which must hold no stage output
+    yet, or in a fresh location under ``spec.shuffle_root`` (under a
+    temporary root of the process when the spec names neither), removed
+    once the answer is read unless ``spec.keep_shuffle``, and kept after a
+    failure, the error naming it. Either is a local directory (a path or
+    ``file://``) or ``s3://bucket/prefix``, reached with the spec's
+    ``store_options`` and the ``AWS_*`` variables of each process's
+    environment. ``extra_udfs`` are Python functions
     registered on the driver only: encoding a stage pickles them into the
     plan, so they reach the workers by value.
 
@@ -300,8 +305,8 @@ def run_distributed(
     slot; the first to publish is the task's, and the other is stopped.
 
     Raises:
-        ValueError: A spec without a shuffle location, settings that
-            contradict each other, a location of another scheme, one in use
+        ValueError: Settings that contradict each other (a location and
+            a root), a location of another scheme, one in use
             or holding stage output, or an S3 location failing its probe.
         UnsupportedQueryError: A query datafusion-python's planner boundary
             refuses (:mod:`dfx_engine.session` says which), in plain words.
@@ -311,9 +316,8 @@ def run_distributed(
             for good (every failure of that wave is reported, and no later
             wave runs), or reading the root failed.
     """
-    if not spec.shuffle_dir:
-        message = "run_distributed needs a spec with a shuffle_dir"
-        raise ValueError(message)
+    if not spec.shuffle_dir and not spec.shuffle_root:
+        spec = dataclasses.replace(spec, shuffle_root=_temporary_root())
     executor_of, options = _executor(
         worker_command, max_workers, worker_mode, pool, executor
     )
@@ -328,42 +332,92 @@ def run_distributed(
             speculate=speculate,
             **options,
         )
-        spec_json = spec.to_json_text()
         # First, so a used or busy location is refused before anything is
-        # built.
-        with _internal.ClaimedLocation(spec_json) as claim:
-            # A DataFrame is planned by its own session, and encoded and read
-            # with one of the spec (the same codecs and location).
-            given = isinstance(query, DataFrame)
-            ctx = session_of(spec) if given else build_session(spec)[0]
-            _register(ctx, extra_udfs)
-            df = query if isinstance(query, DataFrame) else ctx.sql(query)
-            # Planned once: the stages shipped and the root read below are
-            # parts of this one plan, so they cannot disagree about a stage
-            # id or a cut. Also where in-memory tables are written.
-            with plain_planning_errors(ctx, df), plain_memory_table_errors():
-                plan = df.execution_plan()
-            encoded = encode_stages(ctx, plan)
-            if not encoded and given:
-                raise not_a_dfx_dataframe(spec)
-            # Described and cut by the runtime, the step the Rust host takes.
-            stages = _internal.prepare(encoded)
-            # With the partitions the session planned for: a worker takes
-            # them as they are, listing no table.
-            shipped = dataclasses.replace(
-                spec, target_partitions=effective_target_partitions(spec)
-            )
-            run = scheduler.run(
-                shipped.to_json_text(),
-                claim.task_dir,
-                stages,
-                envelope_files=executor_of == "process",
-            )
-            batches = run.read_root(claim.canonical, lambda: execute_plan(ctx, plan))
-        return DistributedResult(batches, run)
+        # built; under a root, a fresh location is made and claimed.
+        with _internal.ClaimedLocation(spec.to_json_text()) as claim:
+            try:
+                result = _run_claimed(
+                    query, spec, claim, scheduler, executor_of, extra_udfs
+                )
+            except BaseException as err:
+                # Kept, and named, when the workers left something in it.
+                kept = claim.finish(answered=False)
+                if kept is not None:
+                    _name_kept(err, kept)
+                raise
+            # The answer is read: a location made under a root goes.
+            claim.finish(answered=True)
+        return result
     finally:
         if own_pool is not None:
             own_pool.close()
+
+
+def _run_claimed(
+    query: str | DataFrame,
+    spec: SessionSpec,
+    claim: _internal.ClaimedLocation,
+    scheduler: _internal.Scheduler,
+    executor_of: object,
+    extra_udfs: list[ScalarUDF | AggregateUDF] | None,
+) -> DistributedResult:
+    """:func:`run_distributed` in the location ``claim`` holds."""
+    query_spec = SessionSpec.from_json(claim.query_spec_json)
+    given = isinstance(query, DataFrame)
+    if isinstance(query, DataFrame) and spec.shuffle_root:
+        # Its own session planned no stage (it had no location): planned
+        # again, from its logical plan, by a session of this query's location.
+        ctx = build_session(query_spec)[0]
+        query = ctx.create_dataframe_from_logical_plan(query.logical_plan())
+    else:
+        # A DataFrame is planned by its own session, and encoded and read
+        # with one of the spec (the same codecs and location).
+        ctx = session_of(spec) if given else build_session(query_spec)[0]
+    _register(ctx, extra_udfs)
+    df = query if isinstance(query, DataFrame) else ctx.sql(query)
+    # Planned once: the stages shipped and the root read below are parts of
+    # this one plan, so they cannot disagree about a stage id or a cut. Also
+    # where in-memory tables are written.
+    with plain_planning_errors(ctx, df), plain_memory_table_errors():
+        plan = df.execution_plan()
+    encoded = encode_stages(ctx, plan)
+    if not encoded and given:
+        raise not_a_dfx_dataframe(query_spec)
+    # Described and cut by the runtime, the step the Rust host takes.
+    stages = _internal.prepare(encoded)
+    # With the partitions the session planned for: a worker takes them as
+    # they are, listing no table.
+    shipped = dataclasses.replace(
+        query_spec, target_partitions=effective_target_partitions(query_spec)
+    )
+    run = scheduler.run(
+        shipped.to_json_text(),
+        claim.task_dir,
+        stages,
+        envelope_files=executor_of == "process",
+    )
+    batches = run.read_root(claim.canonical, lambda: execute_plan(ctx, plan))
+    return DistributedResult(batches, run)
+
+
+def _temporary_root() -> str:
+    """The process's temporary shuffle root, removed when the process exits."""
+    if not _TEMPORARY_ROOT_REMOVAL:
+        _TEMPORARY_ROOT_REMOVAL.append(atexit.register(_internal.remove_temporary_root))
+    return _internal.temporary_root()
+
+
+_TEMPORARY_ROOT_REMOVAL: list[object] = []
+"""Holds the exit hook once registered, so it is registered once."""
+
+
+def _name_kept(err: BaseException, location: str) -> None:
+    """Name the kept ``location`` in ``err``'s message, keeping its type."""
+    note = f"the query's shuffle location is kept for inspection: {location}"
+    if err.args and isinstance(err.args[0], str):
+        err.args = (f"{err.args[0]}\n{note}", *err.args[1:])
+    else:
+        err.args = (*err.args, note)
 
 
 def _executor(
@@ -445,7 +499,9 @@ def run_local(
         UnsupportedQueryError: A query datafusion-python's planner boundary
             refuses; it plans through the plugin's planner here too.
     """
-    ctx, _engine = build_session(dataclasses.replace(spec, shuffle_dir=""))
+    ctx, _engine = build_session(
+        dataclasses.replace(spec, shuffle_dir="", shuffle_root="")
+    )
     _register(ctx, extra_udfs)
     df = ctx.sql(sql)
     # collect plans before it reads a row: a refusal is met at planning.

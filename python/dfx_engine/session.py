@@ -192,6 +192,12 @@ class SessionSpec:
         datafusion_options: DataFusion settings (``datafusion.<key>``) of
             every session of the query, the driver's and each worker's. A
             key dfx sets itself so that each stage runs alone is refused.
+        shuffle_root: A root (a path, ``file://`` or ``s3://bucket/prefix``)
+            each query gets a fresh location under, ``<root>/<query id>/``,
+            removed once its answer is read and kept (and named in the
+            error) when it fails. Not beside ``shuffle_dir``; with neither,
+            a query runs under a temporary root of the process.
+        keep_shuffle: Keep each query's location under ``shuffle_root``.
     """
 
     tables: dict[str, str | Table] = field(default_factory=dict)
@@ -204,6 +210,8 @@ class SessionSpec:
     engine_options: dict[str, str] = field(default_factory=dict)
     stage_options: dict[str, str] = field(default_factory=dict)
     datafusion_options: dict[str, str] = field(default_factory=dict)
+    shuffle_root: str = ""
+    keep_shuffle: bool = False
 
     def __post_init__(self) -> None:
         """Check the spec through the runtime.

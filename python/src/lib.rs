@@ -74,6 +74,8 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stage_info::encoded_stage_info, m)?)?;
     m.add_function(wrap_pyfunction!(location::probe_location, m)?)?;
     m.add_function(wrap_pyfunction!(location::vet_stage, m)?)?;
+    m.add_function(wrap_pyfunction!(location::temporary_root, m)?)?;
+    m.add_function(wrap_pyfunction!(location::remove_temporary_root, m)?)?;
     m.add_class::<location::DriverLock>()?;
     m.add_function(wrap_pyfunction!(spec::normalize_spec, m)?)?;
     m.add_function(wrap_pyfunction!(spec::table_statement, m)?)?;

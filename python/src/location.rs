@@ -5,7 +5,9 @@
 //!   and an S3 one is probed (endpoint, bucket, credentials) and locked;
 //! - [`DriverLock`]: one driver per local shuffle directory (`flock`);
 //! - [`vet_stage`]: a worker refuses a stage holding a sink, a file outside
-//!   its tables or a writer aimed elsewhere, before decoding it.
+//!   its tables or a writer aimed elsewhere, before decoding it;
+//! - [`temporary_root`]: the process's shuffle root for specs naming
+//!   neither a location nor a root ([`dfx_runtime::shuffle_root::TemporaryRoot`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -14,6 +16,39 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::plugin::plugin;
+
+/// The process's temporary shuffle root, made on first use.
+static TEMPORARY_ROOT: std::sync::Mutex<Option<dfx_runtime::shuffle_root::TemporaryRoot>> =
+    std::sync::Mutex::new(None);
+
+/// The process's temporary shuffle root (made now if it is the first call),
+/// for a spec naming neither a location nor a root. Removed, with whatever
+/// failed queries left in it, by [`remove_temporary_root`].
+///
+/// Raises:
+///     ValueError: A directory that cannot be created.
+#[pyfunction]
+pub fn temporary_root() -> PyResult<String> {
+    let mut root = TEMPORARY_ROOT.lock().unwrap_or_else(|p| p.into_inner());
+    if root.is_none() {
+        let made = dfx_runtime::shuffle_root::TemporaryRoot::new()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        *root = Some(made);
+    }
+    Ok(root
+        .as_ref()
+        .map(|r| r.path().display().to_string())
+        .unwrap_or_default())
+}
+
+/// Remove the process's temporary shuffle root, if one was made (at exit).
+#[pyfunction]
+pub fn remove_temporary_root() {
+    TEMPORARY_ROOT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+}
 
 /// Refuse the shuffle `location` (a path, `file://` or `s3://bucket/prefix`)
 /// if it already holds stage output, or for S3 if the endpoint cannot be

@@ -448,15 +448,17 @@ impl QueryRun {
     }
 }
 
-/// A driver's claim on its spec's shuffle location for one query: a local
-/// directory locked and checked, an S3 prefix probed and claimed, and where
-/// the query's plans and envelopes go (`with ClaimedLocation(spec_json) as
-/// claim: ... claim.task_dir`). Released on exit.
+/// A driver's claim on its spec's shuffle location for one query (or on a
+/// fresh one made under its root): a local directory locked and checked, an
+/// S3 prefix probed and claimed, and where the query's plans and envelopes
+/// go (`with ClaimedLocation(spec_json) as claim: ... claim.task_dir`).
+/// Released on exit; `finish` first removes a location made under a root.
 #[pyclass(module = "dfx_engine._internal")]
 pub struct ClaimedLocation {
     claim: Option<RuntimeClaim>,
     task_dir: String,
     canonical: String,
+    query_spec_json: String,
 }
 
 #[pymethods]
@@ -471,6 +473,7 @@ impl ClaimedLocation {
     fn new(py: Python<'_>, spec_json: &str) -> PyResult<Self> {
         let plugin = plugin(py)?;
         let spec = SessionSpec::from_json(spec_json).map_err(from_runtime)?;
+        let given = spec.clone();
         let claim = wait(py, move || async move {
             RuntimeClaim::claim(plugin, &spec).await
         })?
@@ -478,8 +481,30 @@ impl ClaimedLocation {
         Ok(Self {
             task_dir: claim.task_dir().display().to_string(),
             canonical: claim.canonical(),
+            query_spec_json: claim.query_spec(&given).to_json(),
             claim: Some(claim),
         })
+    }
+
+    /// The spec as this query runs it: the claimed location as its
+    /// `shuffle_dir`, and no root.
+    #[getter]
+    fn query_spec_json(&self) -> &str {
+        &self.query_spec_json
+    }
+
+    /// End the claim: a location made under a root is removed once the
+    /// answer was read (`answered`) unless the spec keeps it, and kept after
+    /// a failure when it holds what the workers left. Returns the location
+    /// when kept for a failure, for the error to name; again: `None`.
+    ///
+    /// Raises:
+    ///     ValueError: A location that cannot be listed or removed.
+    fn finish(&mut self, py: Python<'_>, answered: bool) -> PyResult<Option<String>> {
+        let Some(claim) = self.claim.take() else {
+            return Ok(None);
+        };
+        wait(py, move || async move { claim.finish(answered).await })?.map_err(from_runtime)
     }
 
     /// Where the query's encoded stages and envelope files go.

@@ -21,6 +21,8 @@
 //!             hosts call between encoding and running them
 //! scheduler/  graph, options, run, ready (one RunState), tasks, adaptive,
 //!             query_run, attempts, claim, executors: pool, process, foreign
+//! shuffle_root  a root each query gets a fresh location under: how one is
+//!             named, removed, and found stale (`dfx gc`)
 //! ```
 //!
 //! The engine itself (planner, nodes, codec) is the plugin's; this crate
@@ -34,6 +36,7 @@ pub mod error;
 pub mod prepare;
 pub mod protocol;
 pub mod scheduler;
+pub mod shuffle_root;
 pub mod spec;
 pub mod tables;
 

@@ -16,6 +16,15 @@ use super::query::{QueryArgs, parse_at_least_one, shuffle_dir, spec_of};
 pub struct RunArgs {
     #[command(flatten)]
     query: QueryArgs,
+    /// A shuffle root: each query gets a fresh location under it
+    /// (`ROOT/q-<time>-<random>/`), removed once its answer is read and
+    /// kept when it fails; a directory, file://DIR or s3://BUCKET/PREFIX.
+    /// Not with --shuffle-dir. `dfx gc ROOT` removes what crashed drivers left.
+    #[arg(long, value_name = "DIR|URL")]
+    shuffle_root: Option<PathBuf>,
+    /// Keep each query's location under --shuffle-root after its answer.
+    #[arg(long, requires = "shuffle_root")]
+    keep_shuffle: bool,
     /// How to print the result on stdout.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
@@ -140,7 +149,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let started = Instant::now();
     let host = host_of(&args)?;
     let script = Script::parse(&args.query.sql()?)?;
-    let spec = spec_of(&args.query, &script)?;
+    let mut spec = spec_of(&args.query, &script)?;
+    if let Some(root) = &args.shuffle_root {
+        // One path for the driver and its workers, from any directory.
+        let (root, _) = shuffle_dir(Some(root.as_path()))?;
+        spec = spec.with_shuffle_root(root);
+        spec.keep_shuffle = args.keep_shuffle;
+    }
     let count = script.queries.len();
     for (index, sql) in script.queries.iter().enumerate() {
         if count > 1 {
@@ -202,8 +217,16 @@ async fn run_query(
         );
         return Ok(());
     }
-    let (dir, temp) = shuffle_dir(shuffle.as_deref())?;
-    let mut spec = spec.clone().with_shuffle_dir(&dir);
+    // Under a root the host makes each query's location itself.
+    let (dir, temp) = match (&spec.shuffle_root, shuffle) {
+        (Some(_), None) => (None, None),
+        (_, shuffle) => {
+            let (dir, temp) = shuffle_dir(shuffle.as_deref())?;
+            (Some(dir), temp)
+        }
+    };
+    let mut spec = spec.clone();
+    spec.shuffle_dir = dir;
     spec.memory_limit = args.memory_limit;
     let outcome = host.run_distributed(sql, &spec).await;
     // Workers end and are reaped before the answer is printed, so their CPU
@@ -287,15 +310,15 @@ async fn run_query(
         std::fs::write(file, format!("{doc:#}\n"))
             .map_err(|e| HostError::io("cannot write", file.clone(), e))?;
     }
-    let fate = if temp.is_some() {
-        "temporary, removed"
-    } else {
-        "kept"
+    let fate = match (temp.is_some(), &spec.shuffle_root) {
+        (true, _) => "temporary, removed",
+        (false, Some(_)) if !spec.keep_shuffle => "under the shuffle root, removed",
+        _ => "kept",
     };
     eprintln!(
         "result: {} row(s); shuffle directory: {} ({fate})",
         result.rows(),
-        dir.display()
+        result.shuffle_location
     );
     if let Some(temp) = temp {
         let path = temp.path().to_path_buf();

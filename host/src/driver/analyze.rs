@@ -290,6 +290,7 @@ mod tests {
             decisions: Vec::new(),
             attempts: Default::default(),
             retries: Vec::new(),
+            shuffle_location: "/s".into(),
         }
     }
 

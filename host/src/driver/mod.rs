@@ -25,7 +25,7 @@ pub mod analyze;
 pub mod progress;
 pub mod stages;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect;
@@ -36,6 +36,7 @@ use dfx_runtime::scheduler::{
     ClaimedLocation, Decision, Executor, ProcessExecutor, Progress, Scheduler, SchedulerOptions,
     Shutdown, TaskReports, TaskRows, WorkerCommand, WorkerMode, WorkerPool,
 };
+use dfx_runtime::shuffle_root::TemporaryRoot;
 
 use crate::driver::stages::{StageInfo, render_with_stages, stages};
 use crate::error::{DataFusionContext, HostError, Result};
@@ -72,6 +73,9 @@ pub struct DistributedResult {
     pub retries: Vec<String>,
     /// The adaptive decisions made as stages became ready, in that order.
     pub decisions: Vec<Decision>,
+    /// The query's shuffle location, in its one spelling (under the
+    /// spec's root, a fresh one; removed by now unless the spec keeps it).
+    pub shuffle_location: String,
 }
 
 impl DistributedResult {
@@ -114,6 +118,9 @@ pub struct Host {
     progress: bool,
     mode: WorkerMode,
     pool: Arc<WorkerPool>,
+    /// The root of queries whose spec names neither a location nor a root,
+    /// made on first use; removed when the last clone is dropped.
+    temporary_root: Arc<Mutex<Option<TemporaryRoot>>>,
 }
 
 impl Host {
@@ -143,6 +150,7 @@ impl Host {
             progress: false,
             mode: WorkerMode::default(),
             pool,
+            temporary_root: Arc::default(),
         }
     }
 
@@ -226,11 +234,15 @@ impl Host {
     /// process of its own), stage after stage as their inputs are published,
     /// then the root of the same plan here.
     ///
-    /// Needs `spec.shuffle_dir`, which must not already hold stage output.
+    /// In `spec.shuffle_dir`, which must not already hold stage output; or
+    /// in a fresh location under `spec.shuffle_root` (under this host's
+    /// temporary root when the spec names neither), removed once the answer
+    /// is read unless the spec keeps it, and kept after a failure
+    /// ([`HostError::LocationKept`] names it).
     ///
     /// # Errors
     ///
-    /// No shuffle directory, a reused one, a plan without stages or whose
+    /// Both a shuffle directory and a root, a reused directory, a plan without stages or whose
     /// stages the plugin describes inconsistently, a stage that cannot be
     /// encoded, any failed worker (every failure of its wave, together;
     /// nothing after that wave runs), or a failure of the final read (a
@@ -240,10 +252,50 @@ impl Host {
         sql: &str,
         spec: &SessionSpec,
     ) -> Result<DistributedResult> {
+        let spec = self.with_temporary_root(spec)?;
         // First of all: nothing is built, planned or written into a location
         // another driver uses or that holds stage output.
-        let claim = ClaimedLocation::claim(&self.plugin, spec).await?;
+        let claim = ClaimedLocation::claim(&self.plugin, &spec).await?;
+        let spec = claim.query_spec(&spec);
+        let outcome = self.run_claimed(sql, &spec, &claim).await;
+        // The location goes only once the answer is read; after a failure
+        // it is kept, named, when it holds what the workers left.
+        let kept = claim.finish(outcome.is_ok()).await;
+        match (outcome, kept) {
+            (Ok(result), kept) => kept.map(|_| result).map_err(HostError::from),
+            (Err(err), Ok(Some(location))) => Err(HostError::LocationKept {
+                location,
+                source: Box::new(err),
+            }),
+            (Err(err), _) => Err(err),
+        }
+    }
 
+    /// `spec`, or `spec` under this host's temporary root (made now if it
+    /// is the first) when it names neither a location nor a root.
+    fn with_temporary_root(&self, spec: &SessionSpec) -> Result<SessionSpec> {
+        if spec.shuffle_dir.is_some() || spec.shuffle_root.is_some() {
+            return Ok(spec.clone());
+        }
+        let mut root = self
+            .temporary_root
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if root.is_none() {
+            *root = Some(TemporaryRoot::new()?);
+        }
+        Ok(root
+            .as_ref()
+            .map_or_else(|| spec.clone(), |r| r.apply(spec)))
+    }
+
+    /// [`Host::run_distributed`] in its claimed location; `spec` names it.
+    async fn run_claimed(
+        &self,
+        sql: &str,
+        spec: &SessionSpec,
+        claim: &ClaimedLocation,
+    ) -> Result<DistributedResult> {
         // The spec's shuffle location goes into the session config, so it
         // travels inside every encoded stage.
         let session = build_session(&self.plugin, spec).await?;
@@ -326,6 +378,7 @@ impl Host {
             attempts: run.attempts(),
             retries: run.retries(),
             decisions: run.decisions().to_vec(),
+            shuffle_location: claim.canonical(),
         })
     }
 

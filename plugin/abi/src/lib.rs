@@ -35,7 +35,7 @@ pub use compat::{DFX_ABI_VERSION, LoadCheck, LoadError, host_datafusion_ffi_majo
 pub use failure::{FailureClass, IO_FAILURE};
 pub use load::{load, plugin_file_name};
 pub use location::{LocationError, S3Location, ShuffleLocation};
-pub use lock::DriverLock;
+pub use lock::{DriverLock, S3_LOCK_OBJECT, S3LockHolder};
 pub use map_file::{MAP_FOOTER_BYTES, MAP_FOOTER_MAGIC, map_marker_range};
 pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 pub use plugin::Plugin;

@@ -11,6 +11,10 @@
 //!
 //! Both hosts (the Rust `dfx_host` and the Python module) take it through this
 //! type, so they exclude each other too.
+//!
+//! An S3 prefix has no such lock: the plugin's probe claims it with a
+//! create-only PUT of [`S3_LOCK_OBJECT`], whose body ([`S3LockHolder`]) names
+//! the driver. Nothing releases it; the location is used once.
 
 use std::fs::{DirBuilder, File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -20,6 +24,72 @@ use std::path::{Path, PathBuf};
 /// The lock file a driver holds in its shuffle directory. Not `stage-*`, so
 /// it never counts as stage output.
 pub const LOCK_FILE: &str = ".dfx-driver.lock";
+
+/// The lock object a driver creates (create-only) in an S3 prefix it runs in.
+pub const S3_LOCK_OBJECT: &str = "_dfx-driver.lock";
+
+/// The body of [`S3_LOCK_OBJECT`]: which driver created it, so a cleaner on
+/// the same machine can tell whether that driver still runs.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct S3LockHolder {
+    /// The driver's process id.
+    pub driver_pid: u32,
+    /// The driver's host name (empty when unknown).
+    pub host: String,
+}
+
+impl S3LockHolder {
+    /// This process, on this host.
+    pub fn this_process() -> Self {
+        Self {
+            driver_pid: std::process::id(),
+            host: host_name(),
+        }
+    }
+
+    /// Whether the driver is this machine's and still runs: only then can
+    /// a cleaner know; a driver elsewhere is judged by its location's age.
+    pub fn is_alive_here(&self) -> bool {
+        !self.host.is_empty()
+            && self.host == host_name()
+            && Path::new(&format!("/proc/{}", self.driver_pid)).exists()
+    }
+}
+
+/// This machine's host name, empty when it cannot be read.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Whether a driver holds the lock of directory `dir` now. Writes nothing
+/// and creates nothing: a directory without a lock file is held by no one.
+/// How a cleaner tells a live driver's location from a crashed one's (the
+/// kernel dropped the crashed one's lock).
+///
+/// # Errors
+///
+/// A lock file that cannot be opened or tested, naming it.
+pub fn is_held(dir: &Path) -> Result<bool, String> {
+    let path = dir.join(LOCK_FILE);
+    let file = match File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => {
+            return Err(format!(
+                "cannot open the driver lock {}: {e}",
+                path.display()
+            ));
+        }
+    };
+    match file.try_lock() {
+        // Released as the file closes here.
+        Ok(()) => Ok(false),
+        Err(TryLockError::WouldBlock) => Ok(true),
+        Err(TryLockError::Error(e)) => Err(format!("cannot test {}: {e}", path.display())),
+    }
+}
 
 /// A held driver lock on a shuffle directory; released on drop.
 #[derive(Debug)]
@@ -100,7 +170,9 @@ mod tests {
             err.contains(&format!("pid {}", std::process::id())),
             "{err}"
         );
+        assert_eq!(is_held(&dir), Ok(true));
         drop(first);
+        assert_eq!(is_held(&dir), Ok(false));
         DriverLock::acquire(&dir).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }

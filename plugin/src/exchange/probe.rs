@@ -35,7 +35,7 @@ use crate::paths::PARTITION_GLOB;
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Name of the lock object a driver creates in an S3 prefix it runs in.
-pub const S3_LOCK_OBJECT: &str = "_dfx-driver.lock";
+pub use dfx_abi::lock::S3_LOCK_OBJECT;
 
 /// Refuse `location` if it holds stage output, or, for S3, if it cannot be
 /// reached or another driver holds it; lock an S3 prefix for this driver.
@@ -132,11 +132,9 @@ async fn probe_s3_async(s3: &S3Location, options: &S3Options) -> Result<(), Stri
         Some(prefix) => prefix.clone().join(S3_LOCK_OBJECT),
         None => ObjectPath::from(S3_LOCK_OBJECT),
     };
-    let body = format!(
-        "{{\"driver_pid\":{},\"host\":{:?}}}",
-        std::process::id(),
-        hostname()
-    );
+    // Who holds it, for a cleaner on this machine to tell a live driver.
+    let body = serde_json::to_string(&dfx_abi::lock::S3LockHolder::this_process())
+        .map_err(|e| format!("cannot write the lock object's body: {e}"))?;
     let create = PutOptions {
         mode: PutMode::Create,
         ..PutOptions::default()
@@ -159,12 +157,6 @@ async fn probe_s3_async(s3: &S3Location, options: &S3Options) -> Result<(), Stri
         )),
         Ok(Err(e)) => Err(format!("cannot create the lock object {lock}: {}", why(&e))),
     }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default()
 }
 
 /// The failure in words, then object_store's own message.

@@ -52,6 +52,21 @@ pub struct SessionSpec {
         deserialize_with = "read_shuffle_dir"
     )]
     pub shuffle_dir: Option<PathBuf>,
+    /// A root each query gets a fresh location under (`<root>/<query id>/`,
+    /// [`crate::shuffle_root`]), removed once its answer is read: a local
+    /// directory, `file://...` or `s3://bucket/prefix`. Never beside
+    /// `shuffle_dir`. A driver turns it into the query's `shuffle_dir`
+    /// before anything ships; left out of the JSON when unset.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "read_shuffle_dir"
+    )]
+    pub shuffle_root: Option<PathBuf>,
+    /// Keep each query's location under [`Self::shuffle_root`] after its
+    /// answer is read. Left out of the JSON when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub keep_shuffle: bool,
     /// Partitions the session plans for.
     #[serde(default = "default_target_partitions")]
     pub target_partitions: usize,
@@ -110,6 +125,8 @@ impl Default for SessionSpec {
         Self {
             tables: BTreeMap::new(),
             shuffle_dir: None,
+            shuffle_root: None,
+            keep_shuffle: false,
             target_partitions: DEFAULT_TARGET_PARTITIONS,
             codec_ids: Vec::new(),
             split: Split::default(),
@@ -219,9 +236,16 @@ impl SessionSpec {
         self
     }
 
-    /// This spec with no shuffle directory (for a local run).
+    /// This spec with no shuffle directory or root (for a local run).
     pub fn without_shuffle_dir(mut self) -> Self {
         self.shuffle_dir = None;
+        self.shuffle_root = None;
+        self
+    }
+
+    /// This spec giving each query a fresh location under `root`.
+    pub fn with_shuffle_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.shuffle_root = Some(root.into());
         self
     }
 
@@ -414,7 +438,16 @@ impl SessionSpec {
                  there"
             ));
         }
-        if let Some(dir) = &self.shuffle_dir {
+        if let (Some(dir), Some(root)) = (&self.shuffle_dir, &self.shuffle_root) {
+            return invalid(format!(
+                "session spec sets both shuffle_dir ({}) and shuffle_root ({}); expected one: \
+                 shuffle_dir is one query's own location, shuffle_root a root each query gets a \
+                 fresh location under",
+                dir.display(),
+                root.display()
+            ));
+        }
+        for dir in self.shuffle_dir.iter().chain(&self.shuffle_root) {
             ShuffleLocation::parse(dir)?;
         }
         for (name, table) in &self.tables {
@@ -521,6 +554,15 @@ mod tests {
             SessionSpec::from_json(r#"{"store_options": {"s3_allow_http": "yes"}}"#).unwrap_err();
         assert!(err.to_string().contains("s3_allow_http"), "{err}");
         let err = SessionSpec::from_json(r#"{"shuffle_dir": "gs://b/p"}"#).unwrap_err();
+        assert!(err.to_string().contains("unsupported scheme"), "{err}");
+        let err = SessionSpec::from_json(r#"{"shuffle_dir": "/a", "shuffle_root": "/b"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("both shuffle_dir (/a) and shuffle_root (/b)"),
+            "{err}"
+        );
+        let err = SessionSpec::from_json(r#"{"shuffle_root": "gs://b"}"#).unwrap_err();
         assert!(err.to_string().contains("unsupported scheme"), "{err}");
         let err = SessionSpec::from_json(r#"{"split": "waves"}"#).unwrap_err();
         assert!(err.to_string().contains("split"), "{err}");
