@@ -18,7 +18,14 @@ publishing, without starting the process). Modes:
 - ``pool, warm``: one :class:`~dfx_engine.driver.WorkerPool` for every run,
   warmed by one query first;
 - with ``--dfx PATH``, ``dfx, process`` and ``dfx, pool, warm``: the same
-  with the Rust host's workers (``dfx worker``, ``dfx worker --serve``).
+  with the Rust host's workers (``dfx worker``, ``dfx worker --serve``);
+- with ``--ray``, ``ray, warm``: each task a Ray task on a local Ray
+  instance of ``--workers`` CPUs (:class:`~dfx_engine.ray.RayExecutor`),
+  warmed by one query first.
+
+``dispatch→report`` is the median of the driver's time per task, from its
+dispatch to its report (``wall_ms``): for these near-empty tasks, the
+executor's per-task cost.
 
 Run it with the interpreter the wheel is installed in (``python/.venv`` once
 ``run-tests.sh`` has run). It sits outside the package's directory so that
@@ -34,7 +41,7 @@ import pathlib
 import statistics
 import tempfile
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -58,13 +65,23 @@ def write_table(directory: pathlib.Path, files: int) -> None:
         pq.write_table(table, directory / f"part-{index}.parquet")
 
 
-def timed(run: Callable[[], DistributedResult]) -> tuple[float, int, float]:
-    """Wall ms of ``run``, its task count, and the mean task time workers report."""
+def timed(run: Callable[[], DistributedResult]) -> tuple[float, int, float, float]:
+    """Wall ms of ``run``, and figures of its tasks.
+
+    The figures: its task count, the mean task time workers report, and the
+    median dispatch-to-report time of its tasks.
+    """
     started = time.perf_counter()
     result = run()
     wall = (time.perf_counter() - started) * 1000.0
     inside = [r.elapsed_ms for r in result.reports.values() if r.elapsed_ms]
-    return wall, len(result.tasks), statistics.fmean(inside) if inside else 0.0
+    dispatched = [r.wall_ms for r in result.reports.values() if r.wall_ms]
+    return (
+        wall,
+        len(result.tasks),
+        statistics.fmean(inside) if inside else 0.0,
+        statistics.median(dispatched) if dispatched else 0.0,
+    )
 
 
 def main() -> None:
@@ -75,6 +92,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per mode")
     parser.add_argument(
         "--dfx", help="the Rust host binary: measure its workers too (dfx worker)"
+    )
+    parser.add_argument(
+        "--ray", action="store_true", help="measure Ray tasks too (a local Ray)"
     )
     args = parser.parse_args()
 
@@ -96,14 +116,13 @@ def main() -> None:
         run_local(SQL, spec())
         local = (time.perf_counter() - started) * 1000.0
 
-        rows: list[tuple[str, float, int, float]] = []
+        rows: list[tuple[str, float, int, float, float]] = []
 
         def measure(name: str, run: Callable[[], DistributedResult]) -> None:
             samples = sorted(
                 (timed(run) for _ in range(args.repeat)), key=lambda s: s[0]
             )
-            wall, tasks, inside = samples[len(samples) // 2]
-            rows.append((name, wall, tasks, inside))
+            rows.append((name, *samples[len(samples) // 2]))
 
         measure(
             "process",
@@ -137,15 +156,45 @@ def main() -> None:
                     lambda: run_distributed(SQL, spec(), pool=pool),
                 )
 
+        if args.ray:
+            measure_ray(
+                args.workers,
+                lambda executor: run_distributed(SQL, spec(), executor=executor),
+                measure,
+            )
+
     print(
         f"{args.maps} map tasks, {args.workers} workers, median of {args.repeat} "
         f"runs; the query in process: {local:.1f} ms"
     )
-    print(f"{'mode':<16} {'ms/query':>9} {'tasks':>6} {'ms/task':>8} {'in worker':>10}")
-    for name, wall, tasks, inside in rows:
+    print(
+        f"{'mode':<16} {'ms/query':>9} {'tasks':>6} {'ms/task':>8} {'in worker':>10} "
+        f"{'dispatch→report':>16}"
+    )
+    for name, wall, tasks, inside, dispatched in rows:
         print(
-            f"{name:<16} {wall:>9.1f} {tasks:>6} {wall / tasks:>8.1f} {inside:>10.1f}"
+            f"{name:<16} {wall:>9.1f} {tasks:>6} {wall / tasks:>8.1f} {inside:>10.1f} "
+            f"{dispatched:>16.1f}"
         )
+
+
+def measure_ray(
+    workers: int,
+    run: Callable[[Any], DistributedResult],
+    measure: Callable[[str, Callable[[], DistributedResult]], None],
+) -> None:
+    """Measure ``run`` on a local Ray of ``workers`` CPUs, warmed by one run."""
+    import ray
+
+    from dfx_engine.ray import RayExecutor
+
+    ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+    try:
+        executor = RayExecutor(max_workers=workers)
+        run(executor)
+        measure("ray, warm", lambda: run(executor))
+    finally:
+        ray.shutdown()
 
 
 if __name__ == "__main__":

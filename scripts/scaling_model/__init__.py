@@ -5,7 +5,7 @@ measure      taking the figures (`dfx run --analyze-json`, an S3 endpoint)
 costs        fixed costs, the store, the exchange's requests and back-off
 fit          a query's stages as lines in the scale factor
 schedule     the scheduler's run, replayed
-designs      a query at a target, as built or as issue 37 would have it
+designs      a query at a target, as built or as designed with machine-sized tasks
 predictions  the prediction tables
 report       `model`: the checks, then the predictions
 selfcheck    `check`: the request count against one worked by hand

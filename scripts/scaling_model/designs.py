@@ -1,5 +1,5 @@
 """A query at a target: each stage's tasks and the requests they make,
-as built or as issue 37 would have them."""
+as built or as designed with machine-sized tasks."""
 
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ from .schedule import critical_path, schedule, sharing
 @dataclass
 class Design:
     """How tasks and the exchange are cut: as built (the defaults), or
-    issue 37's (`machine_tasks`), optionally with issue 38's transport."""
+    machine-sized (`machine_tasks`), optionally with Flight between workers."""
 
     name: str = "as built"
-    # Issue 37: one task per machine per stage, running its slice of the
+    # Machine-sized: one task per machine per stage, running its slice of the
     # stage's partitions on all c cores; byte ranges in reports and
     # envelopes (no marker GET by a reader or the driver); a reader's ranges
     # fetched concurrently, adjacent ones coalesced (one request per reader
@@ -43,7 +43,7 @@ class Design:
     bytes_in_flight: int = BYTES_IN_FLIGHT
     # Parts of a map's upload in flight (MAX_PARTS_IN_FLIGHT as built).
     parts_in_flight: int = MAX_PARTS_IN_FLIGHT
-    # Issue 38: the shuffle's bytes between workers, not through S3.
+    # Flight: the shuffle's bytes between workers, not through S3.
     shuffle_store: Store | None = None
     # Partitioned prefixes the query's objects are spread over.
     prefixes: int = 1
@@ -70,7 +70,7 @@ class Target:
 
     @property
     def slots(self) -> int:
-        """Tasks at once: one per core, or one per machine (issue 37)."""
+        """Tasks at once: one per core, or one per machine (machine-sized tasks)."""
         return (
             self.machines if self.design.machine_tasks else self.machines * self.cores
         )
@@ -152,7 +152,7 @@ def task_times(
             sid: target_maps(f.stage.maps, at_partitions, p) for sid, f in fits.items()
         }
     # Buckets per map file: the plan's partitions (a slice's buckets are
-    # contiguous ranges in issue 37's files).
+    # contiguous ranges in machine-sized tasks' files).
     buckets = {
         sid: 1
         if f.stage.buckets == 1
@@ -364,7 +364,7 @@ def predict(
     # The head reads few rows in TPC-H (an aggregate, a top-k): its own time
     # is taken as measured, plus the root maps' requests: each map's marker
     # then its segments, the maps polled at once (or, in the first model,
-    # two GETs a map one after another). Issue 37: each root task's range.
+    # two GETs a map one after another). Machine-sized: each root task's range.
     final = final_read_ms / 1e3
     shuffle = target.design.shuffle_store or target.store
     roots = totals["root_maps"]

@@ -34,7 +34,7 @@ def fmt_s(seconds: float) -> str:
 KS = (1, 4, 16, 64)
 
 
-# Issue 38: the shuffle between workers (Arrow Flight), not through S3: a
+# Flight: the shuffle between workers (Arrow Flight), not through S3: a
 # request a millisecond, the machine's interface, no request rate. A later
 # design, on assumed figures.
 FLIGHT = Store("Flight", 0.001, 25e9 / 8, 25e9 / 8, float("inf"), float("inf"))
@@ -106,23 +106,23 @@ def predictions(
 ) -> None:
     """The tables of docs/SCALING.md's predictions."""
     store = S3_TYPICAL
-    after = Design("after issue 37", machine_tasks=True)
+    after = Design("machine-sized", machine_tasks=True)
     # Enough in flight to fill a 25 Gb/s interface at 85 MB/s a request.
     wide = Design(
-        "after issue 37, wide",
+        "machine-sized, wide",
         machine_tasks=True,
         bytes_in_flight=40 * REQUEST_CUT,
         parts_in_flight=40,
     )
     spread = Design(
-        "after issue 37, wide, 16 prefixes",
+        "machine-sized, wide, 16 prefixes",
         machine_tasks=True,
         bytes_in_flight=40 * REQUEST_CUT,
         parts_in_flight=40,
         prefixes=16,
     )
     flight = Design(
-        "issue 37, then 38",
+        "machine-sized, Flight",
         machine_tasks=True,
         shuffle_store=FLIGHT,
         bytes_in_flight=40 * REQUEST_CUT,
@@ -134,12 +134,12 @@ def predictions(
     cases = [
         Case("as built (corrected), pool", parse_mb_s=parse),
         Case(f"as built (corrected), Ray {ray:g} ms", task_ms=ray, parse_mb_s=parse),
-        Case("after issue 37, pool", after, parse_mb_s=parse),
-        Case(f"after issue 37, Ray {ray:g} ms", after, task_ms=ray, parse_mb_s=parse),
-        Case("after issue 37, filling the interface, pool", wide, parse_mb_s=parse),
-        Case("after issue 37, filling it, 16 prefixes", spread, parse_mb_s=parse),
+        Case("machine-sized, pool", after, parse_mb_s=parse),
+        Case(f"machine-sized, Ray {ray:g} ms", after, task_ms=ray, parse_mb_s=parse),
+        Case("machine-sized, filling the interface, pool", wide, parse_mb_s=parse),
+        Case("machine-sized, filling it, 16 prefixes", spread, parse_mb_s=parse),
         Case(
-            "later: issue 38 (Flight), filling it, 16 prefixes",
+            "machine-sized, Flight, filling it, 16 prefixes",
             flight,
             parse_mb_s=parse,
         ),
@@ -204,13 +204,13 @@ def predictions(
     print(
         f"\n- Scale {scale:.0f}, k = {k}: {built:,.0f} tasks as built (the driver's "
         f"loop: {built * pool_ms / 1e3:.0f} s at the pool's {pool_ms:.2f} ms, "
-        f"{built * ray / 1e3:.0f} s at {ray:g} ms), {after_tasks:,.0f} after issue 37."
+        f"{built * ray / 1e3:.0f} s at {ray:g} ms), {after_tasks:,.0f} machine-sized."
     )
     conn = store.conn_bw / MB
     in_flight = after.bytes_in_flight // REQUEST_CUT
     print(
         f"- A machine's bandwidth to S3: as built {cores} tasks x {conn:.0f} MB/s = "
-        f"{cores * conn:,.0f} MB/s; after issue 37 one task reads {in_flight} x "
+        f"{cores * conn:,.0f} MB/s; machine-sized, one task reads {in_flight} x "
         f"{conn:.0f} = {in_flight * conn:,.0f} MB/s and uploads "
         f"{after.parts_in_flight} x {conn:.0f} = {after.parts_in_flight * conn:,.0f} "
         f"MB/s, of the interface's {store.machine_bw / MB:,.0f}."
@@ -254,8 +254,8 @@ def predictions(
     before, later = cases[0], cases[2]
     print(f"\n### Each query: scale {scale:.0f}, {store.name}, pool, seconds\n")
     print(
-        "| query | as built k=1 | as built k=64 | after 37 k=1 | after 37 k=64 "
-        "| shuffle GETs at k=64, as built | after 37 | driver's GETs, as built |"
+        "| query | as built k=1 | as built k=64 | machine-sized k=1 | machine-sized k=64 "
+        "| shuffle GETs at k=64, as built | machine-sized | driver's GETs, as built |"
     )
     print("|---|--:|--:|--:|--:|--:|--:|--:|")
     for query in QUERIES:
@@ -277,7 +277,7 @@ def exchange_table(
     inputs: list[tuple[float, dict[str, Profile]]], costs: Costs, cores: int
 ) -> None:
     """Requests of q9's largest exchange at P = 16 .. 1024: the marker's size,
-    GETs per marker, the readers' GETs as built and after issue 37."""
+    GETs per marker, the readers' GETs as built and machine-sized."""
     fits = fits_for("q9", inputs, costs) or {}
     up = max(
         (f for f in fits.values() if f.stage.buckets > 1), key=lambda f: f.stage.bytes
@@ -290,7 +290,7 @@ def exchange_table(
     )
     print(
         "| P | marker bytes | GETs a marker | readers' GETs as built | "
-        "driver's, one read | T | after issue 37: T² | cut at 8 MiB |"
+        "driver's, one read | T | machine-sized: T² | cut at 8 MiB |"
     )
     print("|--:|--:|--:|--:|--:|--:|--:|--:|")
     for p in (16, 64, 256, 512, 640, 700, 1024):

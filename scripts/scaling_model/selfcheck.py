@@ -30,7 +30,7 @@ def tiny_query() -> dict[int, StageFit]:
 
 
 TINY_GETS_AS_BUILT = 38
-TINY_GETS_AFTER_37 = 14
+TINY_GETS_MACHINE_SIZED = 14
 
 
 def self_check() -> None:
@@ -51,7 +51,7 @@ def self_check() -> None:
         the final read: J's 2 maps, a marker and a segment each          2 x 2 =  4
                                                                                   38
 
-    After issue 37 (`TINY_GETS_AFTER_37`), on two machines of one core
+    Machine-sized (`TINY_GETS_MACHINE_SIZED`), on two machines of one core
     (T = 2 tasks a stage):
 
         J's 2 tasks, each: one range from each of B's and F's 2 tasks    2 x 4 =  8
@@ -65,7 +65,7 @@ def self_check() -> None:
     failures = []
     cases = [
         ("as built", Design(), 1, 2, TINY_GETS_AS_BUILT),
-        ("after issue 37", Design(machine_tasks=True), 2, 1, TINY_GETS_AFTER_37),
+        ("machine-sized", Design(machine_tasks=True), 2, 1, TINY_GETS_MACHINE_SIZED),
     ]
     for name, design, machines, cores, expected in cases:
         target = Target(
