@@ -5,9 +5,11 @@
 
 use std::sync::Arc;
 
+use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
 use datafusion::execution::TaskContext;
-use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::prelude::SessionConfig;
 
 /// The isolation settings: the one definition of what changes when a plan's
@@ -86,6 +88,28 @@ pub fn isolated_task_context(context: &Arc<TaskContext>) -> Arc<TaskContext> {
     let mut config = context.session_config().clone();
     isolate_partitions(config.options_mut());
     Arc::new(rebuilt_task_context(context, config, context.runtime_env()))
+}
+
+/// `context` with a memory pool of `limit` bytes (fair among the operators
+/// that spill) over its runtime's other settings (disk manager, object
+/// stores): the pool `dfx worker` gives a stage's operators, for those the
+/// plugin runs itself ([`crate::exec::SealedInputExec`]).
+///
+/// # Errors
+///
+/// A runtime DataFusion refuses to build.
+pub fn limited_task_context(context: &TaskContext, limit: u64) -> Result<TaskContext> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let runtime = RuntimeEnvBuilder::from_runtime_env(&context.runtime_env())
+        .with_memory_pool(Arc::new(FairSpillPool::new(limit)))
+        .build_arc()?;
+    // A sort sets aside this much for merging its spills (10 MiB by
+    // default): under a small limit that alone would not fit, so at most a
+    // quarter of the limit.
+    let mut config = context.session_config().clone();
+    let execution = &mut config.options_mut().execution;
+    execution.sort_spill_reservation_bytes = execution.sort_spill_reservation_bytes.min(limit / 4);
+    Ok(rebuilt_task_context(context, config, runtime))
 }
 
 /// `context` with `config` and `runtime` in place of its own; its task and
