@@ -499,7 +499,12 @@ mod tests {
             ("memory_limit".to_string(), "1048576".to_string())
         );
 
-        for key in ["split", "shuffle_compression", "memory_limit", "s3_endpoint"] {
+        for key in [
+            "split",
+            "shuffle_compression",
+            "memory_limit",
+            "s3_endpoint",
+        ] {
             let mut spec = SessionSpec::default();
             spec.engine_options.insert(key.into(), "x".into());
             let err = spec.validate().unwrap_err().to_string();
