@@ -246,6 +246,7 @@ class Scheduler:
         max_attempts: int = 3,
         task_timeout: float | None = None,
         speculate: float | None = None,
+        progress: bool = False,
     ) -> None: ...
     def run(
         self,
