@@ -422,6 +422,14 @@ impl SessionSpec {
                  {allow:?}"
             ));
         }
+        // No pool can hold nothing: every task would fail at its first
+        // batch, and the plugin reads 0 as no limit.
+        if self.memory_limit == Some(0) {
+            return invalid(
+                "session spec memory_limit is 0; expected a positive number of bytes, or none                  for no limit"
+                    .to_string(),
+            );
+        }
         if let Some(key) = self
             .datafusion_options
             .keys()
@@ -498,6 +506,9 @@ mod tests {
             spec.plugin_settings()[0],
             ("memory_limit".to_string(), "1048576".to_string())
         );
+        spec.memory_limit = Some(0);
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(err.contains("memory_limit is 0"), "{err}");
 
         for key in [
             "split",
