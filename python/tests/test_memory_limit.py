@@ -17,7 +17,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from conftest import DFX, require_dfx, sorted_rows
+from conftest import (
+    DFX,
+    QUERIES,
+    assert_same_columns,
+    assert_same_rows,
+    require_dfx,
+    sorted_rows,
+    tpch_rows,
+)
 from datafusion import udf
 
 from dfx_engine.driver import run_distributed, run_local
@@ -103,6 +111,20 @@ def test_a_sort_or_aggregation_over_the_limit_spills_and_answers_right(
     # ...but can without the limit: the limit made them spill.
     unlimited = run_distributed(sql, limited(numbers, tmp_path / "u", None))
     assert sorted_rows(unlimited.batches) == expected
+
+
+@pytest.mark.parametrize("number", [1, 7, 9, 13, 18, 21, 22], ids=lambda n: f"q{n}")
+def test_tpch_under_a_limit_answers_as_one_process(
+    tpch_spec: Callable[..., SessionSpec], number: int
+) -> None:
+    # The plugin decodes and runs every operator of each stage: functions
+    # (q7's date_part, q22's substring), joins of every kind, subqueries.
+    sql = (QUERIES / f"q{number}.sql").read_text()
+    spec = dataclasses.replace(tpch_spec("exchange"), memory_limit=64 << 20)
+    result = run_distributed(sql, spec)
+    local = run_local(sql, spec)
+    assert_same_columns(result.batches, local, f"q{number}")
+    assert_same_rows(tpch_rows(result.batches), tpch_rows(local), f"q{number}")
 
 
 @pytest.mark.parametrize("worker", ["python", "dfx"])

@@ -75,6 +75,7 @@ use crate::exec::sealed_recursive_query::SealedRecursiveQueryExec;
 use crate::exec::shuffle_reader::ShuffleReaderExec;
 use crate::exec::shuffle_writer::ShuffleWriterExec;
 use crate::exec::store_scan::StoreScanExec;
+use crate::isolation::with_plugin_functions;
 use crate::tables::with_table_stores_context;
 use crate::wire::Payload;
 use crate::wire::WriterPayload;
@@ -266,9 +267,10 @@ impl DfxPhysicalCodec {
                 Ok(Arc::new(SealedRecursiveQueryExec::new(query)))
             }
             Payload::SealedInput { plan } => {
-                // A file scan below decodes with the plugin's table stores,
-                // as a store scan does.
-                let input = physical_plan_from_bytes_with_extension_codec(&plan, ctx, self)
+                // The plugin's own functions, not the host's foreign ones:
+                // the plugin runs every operator of it.
+                let ctx = with_plugin_functions(ctx);
+                let input = physical_plan_from_bytes_with_extension_codec(&plan, &ctx, self)
                     .map_err(|e| {
                         fail(
                             Area::Codec,

@@ -422,13 +422,9 @@ impl SessionSpec {
                  {allow:?}"
             ));
         }
-        // No pool can hold nothing: every task would fail at its first
-        // batch, and the plugin reads 0 as no limit.
+        // No pool holds nothing (and the plugin reads 0 as no limit).
         if self.memory_limit == Some(0) {
-            return invalid(
-                "session spec memory_limit is 0; expected a positive number of bytes, or none                  for no limit"
-                    .to_string(),
-            );
+            return invalid("session spec memory_limit is 0; expected a positive number".into());
         }
         if let Some(key) = self
             .datafusion_options
