@@ -140,6 +140,10 @@ extern "C" fn stage_for_map(
     called()
 }
 
+extern "C" fn seal_stage_input(_plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<u8>> {
+    called()
+}
+
 extern "C" fn adapt_stage(
     _plan_bytes: RSlice<'_, u8>,
     _request_json: RStr<'_>,
@@ -182,6 +186,7 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         cut_stage,
         stage_for_map,
         adapt_stage,
+        seal_stage_input,
     }
     .leak_into_prefix()
 }

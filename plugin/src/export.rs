@@ -70,6 +70,7 @@ pub fn root_module() -> DfxPluginRef {
         cut_stage,
         stage_for_map,
         adapt_stage,
+        seal_stage_input,
     }
     .leak_into_prefix()
 }
@@ -302,5 +303,12 @@ extern "C" fn stage_for_map(
 ) -> FfiResult<RVec<u8>> {
     guarded("stage for a map", || {
         encoded::stage_for_map(shared.as_slice(), map_files.as_slice(), map).map(RVec::from)
+    })
+}
+
+/// The stage with its writer's input sealed ([`encoded::seal_stage_input`]).
+extern "C" fn seal_stage_input(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<u8>> {
+    guarded("sealed stage input", || {
+        encoded::seal_stage_input(plan_bytes.as_slice()).map(RVec::from)
     })
 }

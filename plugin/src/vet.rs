@@ -329,6 +329,20 @@ impl<'v> Walk<'v> {
                     self.findings.push(finding);
                 }
             },
+            // A writer's input: walked as a whole stage is.
+            Some(Payload::SealedInput { plan }) => match plan_findings(&plan, self.allowed) {
+                Ok(inner) => {
+                    let at = self.at();
+                    for finding in inner {
+                        let finding = format!("in the sealed stage input at {at}, {finding}");
+                        self.findings.push(finding);
+                    }
+                }
+                Err(e) => {
+                    let finding = format!("its sealed stage input (at {}) is {e}", self.at());
+                    self.findings.push(finding);
+                }
+            },
             // A scan of its own: walked as a whole stage is.
             Some(Payload::StoreScan { plan }) => match plan_findings(&plan, self.allowed) {
                 Ok(inner) => {

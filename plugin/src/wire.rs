@@ -54,6 +54,10 @@ pub const MAP_SCAN_NODE_NAME: &str = "MapScanExec";
 /// Name of the node that runs a whole recursive query in one process.
 pub const SEALED_NODE_NAME: &str = "SealedRecursiveQueryExec";
 
+/// Name of the node that runs a stage's operators inside the plugin, under
+/// the session's memory limit.
+pub const SEALED_INPUT_NODE_NAME: &str = "SealedInputExec";
+
 /// Name of the node that scans a table on an object store through the
 /// worker's stores.
 pub const STORE_SCAN_NODE_NAME: &str = "StoreScanExec";
@@ -71,10 +75,11 @@ pub const RECURSIVE_QUERY_NODE_NAME: &str = "RecursiveQueryExec";
 pub const WORK_TABLE_NODE_NAME: &str = "WorkTableExec";
 
 /// Every node the codec encodes, in the order its refusal lists them.
-pub const ENCODED_NODE_NAMES: [&str; 9] = [
+pub const ENCODED_NODE_NAMES: [&str; 10] = [
     WRITER_NODE_NAME,
     READER_NODE_NAME,
     SEALED_NODE_NAME,
+    SEALED_INPUT_NODE_NAME,
     STORE_SCAN_NODE_NAME,
     MAP_SCAN_NODE_NAME,
     KEY_SUMMARY_NODE_NAME,
@@ -112,6 +117,7 @@ const KIND_SEALED: u8 = 5;
 const KIND_STORE_SCAN: u8 = 6;
 const KIND_MAP_SCAN: u8 = 7;
 const KIND_JOIN_FILTER: u8 = 8;
+const KIND_SEALED_INPUT: u8 = 9;
 
 /// What a writer carries across a process boundary: its stage's description
 /// and how it splits rows (as encoded protobuf, decoded against its input).
@@ -160,6 +166,12 @@ pub enum Payload {
     /// datafusion-proto bytes.
     Sealed {
         /// The `PhysicalPlanNode` of the sealed query.
+        plan: Vec<u8>,
+    },
+    /// A `SealedInputExec`: a writer's input as encoded datafusion-proto
+    /// bytes, every dfx payload in it unframed (see [`crate::encoded`]).
+    SealedInput {
+        /// The `PhysicalPlanNode` of the writer's input.
         plan: Vec<u8>,
     },
     /// A `StoreScanExec`: its scan as encoded datafusion-proto bytes.
@@ -253,6 +265,7 @@ impl Payload {
             Payload::Recursive { .. } => RECURSIVE_QUERY_NODE_NAME,
             Payload::WorkTable { .. } => WORK_TABLE_NODE_NAME,
             Payload::Sealed { .. } => SEALED_NODE_NAME,
+            Payload::SealedInput { .. } => SEALED_INPUT_NODE_NAME,
             Payload::StoreScan { .. } => STORE_SCAN_NODE_NAME,
             Payload::MapScan(_) => MAP_SCAN_NODE_NAME,
             Payload::JoinFilter { .. } => JOIN_FILTER_NODE_NAME,
@@ -267,7 +280,10 @@ impl Payload {
             | Payload::MapScan(_)
             | Payload::JoinFilter { .. } => 1,
             Payload::Recursive { .. } => 2,
-            Payload::WorkTable { .. } | Payload::Sealed { .. } | Payload::StoreScan { .. } => 0,
+            Payload::WorkTable { .. }
+            | Payload::Sealed { .. }
+            | Payload::SealedInput { .. }
+            | Payload::StoreScan { .. } => 0,
         }
     }
 
@@ -317,6 +333,10 @@ impl Payload {
             Payload::Sealed { plan } => {
                 buf.push(KIND_SEALED);
                 put_blob(buf, plan, "sealed plan")?;
+            }
+            Payload::SealedInput { plan } => {
+                buf.push(KIND_SEALED_INPUT);
+                put_blob(buf, plan, "sealed input")?;
             }
             Payload::StoreScan { plan } => {
                 buf.push(KIND_STORE_SCAN);
@@ -419,6 +439,9 @@ impl Payload {
             },
             KIND_SEALED => Payload::Sealed {
                 plan: cursor.blob("sealed plan")?.to_vec(),
+            },
+            KIND_SEALED_INPUT => Payload::SealedInput {
+                plan: cursor.blob("sealed input")?.to_vec(),
             },
             KIND_STORE_SCAN => Payload::StoreScan {
                 plan: cursor.blob("store scan")?.to_vec(),

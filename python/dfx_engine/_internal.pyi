@@ -246,6 +246,7 @@ class Scheduler:
         max_attempts: int = 3,
         task_timeout: float | None = None,
         speculate: float | None = None,
+        progress: bool = False,
     ) -> None: ...
     def run(
         self,
@@ -291,6 +292,7 @@ class Task:
     @property
     def name(self) -> str: ...
     def check(self, codec_ids: list[str], vet: bool) -> None: ...
+    def sealed_plan(self) -> bytes: ...
 
 Handler = Callable[[Task], tuple[int, int | None]]
 

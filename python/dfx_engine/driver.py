@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -267,6 +268,7 @@ def run_distributed(
     task_timeout: float | None = None,
     executor: Executor | None = None,
     speculate: float | None = None,
+    progress: bool = True,
 ) -> DistributedResult:
     """Run ``query`` with every map of every stage on a worker.
 
@@ -304,6 +306,12 @@ def run_distributed(
     running that many times their median gets a second attempt on an idle
     slot; the first to publish is the task's, and the other is stopped.
 
+    A query whose tasks run past about a second shows one live line on
+    stderr while they run (stages and tasks done, tasks running, bytes
+    published, retries; the same line as ``dfx run``'s), redrawn in place
+    and erased when they end; only when stderr is a terminal, and never
+    with ``progress=False``.
+
     Raises:
         ValueError: Settings that contradict each other (a location and
             a root), a location of another scheme, one in use
@@ -330,6 +338,7 @@ def run_distributed(
             max_attempts=max_attempts,
             task_timeout=task_timeout,
             speculate=speculate,
+            progress=progress and _stderr_is_terminal(),
             **options,
         )
         # First, so a used or busy location is refused before anything is
@@ -398,6 +407,14 @@ def _run_claimed(
     )
     batches = run.read_root(claim.canonical, lambda: execute_plan(ctx, plan))
     return DistributedResult(batches, run)
+
+
+def _stderr_is_terminal() -> bool:
+    """Whether stderr is a terminal: the live line's only place (fd 2)."""
+    try:
+        return sys.stderr.fileno() == 2 and os.isatty(2)
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def _temporary_root() -> str:

@@ -180,8 +180,8 @@ class SessionSpec:
         shuffle_compression: How workers compress the map files they
             publish: ``auto`` (none locally, LZ4 on S3), ``lz4`` or ``none``.
         memory_limit: The most memory, in bytes, each map task's operators
-            may hold; only the Rust host's workers enforce it, and a Python
-            worker refuses a task that sets one.
+            may hold, in every worker: sorts and aggregations spill past it,
+            other operators fail with "Resources exhausted".
         engine_options: Other ``dfx_engine.<key>`` settings of every session
             of the query, the driver's and each worker's: the plugin's
             decisions to tune or turn off (``{"join_filters": "off"}``).

@@ -128,6 +128,9 @@ def test_the_new_fields_round_trip_and_are_left_out_at_their_defaults() -> None:
     assert SessionSpec.from_json(plain).shuffle_compression == "auto"
     # A spec of tables alone is whole: every other field has its default.
     assert SessionSpec.from_json({"tables": {}}) == SessionSpec()
+    # No pool holds nothing: a limit of 0 is refused, not read as none.
+    with pytest.raises(ValueError, match="memory_limit is 0"):
+        SessionSpec(memory_limit=0)
     with pytest.raises(ValueError, match="spec"):
         SessionSpec(shuffle_compression="zstd")
 

@@ -221,20 +221,6 @@ def test_worker_refuses_a_stage_reading_outside_its_tables(
     assert published_files(spec.shuffle_dir) == set()
 
 
-def test_worker_refuses_a_memory_limit_it_cannot_enforce(
-    make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
-) -> None:
-    spec = make_spec()
-    plan, info = encode_stage(spec, REVENUE_SQL, tmp_path / "scratch")
-    shipped = spec.to_json() | {"memory_limit": 1 << 20}
-    envelope = write_envelope(tmp_path / "task.json", shipped, plan, 0, info.stage_id)
-    done = run_worker(envelope)
-    assert done.returncode == 1
-    assert "memory_limit" in done.stderr
-    assert "dfx worker" in done.stderr
-    assert published_files(spec.shuffle_dir) == set()
-
-
 def test_worker_refuses_a_stage_under_another_id_or_map(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
 ) -> None:

@@ -227,6 +227,15 @@ pub struct DfxPlugin {
     /// was decided and why.
     pub adapt_stage:
         extern "C" fn(plan_bytes: RSlice<'_, u8>, request_json: RStr<'_>) -> FfiResult<RString>,
+
+    /// The encoded stage `plan_bytes` (as a worker runs it) with its
+    /// writer's input sealed: one node that the plugin's codec decodes into
+    /// the whole input, so every operator of the stage is the plugin's and
+    /// runs under the session's `dfx_engine.memory_limit`. For a worker
+    /// that cannot give the stage's operators a memory pool itself (a host
+    /// whose nodes lose it crossing into the plugin and back). Call it after
+    /// the checks: the plan it answers is checked as a whole stage is.
+    pub seal_stage_input: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<u8>>,
 }
 
 /// What [`DfxPlugin::cut_stage`] answers: an encoded stage cut for its maps.

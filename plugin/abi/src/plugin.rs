@@ -368,6 +368,30 @@ impl Plugin {
         Ok(parsed.into_iter().collect())
     }
 
+    /// The encoded stage `plan_bytes` with its writer's input sealed, so the
+    /// plugin runs every operator of it (see [`DfxPlugin::seal_stage_input`]).
+    ///
+    /// # Errors
+    ///
+    /// A plugin built before the export, or bytes whose root is not a
+    /// writer, naming the plugin file.
+    pub fn seal_stage_input(&self, plan_bytes: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        let Some(seal) = self.module.seal_stage_input() else {
+            return Err(format!(
+                "dfx plugin {} was built before seal_stage_input: it cannot run a stage under \
+                 a memory limit in this host; rebuild the plugin",
+                self.path.display()
+            ));
+        };
+        match seal(RSlice::from_slice(plan_bytes)) {
+            RResult::ROk(bytes) => Ok(bytes.into_vec()),
+            RResult::RErr(message) => Err(format!(
+                "dfx plugin {}: cannot seal the stage's input: {message}",
+                self.path.display()
+            )),
+        }
+    }
+
     /// The id the plugin's logical codec is installed under
     /// (`dfx_engine.logical.v1`), or `None` for a plugin built before it.
     pub fn logical_codec_id(&self) -> Option<&'static str> {

@@ -20,6 +20,9 @@
 //! sealed recursive query (kind 5): plan blob (datafusion-proto
 //!                  `PhysicalPlanNode` of the whole recursive query, this codec
 //!                  for kinds 3 and 4); no inputs
+//! sealed input (kind 9): plan blob (datafusion-proto `PhysicalPlanNode` of
+//!                  a writer's input, every dfx payload in it unframed, this
+//!                  codec for them); no inputs (see [`crate::exec::sealed_input`])
 //! store scan (kind 6): plan blob (datafusion-proto `PhysicalPlanNode` of
 //!                  the scan of a table on an object store); no inputs
 //! map scan (kind 7): map u64 (UNCUT_MAP: a stage's shared part; ANY_MAP:
@@ -67,10 +70,12 @@ use crate::counters::LiveObject;
 use crate::error::Area;
 use crate::error::fail;
 use crate::exec::map_scan::MapScanExec;
+use crate::exec::sealed_input::SealedInputExec;
 use crate::exec::sealed_recursive_query::SealedRecursiveQueryExec;
 use crate::exec::shuffle_reader::ShuffleReaderExec;
 use crate::exec::shuffle_writer::ShuffleWriterExec;
 use crate::exec::store_scan::StoreScanExec;
+use crate::isolation::with_plugin_functions;
 use crate::tables::with_table_stores_context;
 use crate::wire::Payload;
 use crate::wire::WriterPayload;
@@ -261,6 +266,24 @@ impl DfxPhysicalCodec {
                     })?;
                 Ok(Arc::new(SealedRecursiveQueryExec::new(query)))
             }
+            Payload::SealedInput { plan } => {
+                // The plugin's own functions, not the host's foreign ones:
+                // the plugin runs every operator of it.
+                let ctx = with_plugin_functions(ctx);
+                let input = physical_plan_from_bytes_with_extension_codec(&plan, &ctx, self)
+                    .map_err(|e| {
+                        fail(
+                            Area::Codec,
+                            format!(
+                                "the stage's sealed input does not decode (under a memory \
+                                 limit the plugin decodes the stage alone: it finds the \
+                                 session's registered functions, never one carried by \
+                                 value): {e}"
+                            ),
+                        )
+                    })?;
+                Ok(Arc::new(SealedInputExec::new(input)))
+            }
             Payload::StoreScan { plan } => {
                 // Decoding a file scan looks its store up: the plugin's.
                 let ctx = with_table_stores_context(ctx)?;
@@ -299,6 +322,14 @@ impl DfxPhysicalCodec {
             let plan =
                 physical_plan_to_bytes_with_extension_codec(Arc::clone(sealed.query()), self)?;
             return Payload::Sealed {
+                plan: plan.to_vec(),
+            }
+            .encode(buf);
+        }
+        if let Some(sealed) = node.downcast_ref::<SealedInputExec>() {
+            let plan =
+                physical_plan_to_bytes_with_extension_codec(Arc::clone(sealed.input()), self)?;
+            return Payload::SealedInput {
                 plan: plan.to_vec(),
             }
             .encode(buf);

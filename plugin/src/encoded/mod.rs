@@ -28,15 +28,21 @@
 //! already), so a scan there keeps its N partitions and no file. The cut
 //! works on the encoded protobuf, not on a decoded plan: it moves file
 //! groups and never decodes an expression, so no host function is needed.
+//!
+//! A worker that runs a stage under a memory limit it cannot enforce itself
+//! seals the stage's input ([`seal_stage_input`]): the writer's input as one
+//! node the plugin decodes and runs alone (see [`crate::exec::sealed_input`]).
 
 mod assemble;
 mod cut;
 mod map_files;
+mod seal;
 mod walk;
 
 pub use assemble::stage_for_map;
 pub use cut::{CutStage, MIN_GROUPS_TO_CUT, cut_stage};
 pub use map_files::{MAP_FILES_MAGIC, MAP_FILES_VERSION};
+pub use seal::seal_stage_input;
 pub(crate) use walk::{Reads, child_reads, children_mut, find_payload, is_file_scan};
 
 #[cfg(test)]

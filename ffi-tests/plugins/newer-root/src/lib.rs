@@ -1,6 +1,6 @@
 //! A test-only dfx plugin declaring a *newer* root module: every field of the
 //! current one, same versions, plus one field appended after
-//! `adapt_stage`, as a later version may append an export.
+//! `seal_stage_input`, as a later version may append an export.
 //!
 //! A current host must load it and use every field it knows. The functions
 //! here do no query work (the constructors of DataFusion objects return an
@@ -133,6 +133,8 @@ pub struct DfxPlugin {
     /// Decides nothing: this plugin does no query work.
     pub adapt_stage:
         extern "C" fn(plan_bytes: RSlice<'_, u8>, request_json: RStr<'_>) -> FfiResult<RString>,
+    /// Seals nothing: this plugin does no query work.
+    pub seal_stage_input: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<u8>>,
     /// The appended field: an export a later version might add.
     pub newer_field: extern "C" fn() -> u64,
 }
@@ -266,6 +268,10 @@ extern "C" fn stage_for_map(
     no_query_work()
 }
 
+extern "C" fn seal_stage_input(_plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<u8>> {
+    no_query_work()
+}
+
 extern "C" fn adapt_stage(
     _plan_bytes: RSlice<'_, u8>,
     _request_json: RStr<'_>,
@@ -315,6 +321,7 @@ pub fn root_module() -> DfxPluginRef {
         cut_stage,
         stage_for_map,
         adapt_stage,
+        seal_stage_input,
         newer_field,
     }
     .leak_into_prefix()
