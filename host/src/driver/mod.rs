@@ -23,6 +23,7 @@
 pub mod analyze;
 #[cfg(feature = "cli-extras")]
 pub mod progress;
+pub mod session;
 pub mod stages;
 
 use std::sync::{Arc, Mutex};
@@ -384,15 +385,23 @@ impl Host {
 
     /// The scheduler over this host's executor and options.
     fn scheduler(&self) -> Scheduler {
-        let executor: Arc<dyn Executor> = match self.mode {
+        Scheduler::new(self.executor(), self.scheduler_options())
+    }
+
+    /// What runs this host's tasks: its pool, or a process per task.
+    fn executor(&self) -> Arc<dyn Executor> {
+        match self.mode {
             WorkerMode::Pool => Arc::clone(&self.pool) as Arc<dyn Executor>,
             WorkerMode::Process => Arc::new(ProcessExecutor::new(self.worker.clone())),
-        };
-        let options = SchedulerOptions {
+        }
+    }
+
+    /// The scheduler's options: the host's, with its progress line.
+    fn scheduler_options(&self) -> SchedulerOptions {
+        SchedulerOptions {
             progress: progress_bar(self.progress),
             ..self.options.clone()
-        };
-        Scheduler::new(executor, options)
+        }
     }
 
     /// Run `sql` in this process with the same session factory and no
