@@ -385,23 +385,15 @@ impl Host {
 
     /// The scheduler over this host's executor and options.
     fn scheduler(&self) -> Scheduler {
-        Scheduler::new(self.executor(), self.scheduler_options())
-    }
-
-    /// What runs this host's tasks: its pool, or a process per task.
-    fn executor(&self) -> Arc<dyn Executor> {
-        match self.mode {
+        let executor: Arc<dyn Executor> = match self.mode {
             WorkerMode::Pool => Arc::clone(&self.pool) as Arc<dyn Executor>,
             WorkerMode::Process => Arc::new(ProcessExecutor::new(self.worker.clone())),
-        }
-    }
-
-    /// The scheduler's options: the host's, with its progress line.
-    fn scheduler_options(&self) -> SchedulerOptions {
-        SchedulerOptions {
+        };
+        let options = SchedulerOptions {
             progress: progress_bar(self.progress),
             ..self.options.clone()
-        }
+        };
+        Scheduler::new(executor, options)
     }
 
     /// Run `sql` in this process with the same session factory and no

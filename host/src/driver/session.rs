@@ -40,8 +40,7 @@ impl Host {
     pub async fn session(&self, spec: &SessionSpec) -> Result<DfxSession> {
         let spec = self.with_temporary_root(spec)?;
         let plugin = self.plugin.clone();
-        let executor = self.executor();
-        let options = self.scheduler_options();
+        let scheduler = self.scheduler();
         let envelope_files = self.mode == WorkerMode::Process;
         let driver_spec = spec.clone();
         let make = Box::new(move |chain: Arc<crate::session::codec_chain::CodecChain>| {
@@ -50,8 +49,7 @@ impl Host {
                 physical_plan_to_bytes_with_extension_codec(plan, chain.as_ref())
                     .map(|bytes| bytes.to_vec())
             });
-            QueryDriver::new(plugin, driver_spec, executor, ids, encode)
-                .with_options(options)
+            QueryDriver::new(plugin, driver_spec, scheduler, ids, encode)
                 .with_envelope_files(envelope_files)
         });
         build_driving_session(&self.plugin, &spec, make).await

@@ -15,14 +15,15 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
-    PlanProperties, collect,
+    PlanProperties,
 };
 use dfx_abi::stages::find_stages;
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::prepare::prepare;
 use crate::root::{QueryDriver, external, location_kept};
-use crate::scheduler::{ClaimedLocation, Scheduler};
+use crate::scheduler::ClaimedLocation;
 use crate::spec::SessionSpec;
 
 /// The node's name, as plans display it.
@@ -172,34 +173,13 @@ impl ExecutionPlan for DistributedRootExec {
             })?;
         let driver = Arc::clone(&self.query.driver);
         let handle = driver.handle()?;
-        let head = Arc::clone(&self.head);
-        let (tx, rx) = tokio::sync::mpsc::channel(2);
-        handle.spawn(async move {
-            let work = drive(&driver, &head, claim, context);
-            // A panic stays on this side: the consumer gets an error.
-            let outcome = AssertUnwindSafe(work)
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|_| {
-                    Err(DataFusionError::Execution(
-                        "the distributed query's driver panicked".into(),
-                    ))
-                });
-            match outcome {
-                Ok(batches) => {
-                    for batch in batches {
-                        if tx.send(Ok(batch)).await.is_err() {
-                            break;
-                        }
-                    }
-                }
-                Err(err) => {
-                    let _ = tx.send(Err(err)).await;
-                }
-            }
-        });
-        let stream = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
+        let answer = answer(driver, handle, Arc::clone(&self.head), claim, context);
+        let stream = futures::stream::once(answer).flat_map(|answer| {
+            let items: Vec<Result<RecordBatch>> = match answer {
+                Ok(batches) => batches.into_iter().map(Ok).collect(),
+                Err(err) => vec![Err(err)],
+            };
+            futures::stream::iter(items)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.head.schema(),
@@ -208,32 +188,52 @@ impl ExecutionPlan for DistributedRootExec {
     }
 }
 
-/// Run the query in `claim`'s location and end the claim: removed once the
-/// answer is read (under a root), kept and named after a failure.
-async fn drive(
-    driver: &QueryDriver,
-    head: &Arc<dyn ExecutionPlan>,
+/// A read of the head the driver asks of the consumer, and where its rows go.
+type ReadRequest = oneshot::Sender<Result<Vec<RecordBatch>>>;
+
+/// The query's answer, polled by the plan's consumer: the stages encoded
+/// here, run on the driver's runtime, the head read here whenever the
+/// driver asks (see the module docs of [`crate::root`]).
+async fn answer(
+    driver: Arc<QueryDriver>,
+    handle: tokio::runtime::Handle,
+    head: Arc<dyn ExecutionPlan>,
     claim: ClaimedLocation,
     context: Arc<TaskContext>,
 ) -> Result<Vec<RecordBatch>> {
-    let outcome = run(driver, head, &claim, context).await;
-    let kept = claim.finish(outcome.is_ok()).await.map_err(external);
-    match (outcome, kept) {
-        (Ok(batches), kept) => kept.map(|_| batches),
-        (Err(err), Ok(location)) => Err(location_kept(err, location)),
-        (Err(err), Err(_)) => Err(err),
+    let encoded = encode_stages(&driver, &head);
+    let target_partitions = context.session_config().target_partitions();
+    let (reads, mut requests) = mpsc::channel::<ReadRequest>(1);
+    let work = drive(driver, claim, encoded, target_partitions, reads);
+    // A panic stays on the driver's side: the consumer gets an error.
+    let work = handle.spawn(AssertUnwindSafe(work).catch_unwind());
+    // Until the driver is done (and drops its sender): each read it asks.
+    while let Some(reply) = requests.recv().await {
+        let read = AssertUnwindSafe(read_head(&head, &context))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| {
+                Err(DataFusionError::Execution(
+                    "reading the query's head panicked".into(),
+                ))
+            });
+        let _ = reply.send(read);
+    }
+    match work.await {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(_)) => Err(DataFusionError::Execution(
+            "the distributed query's driver panicked".into(),
+        )),
+        Err(err) => Err(DataFusionError::Execution(format!(
+            "the distributed query's driver stopped: {err}"
+        ))),
     }
 }
 
-/// Encode the stages, run them with the scheduler, read the head.
-async fn run(
-    driver: &QueryDriver,
-    head: &Arc<dyn ExecutionPlan>,
-    claim: &ClaimedLocation,
-    context: Arc<TaskContext>,
-) -> Result<Vec<RecordBatch>> {
+/// Every stage of `head`, in pre-order, encoded by the host.
+fn encode_stages(driver: &QueryDriver, head: &Arc<dyn ExecutionPlan>) -> Result<Vec<Vec<u8>>> {
     let plugin = &driver.plugin;
-    let encoded = find_stages(head, plugin.stage_node_name())
+    find_stages(head, plugin.stage_node_name())
         .into_iter()
         .enumerate()
         .map(|(index, writer)| {
@@ -244,17 +244,79 @@ async fn run(
                 ))
             })
         })
+        .collect()
+}
+
+/// Every partition of the head, polled together in this task (an operator
+/// of one partition may wait for another's consumer), none spawned: the
+/// head's nodes spawn what they need on their own runtime.
+async fn read_head(
+    head: &Arc<dyn ExecutionPlan>,
+    context: &Arc<TaskContext>,
+) -> Result<Vec<RecordBatch>> {
+    let partitions = head.output_partitioning().partition_count();
+    let streams = (0..partitions)
+        .map(|partition| head.execute(partition, Arc::clone(context)))
         .collect::<Result<Vec<_>>>()?;
+    let parts = futures::future::try_join_all(
+        streams
+            .into_iter()
+            .map(|stream| stream.try_collect::<Vec<_>>()),
+    )
+    .await?;
+    Ok(parts.into_iter().flatten().collect())
+}
+
+/// Ask the consumer for a read of the head, and wait for its rows.
+async fn request_read(reads: &mpsc::Sender<ReadRequest>) -> Result<Vec<RecordBatch>> {
+    let (reply, rows) = oneshot::channel();
+    let gone = || DataFusionError::Execution("the query's consumer is gone".into());
+    reads.send(reply).await.map_err(|_| gone())?;
+    rows.await.map_err(|_| gone())?
+}
+
+/// Run the query in `claim`'s location and end the claim: removed once the
+/// answer is read (under a root), kept and named after a failure.
+async fn drive(
+    driver: Arc<QueryDriver>,
+    claim: ClaimedLocation,
+    encoded: Result<Vec<Vec<u8>>>,
+    target_partitions: usize,
+    reads: mpsc::Sender<ReadRequest>,
+) -> Result<Vec<RecordBatch>> {
+    let outcome = match encoded {
+        Ok(encoded) => run(&driver, &claim, encoded, target_partitions, &reads).await,
+        Err(err) => Err(err),
+    };
+    // No read after this: the consumer stops serving reads.
+    drop(reads);
+    let kept = claim.finish(outcome.is_ok()).await.map_err(external);
+    match (outcome, kept) {
+        (Ok(batches), kept) => kept.map(|_| batches),
+        (Err(err), Ok(location)) => Err(location_kept(err, location)),
+        (Err(err), Err(_)) => Err(err),
+    }
+}
+
+/// Prepare the stages, run them with the scheduler, have the head read.
+async fn run(
+    driver: &QueryDriver,
+    claim: &ClaimedLocation,
+    encoded: Vec<Vec<u8>>,
+    target_partitions: usize,
+    reads: &mpsc::Sender<ReadRequest>,
+) -> Result<Vec<RecordBatch>> {
+    let plugin = &driver.plugin;
     let stages = prepare(plugin, encoded).map_err(external)?;
     // The codec ids the workers must carry, and the partitions the session
     // planned for: a worker takes them as they are, listing no table.
     let shipped = SessionSpec {
         codec_ids: driver.codec_ids.clone(),
-        target_partitions: context.session_config().target_partitions(),
+        target_partitions,
         ..claim.query_spec(&driver.spec)
     };
-    let scheduler = Scheduler::new(Arc::clone(&driver.executor), driver.options.clone());
-    let run = scheduler
+    let run = driver
+        .scheduler
         .run(
             plugin,
             &shipped,
@@ -267,9 +329,8 @@ async fn run(
     // Every stage is published: the head's readers find their files; a map
     // whose output the head finds lost runs again first.
     let location = claim.canonical();
-    let read = || collect(Arc::clone(head), Arc::clone(&context));
     let (batches, _read_ms) = run
-        .read_root(plugin, &location, read)
+        .read_root(plugin, &location, || request_read(reads))
         .await
         .map_err(external)?
         .map_err(|err| {

@@ -5,11 +5,25 @@
 //! DataFusion plans     DrivingQueryPlanner: claim the query's location
 //!                        (a fresh one under a root), plan with it in the
 //!                        config (LocatedSession), wrap the plan
-//! DataFusion executes  DistributedRootExec partition 0: encode the stages
-//!                        (the host's encoder), prepare, the scheduler runs
-//!                        them on the session's executor, read the head,
-//!                        end the claim, stream the answer
+//! DataFusion executes  DistributedRootExec partition 0, on the consumer's
+//!                        thread: encode the stages (the host's encoder);
+//!                      on the driver's runtime: prepare, the scheduler runs
+//!                        them on the session's executor;
+//!                      on the consumer's thread again: read the head (as
+//!                        often as lost output reruns ask); then the claim
+//!                        ends and the answer streams out
 //! ```
+//!
+//! Two runtimes may meet here. In Python the plan is executed by
+//! datafusion-python, on its Tokio runtime (a copy of Tokio linked into its
+//! library), while the scheduler's processes, timers and blocking calls
+//! need this library's. So the root does on the consumer's thread what
+//! calls into the host's plan (encoding the stages, executing the head:
+//! the host's nodes spawn on the host's runtime), and on the driver's
+//! runtime what the runtime owns; they talk over channels, which need no
+//! runtime. The GIL: the consumer waits with it released (datafusion-python
+//! releases it while it waits on a plan), and a foreign executor's calls
+//! take it on a blocking thread of the driver's runtime.
 //!
 //! The hosts supply what only they can: the encoder (their session's
 //! codecs), the executor and the runtime the work runs on. The scheduler
@@ -27,7 +41,7 @@ use dfx_abi::Plugin;
 use tokio::runtime::Handle;
 
 use crate::error::RuntimeError;
-use crate::scheduler::{ClaimedLocation, Executor, QueryRun, SchedulerOptions};
+use crate::scheduler::{ClaimedLocation, QueryRun, Scheduler};
 use crate::spec::SessionSpec;
 
 pub use distributed_root_exec::DistributedRootExec;
@@ -44,8 +58,7 @@ pub type EncodeStage =
 pub struct QueryDriver {
     plugin: Plugin,
     spec: SessionSpec,
-    executor: Arc<dyn Executor>,
-    options: SchedulerOptions,
+    scheduler: Scheduler,
     envelope_files: bool,
     codec_ids: Vec<String>,
     encode: EncodeStage,
@@ -56,7 +69,7 @@ pub struct QueryDriver {
 impl std::fmt::Debug for QueryDriver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueryDriver")
-            .field("executor", &self.executor.name())
+            .field("executor", &self.scheduler.executor_name())
             .field("codec_ids", &self.codec_ids)
             .finish()
     }
@@ -64,32 +77,26 @@ impl std::fmt::Debug for QueryDriver {
 
 impl QueryDriver {
     /// A driver for sessions of `spec` (which names a shuffle location or a
-    /// root), running tasks on `executor`, encoding stages with `encode`;
-    /// `codec_ids` are the ids shipped to workers (the host's codecs).
+    /// root), running tasks with `scheduler` (its executor and options),
+    /// encoding stages with `encode`; `codec_ids` are the ids shipped to
+    /// workers (the host's codecs).
     pub fn new(
         plugin: Plugin,
         spec: SessionSpec,
-        executor: Arc<dyn Executor>,
+        scheduler: Scheduler,
         codec_ids: Vec<String>,
         encode: EncodeStage,
     ) -> Self {
         Self {
             plugin,
             spec,
-            executor,
-            options: SchedulerOptions::default(),
+            scheduler,
             envelope_files: false,
             codec_ids,
             encode,
             runtime: None,
             last_run: Mutex::default(),
         }
-    }
-
-    /// The scheduler's options (worker bound, attempts, timeouts).
-    pub fn with_options(mut self, options: SchedulerOptions) -> Self {
-        self.options = options;
-        self
     }
 
     /// Write each envelope to a file (an executor that starts a process per
