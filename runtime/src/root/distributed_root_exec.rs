@@ -38,11 +38,12 @@ pub struct DistributedRootExec {
     properties: Arc<PlanProperties>,
 }
 
-/// The claim a plan holds until it runs; shared by every copy of the node.
+/// The claim a plan holds until it runs, and its stages, encoded when it
+/// was planned; shared by every copy of the node.
 #[derive(Debug)]
 struct PendingQuery {
     driver: Arc<QueryDriver>,
-    claim: Mutex<Option<ClaimedLocation>>,
+    claim: Mutex<Option<(ClaimedLocation, Vec<Vec<u8>>)>>,
 }
 
 impl Drop for PendingQuery {
@@ -50,7 +51,7 @@ impl Drop for PendingQuery {
     /// when made under a root; it holds no stage output).
     fn drop(&mut self) {
         let claim = self.claim.get_mut().ok().and_then(Option::take);
-        if let (Some(claim), Ok(handle)) = (claim, self.driver.handle()) {
+        if let (Some((claim, _)), Ok(handle)) = (claim, self.driver.handle()) {
             handle.spawn(async move {
                 let _ = claim.finish(true).await;
             });
@@ -60,17 +61,29 @@ impl Drop for PendingQuery {
 
 impl DistributedRootExec {
     /// `head`, whose stages run on `driver`'s executor in the location of
-    /// `claim`.
+    /// `claim`. The stages are encoded now, by the host's encoder, while
+    /// the plan is the one its planner made: a host that moves the plan
+    /// elsewhere afterwards (datafusion-python decodes it into its own
+    /// nodes) could no longer encode them here.
+    ///
+    /// # Errors
+    ///
+    /// A stage the host cannot encode, naming it; the claim is given back
+    /// to the caller with the error.
     pub fn new(
         head: Arc<dyn ExecutionPlan>,
         driver: Arc<QueryDriver>,
         claim: ClaimedLocation,
-    ) -> Self {
+    ) -> std::result::Result<Self, (DataFusionError, ClaimedLocation)> {
+        let encoded = match encode_stages(&driver, &head) {
+            Ok(encoded) => encoded,
+            Err(err) => return Err((err, claim)),
+        };
         let query = Arc::new(PendingQuery {
             driver,
-            claim: Mutex::new(Some(claim)),
+            claim: Mutex::new(Some((claim, encoded))),
         });
-        Self::with_query(head, query)
+        Ok(Self::with_query(head, query))
     }
 
     fn with_query(head: Arc<dyn ExecutionPlan>, query: Arc<PendingQuery>) -> Self {
@@ -102,7 +115,7 @@ impl DistributedRootExec {
     /// The query's location, while the plan has not run.
     pub fn location(&self) -> Option<String> {
         let claim = self.query.claim.lock().ok()?;
-        claim.as_ref().map(ClaimedLocation::canonical)
+        claim.as_ref().map(|(claim, _)| claim.canonical())
     }
 }
 
@@ -158,7 +171,7 @@ impl ExecutionPlan for DistributedRootExec {
                 "{DISTRIBUTED_ROOT_NODE_NAME} has one partition; partition {partition} was asked"
             )));
         }
-        let claim = self
+        let (claim, encoded) = self
             .query
             .claim
             .lock()
@@ -173,7 +186,8 @@ impl ExecutionPlan for DistributedRootExec {
             })?;
         let driver = Arc::clone(&self.query.driver);
         let handle = driver.handle()?;
-        let answer = answer(driver, handle, Arc::clone(&self.head), claim, context);
+        let head = Arc::clone(&self.head);
+        let answer = answer(driver, handle, head, (claim, encoded), context);
         let stream = futures::stream::once(answer).flat_map(|answer| {
             let items: Vec<Result<RecordBatch>> = match answer {
                 Ok(batches) => batches.into_iter().map(Ok).collect(),
@@ -191,17 +205,16 @@ impl ExecutionPlan for DistributedRootExec {
 /// A read of the head the driver asks of the consumer, and where its rows go.
 type ReadRequest = oneshot::Sender<Result<Vec<RecordBatch>>>;
 
-/// The query's answer, polled by the plan's consumer: the stages encoded
-/// here, run on the driver's runtime, the head read here whenever the
-/// driver asks (see the module docs of [`crate::root`]).
+/// The query's answer, polled by the plan's consumer: the stages run on
+/// the driver's runtime, the head read here whenever the driver asks (see
+/// the module docs of [`crate::root`]).
 async fn answer(
     driver: Arc<QueryDriver>,
     handle: tokio::runtime::Handle,
     head: Arc<dyn ExecutionPlan>,
-    claim: ClaimedLocation,
+    (claim, encoded): (ClaimedLocation, Vec<Vec<u8>>),
     context: Arc<TaskContext>,
 ) -> Result<Vec<RecordBatch>> {
-    let encoded = encode_stages(&driver, &head);
     let target_partitions = context.session_config().target_partitions();
     let (reads, mut requests) = mpsc::channel::<ReadRequest>(1);
     let work = drive(driver, claim, encoded, target_partitions, reads);
@@ -280,14 +293,11 @@ async fn request_read(reads: &mpsc::Sender<ReadRequest>) -> Result<Vec<RecordBat
 async fn drive(
     driver: Arc<QueryDriver>,
     claim: ClaimedLocation,
-    encoded: Result<Vec<Vec<u8>>>,
+    encoded: Vec<Vec<u8>>,
     target_partitions: usize,
     reads: mpsc::Sender<ReadRequest>,
 ) -> Result<Vec<RecordBatch>> {
-    let outcome = match encoded {
-        Ok(encoded) => run(&driver, &claim, encoded, target_partitions, &reads).await,
-        Err(err) => Err(err),
-    };
+    let outcome = run(&driver, &claim, encoded, target_partitions, &reads).await;
     // No read after this: the consumer stops serving reads.
     drop(reads);
     let kept = claim.finish(outcome.is_ok()).await.map_err(external);

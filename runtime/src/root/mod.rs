@@ -4,9 +4,9 @@
 //! ```text
 //! DataFusion plans     DrivingQueryPlanner: claim the query's location
 //!                        (a fresh one under a root), plan with it in the
-//!                        config (LocatedSession), wrap the plan
-//! DataFusion executes  DistributedRootExec partition 0, on the consumer's
-//!                        thread: encode the stages (the host's encoder);
+//!                        config (LocatedSession), encode the stages (the
+//!                        host's encoder), wrap the plan
+//! DataFusion executes  DistributedRootExec partition 0,
 //!                      on the driver's runtime: prepare, the scheduler runs
 //!                        them on the session's executor;
 //!                      on the consumer's thread again: read the head (as
@@ -18,8 +18,8 @@
 //! datafusion-python, on its Tokio runtime (a copy of Tokio linked into its
 //! library), while the scheduler's processes, timers and blocking calls
 //! need this library's. So the root does on the consumer's thread what
-//! calls into the host's plan (encoding the stages, executing the head:
-//! the host's nodes spawn on the host's runtime), and on the driver's
+//! calls into the host's plan (executing the head: the host's nodes spawn
+//! on the host's runtime), and on the driver's
 //! runtime what the runtime owns; they talk over channels, which need no
 //! runtime. The GIL: the consumer waits with it released (datafusion-python
 //! releases it while it waits on a plan), and a foreign executor's calls

@@ -81,10 +81,12 @@ impl QueryPlanner for DrivingQueryPlanner {
             driver.finish(claim, true).await?;
             return Ok(plan);
         }
-        Ok(Arc::new(DistributedRootExec::new(
-            plan,
-            Arc::clone(driver),
-            claim,
-        )))
+        match DistributedRootExec::new(plan, Arc::clone(driver), claim) {
+            Ok(root) => Ok(Arc::new(root)),
+            Err((err, claim)) => {
+                let kept = driver.finish(claim, false).await?;
+                Err(location_kept(err, kept))
+            }
+        }
     }
 }
