@@ -74,10 +74,10 @@ impl DistributedRootExec {
         head: Arc<dyn ExecutionPlan>,
         driver: Arc<QueryDriver>,
         claim: ClaimedLocation,
-    ) -> std::result::Result<Self, (DataFusionError, ClaimedLocation)> {
+    ) -> std::result::Result<Self, Box<(DataFusionError, ClaimedLocation)>> {
         let encoded = match encode_stages(&driver, &head) {
             Ok(encoded) => encoded,
-            Err(err) => return Err((err, claim)),
+            Err(err) => return Err(Box::new((err, claim))),
         };
         let query = Arc::new(PendingQuery {
             driver,

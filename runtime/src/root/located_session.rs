@@ -25,6 +25,9 @@ use datafusion::logical_expr::{
 use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
 use datafusion::prelude::SessionConfig;
 
+/// The prefix datafusion-ffi keeps a foreign library's config options under.
+const FFI_EXTENSION_PREFIX: &str = "datafusion_ffi";
+
 /// The host's session, planning one query in its own shuffle location.
 pub struct LocatedSession<'a> {
     inner: &'a dyn Session,
@@ -44,6 +47,15 @@ impl<'a> LocatedSession<'a> {
         let mut config = inner.config().clone();
         for (key, value) in settings {
             config.options_mut().set(key, value)?;
+            // A config that crossed datafusion-ffi may hold the key a second
+            // time, spelled with the FFI prefix, and the plugin reads both
+            // spellings (the last it meets wins): both are set.
+            let crossed = format!("{FFI_EXTENSION_PREFIX}.{key}");
+            if config.options().entries().iter().any(|e| e.key == crossed) {
+                config
+                    .options_mut()
+                    .set(&format!("{FFI_EXTENSION_PREFIX}.{crossed}"), value)?;
+            }
         }
         Ok(Self {
             inner,

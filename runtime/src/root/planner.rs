@@ -83,7 +83,8 @@ impl QueryPlanner for DrivingQueryPlanner {
         }
         match DistributedRootExec::new(plan, Arc::clone(driver), claim) {
             Ok(root) => Ok(Arc::new(root)),
-            Err((err, claim)) => {
+            Err(failed) => {
+                let (err, claim) = *failed;
                 let kept = driver.finish(claim, false).await?;
                 Err(location_kept(err, kept))
             }
