@@ -136,3 +136,28 @@ async fn a_shuffle_dir_holding_stage_output_refuses_a_second_query() {
         .to_string();
     assert!(err.contains("stage output"), "{err}");
 }
+
+#[tokio::test]
+async fn a_session_of_a_process_mode_host_runs_a_process_per_task() {
+    let fixture = Fixture::new();
+    let spec = fixture
+        .spec()
+        .with_shuffle_root(fixture.shuffle_dir("root"));
+    let host = host().worker_mode(dfx_host::WorkerMode::Process);
+    let expected = sorted_rows(&host.run_local(BY_FLAG, &spec).await.unwrap());
+    let session = host.session(&spec).await.unwrap();
+    let batches = session
+        .ctx()
+        .sql(BY_FLAG)
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(sorted_rows(&batches), expected);
+    let run = session.last_run().unwrap();
+    assert_eq!(run.executor_name(), "process");
+    assert!(run.tasks().len() > 1, "{:?}", run.tasks());
+    // No pool: every task was a process of its own.
+    assert!(host.pool().pids().is_empty());
+}

@@ -103,7 +103,7 @@ def test_to_pandas_agrees_with_stock(
     assert last_run(ctx) is not None
 
 
-def test_count_and_a_stream_each_run_their_stages(
+def test_count_a_stream_a_table_and_show_each_run_their_stages(
     tpch_tables: dict[str, str],
     stock: SessionContext,
     pool: WorkerPool,
@@ -126,6 +126,13 @@ def test_count_and_a_stream_each_run_their_stages(
     expected = stock.sql(sql).collect()
     assert sorted(tpch_rows(batches)) == sorted(tpch_rows(expected))
     assert len(locations(root)) == 2
+
+    table = ctx.sql(sql).to_arrow_table()
+    assert sorted(tpch_rows(table.to_batches())) == sorted(tpch_rows(expected))
+    assert len(locations(root)) == 3
+
+    ctx.sql(sql).show()
+    assert len(locations(root)) == 4
 
     for location in locations(root):
         stages = [p.name for p in (root / location).iterdir() if p.is_dir()]
@@ -166,3 +173,20 @@ def test_run_distributed_still_runs_a_dataframe_of_a_driving_session(
     )
     assert tpch_rows(result.batches) == [(5,)]
     assert result.tasks
+
+
+def test_a_session_in_process_mode_runs_a_process_per_task(
+    tpch_tables: dict[str, str], stock: SessionContext, tmp_path: pathlib.Path
+) -> None:
+    spec = SessionSpec(tables=dict(tpch_tables), shuffle_root=str(tmp_path))
+    ctx = session_for(spec, worker_mode="process", max_workers=2)
+    sql = (QUERIES / "q3.sql").read_text()
+    got = ctx.sql(sql).collect()
+    expected = stock.sql(sql).collect()
+    assert_same_rows(tpch_rows(got), tpch_rows(expected), "q3")
+    run = last_run(ctx)
+    assert run is not None
+    workers = {report["worker"] for report in run.reports.values()}
+    # One process per task, none of them this one.
+    assert len(workers) == len(run.tasks)
+    assert os.getpid() not in workers
