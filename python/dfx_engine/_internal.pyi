@@ -38,6 +38,15 @@ class DfxLogicalCodec:
         self, session: object | None = None
     ) -> object: ...
 
+class DfxRootCodec:
+    """A driving session's root codec: a plan's root as a handle."""
+
+    @property
+    def __datafusion_codec_id__(self) -> str: ...
+    def __datafusion_physical_extension_codec__(
+        self, session: object | None = None
+    ) -> object: ...
+
 class DfxPhysicalCodec:
     """The plugin's physical codec bound to one session."""
 
