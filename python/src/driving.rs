@@ -1,6 +1,6 @@
 //! A datafusion-python session that drives its queries: `collect()`,
-//! `to_pandas()`, `count()`, a write, each runs the stages on the session's
-//! executor and reads the head, as `run_distributed` does.
+//! `to_pandas()`, `count()`, `execute_stream()` each run the stages on the
+//! session's executor and read the head, as `run_distributed` does.
 //!
 //! ```text
 //! datafusion-python plans  ──► this module's query planner (FFI): the
@@ -133,8 +133,8 @@ impl SessionDriver {
     }
 }
 
-/// What a root's handle starts with: no protobuf message the session's
-/// codecs write does (its first byte would be field 12 as an end-group).
+/// What a root's handle starts with, so a payload of the root codec's id
+/// that is not a handle is named as such rather than misread.
 const ROOT_HANDLE: &[u8] = b"dfx-root-handle:";
 
 /// Roots planned and not yet decoded by datafusion-python, by handle.
