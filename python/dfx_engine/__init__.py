@@ -10,9 +10,11 @@ its planner, codec, config and functions to datafusion-python::
     config = SessionConfig().with_extension(DfxEngineConfig(shuffle_dir="/tmp/q1"))
     ctx = SessionContext(config).with_extensions(DfxEngineExtension())
 
-:mod:`dfx_engine.session` builds such sessions from a :class:`SessionSpec`,
-:mod:`dfx_engine.driver` runs a query (SQL or a DataFrame built on
-:func:`session_for`) over worker processes,
+:mod:`dfx_engine.session` builds such sessions from a :class:`SessionSpec`;
+on a session from :func:`session_for`, every DataFrame action
+(``collect()``, ``to_pandas()``, a write) runs the query over worker
+processes, and :mod:`dfx_engine.driver` runs one query (SQL or a DataFrame)
+and says what its tasks did,
 :mod:`dfx_engine.worker` is the worker, and :mod:`dfx_engine.ray` (the
 ``ray`` extra) runs the same worker code as Ray tasks.
 
@@ -41,7 +43,7 @@ from dfx_engine._internal import (
     stage_id,
     stage_node_name,
 )
-from dfx_engine.dataframes import MemoryTableTooLargeError, session_for
+from dfx_engine.dataframes import MemoryTableTooLargeError, last_run, session_for
 from dfx_engine.session import (
     SessionSpec,
     Table,
@@ -64,6 +66,7 @@ __all__ = [
     "build_worker_session",
     "encoded_stage_info",
     "expected_codec_ids",
+    "last_run",
     "marker_path",
     "partition_glob",
     "physical_codec_id",

@@ -27,20 +27,29 @@ such as :class:`dfx_engine.ray.RayExecutor`.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import os
-import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from datafusion import DataFrame
 
 from dfx_engine import _internal
 from dfx_engine.dataframes import (
+    drives,
+    memory_table_limit_of,
     not_a_dfx_dataframe,
     plain_memory_table_errors,
     session_of,
+    set_memory_table_limit,
+)
+from dfx_engine.executors import (
+    WORKER_MODES,
+    Executor,
+    WorkerPool,
+    executor_for,
+    python_worker,
+    stderr_is_terminal,
+    temporary_root,
 )
 from dfx_engine.session import (
     SessionSpec,
@@ -75,13 +84,6 @@ __all__ = [
 
 Task = tuple[int, int]
 """``(stage_id, map)``: one unit of work, run by one worker at a time."""
-
-WORKER_MODES = ("pool", "process")
-"""How tasks reach worker processes, default first.
-
-``pool``: long-lived workers (``<worker command> --serve``), each running
-task after task; ``process``: one ``<worker command> ENVELOPE`` per task.
-"""
 
 
 @dataclass(frozen=True)
@@ -146,27 +148,6 @@ class DistributedResult:
         )
 
 
-class Executor(Protocol):
-    """A foreign executor: runs one attempt of a task somewhere else.
-
-    ``run`` is given the task's envelope (JSON) and encoded stage by value,
-    and the attempt's timeout in seconds; it returns the worker's response
-    line (what ``_internal.run_task_value`` returns). It raises
-    ``_internal.WorkerLost`` when the worker, its process or its node was
-    lost or the attempt timed out (the task is tried again); any other
-    exception fails the task for good. The scheduler owns the rest.
-
-    Attributes:
-        max_workers: The most attempts it runs at once.
-    """
-
-    max_workers: int
-
-    def run(self, envelope_json: str, plan: bytes, timeout: float | None) -> str:
-        """One attempt's response line."""
-        ...
-
-
 def find_stages(plan: ExecutionPlan) -> list[ExecutionPlan]:
     """Every stage root (writer) in ``plan``, in pre-order, nested ones too.
 
@@ -217,42 +198,6 @@ def execute_plan(ctx: SessionContext, plan: ExecutionPlan) -> list[pa.RecordBatc
             message = f"executing partition {partition} of the query's root: {err}"
             raise RuntimeError(message) from err
     return batches
-
-
-def python_worker() -> list[str]:
-    """The command of a Python worker, to which the envelope path is appended.
-
-    ``sys.executable`` rather than ``python``: a cloudpickled inline UDF
-    loads only on the Python minor it was pickled on.
-    """
-    return [sys.executable, "-m", "dfx_engine.worker"]
-
-
-class WorkerPool(_internal.WorkerPool):
-    """Long-lived workers that run task after task, at most ``max_workers``.
-
-    A worker is ``<worker_command> --serve`` (default: :func:`python_worker`),
-    started when a task needs one and none is idle. Reuse a pool across
-    queries, and close it (or use it as a context manager) when done::
-
-        with WorkerPool(max_workers=4) as pool:
-            for sql in queries:
-                run_distributed(sql, spec_for(sql), pool=pool)
-
-    Without one, :func:`run_distributed` makes a pool for the call and closes
-    it before returning.
-    """
-
-    def __new__(
-        cls, max_workers: int | None = None, worker_command: Sequence[str] | None = None
-    ) -> WorkerPool:
-        """A pool of at most ``max_workers`` (default: the cores); none started.
-
-        Raises:
-            ValueError: If ``max_workers`` is less than 1.
-        """
-        command = list(worker_command or python_worker())
-        return super().__new__(cls, command, max_workers)
 
 
 def run_distributed(
@@ -325,8 +270,8 @@ def run_distributed(
             wave runs), or reading the root failed.
     """
     if not spec.shuffle_dir and not spec.shuffle_root:
-        spec = dataclasses.replace(spec, shuffle_root=_temporary_root())
-    executor_of, options = _executor(
+        spec = dataclasses.replace(spec, shuffle_root=temporary_root())
+    executor_of, options = executor_for(
         worker_command, max_workers, worker_mode, pool, executor
     )
     own_pool = None
@@ -338,7 +283,7 @@ def run_distributed(
             max_attempts=max_attempts,
             task_timeout=task_timeout,
             speculate=speculate,
-            progress=progress and _stderr_is_terminal(),
+            progress=progress and stderr_is_terminal(),
             **options,
         )
         # First, so a used or busy location is refused before anything is
@@ -373,10 +318,15 @@ def _run_claimed(
     """:func:`run_distributed` in the location ``claim`` holds."""
     query_spec = SessionSpec.from_json(claim.query_spec_json)
     given = isinstance(query, DataFrame)
-    if isinstance(query, DataFrame) and spec.shuffle_root:
-        # Its own session planned no stage (it had no location): planned
-        # again, from its logical plan, by a session of this query's location.
+    if isinstance(query, DataFrame) and (spec.shuffle_root or drives(spec)):
+        # Its own session planned no stage (it had no location), or would
+        # claim the location itself (a session that drives its queries):
+        # planned again, from its logical plan, by a session of this query's
+        # location.
         ctx = build_session(query_spec)[0]
+        limit = memory_table_limit_of(spec)
+        if limit is not None:
+            set_memory_table_limit(ctx, limit)
         query = ctx.create_dataframe_from_logical_plan(query.logical_plan())
     else:
         # A DataFrame is planned by its own session, and encoded and read
@@ -409,25 +359,6 @@ def _run_claimed(
     return DistributedResult(batches, run)
 
 
-def _stderr_is_terminal() -> bool:
-    """Whether stderr is a terminal: the live line's only place (fd 2)."""
-    try:
-        return sys.stderr.fileno() == 2 and os.isatty(2)
-    except (AttributeError, OSError, ValueError):
-        return False
-
-
-def _temporary_root() -> str:
-    """The process's temporary shuffle root, removed when the process exits."""
-    if not _TEMPORARY_ROOT_REMOVAL:
-        _TEMPORARY_ROOT_REMOVAL.append(atexit.register(_internal.remove_temporary_root))
-    return _internal.temporary_root()
-
-
-_TEMPORARY_ROOT_REMOVAL: list[object] = []
-"""Holds the exit hook once registered, so it is registered once."""
-
-
 def _name_kept(err: BaseException, location: str) -> None:
     """Name the kept ``location`` in ``err``'s message, keeping its type."""
     note = f"the query's shuffle location is kept for inspection: {location}"
@@ -435,58 +366,6 @@ def _name_kept(err: BaseException, location: str) -> None:
         err.args = (f"{err.args[0]}\n{note}", *err.args[1:])
     else:
         err.args = (*err.args, note)
-
-
-def _executor(
-    worker_command: Sequence[str] | None,
-    max_workers: int | None,
-    worker_mode: str,
-    pool: WorkerPool | None,
-    executor: Executor | None,
-) -> tuple[object | None, dict[str, Any]]:
-    """What runs the tasks, and the scheduler's options for it.
-
-    ``None`` for a pool the caller does not hold: one is made for the call.
-
-    Raises:
-        ValueError: An unknown mode, or a pool or executor with settings of
-            the worker processes, which it would ignore.
-    """
-    if worker_mode not in WORKER_MODES:
-        message = (
-            f"worker_mode must be one of {list(WORKER_MODES)}, got {worker_mode!r}"
-        )
-        raise ValueError(message)
-    if executor is not None:
-        ignored = {
-            "pool": pool,
-            "worker_command": worker_command,
-            "max_workers": max_workers,
-            "worker_mode": None if worker_mode == WORKER_MODES[0] else worker_mode,
-        }
-        given = sorted(name for name, value in ignored.items() if value is not None)
-        if given:
-            message = (
-                f"an executor runs the tasks itself; {given} would be ignored "
-                "beside it (they configure the worker processes)"
-            )
-            raise ValueError(message)
-        return executor, {"max_workers": executor.max_workers}
-    if pool is not None:
-        if worker_mode != WORKER_MODES[0]:
-            message = f"a worker pool was given with worker_mode={worker_mode!r}"
-            raise ValueError(message)
-        if worker_command is not None or max_workers is not None:
-            message = (
-                "a worker pool has its own worker_command and max_workers; "
-                "give them to WorkerPool, not beside it"
-            )
-            raise ValueError(message)
-        return pool, {}
-    if worker_mode == "process":
-        command = list(worker_command or python_worker())
-        return "process", {"command": command, "max_workers": max_workers}
-    return None, {}
 
 
 def _register(

@@ -310,6 +310,7 @@ def build_session(
     spec: SessionSpec,
     *,
     register_tables: bool = True,
+    driver: _internal.SessionDriver | None = None,
 ) -> tuple[SessionContext, _internal.DfxEngineExtension]:
     """A session with dfx installed, the plugin's functions and the spec's tables.
 
@@ -319,7 +320,9 @@ def build_session(
        shuffle location (and split, compression and store options, set only
        with one) from the first query on.
     2. ``with_extensions`` installs the plugin's codec and planner and
-       registers its functions (plans name them).
+       registers its functions (plans name them). With ``driver``, the
+       planner is the driving one (:func:`dfx_engine.session_for`): every
+       plan with stages runs them when it is executed.
     3. Each table is registered by the statement the runtime writes for it
        (``CREATE EXTERNAL TABLE``), after the S3 client of its bucket, unless
        ``register_tables`` is false (see :func:`build_worker_session`).
@@ -352,7 +355,7 @@ def build_session(
         # Onto the extension just added: keys under the plugin's prefix
         # go to its options (checked by the plugin when it plans).
         config = config.set(f"{prefix}.{key}", value)
-    engine = _internal.DfxEngineExtension()
+    engine = _internal.DfxEngineExtension(driver)
     ctx = SessionContext(config).with_extensions(engine)
 
     if register_tables:
@@ -360,7 +363,9 @@ def build_session(
             _register_table(ctx, name, table, spec.store_options)
 
     found = ctx.physical_extension_codec_ids()
-    expected = expected_codec_ids()
+    # A driving session's plans carry their root in a codec of its own,
+    # which no stage uses: the ids shipped to workers stay the plugin's.
+    expected = expected_codec_ids() + ([_internal.ROOT_CODEC_ID] if driver else [])
     if found != expected:
         message = (
             f"the session carries physical codecs {found}, expected {expected}; "

@@ -340,6 +340,19 @@ impl Scheduler {
     }
 }
 
+impl Scheduler {
+    /// The runtime's scheduler this one holds (its executor shared).
+    pub fn runtime_scheduler(&self) -> RuntimeScheduler {
+        self.scheduler.clone()
+    }
+}
+
+impl From<Arc<RuntimeRun>> for QueryRun {
+    fn from(run: Arc<RuntimeRun>) -> Self {
+        Self { run }
+    }
+}
+
 /// A query whose stages are all published: what ran, and the reruns its
 /// root may still need.
 #[pyclass(frozen, module = "dfx_engine._internal")]

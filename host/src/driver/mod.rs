@@ -23,6 +23,7 @@
 pub mod analyze;
 #[cfg(feature = "cli-extras")]
 pub mod progress;
+pub mod session;
 pub mod stages;
 
 use std::sync::{Arc, Mutex};

@@ -14,6 +14,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::SystemTime;
 
+use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::{TaskContext, TaskContextProvider};
 use datafusion::physical_plan::ExecutionPlan;
@@ -28,6 +29,8 @@ use datafusion_proto::bytes::{
 use datafusion_proto::logical_plan::DefaultLogicalExtensionCodec;
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 use dfx_abi::Plugin;
+use dfx_runtime::QueryRun;
+use dfx_runtime::root::{DrivingQueryPlanner, QueryDriver};
 
 use crate::error::{DataFusionContext, HostError, Result};
 use crate::session::codec_chain::CodecChain;
@@ -54,6 +57,9 @@ pub struct DfxSession {
     /// The stage decoded last, kept for the next map of it (see
     /// [`Self::decode_stage_for_map`]).
     kept_stage: Mutex<Option<KeptStage>>,
+    /// What runs the session's queries when their plans execute, for a
+    /// session that drives them ([`build_driving_session`]).
+    driver: Option<Arc<QueryDriver>>,
 }
 
 /// A decoded stage a serving worker keeps for its next map.
@@ -119,6 +125,12 @@ impl DfxSession {
             Default::default(),
             self.ctx.runtime_env(),
         ))
+    }
+
+    /// What the scheduler did for the session's last distributed query
+    /// whose answer was read (a driving session's only).
+    pub fn last_run(&self) -> Option<Arc<QueryRun>> {
+        self.driver.as_ref().and_then(|driver| driver.last_run())
     }
 
     /// The plugin the session was built with.
@@ -322,7 +334,28 @@ impl TaskContextProvider for LateTaskContext {
 /// A plugin constructor that fails, a table directory that cannot be listed
 /// or registered, or codec ids that differ from the spec's.
 pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSession> {
-    build(plugin, spec, Tables::Register).await
+    build(plugin, spec, Tables::Register, None).await
+}
+
+/// How a driving session's driver is made from its codec chain (the
+/// encoder of its stages).
+pub type MakeDriver<'a> = Box<dyn FnOnce(Arc<CodecChain>) -> QueryDriver + Send + 'a>;
+
+/// [`build_session`] for a session whose queries run distributed when
+/// their plans execute (`ctx().sql(q).await?.collect().await`): its
+/// planner claims each query's location, plans in it and puts a
+/// [`DistributedRootExec`](dfx_runtime::root::DistributedRootExec) on the
+/// plan, run by the driver `make_driver` builds.
+///
+/// # Errors
+///
+/// As [`build_session`].
+pub async fn build_driving_session(
+    plugin: &Plugin,
+    spec: &SessionSpec,
+    make_driver: MakeDriver<'_>,
+) -> Result<DfxSession> {
+    build(plugin, spec, Tables::Register, Some(make_driver)).await
 }
 
 /// [`build_session`] for a worker: the same session, config and codecs, but
@@ -339,7 +372,7 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
 ///
 /// As [`build_session`], but for registering a table.
 pub async fn build_worker_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSession> {
-    build(plugin, spec, Tables::Skip).await
+    build(plugin, spec, Tables::Skip, None).await
 }
 
 /// Whether a session registers its spec's tables.
@@ -351,7 +384,12 @@ enum Tables {
     Skip,
 }
 
-async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<DfxSession> {
+async fn build(
+    plugin: &Plugin,
+    spec: &SessionSpec,
+    tables: Tables,
+    make_driver: Option<MakeDriver<'_>>,
+) -> Result<DfxSession> {
     // A spec made in code was never read from JSON: checked here as one read
     // would be (its tables' definitions among the rest).
     spec.validate()?;
@@ -464,13 +502,19 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
             .context(|| plugin_what(&format!("cannot set {key} to {value:?}")))?;
     }
 
+    let planner: Arc<dyn QueryPlanner + Send + Sync> = Arc::new(PluginQueryPlanner {
+        planner: ForeignQueryPlanner(planner),
+        carries_tables,
+    });
+    let driver = make_driver.map(|make| Arc::new(make(Arc::clone(&chain))));
+    let planner = match &driver {
+        Some(driver) => Arc::new(DrivingQueryPlanner::new(planner, Arc::clone(driver))),
+        None => planner,
+    };
     let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(config)
-        .with_query_planner(Arc::new(PluginQueryPlanner {
-            planner: ForeignQueryPlanner(planner),
-            carries_tables,
-        }))
+        .with_query_planner(planner)
         .build();
     let ctx = Arc::new(SessionContext::new_with_state(state));
     // Cannot fail: `late` was created above and bound nowhere else.
@@ -502,6 +546,7 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
         _provider: provider,
         vetted: Mutex::default(),
         kept_stage: Mutex::default(),
+        driver,
     })
 }
 
