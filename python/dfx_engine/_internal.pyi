@@ -234,6 +234,9 @@ class PreparedStages:
 def prepare(encoded_stages: list[bytes]) -> PreparedStages:
     """Describe and cut a query's encoded stages (pre-order), as the runtime does."""
 
+def plan_stages(plan: bytes) -> list[bytes]:
+    """The stages of an encoded plan, cut out by the plugin in pre-order."""
+
 class Scheduler:
     """Runs queries' tasks on one executor."""
 

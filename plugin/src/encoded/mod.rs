@@ -1,3 +1,6 @@
+//! Encoded plans without decoding them: a plan cut into its stages
+//! ([`split_plan`]), and each stage cut for its maps.
+//!
 //! Each map task carries its own files: an encoded stage cut so that a
 //! task's plan names only the file groups its map reads.
 //!
@@ -32,11 +35,13 @@
 mod assemble;
 mod cut;
 mod map_files;
+mod split;
 mod walk;
 
 pub use assemble::stage_for_map;
 pub use cut::{CutStage, MIN_GROUPS_TO_CUT, cut_stage};
 pub use map_files::{MAP_FILES_MAGIC, MAP_FILES_VERSION};
+pub use split::split_plan;
 pub(crate) use walk::{Reads, child_reads, children_mut, find_payload, is_file_scan};
 
 #[cfg(test)]
