@@ -206,11 +206,17 @@ async fn a_stage_encoded_without_the_sessions_codecs_fails_to_encode() {
         err.to_string().contains("not provided") || err.to_string().contains("not implemented"),
         "{err}"
     );
-    // With the session's codecs it encodes (nested stages and all), and
-    // decodes to a writer again.
-    let bytes = session.encode(stage).unwrap();
+    // With the session's codecs the stage cut out of the plan (its readers
+    // carrying no stage) encodes again, and decodes to a writer again.
+    let planned = session.plan(BY_FLAG).await.unwrap();
+    let cut = session.decode(&planned.stages[0]).unwrap();
+    let bytes = session.encode(cut).unwrap();
     let decoded = session.decode(&bytes).unwrap();
     assert!(node_display(decoded.as_ref()).contains("ShuffleWriterExec"));
+    // The tree put back together is not encoded: its readers hold their
+    // writers, and encoding them would nest the stages again.
+    let err = session.encode(stage).unwrap_err().to_string();
+    assert!(err.contains("holds its stage's writer as a child"), "{err}");
 }
 
 #[tokio::test]
