@@ -8,6 +8,13 @@
 //! readers whose only child is the upstream writer, so stages nest. Pre-order
 //! is also the order the planner numbers them in, so the n-th writer found has
 //! the id [`crate::Plugin::stage_id`]`(n)`.
+//!
+//! That is the plan once put together. The plan a plugin's planner hands
+//! back does not nest its stages: each reader carries the stage it reads as
+//! a blob, so that a protobuf decoder meets one stage at a time. A host
+//! encodes that plan, has the plugin cut it into its stages
+//! ([`crate::Plugin::plan_stages`], pre-order), decodes each and hands every
+//! reader its writer back ([`attach_stages`]).
 
 use std::sync::Arc;
 

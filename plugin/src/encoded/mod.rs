@@ -26,9 +26,9 @@
 //! node from the writer down ([`Reads`]): most operators run partition p
 //! from partition p of their inputs; a union runs it from one input, at an
 //! offset; a collected build side, a merge or a repartition reads every
-//! partition of its input, so a scan below one stays whole; and nothing
-//! below a reader runs in the task at all (the stage it reads is published
-//! already), so a scan there keeps its N partitions and no file. The cut
+//! partition of its input, so a scan below one stays whole; and a reader
+//! has nothing below it (the stage it reads is published already, and
+//! [`split_plan`] took it out). The cut
 //! works on the encoded protobuf, not on a decoded plan: it moves file
 //! groups and never decodes an expression, so no host function is needed.
 
