@@ -151,6 +151,10 @@ extern "C" fn adapt_stage(
     called()
 }
 
+extern "C" fn plan_stages(_plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8>>> {
+    called()
+}
+
 /// A dfx root module that declares `dfx_abi_version` and
 /// `datafusion_ffi_major` as given, every function of which only counts.
 pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPluginRef {
@@ -161,7 +165,7 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         plugin_name: RStr::from_str(env!("CARGO_PKG_NAME")),
         plugin_version: RStr::from_str(env!("CARGO_PKG_VERSION")),
         stage_node_name: RStr::from_str("ShuffleWriterExec"),
-        codec_id: RStr::from_str("dfx_engine.physical.v2"),
+        codec_id: RStr::from_str("dfx_engine.physical.v3"),
         config_prefix: RStr::from_str("dfx_engine"),
         new_query_planner,
         new_physical_codec,
@@ -187,6 +191,7 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         stage_for_map,
         adapt_stage,
         seal_stage_input,
+        plan_stages,
     }
     .leak_into_prefix()
 }

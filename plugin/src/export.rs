@@ -71,6 +71,7 @@ pub fn root_module() -> DfxPluginRef {
         stage_for_map,
         adapt_stage,
         seal_stage_input,
+        plan_stages,
     }
     .leak_into_prefix()
 }
@@ -279,6 +280,14 @@ extern "C" fn cut_stage(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxCutStage> {
             shared: RVec::from(cut.shared),
             maps: cut.maps.into_iter().map(RVec::from).collect(),
         })
+    })
+}
+
+/// The stages of an encoded plan ([`encoded::split_plan`]).
+extern "C" fn plan_stages(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8>>> {
+    guarded("plan split", || {
+        let stages = encoded::split_plan(plan_bytes.as_slice())?;
+        Ok(stages.into_iter().map(RVec::from).collect())
     })
 }
 

@@ -393,7 +393,20 @@ impl<'v> Walk<'v> {
                     self.findings.push(finding);
                 }
             }
-            Some(Payload::Reader(_) | Payload::Recursive { .. } | Payload::WorkTable { .. }) => {}
+            Some(Payload::Reader(reader)) => {
+                if !same_location(&reader.shuffle_dir, &self.allowed.shuffle_dir) {
+                    let finding = format!(
+                        "a reader (at {}) reads stage {} from {}, not the spec's shuffle \
+                         location {}",
+                        self.at(),
+                        reader.stage_id,
+                        reader.shuffle_dir,
+                        self.allowed.shuffle_dir
+                    );
+                    self.findings.push(finding);
+                }
+            }
+            Some(Payload::Recursive { .. } | Payload::WorkTable { .. }) => {}
             None => {
                 let finding = format!(
                     "it holds an extension node that is not dfx's (at {}), so what it does \

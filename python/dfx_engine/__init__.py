@@ -19,8 +19,9 @@ and says what its tasks did,
 ``ray`` extra) runs the same worker code as Ray tasks.
 
 Glossary: a *stage* is a subtree the planner rooted at a ``ShuffleWriterExec``
-node; stages nest, a consumer reading an upstream stage through a
-``ShuffleReaderExec`` whose only child is that stage's writer. A *map* is one
+node; a consumer reads an upstream stage through a ``ShuffleReaderExec``,
+which carries that stage as bytes (so stages do not nest as protobuf
+messages, and each decodes on its own). A *map* is one
 partition of a stage's input, run by one worker (a *task* is a
 ``(stage_id, map)``); it splits its rows into *buckets*. The *shuffle
 directory* is where a map publishes ``stage-<S>/map-<M>.arrow``: every

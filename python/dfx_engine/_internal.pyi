@@ -256,6 +256,9 @@ class SessionDriver:
     @property
     def last_run(self) -> QueryRun | None: ...
 
+def plan_stages(plan: bytes) -> list[bytes]:
+    """The stages of an encoded plan, cut out by the plugin in pre-order."""
+
 class Scheduler:
     """Runs queries' tasks on one executor."""
 

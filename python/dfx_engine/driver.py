@@ -11,7 +11,8 @@ lost output::
     ClaimedLocation(spec)                      lock / probe the location
     df = ctx.sql(sql), or the caller's DataFrame
     plan = df.execution_plan()                 planned ONCE, with the session
-    writers in pre-order ─► to_bytes(ctx)      encoded with the same session
+    plan.to_bytes(ctx) ─► plan_stages          encoded with the same session,
+                                               cut into its stages by the plugin
     _internal.prepare(encoded)                 described by the plugin, each
                                                cut for its maps (a task
                                                carries its own files): the
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from datafusion import DataFrame
+from datafusion.plan import ExecutionPlan
 
 from dfx_engine import _internal
 from dfx_engine.dataframes import (
@@ -63,7 +65,6 @@ if TYPE_CHECKING:
 
     import pyarrow as pa
     from datafusion import SessionContext
-    from datafusion.plan import ExecutionPlan
     from datafusion.user_defined import AggregateUDF, ScalarUDF
 
 __all__ = [
@@ -148,39 +149,51 @@ class DistributedResult:
         )
 
 
-def find_stages(plan: ExecutionPlan) -> list[ExecutionPlan]:
-    """Every stage root (writer) in ``plan``, in pre-order, nested ones too.
+def _has_readers(plan: ExecutionPlan) -> bool:
+    """Whether ``plan`` reads any stage.
 
-    A writer is found by its display *containing* the node name: across the
+    A reader is found by its display *containing* the node name: across the
     FFI boundary it displays as its wrapper, and Python cannot downcast it.
-    The walk descends into writers (stages nest), in the planner's
-    numbering order, so the n-th writer has id ``_internal.stage_id(n)``.
     """
-    name = _internal.stage_node_name()
-    found: list[ExecutionPlan] = []
+    name = _internal.reader_node_name()
+    if name is None:
+        return False
     pending = [plan]
     while pending:
         node = pending.pop()
         if name in node.display():
-            found.append(node)
-        # Reversed so the leftmost child is popped (visited) first.
-        pending.extend(reversed(node.children()))
-    return found
-
-
-def find_stage(plan: ExecutionPlan) -> ExecutionPlan | None:
-    """The first stage of ``plan`` in pre-order, or ``None`` if it has none."""
-    stages = find_stages(plan)
-    return stages[0] if stages else None
+            return True
+        pending.extend(node.children())
+    return False
 
 
 def encode_stages(ctx: SessionContext, plan: ExecutionPlan) -> list[bytes]:
     """Every stage of ``plan``, in pre-order, encoded with ``ctx``.
 
-    With its session: the session holds the codec that can write the
-    plugin's nodes and the Python UDFs the plan calls (pickled by value).
+    The planner hands each reader back carrying the stage it reads, so no
+    stage nests in another: the plan is encoded with its session (the
+    session holds the codec that can write the plugin's nodes and the
+    Python UDFs the plan calls, pickled by value) and the plugin cuts the
+    bytes into its stages, each holding its own nodes only. The n-th has id
+    ``_internal.stage_id(n)``.
     """
-    return [writer.to_bytes(ctx) for writer in find_stages(plan)]
+    if not _has_readers(plan):
+        return []
+    return _internal.plan_stages(plan.to_bytes(ctx))
+
+
+def find_stages(ctx: SessionContext, plan: ExecutionPlan) -> list[ExecutionPlan]:
+    """Every stage of ``plan`` (its writer), in pre-order, decoded with ``ctx``.
+
+    Each holds its own nodes only: its readers carry no stage.
+    """
+    return [ExecutionPlan.from_bytes(ctx, stage) for stage in encode_stages(ctx, plan)]
+
+
+def find_stage(ctx: SessionContext, plan: ExecutionPlan) -> ExecutionPlan | None:
+    """The first stage of ``plan`` in pre-order, or ``None`` if it has none."""
+    stages = find_stages(ctx, plan)
+    return stages[0] if stages else None
 
 
 def execute_plan(ctx: SessionContext, plan: ExecutionPlan) -> list[pa.RecordBatch]:
@@ -339,7 +352,12 @@ def _run_claimed(
     # where in-memory tables are written.
     with plain_planning_errors(ctx, df), plain_memory_table_errors():
         plan = df.execution_plan()
-    encoded = encode_stages(ctx, plan)
+        encoded = encode_stages(ctx, plan)
+        # Each stage decoded here as a worker will decode it: one nesting
+        # deeper than datafusion-python decodes is refused before any task
+        # runs, in the same plain words as a plan too deep to hand back.
+        for stage in encoded:
+            ExecutionPlan.from_bytes(ctx, stage)
     if not encoded and given:
         raise not_a_dfx_dataframe(query_spec)
     # Described and cut by the runtime, the step the Rust host takes.

@@ -27,9 +27,10 @@ neither dfx nor the cause; :func:`plain_planning_errors` says them as
 :class:`UnsupportedQueryError`:
 
 - a plan nesting deeper than datafusion-python's prost decodes (100
-  messages): long join chains; a distributed plan's stage nodes add depth,
-  so some (thirty scalar subqueries) fail only distributed. The Rust host's
-  prost has no such limit.
+  messages): long join chains. A distributed plan's stages do not add up:
+  each reader carries the stage it reads as bytes, and each stage is
+  decoded on its own, so only a single stage that deep is refused. The
+  Rust host's prost has no such limit.
 - a scan of a table the format does not carry, a table function such as
   ``generate_series``: datafusion-python cannot encode the logical plan.
 """
@@ -446,7 +447,8 @@ def build_worker_session(
 UNSUPPORTED_REASONS = ("deep_plan", "table_function", "empty_relation")
 """Why a session cannot plan a query (:attr:`UnsupportedQueryError.reason`).
 
-``deep_plan``: the plan nests deeper than datafusion-python decodes;
+``deep_plan``: the plan, or one stage of it, nests deeper than
+datafusion-python decodes;
 ``table_function``: it reads a table the plan format cannot carry;
 ``empty_relation``: the optimizer proved part of it empty (``WHERE false``),
 and the plan format carries an empty relation without its columns.
@@ -509,10 +511,11 @@ def _unsupported(
         major = datafusion.__version__.split(".")[0]
         first_line = text.splitlines()[0]
         message = (
-            f"dfx cannot plan this query in Python: its plan nests deeper than "
-            f"datafusion-python {major} decodes (prost's limit of 100 nested "
-            "messages), and datafusion-python decodes the plan dfx's planner "
-            "hands back to it; the Rust host (`dfx run`) runs it. "
+            f"dfx cannot plan this query in Python: its plan, or one stage of "
+            f"it, nests deeper than datafusion-python {major} decodes (prost's "
+            "limit of 100 nested messages), and datafusion-python decodes the "
+            "plan dfx's planner hands back to it and each stage cut from it "
+            "whole; the Rust host (`dfx run`) runs it. "
             f"datafusion-python said: {first_line}"
         )
         return UnsupportedQueryError(message, "deep_plan")

@@ -91,6 +91,7 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(settings::session_settings, m)?)?;
     m.add_class::<prepare::PreparedStages>()?;
     m.add_function(wrap_pyfunction!(prepare::prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(prepare::plan_stages, m)?)?;
     m.add_class::<scheduler::WorkerPool>()?;
     m.add_class::<scheduler::Scheduler>()?;
     m.add_class::<scheduler::QueryRun>()?;

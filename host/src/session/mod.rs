@@ -31,6 +31,7 @@ use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 use dfx_abi::Plugin;
 use dfx_runtime::QueryRun;
 use dfx_runtime::root::{DrivingQueryPlanner, QueryDriver};
+use dfx_abi::stages::{attach_stages, find_stages};
 
 use crate::error::{DataFusionContext, HostError, Result};
 use crate::session::codec_chain::CodecChain;
@@ -40,6 +41,16 @@ use crate::session::tables::register_table;
 pub use dfx_runtime::spec::{
     DEFAULT_TARGET_PARTITIONS, SessionSpec, ShuffleCompression, Split, TableDefinition, TableFormat,
 };
+
+/// A query planned by [`DfxSession::plan`].
+#[derive(Debug)]
+pub struct Planned {
+    /// The plan as one tree: each reader over its stage's writer.
+    pub plan: Arc<dyn ExecutionPlan>,
+    /// Its stages, encoded by the session, in pre-order: what a driver
+    /// describes, cuts and ships.
+    pub stages: Vec<Vec<u8>>,
+}
 
 /// A session built by [`build_session`], with the codec chain it encodes and
 /// decodes stages with.
@@ -154,15 +165,59 @@ impl DfxSession {
     ///
     /// Whatever parsing, logical or physical planning reports.
     pub async fn physical_plan(&self, sql: &str) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self.plan(sql).await?.plan)
+    }
+
+    /// `sql` planned: the plan as one tree (each reader over the writer of
+    /// the stage it reads) and its stages as this session encodes them, in
+    /// pre-order.
+    ///
+    /// The planner hands its plan back with each reader carrying its stage
+    /// as a blob; the plan is encoded, cut into its stages by the plugin,
+    /// and each stage decoded and given back to its reader.
+    ///
+    /// # Errors
+    ///
+    /// Whatever parsing, planning, encoding, the cut or decoding reports.
+    pub async fn plan(&self, sql: &str) -> Result<Planned> {
         let frame = self
             .ctx
             .sql(sql)
             .await
             .context(|| format!("cannot plan {sql:?}"))?;
-        frame
+        let plan = frame
             .create_physical_plan()
             .await
-            .context(|| format!("cannot create the physical plan of {sql:?}"))
+            .context(|| format!("cannot create the physical plan of {sql:?}"))?;
+        let Some(reader) = self.plugin.reader_node_name() else {
+            return Ok(Planned {
+                plan,
+                stages: Vec::new(),
+            });
+        };
+        if find_stages(&plan, reader).is_empty() {
+            return Ok(Planned {
+                plan,
+                stages: Vec::new(),
+            });
+        }
+        let bytes = self.encode(Arc::clone(&plan))?;
+        let stages = self
+            .plugin
+            .plan_stages(&bytes)
+            .context(|| format!("cannot cut the plan of {sql:?} into its stages"))?;
+        let writers = stages
+            .iter()
+            .enumerate()
+            .map(|(index, stage)| {
+                self.decode(stage).map_err(|err| {
+                    HostError::Invalid(format!("stage {}: {err}", self.plugin.stage_id(index)))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let plan = attach_stages(&plan, reader, &writers)
+            .context(|| format!("cannot put the plan of {sql:?} together"))?;
+        Ok(Planned { plan, stages })
     }
 
     /// Encode `plan` with this session's codecs: a driver encodes each
@@ -206,7 +261,7 @@ impl DfxSession {
     /// A serving worker runs map after map of a stage from the same bytes,
     /// and a DataFusion plan is made to run each of its partitions from one
     /// instance. Running them from one instance, as one process would, saves
-    /// the decode (a stage carries every stage below it) and builds once
+    /// the decode and builds once
     /// what the plan shares between partitions: the collected build side of
     /// a broadcast join is read and hashed once per worker, not once per map.
     /// A map already run from the plan gets a fresh decode, so no operator is

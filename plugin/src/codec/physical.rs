@@ -4,35 +4,10 @@
 //!
 //! Claims only those nodes; every other node belongs to the host's chain,
 //! which also encodes each node's child (the codec sees the node, never its
-//! subtree). The payload is framed so that bytes from elsewhere are refused
-//! with a reason instead of being misread (integers little endian, strings
-//! and blobs prefixed by a u32 length):
-//!
-//! ```text
-//! magic b"DFXS" | payload version u16 (PAYLOAD_VERSION) | node kind u8
-//! writer (kind 1): stage id u64 | maps u64 | buckets u64 | deps: u32 count, u64 each
-//!                  | shuffle dir str | partitioning display str
-//!                  | partitioning blob (datafusion-proto `Partitioning`)
-//! reader (kind 2): read mode u8
-//! recursive query (kind 3): distinct u8 | CTE name str | output schema blob
-//!                  (datafusion-proto `Schema`); inputs: static term, recursive term
-//! work table (kind 4): CTE name str | schema blob (datafusion-proto `Schema`)
-//! sealed recursive query (kind 5): plan blob (datafusion-proto
-//!                  `PhysicalPlanNode` of the whole recursive query, this codec
-//!                  for kinds 3 and 4); no inputs
-//! sealed input (kind 9): plan blob (datafusion-proto `PhysicalPlanNode` of
-//!                  a writer's input, every dfx payload in it unframed, this
-//!                  codec for them); no inputs (see [`crate::exec::sealed_input`])
-//! store scan (kind 6): plan blob (datafusion-proto `PhysicalPlanNode` of
-//!                  the scan of a table on an object store); no inputs
-//! map scan (kind 7): map u64 (UNCUT_MAP: a stage's shared part; ANY_MAP:
-//!                  every map) | partitions u64 | partition u64 (NO_PARTITION:
-//!                  none) | slot u32 (NO_SLOT: none); input: the file scan,
-//!                  holding that partition's file group only (see [`crate::encoded`])
-//! join filter (kind 8): body blob (JSON, see [`crate::codec::join_filter`]):
-//!                  a build stage's key summary or a probe side's filter;
-//!                  input: the node's child
-//! ```
+//! subtree). The payloads and their framing are [`crate::wire`]'s. A reader
+//! is the one node encoded without its child: it carries the stage it reads
+//! as a blob ([`ShuffleReaderExec`]'s `try_to_proto`), so the codec meets
+//! readers without writers only, and decodes them so.
 //!
 //! A recursive query's work table is shared, in memory, between the query
 //! node and the work table node below it. Decoding the query node links the
@@ -43,7 +18,7 @@
 //!
 //! Everything a driver needs to schedule a stage sits in the writer's payload,
 //! so a host that cannot decode a plan (or must not yet) reads it from the
-//! encoded bytes alone ([`read_encoded_stage`]).
+//! encoded bytes alone ([`crate::wire::read_encoded_stage`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -66,6 +41,7 @@ use datafusion_proto::physical_plan::{
 use datafusion_proto::protobuf;
 use prost::Message;
 
+use crate::codec::reader::{decode_properties, encode_properties};
 use crate::counters::LiveObject;
 use crate::error::Area;
 use crate::error::fail;
@@ -78,6 +54,7 @@ use crate::exec::store_scan::StoreScanExec;
 use crate::isolation::with_plugin_functions;
 use crate::tables::with_table_stores_context;
 use crate::wire::Payload;
+use crate::wire::ReaderPayload;
 use crate::wire::WriterPayload;
 use crate::wire::encoded_node_names;
 use crate::{counters, guard};
@@ -234,10 +211,25 @@ impl DfxPhysicalCodec {
         }
         match payload {
             Payload::Writer(writer) => self.decode_writer(writer, &inputs[0], ctx, proto_converter),
-            Payload::Reader(mode) => Ok(Arc::new(ShuffleReaderExec::try_new(
-                mode,
-                Arc::clone(&inputs[0]),
-            )?)),
+            Payload::Reader(reader) => {
+                let (schema, properties) = decode_properties(
+                    reader.stage_id,
+                    &reader.properties,
+                    ctx,
+                    self,
+                    proto_converter,
+                )?;
+                Ok(Arc::new(ShuffleReaderExec::decoded(
+                    reader.mode,
+                    reader.stage_id,
+                    PathBuf::from(reader.shuffle_dir),
+                    usize::try_from(reader.maps).map_err(|_| too_many(reader.stage_id))?,
+                    usize::try_from(reader.buckets).map_err(|_| too_many(reader.stage_id))?,
+                    schema,
+                    properties,
+                    reader.stage,
+                )))
+            }
             Payload::Recursive {
                 name,
                 distinct,
@@ -314,7 +306,7 @@ impl DfxPhysicalCodec {
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
         if let Some(reader) = node.downcast_ref::<ShuffleReaderExec>() {
-            return Payload::Reader(reader.mode()).encode(buf);
+            return encode_reader(reader, self, proto_converter, buf);
         }
         if let Some(sealed) = node.downcast_ref::<SealedRecursiveQueryExec>() {
             // Encoded here, by the plugin, so that no host meets the nodes
@@ -399,10 +391,69 @@ impl DfxPhysicalCodec {
     }
 }
 
+fn too_many(stage: u64) -> DataFusionError {
+    fail(
+        Area::Codec,
+        format!("the reader of stage {stage}: more maps or buckets than this machine counts"),
+    )
+}
+
+/// A reader's payload: the stage it reads described, what it promises, and
+/// the stage itself as it travels with the reader.
+fn encode_reader(
+    reader: &ShuffleReaderExec,
+    codec: &DfxPhysicalCodec,
+    proto_converter: &dyn PhysicalProtoConverterExtension,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
+    let stage = reader.stage_id();
+    if reader.writer().is_some() {
+        // DataFusion would nest the writer below the payload: stages would
+        // nest as messages again. The plugin's encoder never gets here (the
+        // reader encodes itself detached); a host does after handing a
+        // decoded reader its writer back.
+        return Err(fail(
+            Area::Codec,
+            format!(
+                "the reader of stage {stage} holds its stage's writer as a child: encode the \
+                 plan as the planner handed it over (each reader carrying its stage), or a \
+                 stage cut from it, not a plan whose readers were given their writers back"
+            ),
+        ));
+    }
+    let shuffle_dir = reader.shuffle_dir().to_str().ok_or_else(|| {
+        fail(
+            Area::Codec,
+            format!(
+                "the reader of stage {stage} has a shuffle directory that is not UTF-8: {}",
+                reader.shuffle_dir().display()
+            ),
+        )
+    })?;
+    let properties = encode_properties(
+        stage,
+        &reader.schema(),
+        reader.properties(),
+        codec,
+        proto_converter,
+    )?;
+    Payload::Reader(ReaderPayload {
+        mode: reader.mode(),
+        stage_id: stage,
+        maps: reader.maps() as u64,
+        buckets: reader.buckets() as u64,
+        shuffle_dir: shuffle_dir.to_string(),
+        properties,
+        stage: reader.encoded_stage().to_vec(),
+    })
+    .encode(buf)
+}
+
 #[cfg(test)]
 mod tests {
     use crate::wire::{
-        MapScanPayload, PAYLOAD_MAGIC, PAYLOAD_VERSION, Payload, ReadMode, WriterPayload,
+        MapScanPayload, PAYLOAD_MAGIC, PAYLOAD_VERSION, Payload, ReadMode, ReaderPayload,
+        WriterPayload,
     };
 
     fn sample() -> Vec<u8> {
@@ -473,14 +524,22 @@ mod tests {
         assert_eq!((payload.maps, payload.buckets), (4, 3));
         assert_eq!(payload.deps, vec![8, 9]);
         assert_eq!(payload.shuffle_dir, "/tmp/shuffle-ä");
+        let reader = Payload::Reader(ReaderPayload {
+            mode: ReadMode::Broadcast,
+            stage_id: 3,
+            maps: 2,
+            buckets: 1,
+            shuffle_dir: "/tmp/s".into(),
+            properties: b"{}".to_vec(),
+            stage: vec![7; 5],
+        });
         let mut buf = Vec::new();
-        Payload::Reader(ReadMode::Broadcast)
-            .encode(&mut buf)
-            .unwrap();
-        assert_eq!(
-            Payload::decode(&buf).unwrap(),
-            Payload::Reader(ReadMode::Broadcast)
-        );
+        reader.encode(&mut buf).unwrap();
+        assert_eq!(Payload::decode(&buf).unwrap(), reader);
+        for len in 0..buf.len() {
+            let err = Payload::decode(&buf[..len]).unwrap_err().to_string();
+            assert!(err.contains("truncated payload"), "{len}: {err}");
+        }
     }
 
     #[test]
@@ -504,9 +563,10 @@ mod tests {
     #[test]
     fn unknown_version_is_named() {
         let mut buf = sample();
-        buf[4..6].copy_from_slice(&1u16.to_le_bytes());
+        buf[4..6].copy_from_slice(&2u16.to_le_bytes());
         let err = Payload::decode(&buf).unwrap_err().to_string();
-        assert!(err.contains("version 1"), "{err}");
+        assert!(err.contains("version 2 is not supported"), "{err}");
+        assert!(err.contains("carries it as a blob"), "{err}");
         assert!(err.contains("dfx codec"), "{err}");
     }
 

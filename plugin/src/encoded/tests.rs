@@ -198,11 +198,14 @@ fn map_files_that_are_truncated_are_refused() {
 
 #[test]
 fn a_sealed_stage_keeps_its_writer_over_one_node_holding_the_input_unframed() {
-    // The input: a framed reader over a scan, as a host's chain encodes it.
+    // The input: a framed join filter over a scan, as a host's chain
+    // encodes it.
     let mut reader = b"frame:".to_vec();
-    Payload::Reader(crate::wire::ReadMode::Hash)
-        .encode(&mut reader)
-        .unwrap();
+    Payload::JoinFilter {
+        node: b"{}".to_vec(),
+    }
+    .encode(&mut reader)
+    .unwrap();
     let input = PhysicalPlanNode {
         physical_plan_type: Some(PhysicalPlanType::Extension(PhysicalExtensionNode {
             node: reader,
@@ -229,7 +232,7 @@ fn a_sealed_stage_keeps_its_writer_over_one_node_holding_the_input_unframed() {
     let Some((6, Payload::SealedInput { plan })) = find_payload(&node.node) else {
         panic!("the writer's input is not a sealed input");
     };
-    // The input whole, its reader's payload unframed for the plugin alone.
+    // The input whole, its filter's payload unframed for the plugin alone.
     let mut unframed = input;
     if let Some(PhysicalPlanType::Extension(reader)) = unframed.physical_plan_type.as_mut() {
         reader.node.drain(..6);

@@ -62,7 +62,7 @@ pub struct DfxPlugin {
     pub plugin_version: RStr<'static>,
     /// `ShuffleWriterExec`.
     pub stage_node_name: RStr<'static>,
-    /// `dfx_engine.physical.v2`.
+    /// `dfx_engine.physical.v3`.
     pub codec_id: RStr<'static>,
     /// `dfx_engine`.
     pub config_prefix: RStr<'static>,
@@ -135,6 +135,8 @@ pub struct DfxPlugin {
         extern "C" fn(plan_bytes: RSlice<'_, u8>, request_json: RStr<'_>) -> FfiResult<RString>,
     /// Seals nothing: this plugin does no query work.
     pub seal_stage_input: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<u8>>,
+    /// Splits nothing: this plugin does no query work.
+    pub plan_stages: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8>>>,
     /// The appended field: an export a later version might add.
     pub newer_field: extern "C" fn() -> u64,
 }
@@ -279,6 +281,10 @@ extern "C" fn adapt_stage(
     no_query_work()
 }
 
+extern "C" fn plan_stages(_plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8>>> {
+    no_query_work()
+}
+
 /// A current host cannot name this field, so never calls it.
 extern "C" fn newer_field() -> u64 {
     count();
@@ -296,7 +302,7 @@ pub fn root_module() -> DfxPluginRef {
         plugin_name: RStr::from_str("dfx-test-plugin-newer-root"),
         plugin_version: RStr::from_str(env!("CARGO_PKG_VERSION")),
         stage_node_name: RStr::from_str("ShuffleWriterExec"),
-        codec_id: RStr::from_str("dfx_engine.physical.v2"),
+        codec_id: RStr::from_str("dfx_engine.physical.v3"),
         config_prefix: RStr::from_str("dfx_engine"),
         new_query_planner,
         new_physical_codec,
@@ -322,6 +328,7 @@ pub fn root_module() -> DfxPluginRef {
         stage_for_map,
         adapt_stage,
         seal_stage_input,
+        plan_stages,
         newer_field,
     }
     .leak_into_prefix()
