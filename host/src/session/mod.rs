@@ -7,11 +7,17 @@
 //! with the same spec, so a plan one encodes the other can decode.
 
 pub mod codec_chain;
+mod late_context;
+mod options;
 pub mod query_planner;
 mod tables;
 
+pub use options::{effective_target_partitions, parse_engine_option};
+
+use late_context::{LEAN_DECODE, LateTaskContext};
+
 use std::collections::{BTreeSet, HashSet};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use datafusion::execution::context::QueryPlanner;
@@ -29,9 +35,9 @@ use datafusion_proto::bytes::{
 use datafusion_proto::logical_plan::DefaultLogicalExtensionCodec;
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 use dfx_abi::Plugin;
+use dfx_abi::stages::{attach_stages, find_stages};
 use dfx_runtime::QueryRun;
 use dfx_runtime::root::{DrivingQueryPlanner, QueryDriver};
-use dfx_abi::stages::{attach_stages, find_stages};
 
 use crate::error::{DataFusionContext, HostError, Result};
 use crate::session::codec_chain::CodecChain;
@@ -338,45 +344,6 @@ impl DfxSession {
     }
 }
 
-thread_local! {
-    /// Set while [`DfxSession::decode`] makes its lean attempt on this thread.
-    static LEAN_DECODE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// A task-context provider bound to its session after the session exists.
-///
-/// The plugin's planner needs the codecs and the codecs need a provider,
-/// but the provider is the session the planner goes into. This breaks the
-/// cycle: the codecs get the provider first, the session is bound to it once
-/// built. A weak reference, so the provider never keeps the session alive.
-///
-/// The plugin's codec asks for a context each time it decodes one dfx node,
-/// and datafusion-ffi converts the whole context across the boundary each
-/// time: every function of the session and every config entry, both ways.
-/// A worker decodes its stage with every stage below it, so that was a
-/// tenth of a distributed query's CPU. A dfx node needs functions only when
-/// a writer hashes on one, so a decode first hands the plugin a lean
-/// context (no functions, default config; see [`DfxSession::decode`]).
-#[derive(Default)]
-struct LateTaskContext {
-    session: OnceLock<Weak<SessionContext>>,
-    lean: OnceLock<Arc<TaskContext>>,
-}
-
-impl TaskContextProvider for LateTaskContext {
-    fn task_ctx(&self) -> Arc<TaskContext> {
-        if LEAN_DECODE.with(std::cell::Cell::get) {
-            return Arc::clone(self.lean.get_or_init(|| Arc::new(TaskContext::default())));
-        }
-        match self.session.get().and_then(Weak::upgrade) {
-            Some(ctx) => ctx.task_ctx(),
-            // Only reachable while the session is being built or after it is
-            // gone; a default context still decodes built-in nodes.
-            None => Arc::new(TaskContext::default()),
-        }
-    }
-}
-
 /// Build the session `spec` describes, with `plugin`'s planner, codec, config
 /// extension and functions, and every table registered.
 ///
@@ -603,35 +570,4 @@ async fn build(
         kept_stage: Mutex::default(),
         driver,
     })
-}
-
-/// The partitions a session built from `spec` plans for: the spec's
-/// `target_partitions`, raised to the file count of its largest table (the
-/// runtime's rule, [`dfx_runtime::tables::effective_target_partitions`],
-/// which the Python host applies too).
-///
-/// # Errors
-///
-/// A `target_partitions` of 0, or a table whose location cannot be listed
-/// or holds no file of its format.
-pub async fn effective_target_partitions(spec: &SessionSpec) -> Result<usize> {
-    Ok(dfx_runtime::tables::effective_target_partitions(spec).await?)
-}
-
-/// A `KEY=VALUE` plugin setting as a command line gives it (`--set`): the
-/// key with or without its `dfx_engine.` prefix, both sides trimmed.
-///
-/// # Errors
-///
-/// Text without `=`, or with an empty key, quoted in the message.
-pub fn parse_engine_option(value: &str) -> std::result::Result<(String, String), String> {
-    let (key, setting) = value
-        .split_once('=')
-        .ok_or_else(|| format!("expected KEY=VALUE, got {value:?}"))?;
-    // Either spelling of the key: the plugin's prefix is implied.
-    let key = key.trim().trim_start_matches("dfx_engine.");
-    if key.is_empty() {
-        return Err(format!("expected KEY=VALUE, got {value:?}"));
-    }
-    Ok((key.to_string(), setting.trim().to_string()))
 }
