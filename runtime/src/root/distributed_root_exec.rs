@@ -17,7 +17,6 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     PlanProperties,
 };
-use dfx_abi::stages::find_stages;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use tokio::sync::{mpsc, oneshot};
 
@@ -243,21 +242,15 @@ async fn answer(
     }
 }
 
-/// Every stage of `head`, in pre-order, encoded by the host.
+/// Every stage of `head`, in pre-order, encoded: the head is encoded by the
+/// host (each reader carries the stage it reads as a blob) and cut into its
+/// stages by the plugin, as a driver ships them.
 fn encode_stages(driver: &QueryDriver, head: &Arc<dyn ExecutionPlan>) -> Result<Vec<Vec<u8>>> {
-    let plugin = &driver.plugin;
-    find_stages(head, plugin.stage_node_name())
-        .into_iter()
-        .enumerate()
-        .map(|(index, writer)| {
-            (driver.encode)(writer).map_err(|err| {
-                DataFusionError::Execution(format!(
-                    "cannot encode stage {}: {err}",
-                    plugin.stage_id(index)
-                ))
-            })
-        })
-        .collect()
+    let bytes = (driver.encode)(Arc::clone(head))
+        .map_err(|err| DataFusionError::Execution(format!("cannot encode the plan: {err}")))?;
+    driver.plugin.plan_stages(&bytes).map_err(|err| {
+        DataFusionError::Execution(format!("cannot cut the plan into its stages: {err}"))
+    })
 }
 
 /// Every partition of the head, polled together in this task (an operator

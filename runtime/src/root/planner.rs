@@ -75,9 +75,13 @@ impl QueryPlanner for DrivingQueryPlanner {
                 return Err(location_kept(err, kept));
             }
         };
-        // A plan reading no table (`SELECT 1`, `EXPLAIN`) has no stage: it
-        // runs here, and its location is not needed.
-        if find_stages(&plan, driver.plugin.stage_node_name()).is_empty() {
+        // A plan reading no table (`SELECT 1`, `EXPLAIN`) has no stage, so
+        // no reader: it runs here, and its location is not needed.
+        let reads_stages = driver
+            .plugin
+            .reader_node_name()
+            .is_some_and(|reader| !find_stages(&plan, reader).is_empty());
+        if !reads_stages {
             driver.finish(claim, true).await?;
             return Ok(plan);
         }
