@@ -217,8 +217,11 @@ fn the_shell_creates_a_table_answers_on_one_pool_survives_a_bad_query_and_quits(
 
     // Still answering, with a setting every session of the query gets.
     tmux.send_line("SET datafusion.execution.batch_size = 2;");
+    // The shell's answer, a line of its own: the typed line holds the same
+    // words, and keys typed while the shell is busy race its terminal.
     tmux.wait_for("the setting", |pane| {
-        pane.contains("datafusion.execution.batch_size = 2")
+        pane.lines()
+            .any(|line| line.trim() == "datafusion.execution.batch_size = 2")
     });
     tmux.send_line("SHOW datafusion.execution.batch_size;");
     tmux.wait_for("the shown setting", |pane| {

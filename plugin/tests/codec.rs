@@ -148,8 +148,8 @@ fn dfx_claims_nothing_but_its_nodes() {
     assert!(
         err.contains(
             "dfx codec encodes only ShuffleWriterExec, ShuffleReaderExec, \
-             SealedRecursiveQueryExec, StoreScanExec, MapScanExec, KeySummaryExec, \
-             JoinFilterExec, RecursiveQueryExec and WorkTableExec, not EmptyExec"
+             SealedRecursiveQueryExec, SealedInputExec, StoreScanExec, MapScanExec, \
+             KeySummaryExec, JoinFilterExec, RecursiveQueryExec and WorkTableExec, not EmptyExec"
         ),
         "{err}"
     );

@@ -2,7 +2,7 @@
 //! host's executor and options behind the runtime's driving planner.
 //!
 //! ```no_run
-//! # async fn demo() -> dfx_host::Result<()> {
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let host = dfx_host::Host::new(dfx_host::load_plugin(None)?)?;
 //! let spec = dfx_host::SessionSpec::new([("t".to_string(), "data/t")])
 //!     .with_shuffle_root("/tmp/dfx-root");
