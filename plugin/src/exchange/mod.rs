@@ -4,8 +4,10 @@
 //! - [`files`]: a map's file, its segments (Arrow IPC) and their checks;
 //! - [`marker`]: the commit marker closing each map's file;
 //! - [`publish`]: a map's rows cut into buckets and published;
+//! - [`staging`]: a map's segments held by bucket until it publishes;
 //! - [`locate`]: a map's marker (and key summary) found and checked;
 //! - [`stream`]: one reader partition's segments, read and decoded;
+//! - [`fetch`]: a remote reader's ranges, merged and fetched at once;
 //! - [`store`]: the shuffle location, a local directory or an `s3://` prefix;
 //! - [`io`]: the plugin's own runtime, on which every request runs;
 //! - [`dirs`], [`probe`], [`ipc_check`]: stage directories, the location's
@@ -15,6 +17,7 @@
 //! [`crate::exec::ShuffleReaderExec`]; files are named in [`crate::paths`].
 
 pub mod dirs;
+pub mod fetch;
 pub mod files;
 pub mod io;
 pub mod ipc_check;
@@ -22,5 +25,6 @@ pub mod locate;
 pub mod marker;
 pub mod probe;
 pub mod publish;
+pub mod staging;
 pub mod store;
 pub mod stream;

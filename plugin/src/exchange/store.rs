@@ -218,7 +218,8 @@ pub async fn put_bytes(
 
 /// PUT `bytes` as object `key` only if there is none (S3's create-only
 /// PUT, `If-None-Match: *`): it appears whole or not at all, and never
-/// replaces an object. Answers whether this PUT created it.
+/// replaces an object. Answers whether this PUT created it, and then the
+/// entity tag the store gave it.
 ///
 /// # Errors
 ///
@@ -227,7 +228,7 @@ pub async fn put_new(
     store: Arc<dyn ObjectStore>,
     key: ObjectPath,
     bytes: Vec<u8>,
-) -> Result<bool, String> {
+) -> Result<Option<Option<String>>, String> {
     let put = on_io(async move {
         let options = PutOptions {
             mode: PutMode::Create,
@@ -237,10 +238,10 @@ pub async fn put_new(
     })
     .await?;
     match put {
-        Ok(_) => Ok(true),
+        Ok(done) => Ok(Some(done.e_tag)),
         Err(
             object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. },
-        ) => Ok(false),
+        ) => Ok(None),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -453,7 +454,8 @@ impl ObjectMap {
 
     /// Publish the object (one PUT, or the last part and the upload's
     /// completion) unless another attempt of its map published it first;
-    /// returns its size in bytes.
+    /// answers whether this attempt's object is the one published, and
+    /// then its entity tag.
     ///
     /// A small map is one create-only PUT, so of two attempts exactly one
     /// creates it. A multipart upload cannot be completed conditionally
@@ -466,15 +468,18 @@ impl ObjectMap {
     /// # Errors
     ///
     /// The upload's failure; nothing is published then.
-    pub async fn publish(mut self) -> Result<u64, String> {
+    pub async fn publish(mut self) -> Result<(bool, Option<String>), String> {
         crate::test_hooks::before_publish(Path::new(self.key.as_ref()));
         let rest = std::mem::take(&mut self.buffer);
         if self.upload.is_none() {
-            // Created, or kept: another attempt's object with the same rows.
-            put_new(Arc::clone(&self.store), self.key.clone(), rest)
+            // Created, or kept: another attempt's object.
+            let created = put_new(Arc::clone(&self.store), self.key.clone(), rest)
                 .await
                 .map_err(|e| io_failure(&self.location, e))?;
-            return Ok(self.bytes);
+            return Ok(match created {
+                Some(e_tag) => (true, e_tag),
+                None => (false, None),
+            });
         }
         if !rest.is_empty() {
             self.send_part(rest).await?;
@@ -487,7 +492,7 @@ impl ObjectMap {
             .map_err(|e| io_failure(&self.location, e))?;
         if published {
             // Dropping the upload aborts it: the object stays the first's.
-            return Ok(self.bytes);
+            return Ok((false, None));
         }
         let mut upload = self.upload.take().ok_or("no upload")?;
         let completed = on_io(async move {
@@ -498,13 +503,13 @@ impl ObjectMap {
             done
         })
         .await?;
-        completed.map_err(|e| {
+        let done = completed.map_err(|e| {
             io_failure(
                 &self.location,
                 format!("cannot complete the multipart upload: {e}"),
             )
         })?;
-        Ok(self.bytes)
+        Ok((true, done.e_tag))
     }
 }
 
