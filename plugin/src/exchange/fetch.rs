@@ -27,11 +27,14 @@ use object_store::ObjectStore;
 
 use crate::exchange::io::{join, spawn};
 use crate::exchange::locate::Piece;
-use crate::exchange::store::{ObjectKey, S3Location, get_range_if};
+use crate::exchange::store::{ObjectKey, Pinned, S3Location, get_range_pinned};
 
 /// Why a range could not be had.
 pub(crate) enum FetchError {
-    /// The object is gone: the map's output is lost.
+    /// The object is gone, or another object than the one its map reported
+    /// holds its key (two attempts both completed a multipart upload): the
+    /// output the reader was handed is lost, and a rerun of the map reports
+    /// the object that is there.
     Lost,
     /// Anything else, said.
     Failed(String),
@@ -140,7 +143,7 @@ impl RangeFetcher {
             Ok(key) => key,
             Err(e) => return Box::pin(async move { Err(FetchError::Failed(e)) }),
         };
-        let get = get_range_if(
+        let get = get_range_pinned(
             Arc::clone(&self.store),
             key,
             request.offset,
@@ -153,8 +156,9 @@ impl RangeFetcher {
                 .await
                 .map_err(FetchError::Failed)?
                 .map_err(|e| FetchError::Failed(format!("cannot fetch: {e}")))?;
-            let Some((bytes, size)) = fetched else {
-                return Err(FetchError::Lost);
+            let (bytes, size) = match fetched {
+                Pinned::Got(bytes, size) => (bytes, size),
+                Pinned::Missing | Pinned::Replaced => return Err(FetchError::Lost),
             };
             if size != request.size || bytes.len() as u64 != request.len {
                 return Err(FetchError::Failed(format!(

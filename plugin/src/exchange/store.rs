@@ -317,6 +317,40 @@ pub async fn get_range_if(
     Ok(got.map(|(bytes, size, _)| (bytes, size)))
 }
 
+/// What a GET pinned to an entity tag found.
+pub enum Pinned {
+    /// The range, and the object's whole size.
+    Got(Vec<u8>, u64),
+    /// No such object.
+    Missing,
+    /// Another object now holds the key (its tag no longer matches).
+    Replaced,
+}
+
+/// Like [`get_range_if`], telling an object replaced since its tag was
+/// taken apart from any other failure, for a caller that recovers from it.
+///
+/// # Errors
+///
+/// Any other failure of the GET, for the caller to name the object.
+pub async fn get_range_pinned(
+    store: Arc<dyn ObjectStore>,
+    key: ObjectPath,
+    offset: u64,
+    len: u64,
+    e_tag: Option<String>,
+) -> Result<Pinned, String> {
+    let range = GetRange::Bounded(offset..offset + len);
+    match get_part_checked(store, key, range, e_tag).await? {
+        Ok(Some((bytes, size, _))) => Ok(Pinned::Got(bytes, size)),
+        Ok(None) => Ok(Pinned::Missing),
+        Err(Replaced) => Ok(Pinned::Replaced),
+    }
+}
+
+/// An object replaced since the entity tag a GET was pinned to was taken.
+struct Replaced;
+
 async fn get_part(
     store: Arc<dyn ObjectStore>,
     key: ObjectPath,
@@ -333,6 +367,25 @@ async fn get_part_if(
     if_match: Option<String>,
 ) -> Result<Option<(Vec<u8>, u64, Option<String>)>, String> {
     let pinned = if_match.clone();
+    get_part_checked(store, key, range, if_match)
+        .await?
+        .map_err(|Replaced| {
+            format!(
+                "the object was replaced since its commit marker was read (entity tag {} no \
+                 longer matches)",
+                pinned.unwrap_or_default()
+            )
+        })
+}
+
+/// The GET of [`get_part_if`], an object replaced since `if_match` was
+/// taken kept apart.
+async fn get_part_checked(
+    store: Arc<dyn ObjectStore>,
+    key: ObjectPath,
+    range: GetRange,
+    if_match: Option<String>,
+) -> Result<Result<Option<(Vec<u8>, u64, Option<String>)>, Replaced>, String> {
     on_io(async move {
         let options = GetOptions {
             range: Some(range),
@@ -341,21 +394,15 @@ async fn get_part_if(
         };
         let got = match store.get_opts(&key, options).await {
             Ok(got) => got,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(object_store::Error::Precondition { .. }) => {
-                return Err(format!(
-                    "the object was replaced since its commit marker was read (entity tag {} \
-                     no longer matches)",
-                    pinned.unwrap_or_default()
-                ));
-            }
+            Err(object_store::Error::NotFound { .. }) => return Ok(Ok(None)),
+            Err(object_store::Error::Precondition { .. }) => return Ok(Err(Replaced)),
             Err(e) => return Err(e.to_string()),
         };
         let size = got.meta.size;
         let e_tag = got.meta.e_tag.clone();
         got.bytes()
             .await
-            .map(|b| Some((b.to_vec(), size, e_tag)))
+            .map(|b| Ok(Some((b.to_vec(), size, e_tag))))
             .map_err(|e| e.to_string())
     })
     .await?
