@@ -9,6 +9,7 @@
 //! - [`stream`]: one reader partition's segments, read and decoded;
 //! - [`fetch`]: a remote reader's ranges, merged and fetched at once;
 //! - [`store`]: the shuffle location, a local directory or an `s3://` prefix;
+//! - [`reads`]: ranged reads of an S3 object, pinned to its entity tag;
 //! - [`io`]: the plugin's own runtime, on which every request runs;
 //! - [`dirs`], [`probe`], [`ipc_check`]: stage directories, the location's
 //!   probe, the IPC stream check.
@@ -25,6 +26,7 @@ pub mod locate;
 pub mod marker;
 pub mod probe;
 pub mod publish;
+pub mod reads;
 pub mod staging;
 pub mod store;
 pub mod stream;
