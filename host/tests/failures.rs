@@ -615,7 +615,14 @@ async fn a_worker_reports_on_its_last_stdout_line() {
         let last = stdout.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
         let report: serde_json::Value = serde_json::from_str(last).unwrap();
         // File 2 holds two flags: two partial groups, whichever buckets they land in.
-        let expected_keys = ["bytes", "elapsed_ms", "partition", "rows", "stage_id"];
+        let expected_keys = [
+            "bytes",
+            "elapsed_ms",
+            "layout",
+            "partition",
+            "rows",
+            "stage_id",
+        ];
         assert_eq!(
             report.as_object().unwrap().keys().collect::<Vec<_>>(),
             expected_keys,
@@ -624,6 +631,25 @@ async fn a_worker_reports_on_its_last_stdout_line() {
         assert_eq!(report["stage_id"], stage.stage_id(), "{split}");
         assert_eq!(report["partition"], 2, "{split}");
         assert_eq!(report["rows"], 2, "{split}");
+        // Where each bucket lies in the map's file, for the stage's readers.
+        let layout = &report["layout"];
+        let rows: u64 = layout["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_u64().unwrap())
+            .sum();
+        assert_eq!(rows, 2, "{split}: {report}");
+        assert_eq!(
+            layout["bytes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap())
+                .sum::<u64>(),
+            report["bytes"].as_u64().unwrap(),
+            "{split}: {report}"
+        );
         // Two rows were published, so some bytes were: those of the files
         // the marker lists, summed.
         let marker = read_marker(

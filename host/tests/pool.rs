@@ -342,7 +342,7 @@ async fn a_task_error_in_serve_mode_is_reported_and_the_same_worker_serves_the_n
         .run_tasks(std::slice::from_ref(&good))
         .await
         .unwrap();
-    let report = reports[&(good.stage_id, 0)];
+    let report = &reports[&(good.stage_id, 0)];
     assert_eq!(report.worker, Some(pids[0]), "the same worker served it");
     assert_eq!(report.rows, 2, "file 0 holds two flags: {report:?}");
     assert_eq!(host.pool().started(), 1);

@@ -75,10 +75,12 @@ fn free_port() -> u16 {
     }
 }
 
-/// A running `moto_server`, killed and reaped on drop.
+/// A running `moto_server`, killed and reaped on drop; its request log
+/// (one line per request, on its stderr) kept in a file.
 struct Moto {
     child: Child,
     endpoint: String,
+    log: tempfile::NamedTempFile,
 }
 
 impl Moto {
@@ -91,11 +93,12 @@ impl Moto {
         // So a listening port counts only while our own child still runs.
         for _ in 0..5 {
             let port = free_port();
+            let log = tempfile::NamedTempFile::new().expect("a log file");
             let mut command = Command::new(venv.join("bin/moto_server"));
             command
                 .args(["-H", "127.0.0.1", "-p", &port.to_string()])
                 .stdout(Stdio::null())
-                .stderr(Stdio::null());
+                .stderr(log.reopen().expect("the log file"));
             if check_keys {
                 command.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
             }
@@ -103,6 +106,7 @@ impl Moto {
             let mut moto = Self {
                 child,
                 endpoint: format!("http://127.0.0.1:{port}"),
+                log,
             };
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
@@ -145,6 +149,37 @@ impl Moto {
             String::from_utf8_lossy(&output.stderr)
         );
         String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// The GETs of each stage's map objects under `prefix` (of [`BUCKET`])
+    /// the server has logged so far, by stage.
+    fn map_gets(&self, prefix: &str) -> std::collections::BTreeMap<u64, usize> {
+        let log = std::fs::read_to_string(self.log.path()).expect("the request log");
+        let start = format!("GET /{BUCKET}/{prefix}/stage-");
+        let mut gets = std::collections::BTreeMap::new();
+        for line in log.lines() {
+            let Some((_, rest)) = line.split_once(&start) else {
+                continue;
+            };
+            let Some((stage, _)) = rest.split_once("/map-") else {
+                continue;
+            };
+            *gets.entry(stage.parse().expect("a stage id")).or_default() += 1;
+        }
+        gets
+    }
+
+    /// The commit marker (JSON) of object `key` of [`BUCKET`].
+    fn marker(&self, key: &str) -> serde_json::Value {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("map.arrow");
+        self.boto3(
+            "s3.download_file(sys.argv[1], sys.argv[2], sys.argv[3])",
+            &[BUCKET, key, file.to_str().unwrap()],
+        );
+        let bytes = std::fs::read(&file).unwrap();
+        let range = dfx_abi::map_marker_range(&bytes).expect("a map file");
+        serde_json::from_slice(&bytes[range]).unwrap()
     }
 
     fn create_bucket(&self, bucket: &str) {
@@ -563,4 +598,55 @@ fn a_bucket_larger_than_a_part_is_uploaded_in_parts_and_reads_back_whole() {
         .unwrap_or(0);
     // Past one part (8 MiB), so it went up as a multipart upload.
     assert!(largest > 8 * 1024 * 1024, "{sizes}");
+}
+
+/// One exchange on S3 costs its readers one ranged GET per (reader task,
+/// upstream map) holding rows for it, with no marker read, and the driver
+/// none: at most T² + T requests for T tasks on each side, exactly the
+/// model's count.
+#[test]
+fn one_exchange_costs_one_get_per_reader_and_map_and_the_driver_none() {
+    let moto = Moto::start(false);
+    moto.create_bucket(BUCKET);
+    let fixture = Fixture::new();
+    let table = format!("lineitem={}", fixture.table_dir().display());
+    let url = format!("s3://{BUCKET}/counted");
+    // One reader task per bucket (no coalescing): 4 maps of the stage over
+    // the table's 4 files, read by 4 tasks.
+    let sql = "SELECT l_returnflag, count(*) AS n FROM lineitem GROUP BY l_returnflag";
+    let run = dfx_s3(
+        &moto.endpoint,
+        ACCESS_KEY,
+        &[
+            "run",
+            "--table",
+            &table,
+            "--partitions",
+            "4",
+            "--set",
+            "coalesce=off",
+            "--shuffle-dir",
+            &url,
+            sql,
+        ],
+    );
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let gets = moto.map_gets("counted");
+    // The stage over the table: the one read by another (the highest id).
+    let (&stage, &count) = gets.iter().next_back().expect("GETs of map objects");
+    let tasks = 4;
+    let mut model = 0;
+    for map in 0..tasks {
+        let marker = moto.marker(&format!("counted/stage-{stage}/map-{map}.arrow"));
+        let buckets = marker["buckets"].as_array().unwrap();
+        assert_eq!(buckets.len(), tasks, "{marker}");
+        model += buckets
+            .iter()
+            .filter(|b| b["rows"].as_u64() > Some(0))
+            .count();
+    }
+    println!("stage {stage}: {count} GET(s) of its map objects; the model's {model}; all {gets:?}");
+    assert!(model > 0);
+    assert_eq!(count, model, "GETs by stage: {gets:?}");
+    assert!(count <= tasks * tasks + tasks);
 }

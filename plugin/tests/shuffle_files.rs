@@ -120,6 +120,39 @@ async fn a_map_publishes_one_file_closed_by_its_marker() -> Result<()> {
 }
 
 #[tokio::test]
+async fn each_bucket_is_one_contiguous_range_and_the_summary_says_where() -> Result<()> {
+    let dir = temp_dir();
+    let writer = hash_writer(dir.path(), 1, None);
+    // One row per segment: every bucket has many, encoded interleaved.
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_batch_size(7));
+    let summary = collect(writer.clone(), ctx.task_ctx()).await?;
+    let layout = dfx_abi::MapLayout::from_summary(&summary).expect("a laid-out summary");
+    let path = dir.path().join("stage-3/map-0.arrow");
+    assert_eq!(layout.size, std::fs::metadata(&path)?.len());
+    assert_eq!(layout.e_tag, None);
+    let (_, marker) = split_map_file(&path);
+    let mut next = 0;
+    for (b, bucket) in marker["buckets"].as_array().unwrap().iter().enumerate() {
+        let segments = bucket["segments"].as_array().unwrap();
+        assert!(segments.len() > 1, "bucket {b}: {bucket}");
+        // Bucket by bucket, each segment right after the one before.
+        assert_eq!(layout.offsets[b], next, "bucket {b}");
+        for segment in segments {
+            assert_eq!(segment["offset"].as_u64().unwrap(), next, "bucket {b}");
+            next += segment["bytes"].as_u64().unwrap();
+        }
+        assert_eq!(layout.offsets[b] + layout.bytes[b], next, "bucket {b}");
+        assert_eq!(
+            layout.rows[b],
+            bucket["rows"].as_u64().unwrap(),
+            "bucket {b}"
+        );
+    }
+    assert_eq!(layout.rows.iter().sum::<u64>(), 500);
+    Ok(())
+}
+
+#[tokio::test]
 async fn a_map_with_every_bucket_empty_publishes_its_marker_alone() -> Result<()> {
     let dir = temp_dir();
     let input = generated_plan(1, 0, 100, None);
@@ -199,9 +232,10 @@ async fn a_map_dropped_half_way_publishes_nothing() -> Result<()> {
     let mut stream = writer.execute(0, ctx.task_ctx())?;
     let polled = tokio::time::timeout(std::time::Duration::from_millis(200), stream.next()).await;
     assert!(polled.is_err(), "the stalled map cannot have finished");
-    // Four batches went into the temp file by now; dropping must remove it.
+    // Four segments are staged by now (held by bucket until the input
+    // ends, so each bucket is contiguous in the file): nothing published.
     assert!(
-        tree(dir.path()).iter().any(|f| f.ends_with(".tmp")),
+        !tree(dir.path()).iter().any(|f| f.ends_with(".arrow")),
         "{:?}",
         tree(dir.path())
     );

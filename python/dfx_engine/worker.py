@@ -131,10 +131,8 @@ _SESSIONS = SessionCache()
 """This process's sessions: a serving worker's, or a Ray worker process's."""
 
 
-def run_task(
-    task: _internal.Task, sessions: SessionCache = _SESSIONS
-) -> tuple[int, int]:
-    """Run ``task``: the rows and bytes its map published.
+def run_task(task: _internal.Task, sessions: SessionCache = _SESSIONS) -> Published:
+    """Run ``task``: the rows, bytes and layout its map published.
 
     The runtime calls this for each task and makes the response of what it
     returns or raises (a failure is classed by what the plugin recorded
@@ -158,7 +156,7 @@ def run_task(
         raise TaskError(message) from err
 
 
-def _run(task: _internal.Task, sessions: SessionCache) -> tuple[int, int]:
+def _run(task: _internal.Task, sessions: SessionCache) -> Published:
     ctx = sessions.get(task.spec_json)
     plan = task.plan
     # Under a memory limit every task's pool must account for all its task
@@ -191,25 +189,55 @@ def _run(task: _internal.Task, sessions: SessionCache) -> tuple[int, int]:
         raise TaskError(message) from err
 
 
-def _published(summary: Iterable[RecordBatch]) -> tuple[int, int]:
-    """Rows and bytes a map published: its summary's columns, summed over buckets.
+Layout = tuple[list[int], list[int], list[int], int, str | None]
+"""Where each bucket of a map's file lies: offsets, lengths and rows per
+bucket, the file's size and its entity tag (the runtime's ``MapLayout``)."""
+
+Published = tuple[int, int, Layout | None]
+"""What a map published: rows, bytes, and its layout when the summary has
+one."""
+
+
+def _published(summary: Iterable[RecordBatch]) -> Published:
+    """Rows and bytes a map published, summed over buckets, and its layout.
 
     Raises:
         TaskError: If a summary batch lacks the ``rows`` or ``bytes`` column
             (the stage is not a writer of this contract).
     """
     rows = size = 0
+    offsets: list[int] = []
+    lengths: list[int] = []
+    counts: list[int] = []
+    file_bytes = 0
+    e_tag: str | None = None
+    laid_out = True
     for batch in summary:
         table = batch.to_pyarrow()
-        if not {"rows", "bytes"} <= set(table.schema.names):
+        names = set(table.schema.names)
+        if not {"rows", "bytes"} <= names:
             message = (
                 f"the stage's summary has columns {table.schema.names}, "
                 "not the writer's (bucket, rows, bytes)"
             )
             raise TaskError(message)
-        rows += sum(value or 0 for value in table.column("rows").to_pylist())
-        size += sum(value or 0 for value in table.column("bytes").to_pylist())
-    return rows, size
+        bucket_rows = [value or 0 for value in table.column("rows").to_pylist()]
+        bucket_bytes = [value or 0 for value in table.column("bytes").to_pylist()]
+        rows += sum(bucket_rows)
+        size += sum(bucket_bytes)
+        laid_out = laid_out and {"offset", "file_bytes", "e_tag"} <= names
+        if laid_out:
+            offsets += table.column("offset").to_pylist()
+            lengths += bucket_bytes
+            counts += bucket_rows
+            for value, tag in zip(
+                table.column("file_bytes").to_pylist(),
+                table.column("e_tag").to_pylist(),
+                strict=True,
+            ):
+                file_bytes, e_tag = value, tag
+    layout = (offsets, lengths, counts, file_bytes, e_tag) if laid_out else None
+    return rows, size, layout
 
 
 def main(argv: list[str] | None = None) -> int:

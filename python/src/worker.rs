@@ -23,7 +23,7 @@ use std::os::fd::{BorrowedFd, RawFd};
 use std::path::Path;
 use std::time::{Instant, SystemTime};
 
-use dfx_abi::FailureClass;
+use dfx_abi::{FailureClass, MapLayout};
 use dfx_runtime::protocol::report::clear_recorded;
 use dfx_runtime::protocol::serve::{read_task_file, serve_blocking, write_response};
 use dfx_runtime::protocol::{Envelope, Published, Response, TaskError, TaskInput, check_task};
@@ -163,11 +163,32 @@ fn run_handler(
     };
     let message = |err: PyErr| err.value(py).to_string();
     let returned = handler.call1((task,)).map_err(message)?;
-    let (rows, bytes) = returned
-        .extract::<(usize, Option<u64>)>()
-        .map_err(|_| format!("the worker's handler returned {returned}, not (rows, bytes)"))?;
-    Ok(Published { rows, bytes })
+    let (rows, bytes, layout) = returned
+        .extract::<(usize, Option<u64>, Option<LayoutTuple>)>()
+        .map_err(|_| {
+            format!(
+                "the worker's handler returned {returned}, not (rows, bytes, (offsets, \
+                 lengths, rows, size, e_tag) or None)"
+            )
+        })?;
+    let layout = layout.map(|(offsets, bytes, rows, size, e_tag)| MapLayout {
+        offsets,
+        bytes,
+        rows,
+        size,
+        e_tag,
+    });
+    Ok(Published {
+        rows,
+        bytes,
+        layout,
+    })
 }
+
+/// A map's layout as the Python handler returns it: per bucket its
+/// offsets, lengths and rows, then the file's size and entity tag (see
+/// [`MapLayout`]).
+type LayoutTuple = (Vec<u64>, Vec<u64>, Vec<u64>, u64, Option<String>);
 
 /// A failure of `envelope`'s task before the plugin could be asked: final.
 fn unclassified(envelope: &Envelope, error: String) -> Response {

@@ -122,6 +122,16 @@ def test_worker_runs_one_map_and_reports_last(
     assert isinstance(elapsed, float)
     assert elapsed > 0
     marker = read_marker(spec.shuffle_dir, info.stage_id, 3)
+    # Where each bucket lies: contiguous, as the marker's segments say.
+    layout = report.pop("layout")
+    buckets = marker["buckets"]
+    assert layout["rows"] == [bucket["rows"] for bucket in buckets]
+    assert layout["bytes"] == [bucket["bytes"] for bucket in buckets]
+    for offset, bucket in zip(layout["offsets"], buckets, strict=True):
+        if bucket["segments"]:
+            assert offset == bucket["segments"][0]["offset"]
+    (published,) = published_files(spec.shuffle_dir)
+    assert layout["size"] == published.stat().st_size
     # The leaf stage is the partial aggregate of one file: two flags.
     assert report == {
         "stage_id": info.stage_id,

@@ -260,6 +260,7 @@ mod tests {
             wall_ms,
             worker: Some(worker),
             attempt: 0,
+            layout: None,
         }
     }
 

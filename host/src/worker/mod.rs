@@ -30,8 +30,8 @@ use std::time::Instant;
 use datafusion::arrow::array::{Array, UInt64Array};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::ExecutionPlan;
-use dfx_abi::Plugin;
 use dfx_abi::stages::node_display;
+use dfx_abi::{MapLayout, Plugin};
 use dfx_runtime::protocol::report::clear_recorded;
 use dfx_runtime::protocol::serve::{read_task_file, serve as serve_requests};
 use dfx_runtime::protocol::{Envelope, Published, Response, TaskInput, WorkerReport, check_task};
@@ -266,7 +266,9 @@ pub async fn run_map(
     let mut published = Published {
         rows: 0,
         bytes: Some(0),
+        layout: None,
     };
+    let mut summary = Vec::new();
     while let Some(batch) = stream.next().await {
         let batch = batch.context(|| format!("{task}: failed"))?;
         published.rows +=
@@ -275,7 +277,9 @@ pub async fn run_map(
             (Some(sum), Some(bytes)) => Some(sum + bytes),
             _ => None,
         };
+        summary.push(batch);
     }
+    published.layout = MapLayout::from_summary(&summary);
     Ok(published)
 }
 

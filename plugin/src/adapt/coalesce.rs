@@ -158,15 +158,24 @@ pub async fn partition_bytes(reads: &[HashRead], config: &DfxConfig) -> Result<V
     Ok(bytes)
 }
 
-/// Bytes of each bucket of each map `read` names (`[map][bucket]`), as
-/// their markers list them; a map's companions (the other parts of a split
-/// partition, see [`super::skew_split`]) count as the map's.
+/// Bytes of each bucket of each map `read` names (`[map][bucket]`): as
+/// the maps reported them, when the driver handed their layouts
+/// (`dfx_engine.shuffle_ranges`, every planned map and no added one), else
+/// as their markers list them; a map's companions (the other parts of a
+/// split partition, see [`super::skew_split`]) count as the map's.
 ///
 /// # Errors
 ///
 /// A marker that cannot be read (a lost map among them), or one listing a
 /// bucket past the stage's buckets.
 pub async fn map_bucket_bytes(read: &HashRead, config: &DfxConfig) -> Result<Vec<Vec<u64>>> {
+    let layouts = config.shuffle_ranges()?;
+    if let Some(maps) = layouts.as_ref().and_then(|l| l.stages.get(&read.stage_id))
+        && maps.len() == read.maps
+        && maps.iter().all(|m| m.buckets() == read.buckets)
+    {
+        return Ok(maps.iter().map(|m| m.bytes.clone()).collect());
+    }
     let mut out = Vec::with_capacity(read.maps);
     for map in 0..read.maps {
         let mut per_bucket = vec![0u64; read.buckets];

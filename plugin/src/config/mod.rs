@@ -61,6 +61,13 @@
 //! - `dfx_engine.broadcast_read`: set by the scheduler, never by a user:
 //!   which reads of a switched stage are whole or by map (see
 //!   [`crate::adapt::broadcast_switch`]).
+//! - `dfx_engine.shuffle_ranges`: set by the scheduler, never by a user:
+//!   where each bucket of every map of the stages a stage reads lies, from
+//!   the maps' reports ([`dfx_abi::StageLayouts`]), so its readers read
+//!   byte ranges without first reading each map's marker.
+//! - `dfx_engine.read_bytes_in_flight`: the most bytes one reader partition
+//!   has requested from an S3 location and not yet decoded, 64 MiB by
+//!   default: its ranges are fetched concurrently up to it.
 //!
 //! A host that loaded the plugin registers the options as an
 //! `FFI_ExtensionOptions`, so on the plugin's side of the boundary they arrive
@@ -68,6 +75,8 @@
 //! `datafusion_ffi.dfx_engine.shuffle_dir`. Both spellings are read here.
 
 use std::path::PathBuf;
+
+use dfx_abi::StageLayouts;
 
 use datafusion::common::config::{ConfigExtension, ConfigOptions, ExtensionOptions};
 use datafusion::common::{DataFusionError, Result, extensions_options};
@@ -259,6 +268,10 @@ extensions_options! {
         pub broadcast_switch_bytes: u64, default = 1024 * 1024
         /// Set by the scheduler: how the tasks of a switched stage read.
         pub broadcast_read: String, default = String::new()
+        /// Set by the scheduler: where each bucket of each map read lies.
+        pub shuffle_ranges: String, default = String::new()
+        /// The most bytes a reader has requested and not yet decoded.
+        pub read_bytes_in_flight: u64, default = 64 * 1024 * 1024
     }
 }
 
@@ -471,6 +484,16 @@ impl DfxConfig {
     /// the session sets none.
     pub fn memory_limit(&self) -> Option<u64> {
         (self.memory_limit > 0).then_some(self.memory_limit)
+    }
+
+    /// Where each bucket of each map this task reads lies, as the
+    /// scheduler set it; `None` when it set nothing.
+    ///
+    /// # Errors
+    ///
+    /// A setting that does not parse.
+    pub fn shuffle_ranges(&self) -> Result<Option<StageLayouts>> {
+        StageLayouts::parse(&self.shuffle_ranges).map_err(DataFusionError::Configuration)
     }
 
     /// The shuffle directory, or `None` when distribution is off.

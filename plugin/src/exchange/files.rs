@@ -105,6 +105,17 @@ pub fn create_exclusive(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
+/// As [`create_exclusive`], open for reading too: a spill file is read
+/// back through the same handle.
+pub fn create_exclusive_rw(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
 /// Encode `batch` as one segment: a self-contained Arrow IPC stream (schema,
 /// batch, end of stream), its buffers LZ4-compressed unless `compression`
 /// is none. Self-contained so a reader needs no other bytes of the file to
@@ -207,8 +218,8 @@ impl MapFile {
     }
 
     /// Publish the file as `final_path`, unless another attempt of its map
-    /// published one there first (see [`TempFile::publish_new`]); returns
-    /// its size.
+    /// published one there first (see [`TempFile::publish_new`]); answers
+    /// whether this file is the one published.
     ///
     /// No fsync: the readers are processes on this host, which see a
     /// renamed file whole through the page cache, and the rename is what
@@ -219,7 +230,7 @@ impl MapFile {
     /// # Errors
     ///
     /// The link's failure; the temp file is removed then.
-    pub fn publish(mut self, final_path: &Path) -> Result<u64, String> {
+    pub fn publish(mut self, final_path: &Path) -> Result<bool, String> {
         drop(self.file);
         crate::test_hooks::before_publish(final_path);
         self.temp.publish_new(final_path).map_err(|e| {
@@ -231,8 +242,7 @@ impl MapFile {
                     final_path.display()
                 ),
             )
-        })?;
-        Ok(self.bytes)
+        })
     }
 }
 
@@ -244,14 +254,55 @@ impl MapFile {
 ///
 /// Why the bytes are not a readable Arrow IPC stream.
 pub fn decode_segment(bytes: Vec<u8>) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
-    check_stream_bytes(&bytes).map_err(|why| format!("not a readable Arrow IPC stream: {why}"))?;
+    let mut streams = decode_segments(bytes)?;
+    match (streams.pop(), streams.is_empty()) {
+        (Some(stream), true) => Ok(stream),
+        _ => Err("not a readable Arrow IPC stream: it holds more than one".to_string()),
+    }
+}
+
+/// Decode the segments of `bytes`, one or more self-contained Arrow IPC
+/// streams one after the other (a bucket's whole byte range): each
+/// stream's schema and batches, in order. Each stream's framing is checked
+/// before it is decoded, as [`decode_segment`] does.
+///
+/// # Errors
+///
+/// Why the bytes are not readable Arrow IPC streams, with the byte offset
+/// of the stream at fault.
+pub fn decode_segments(bytes: Vec<u8>) -> Result<Vec<(SchemaRef, Vec<RecordBatch>)>, String> {
+    // Decoded in place: an uncompressed batch's arrays are slices of
+    // `bytes`, where a reader over a cursor would copy every message body
+    // into a buffer of its own first.
+    let mut rest = Buffer::from_vec(bytes);
+    let mut streams = Vec::new();
+    let mut at = 0;
+    while !rest.is_empty() {
+        let len = check_stream_bytes(rest.as_slice()).map_err(|why| {
+            format!("not a readable Arrow IPC stream (the one at byte {at}): {why}")
+        })?;
+        let stream = rest.slice_with_length(0, len);
+        rest = rest.slice(len);
+        streams.push(decode_stream(stream).map_err(|why| {
+            if at == 0 {
+                why
+            } else {
+                format!("{why} (the stream at byte {at})")
+            }
+        })?);
+        at += len;
+    }
+    if streams.is_empty() {
+        return Err("not a readable Arrow IPC stream: no bytes".to_string());
+    }
+    Ok(streams)
+}
+
+/// Decode one checked stream, catching a decoder panic.
+fn decode_stream(mut buffer: Buffer) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
     // Arrow's IPC reader panics on some corrupt streams instead of failing
     // (fuzzing found a buffer offset beyond the message body).
     let decoded = guard::catch_decoder(move || -> Result<_, ArrowError> {
-        // Decoded in place: an uncompressed batch's arrays are slices of
-        // `bytes`, where a reader over a cursor would copy every message
-        // body into a buffer of its own first.
-        let mut buffer = Buffer::from_vec(bytes);
         let mut decoder = StreamDecoder::new();
         let mut batches = Vec::new();
         while let Some(batch) = decoder.decode(&mut buffer)? {
@@ -311,7 +362,7 @@ pub(crate) fn read_range(mut file: &File, offset: u64, len: u64) -> std::io::Res
 mod tests {
     use super::*;
 
-    fn publish(dir: &Path, final_path: &Path, bytes: &[u8]) -> Result<u64, String> {
+    fn publish(dir: &Path, final_path: &Path, bytes: &[u8]) -> Result<bool, String> {
         let mut file = MapFile::create(dir, final_path)?;
         file.append(bytes)?;
         file.publish(final_path)
@@ -323,10 +374,10 @@ mod tests {
         let stage = dir.path().join("stage-1");
         std::fs::create_dir_all(&stage).unwrap();
         let final_path = stage.join("map-0.arrow");
-        assert_eq!(publish(dir.path(), &final_path, b"first").unwrap(), 5);
+        assert!(publish(dir.path(), &final_path, b"first").unwrap());
         // A second attempt of the same map publishes too, and keeps nothing
         // of its own: the file is the first's.
-        assert_eq!(publish(dir.path(), &final_path, b"second!").unwrap(), 7);
+        assert!(!publish(dir.path(), &final_path, b"second!").unwrap());
         assert_eq!(std::fs::read(&final_path).unwrap(), b"first");
         let names: Vec<_> = std::fs::read_dir(&stage)
             .unwrap()

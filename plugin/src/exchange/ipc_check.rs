@@ -37,20 +37,22 @@ const LZ4_MAX_RATIO: u64 = 256;
 /// Room for the frame header and a block's worth of literals.
 const LZ4_SLACK: u64 = 1 << 16;
 
-/// Check the framing of `data`, one segment (a whole Arrow IPC stream).
+/// Check the framing of the Arrow IPC stream at the start of `data` (a
+/// segment, or the first of a bucket's segments read whole); returns its
+/// length: up to its end-of-stream marker, or all of `data` without one.
 ///
 /// # Errors
 ///
 /// The first declared size that does not fit, or framing that is not a
 /// dfx-written stream, said with its byte offset.
-pub fn check_stream_bytes(data: &[u8]) -> Result<(), String> {
+pub fn check_stream_bytes(data: &[u8]) -> Result<usize, String> {
     let len = data.len() as u64;
     let mut at = 0u64;
     loop {
         let left = len.saturating_sub(at);
         if left == 0 {
             // A stream may end without its end-of-stream marker.
-            return Ok(());
+            return Ok(data.len());
         }
         let mut word = [0u8; 4];
         read_at(data, at, &mut word)?;
@@ -61,7 +63,7 @@ pub fn check_stream_bytes(data: &[u8]) -> Result<(), String> {
         }
         let meta_len = i32::from_le_bytes(word);
         if meta_len == 0 {
-            return Ok(());
+            return Ok(at as usize);
         }
         let left = len.saturating_sub(at);
         if meta_len < 0 || meta_len as u64 > left {

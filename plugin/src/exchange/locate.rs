@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::common::{DataFusionError, Result};
+use dfx_abi::MapLayout;
 use object_store::ObjectStore;
 
 use crate::config::DfxConfig;
@@ -204,6 +205,36 @@ pub(crate) async fn read_map_marker(
     }
 }
 
+/// The marker of map `map` of stage `stage_id` (of `buckets` buckets) as
+/// published under `root`, locally or (`s3`) in an S3 location, with the
+/// file's size and the object's entity tag: what a map attempt reports when
+/// another attempt's file was kept in place of its own.
+///
+/// # Errors
+///
+/// Those of [`MapMarker::read`].
+pub(crate) async fn read_published_marker(
+    root: &Path,
+    s3: Option<(&Arc<dyn ObjectStore>, &S3Location)>,
+    stage_id: u64,
+    map: usize,
+    buckets: usize,
+) -> Result<(MapMarker, u64, Option<String>)> {
+    let path = map_path(root, stage_id, map);
+    let at = MapFileRef {
+        location: root,
+        path: &path,
+        stage_id,
+        map,
+        bucket: 0,
+        buckets,
+    };
+    match s3 {
+        None => MapMarker::read(&at).map(|(marker, size)| (marker, size, None)),
+        Some((store, location)) => read_remote_marker(store, location, &at).await,
+    }
+}
+
 /// The marker closing the object at `path`: its tail, and, for an index
 /// longer than the first guess, the rest of it; with the object's size and
 /// entity tag, which every later fetch of its segments must match.
@@ -273,6 +304,41 @@ impl Piece {
             file: None,
         })
     }
+}
+
+/// The pieces of bucket-of-map pairs `pieces` of stage `stage_id` under
+/// `root`, from the layouts the driver handed the task (`maps`, one per
+/// map, from the maps' reports): no marker is read. Each bucket is one
+/// contiguous range of its file, read as one piece of one "segment" (its
+/// segments, decoded one after the other); an empty bucket is skipped.
+/// The caller has checked that `maps` has every map and bucket.
+pub(crate) fn locate_by_layouts(
+    root: &Path,
+    stage_id: u64,
+    maps: &[MapLayout],
+    pieces: Vec<(usize, usize)>,
+) -> VecDeque<Piece> {
+    pieces
+        .into_iter()
+        .filter_map(|(map, bucket)| {
+            let layout = maps.get(map)?;
+            let rows = *layout.rows.get(bucket)?;
+            (rows > 0).then(|| Piece {
+                map,
+                bucket,
+                rows,
+                segments: VecDeque::from([Segment {
+                    offset: layout.offsets[bucket],
+                    bytes: layout.bytes[bucket],
+                    rows,
+                }]),
+                path: map_path(root, stage_id, map),
+                size: layout.size,
+                e_tag: layout.e_tag.clone(),
+                file: None,
+            })
+        })
+        .collect()
 }
 
 /// The pieces of bucket-of-map pairs `pieces` of stage `stage_id` (of

@@ -4,9 +4,12 @@
 //! - [`files`]: a map's file, its segments (Arrow IPC) and their checks;
 //! - [`marker`]: the commit marker closing each map's file;
 //! - [`publish`]: a map's rows cut into buckets and published;
+//! - [`staging`]: a map's segments held by bucket until it publishes;
 //! - [`locate`]: a map's marker (and key summary) found and checked;
 //! - [`stream`]: one reader partition's segments, read and decoded;
+//! - [`fetch`]: a remote reader's ranges, merged and fetched at once;
 //! - [`store`]: the shuffle location, a local directory or an `s3://` prefix;
+//! - [`reads`]: ranged reads of an S3 object, pinned to its entity tag;
 //! - [`io`]: the plugin's own runtime, on which every request runs;
 //! - [`dirs`], [`probe`], [`ipc_check`]: stage directories, the location's
 //!   probe, the IPC stream check.
@@ -15,6 +18,7 @@
 //! [`crate::exec::ShuffleReaderExec`]; files are named in [`crate::paths`].
 
 pub mod dirs;
+pub mod fetch;
 pub mod files;
 pub mod io;
 pub mod ipc_check;
@@ -22,5 +26,7 @@ pub mod locate;
 pub mod marker;
 pub mod probe;
 pub mod publish;
+pub mod reads;
+pub mod staging;
 pub mod store;
 pub mod stream;

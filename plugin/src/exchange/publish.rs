@@ -1,13 +1,16 @@
 //! Publishing one map: its rows cut into buckets, each bucket's segments
-//! appended to the map's file (local, or staged and uploaded to S3), then
-//! the commit marker that closes it, and the summary row the writer
-//! answers with. A map that publishes nothing still closes an empty file,
-//! so its readers find every map they expect.
+//! held until the map's input ends (see [`super::staging`]), then written
+//! bucket by bucket into the map's file (local, or uploaded to S3), so each
+//! bucket is one contiguous byte range; then the commit marker that closes
+//! it, and the summary the writer answers with: per bucket its offset,
+//! bytes and rows, with the file's size and entity tag, the figures the
+//! driver hands the stage's readers. A map that publishes nothing still
+//! closes an empty file, so its readers find every map they expect.
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
-use datafusion::arrow::array::{ArrayRef, UInt64Array};
+use datafusion::arrow::array::{ArrayRef, StringArray, UInt64Array};
 use datafusion::arrow::compute::BatchCoalescer;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -21,20 +24,37 @@ use object_store::ObjectStore;
 use crate::config::ShuffleCompression;
 use crate::counters::LiveObject;
 use crate::exchange::files::{MapFile, encode_segment};
+use crate::exchange::locate::read_published_marker;
 use crate::exchange::marker::{BucketEntry, KeysRegion, MapMarker, Segment};
+use crate::exchange::staging::Staging;
 use crate::exchange::store::{ObjectKey, ObjectMap, S3Location};
 use crate::filters::slot::{self, SummarySlot};
 use crate::filters::summary::KeySummary;
 use crate::paths::map_path;
 
-/// Schema of the summary a map task returns: one row per bucket.
+/// Schema of the summary a map task returns: one row per bucket, its rows,
+/// its bytes and where they start in the map's file; and, the same in every
+/// row, the file's size and its entity tag (S3's; null for a local file).
+/// A host reads these into the report's [`dfx_abi::MapLayout`].
 pub static SUMMARY_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let [bucket, rows, bytes, offset, file_bytes, e_tag] = dfx_abi::SUMMARY_COLUMNS;
     Arc::new(Schema::new(vec![
-        Field::new("bucket", DataType::UInt64, false),
-        Field::new("rows", DataType::UInt64, false),
-        Field::new("bytes", DataType::UInt64, false),
+        Field::new(bucket, DataType::UInt64, false),
+        Field::new(rows, DataType::UInt64, false),
+        Field::new(bytes, DataType::UInt64, false),
+        Field::new(offset, DataType::UInt64, false),
+        Field::new(file_bytes, DataType::UInt64, false),
+        Field::new(e_tag, DataType::Utf8, true),
     ]))
 });
+
+/// What publishing a map's file found: whether this attempt's file is the
+/// one published (else another attempt's was kept), and the object's
+/// entity tag when it is this attempt's (S3).
+pub(crate) struct PublishedFile {
+    pub(crate) ours: bool,
+    pub(crate) e_tag: Option<String>,
+}
 
 /// Where a map task publishes.
 pub(crate) enum Target {
@@ -68,24 +88,25 @@ impl MapSink {
         }
     }
 
-    async fn publish(self, path: &Path) -> std::result::Result<u64, String> {
+    async fn publish(self, path: &Path) -> std::result::Result<PublishedFile, String> {
         match self {
-            MapSink::File(file) => file.publish(path),
+            MapSink::File(file) => file
+                .publish(path)
+                .map(|ours| PublishedFile { ours, e_tag: None }),
             MapSink::Object(object) => object
                 .publish()
                 .await
+                .map(|(ours, e_tag)| PublishedFile { ours, e_tag })
                 .map_err(|e| format!("{}: {e}", path.display())),
         }
     }
 }
 
 /// One bucket while its map runs: rows coalesce here before each segment
-/// is written; the segments written so far.
+/// is encoded; the rows of each segment staged so far.
 pub(crate) struct OpenBucket {
     coalescer: BatchCoalescer,
-    rows: u64,
-    bytes: u64,
-    segments: Vec<Segment>,
+    segment_rows: Vec<u64>,
 }
 
 /// The work of one map task. Dropping it before `run` ends (an error, or the
@@ -100,8 +121,8 @@ pub(crate) struct MapJob {
     pub(crate) schema: SchemaRef,
     pub(crate) partitioner: BatchPartitioner,
     pub(crate) buckets: Vec<Option<OpenBucket>>,
-    /// The map's file, created with its first segment.
-    pub(crate) sink: Option<MapSink>,
+    /// The encoded segments, held by bucket until the map publishes.
+    pub(crate) staging: Staging,
     pub(crate) batch_size: usize,
     pub(crate) compression: ShuffleCompression,
     /// Segments written so far (for the test hooks).
@@ -153,9 +174,7 @@ impl MapJob {
         }
         let open = self.buckets[bucket].get_or_insert_with(|| OpenBucket {
             coalescer: BatchCoalescer::new(Arc::clone(&self.schema), self.batch_size),
-            rows: 0,
-            bytes: 0,
-            segments: Vec::new(),
+            segment_rows: Vec::new(),
         });
         open.coalescer.push_batch(piece).map_err(|e| {
             DataFusionError::Execution(format!(
@@ -172,8 +191,7 @@ impl MapJob {
         Ok(())
     }
 
-    /// Encode `batch` and append it to the map's file as a segment of
-    /// `bucket` (creating the file with the first one).
+    /// Encode `batch` and stage it as a segment of `bucket`.
     async fn write_segment(&mut self, bucket: usize, batch: &RecordBatch) -> Result<()> {
         let (stage_id, map) = (self.stage_id, self.map);
         let fail = |e: String| {
@@ -182,21 +200,11 @@ impl MapJob {
             ))
         };
         let segment = encode_segment(&self.schema, batch, self.compression).map_err(fail)?;
-        if self.sink.is_none() {
-            self.sink = Some(self.create_sink(self.map)?);
-        }
-        let sink = self.sink.as_mut().expect("created above");
-        let offset = sink.len();
-        sink.append(&segment).await.map_err(fail)?;
+        self.staging
+            .push(bucket, segment)
+            .map_err(|e| fail(crate::error::io_failure(&self.root, e)))?;
         let open = self.buckets[bucket].as_mut().expect("opened by append");
-        let rows = batch.num_rows() as u64;
-        open.rows += rows;
-        open.bytes += segment.len() as u64;
-        open.segments.push(Segment {
-            offset,
-            bytes: segment.len() as u64,
-            rows,
-        });
+        open.segment_rows.push(batch.num_rows() as u64);
         self.batches_written += 1;
         crate::test_hooks::batch_written(self.batches_written);
         Ok(())
@@ -233,29 +241,38 @@ impl MapJob {
                 self.write_segment(bucket, &rest).await?;
             }
         }
-        let buckets = std::mem::take(&mut self.buckets)
-            .into_iter()
-            .enumerate()
-            .map(|(bucket, open)| match open {
-                Some(open) => BucketEntry {
-                    bucket: bucket as u64,
-                    rows: open.rows,
-                    bytes: open.bytes,
-                    segments: open.segments,
-                },
-                None => BucketEntry {
-                    bucket: bucket as u64,
-                    rows: 0,
-                    bytes: 0,
-                    segments: Vec::new(),
-                },
-            })
-            .collect();
-        let mut sink = match self.sink.take() {
-            Some(sink) => sink,
-            // Every bucket is empty: the file is the marker alone.
-            None => self.create_sink(self.map)?,
-        };
+        // Bucket by bucket, so each is one contiguous range of the file.
+        let mut sink = self.create_sink(self.map)?;
+        let spill_near = map_path(&self.root, self.stage_id, self.map);
+        let mut buckets = Vec::with_capacity(self.buckets.len());
+        for (bucket, open) in std::mem::take(&mut self.buckets).into_iter().enumerate() {
+            let mut entry = BucketEntry {
+                bucket: bucket as u64,
+                rows: 0,
+                bytes: 0,
+                segments: Vec::new(),
+            };
+            let rows = open.map(|open| open.segment_rows).unwrap_or_default();
+            let (stage_id, map) = (self.stage_id, self.map);
+            let fail = |e: String| {
+                DataFusionError::Execution(format!(
+                    "dfx stage {stage_id} map {map} bucket {bucket}: {e}"
+                ))
+            };
+            for (taken, rows) in self.staging.take(bucket).into_iter().zip(rows) {
+                let bytes = taken.bytes(&spill_near).map_err(fail)?;
+                let offset = sink.len();
+                sink.append(&bytes).await.map_err(fail)?;
+                entry.rows += rows;
+                entry.bytes += bytes.len() as u64;
+                entry.segments.push(Segment {
+                    offset,
+                    bytes: bytes.len() as u64,
+                    rows,
+                });
+            }
+            buckets.push(entry);
+        }
         // Complete: `run` read the input to its end before publishing.
         let keys = match self.summary.as_ref().and_then(slot::finish) {
             Some(summary) => {
@@ -285,7 +302,8 @@ impl MapJob {
             .await
             .map_err(|e| self.error(e))?;
         let path = map_path(&self.root, self.stage_id, self.map);
-        sink.publish(&path).await.map_err(|e| self.error(e))?;
+        let size = sink.len();
+        let published = sink.publish(&path).await.map_err(|e| self.error(e))?;
         for member in self.members.clone() {
             let empty = EmptyMap {
                 stage_id: self.stage_id,
@@ -297,7 +315,25 @@ impl MapJob {
             let sink = self.create_sink(member)?;
             empty.publish(sink, self.empty_summary.clone()).await?;
         }
-        summary_batch(&marker.buckets)
+        if published.ours {
+            return summary_batch(&marker.buckets, size, published.e_tag.as_deref());
+        }
+        // Another attempt of this map published first and its file was
+        // kept: the summary describes that file, the one readers will read
+        // (its layout may differ from this attempt's).
+        let s3 = match &self.target {
+            Target::Local => None,
+            Target::S3 { store, location } => Some((store, location)),
+        };
+        let (kept, size, e_tag) = read_published_marker(
+            &self.root,
+            s3,
+            self.stage_id,
+            self.map,
+            marker.buckets.len(),
+        )
+        .await?;
+        summary_batch(&kept.buckets, size, e_tag.as_deref())
     }
 }
 
@@ -356,16 +392,22 @@ impl EmptyMap {
     }
 }
 
-fn summary_batch(entries: &[BucketEntry]) -> Result<RecordBatch> {
-    let column = |f: fn(&BucketEntry) -> u64| -> ArrayRef {
+/// The summary of a map file of `size` bytes (entity tag `e_tag`) whose
+/// marker lists `entries`: a bucket's offset is its first segment's (its
+/// segments are contiguous), 0 for an empty one.
+fn summary_batch(entries: &[BucketEntry], size: u64, e_tag: Option<&str>) -> Result<RecordBatch> {
+    let column = |f: &dyn Fn(&BucketEntry) -> u64| -> ArrayRef {
         Arc::new(UInt64Array::from_iter_values(entries.iter().map(f)))
     };
     Ok(RecordBatch::try_new(
         Arc::clone(&SUMMARY_SCHEMA),
         vec![
-            column(|e| e.bucket),
-            column(|e| e.rows),
-            column(|e| e.bytes),
+            column(&|e| e.bucket),
+            column(&|e| e.rows),
+            column(&|e| e.bytes),
+            column(&|e| e.segments.first().map_or(0, |s| s.offset)),
+            column(&|_| size),
+            Arc::new(StringArray::from_iter(entries.iter().map(|_| e_tag))),
         ],
     )?)
 }

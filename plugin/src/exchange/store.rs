@@ -40,10 +40,14 @@ use crate::config::DfxConfig;
 use crate::error::io_failure;
 use crate::exchange::io::{join, on_io, spawn};
 use object_store::{
-    GetOptions, GetRange, MultipartUpload, ObjectStore, PutMode, PutMultipartOptions, PutOptions,
-    PutPayload,
+    GetOptions, MultipartUpload, ObjectStore, PutMode, PutMultipartOptions, PutOptions, PutPayload,
 };
 use tokio::task::JoinHandle;
+
+// The ranged reads, in a module of their own, named from here too.
+pub use crate::exchange::reads::{
+    Pinned, get_range, get_range_if, get_range_pinned, get_tail, get_tail_tagged,
+};
 
 // Parsed and compared by the rule every host shares: re-exported for the
 // exchange, and for `failures` and `vet`, which key and compare locations
@@ -181,21 +185,6 @@ pub fn apply_options(builder: AmazonS3Builder, options: &S3Options) -> AmazonS3B
     )
 }
 
-/// Up to the last `len` bytes of object `key` (all of it when it is
-/// shorter), and the object's whole size; `None` when there is no such
-/// object.
-///
-/// # Errors
-///
-/// Any other failure of the GET, for the caller to name the object.
-pub async fn get_tail(
-    store: Arc<dyn ObjectStore>,
-    key: ObjectPath,
-    len: u64,
-) -> Result<Option<(Vec<u8>, u64)>, String> {
-    get_part(store, key, GetRange::Suffix(len)).await
-}
-
 /// PUT `bytes` as object `key`: it appears whole or not at all.
 ///
 /// # Errors
@@ -218,7 +207,8 @@ pub async fn put_bytes(
 
 /// PUT `bytes` as object `key` only if there is none (S3's create-only
 /// PUT, `If-None-Match: *`): it appears whole or not at all, and never
-/// replaces an object. Answers whether this PUT created it.
+/// replaces an object. Answers whether this PUT created it, and then the
+/// entity tag the store gave it.
 ///
 /// # Errors
 ///
@@ -227,7 +217,7 @@ pub async fn put_new(
     store: Arc<dyn ObjectStore>,
     key: ObjectPath,
     bytes: Vec<u8>,
-) -> Result<bool, String> {
+) -> Result<Option<Option<String>>, String> {
     let put = on_io(async move {
         let options = PutOptions {
             mode: PutMode::Create,
@@ -237,10 +227,10 @@ pub async fn put_new(
     })
     .await?;
     match put {
-        Ok(_) => Ok(true),
+        Ok(done) => Ok(Some(done.e_tag)),
         Err(
             object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. },
-        ) => Ok(false),
+        ) => Ok(None),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -264,100 +254,6 @@ pub async fn exists(store: Arc<dyn ObjectStore>, key: ObjectPath) -> Result<bool
         Err(object_store::Error::NotFound { .. }) => Ok(false),
         Err(e) => Err(e.to_string()),
     }
-}
-
-/// Like [`get_tail`], with the object's entity tag (when the store gives
-/// one), for later reads pinned to this very object ([`get_range_if`]).
-///
-/// # Errors
-///
-/// Any other failure of the GET, for the caller to name the object.
-pub async fn get_tail_tagged(
-    store: Arc<dyn ObjectStore>,
-    key: ObjectPath,
-    len: u64,
-) -> Result<Option<(Vec<u8>, u64, Option<String>)>, String> {
-    get_part_if(store, key, GetRange::Suffix(len), None).await
-}
-
-/// Bytes `offset..offset + len` of object `key`, and the object's whole
-/// size (so a reader can check it against the marker); `None` when there is
-/// no such object.
-///
-/// # Errors
-///
-/// Any other failure of the GET (a range past the object's end included),
-/// for the caller to name the object.
-pub async fn get_range(
-    store: Arc<dyn ObjectStore>,
-    key: ObjectPath,
-    offset: u64,
-    len: u64,
-) -> Result<Option<(Vec<u8>, u64)>, String> {
-    get_part(store, key, GetRange::Bounded(offset..offset + len)).await
-}
-
-/// Like [`get_range`], from the object whose entity tag is `e_tag` only
-/// (`If-Match`), when one is given.
-///
-/// # Errors
-///
-/// As [`get_range`]; and an object replaced since its tag was read, which
-/// is said so.
-pub async fn get_range_if(
-    store: Arc<dyn ObjectStore>,
-    key: ObjectPath,
-    offset: u64,
-    len: u64,
-    e_tag: Option<String>,
-) -> Result<Option<(Vec<u8>, u64)>, String> {
-    let range = GetRange::Bounded(offset..offset + len);
-    let got = get_part_if(store, key, range, e_tag).await?;
-    Ok(got.map(|(bytes, size, _)| (bytes, size)))
-}
-
-async fn get_part(
-    store: Arc<dyn ObjectStore>,
-    key: ObjectPath,
-    range: GetRange,
-) -> Result<Option<(Vec<u8>, u64)>, String> {
-    let got = get_part_if(store, key, range, None).await?;
-    Ok(got.map(|(bytes, size, _)| (bytes, size)))
-}
-
-async fn get_part_if(
-    store: Arc<dyn ObjectStore>,
-    key: ObjectPath,
-    range: GetRange,
-    if_match: Option<String>,
-) -> Result<Option<(Vec<u8>, u64, Option<String>)>, String> {
-    let pinned = if_match.clone();
-    on_io(async move {
-        let options = GetOptions {
-            range: Some(range),
-            if_match,
-            ..GetOptions::default()
-        };
-        let got = match store.get_opts(&key, options).await {
-            Ok(got) => got,
-            Err(object_store::Error::NotFound { .. }) => return Ok(None),
-            Err(object_store::Error::Precondition { .. }) => {
-                return Err(format!(
-                    "the object was replaced since its commit marker was read (entity tag {} \
-                     no longer matches)",
-                    pinned.unwrap_or_default()
-                ));
-            }
-            Err(e) => return Err(e.to_string()),
-        };
-        let size = got.meta.size;
-        let e_tag = got.meta.e_tag.clone();
-        got.bytes()
-            .await
-            .map(|b| Some((b.to_vec(), size, e_tag)))
-            .map_err(|e| e.to_string())
-    })
-    .await?
 }
 
 /// A map's object while its task uploads it: segments appended to a buffer
@@ -453,7 +349,8 @@ impl ObjectMap {
 
     /// Publish the object (one PUT, or the last part and the upload's
     /// completion) unless another attempt of its map published it first;
-    /// returns its size in bytes.
+    /// answers whether this attempt's object is the one published, and
+    /// then its entity tag.
     ///
     /// A small map is one create-only PUT, so of two attempts exactly one
     /// creates it. A multipart upload cannot be completed conditionally
@@ -466,15 +363,18 @@ impl ObjectMap {
     /// # Errors
     ///
     /// The upload's failure; nothing is published then.
-    pub async fn publish(mut self) -> Result<u64, String> {
+    pub async fn publish(mut self) -> Result<(bool, Option<String>), String> {
         crate::test_hooks::before_publish(Path::new(self.key.as_ref()));
         let rest = std::mem::take(&mut self.buffer);
         if self.upload.is_none() {
-            // Created, or kept: another attempt's object with the same rows.
-            put_new(Arc::clone(&self.store), self.key.clone(), rest)
+            // Created, or kept: another attempt's object.
+            let created = put_new(Arc::clone(&self.store), self.key.clone(), rest)
                 .await
                 .map_err(|e| io_failure(&self.location, e))?;
-            return Ok(self.bytes);
+            return Ok(match created {
+                Some(e_tag) => (true, e_tag),
+                None => (false, None),
+            });
         }
         if !rest.is_empty() {
             self.send_part(rest).await?;
@@ -487,7 +387,7 @@ impl ObjectMap {
             .map_err(|e| io_failure(&self.location, e))?;
         if published {
             // Dropping the upload aborts it: the object stays the first's.
-            return Ok(self.bytes);
+            return Ok((false, None));
         }
         let mut upload = self.upload.take().ok_or("no upload")?;
         let completed = on_io(async move {
@@ -498,13 +398,13 @@ impl ObjectMap {
             done
         })
         .await?;
-        completed.map_err(|e| {
+        let done = completed.map_err(|e| {
             io_failure(
                 &self.location,
                 format!("cannot complete the multipart upload: {e}"),
             )
         })?;
-        Ok(self.bytes)
+        Ok((true, done.e_tag))
     }
 }
 

@@ -22,18 +22,20 @@ use object_store::ObjectStore;
 
 use crate::counters::LiveObject;
 use crate::error;
-use crate::exchange::files::{decode_segment, describe_fields, read_range, same_fields};
+use crate::exchange::fetch::{FetchError, RangeFetcher, fetch_order};
+use crate::exchange::files::{decode_segments, describe_fields, read_range, same_fields};
 use crate::exchange::locate::Piece;
 use crate::exchange::marker::Segment;
 use crate::exchange::store::{ObjectKey, S3Location, get_range_if};
 
 /// An S3 reader's requests: the markers (until read), then the segment
-/// being fetched.
+/// being fetched; or, given its maps' layouts, every range at once.
 struct Remote {
     store: Arc<dyn ObjectStore>,
     location: S3Location,
     markers: Option<BoxFuture<'static, Result<VecDeque<Piece>>>>,
     fetching: Option<Fetch>,
+    ranges: Option<RangeFetcher>,
 }
 
 /// A segment's byte range being fetched, with the object's size.
@@ -101,6 +103,39 @@ impl BucketStream {
                 location: s3,
                 markers: Some(markers),
                 fetching: None,
+                ranges: None,
+            }),
+            _live: LiveObject::new(),
+        }
+    }
+
+    /// A stream of the `pieces` of stage `stage_id`'s maps in the S3
+    /// location `s3` (whose root is `location`), located by the layouts
+    /// the driver handed the task: no marker is read, and the pieces'
+    /// ranges are fetched concurrently, up to `budget` bytes in flight
+    /// (see [`super::fetch`]).
+    pub(crate) fn remote_ranges(
+        stage_id: u64,
+        location: PathBuf,
+        schema: SchemaRef,
+        (store, s3): (Arc<dyn ObjectStore>, S3Location),
+        pieces: VecDeque<Piece>,
+        budget: u64,
+    ) -> Self {
+        let queue = fetch_order(pieces.into());
+        let ranges = RangeFetcher::new(Arc::clone(&store), s3.clone(), &queue, budget);
+        Self {
+            stage_id,
+            location,
+            schema,
+            queue,
+            current: None,
+            remote: Some(Remote {
+                store,
+                location: s3,
+                markers: None,
+                fetching: None,
+                ranges: Some(ranges),
             }),
             _live: LiveObject::new(),
         }
@@ -164,14 +199,18 @@ impl BucketStream {
                 format!("segment at byte {}: {message}", segment.offset),
             )
         };
-        let (schema, batches) = decode_segment(bytes).map_err(fail)?;
-        if !same_fields(schema.fields(), expected.fields()) {
-            return Err(fail(format!(
-                "holds fields [{}] but the stage publishes [{}]",
-                describe_fields(schema.fields()),
-                describe_fields(expected.fields())
-            )));
+        // One segment, or a bucket's segments read as one range.
+        let streams = decode_segments(bytes).map_err(fail)?;
+        for (schema, _) in &streams {
+            if !same_fields(schema.fields(), expected.fields()) {
+                return Err(fail(format!(
+                    "holds fields [{}] but the stage publishes [{}]",
+                    describe_fields(schema.fields()),
+                    describe_fields(expected.fields())
+                )));
+            }
         }
+        let batches: Vec<RecordBatch> = streams.into_iter().flat_map(|(_, b)| b).collect();
         let rows: u64 = batches.iter().map(|b| b.num_rows() as u64).sum();
         if rows != segment.rows {
             return Err(fail(format!(
@@ -255,6 +294,16 @@ impl BucketStream {
             );
         }
         let remote = self.remote.as_mut().expect("a remote piece");
+        if let Some(ranges) = remote.ranges.as_mut() {
+            return match futures::ready!(ranges.poll_next_piece(cx)) {
+                Ok(bytes) => Poll::Ready(Ok(bytes)),
+                Err(FetchError::Failed(why)) => Poll::Ready(Err(fail(&open.piece, why))),
+                Err(FetchError::Lost) => {
+                    let open = self.current.as_ref().expect("a piece is open");
+                    Poll::Ready(Err(self.lost(&open.piece, "object")))
+                }
+            };
+        }
         if remote.fetching.is_none() {
             let key = remote
                 .location

@@ -49,7 +49,7 @@ use prost::Message;
 
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
-use crate::exchange::locate::{locate_local, read_markers};
+use crate::exchange::locate::{locate_by_layouts, locate_local, read_markers};
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
 use crate::exchange::stream::BucketStream;
 use crate::exec::common::exec_defaults;
@@ -452,9 +452,33 @@ impl ShuffleReaderExec {
             }
             _ => self.pieces(partition, groups.as_ref()),
         };
+        // The driver's layouts of this stage's maps, when it handed them and
+        // they describe every planned map and bucket (a stage with maps
+        // added by a skew split is read by its markers, which name them).
+        let layouts = config
+            .shuffle_ranges()
+            .map_err(|e| self.error(partition, e))?;
+        let laid_out = layouts
+            .as_ref()
+            .and_then(|l| l.stages.get(&self.stage_id))
+            .filter(|maps| {
+                maps.len() == self.maps && maps.iter().all(|m| m.buckets() == self.buckets)
+            })
+            .map(|maps| locate_by_layouts(&root, self.stage_id, maps, pieces.clone()));
         if let ShuffleLocation::S3(s3) = location {
             let store = s3_store(&s3.bucket, &S3Options::from_config(&config))
                 .map_err(|e| self.error(partition, e))?;
+            if let Some(located) = laid_out {
+                let stream = BucketStream::remote_ranges(
+                    self.stage_id,
+                    root,
+                    Arc::clone(&self.schema),
+                    (store, s3),
+                    located,
+                    config.read_bytes_in_flight,
+                );
+                return Ok(Box::pin(stream));
+            }
             let markers = read_markers(
                 Arc::clone(&store),
                 s3.clone(),
@@ -474,7 +498,10 @@ impl ShuffleReaderExec {
             );
             return Ok(Box::pin(stream));
         }
-        let located = locate_local(&root, self.stage_id, self.buckets, pieces)?;
+        let located = match laid_out {
+            Some(located) => located,
+            None => locate_local(&root, self.stage_id, self.buckets, pieces)?,
+        };
         let stream = BucketStream::local(self.stage_id, root, Arc::clone(&self.schema), located);
         Ok(Box::pin(stream))
     }

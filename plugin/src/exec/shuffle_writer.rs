@@ -33,8 +33,10 @@ use crate::config::DfxConfig;
 use crate::counters::LiveObject;
 use crate::exchange::dirs::prepare_stage_dir;
 use crate::exchange::publish::{MapJob, SUMMARY_SCHEMA, Target};
+use crate::exchange::staging::Staging;
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
 use crate::exec::common::exec_defaults;
+use crate::paths::map_path;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
@@ -344,6 +346,14 @@ impl ShuffleWriterExec {
         let compression = config
             .shuffle_compression(matches!(location, ShuffleLocation::Local(_)))
             .map_err(|e| self.error(map, e.to_string()))?;
+        // The spill file of a large map: beside its file for a local
+        // location, in the system's temp directory for S3.
+        let spill_near = match &location {
+            ShuffleLocation::Local(_) => map_path(&location_root(&location), self.stage_id, map),
+            ShuffleLocation::S3(_) => {
+                std::env::temp_dir().join(format!("dfx-stage-{}-map-{map}.spill", self.stage_id))
+            }
+        };
         let job = MapJob {
             stage_id: self.stage_id,
             map,
@@ -352,7 +362,7 @@ impl ShuffleWriterExec {
             schema: self.data_schema(),
             partitioner: self.partitioner(partition)?,
             buckets: (0..self.buckets()).map(|_| None).collect(),
-            sink: None,
+            staging: Staging::new(self.buckets(), spill_near),
             batch_size,
             compression,
             batches_written: 0,

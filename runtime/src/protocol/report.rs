@@ -1,21 +1,24 @@
 //! A worker's response to one task: its report, or its classified failure.
 
-use dfx_abi::{FailureClass, Plugin};
+use dfx_abi::{FailureClass, MapLayout, Plugin};
 use serde::{Deserialize, Serialize};
 
 use crate::protocol::envelope::Envelope;
 
 /// What one map published, from the writer's summary.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Published {
     /// Rows, over every bucket.
     pub rows: usize,
     /// Bytes, over every bucket; `None` when the summary has no byte counts.
     pub bytes: Option<u64>,
+    /// Where each bucket lies in the map's file; `None` from a summary
+    /// without offsets.
+    pub layout: Option<MapLayout>,
 }
 
 /// What a worker reports for a task it completed.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerReport {
     /// The stage the worker ran.
     pub stage_id: u64,
@@ -29,6 +32,12 @@ pub struct WorkerReport {
     /// The worker's own time for the task, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elapsed_ms: Option<f64>,
+    /// Where each bucket lies in the map's file (offsets, bytes and rows as
+    /// arrays, the file's size, S3's entity tag): what the driver hands the
+    /// readers of the stage, and what its adaptive decisions read.
+    /// Boxed: a response is moved around whole, and most of it is small.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<Box<MapLayout>>,
 }
 
 /// A task a worker could not complete, as it reports it.
@@ -76,6 +85,7 @@ impl Response {
                 rows: published.rows,
                 bytes: published.bytes,
                 elapsed_ms: Some(elapsed_ms),
+                layout: published.layout.map(Box::new),
             }),
             Err(error) => Response::Error(TaskError {
                 stage_id: Some(envelope.stage_id),
@@ -198,6 +208,7 @@ mod tests {
                 rows: 7,
                 bytes: None,
                 elapsed_ms: None,
+                layout: None,
             })
         );
         assert!(

@@ -140,6 +140,7 @@ fn envelope_of_line(line: &str) -> Option<std::result::Result<Envelope, Response
 ///         rows: 3,
 ///         bytes: None,
 ///         elapsed_ms: None,
+///         layout: None,
 ///     })
 /// })
 /// .await
@@ -296,6 +297,7 @@ mod tests {
             rows: envelope.partition * 10,
             bytes: None,
             elapsed_ms: None,
+            layout: None,
         })
     }
 

@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use abi_stable::std_types::{RResult, RSlice, RStr};
-use dfx_abi::Plugin;
+use dfx_abi::{Plugin, SHUFFLE_RANGES};
 use serde::{Deserialize, Serialize};
 
 use crate::protocol::stage_file;
@@ -76,7 +76,9 @@ pub struct Decision {
 }
 
 /// Ask `plugin` how the ready stage `bytes` runs, with `spec`'s settings
-/// and `slots` tasks at once. `Ok(None)` from a plugin without the export.
+/// and `slots` tasks at once, and the layouts the maps it reads reported
+/// (`ranges`, the `shuffle_ranges` setting), which it sizes partitions by
+/// instead of reading markers. `Ok(None)` from a plugin without the export.
 ///
 /// # Errors
 ///
@@ -86,12 +88,16 @@ pub fn ask(
     bytes: &[u8],
     spec: &SessionSpec,
     slots: usize,
+    ranges: Option<String>,
 ) -> Result<Option<Adaptation>, String> {
     let Some(adapt) = plugin.module().adapt_stage() else {
         return Ok(None);
     };
     let plan = stage_file::shared_part(bytes).map_err(|e| e.to_string())?;
-    let settings: BTreeMap<String, String> = spec.plugin_settings().into_iter().collect();
+    let mut settings: BTreeMap<String, String> = spec.plugin_settings().into_iter().collect();
+    if let Some(ranges) = ranges {
+        settings.insert(SHUFFLE_RANGES.to_string(), ranges);
+    }
     let request = serde_json::json!({ "settings": settings, "slots": slots }).to_string();
     match adapt(RSlice::from_slice(plan), RStr::from_str(&request)) {
         RResult::ROk(answer) => serde_json::from_str(answer.as_str())
@@ -204,7 +210,8 @@ impl Adapter<'_> {
             tasks: maps,
             reason,
         };
-        let adaptation = match ask(self.plugin, bytes, self.spec, slots) {
+        let ranges = attempts.layouts().setting_for(stage);
+        let adaptation = match ask(self.plugin, bytes, self.spec, slots, ranges) {
             Ok(Some(adaptation)) => adaptation,
             Ok(None) => return None,
             Err(err) => {

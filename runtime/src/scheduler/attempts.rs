@@ -19,12 +19,15 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use dfx_abi::SHUFFLE_RANGES;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 
 use crate::error::{Retry, TaskFailure};
 use crate::protocol::{Envelope, attempt_path};
 use crate::scheduler::executor::{Executor, run_attempt};
+use crate::scheduler::graph::StageInfo;
+use crate::scheduler::layouts::Layouts;
 use crate::scheduler::task::{Task, TaskReport, TaskReports};
 
 /// Attempts per task when the caller sets none: the first and two retries.
@@ -43,6 +46,9 @@ pub struct Attempts {
     first_tasks: Mutex<BTreeMap<Key, Task>>,
     max_attempts: u32,
     state: Mutex<State>,
+    /// The layouts published maps reported, handed to each attempt of a
+    /// task that reads them.
+    layouts: Layouts,
 }
 
 #[derive(Debug, Default)]
@@ -77,7 +83,26 @@ impl Attempts {
             ),
             max_attempts: max_attempts.max(1),
             state: Mutex::new(State::default()),
+            layouts: Layouts::default(),
         }
+    }
+
+    /// These attempts, handing each task of a stage of `infos` the layouts
+    /// of the maps it reads (see [`Layouts`]).
+    pub fn with_stages(mut self, infos: &[StageInfo]) -> Self {
+        self.layouts = Layouts::new(infos);
+        self
+    }
+
+    /// The layouts published maps reported so far.
+    pub fn layouts(&self) -> &Layouts {
+        &self.layouts
+    }
+
+    /// Attempt `attempt` of map `key` published `report`: its layout is
+    /// the one its readers are handed from now on.
+    fn published(&self, key: Key, report: &TaskReport) {
+        self.layouts.record(key, report.layout.as_ref());
     }
 
     /// Attempts per task, the first included.
@@ -116,6 +141,13 @@ impl Attempts {
         rewritten: &BTreeMap<usize, Task>,
         heads: &BTreeMap<usize, usize>,
     ) {
+        self.layouts.cover(
+            stage,
+            heads
+                .iter()
+                .filter(|(map, head)| map != head)
+                .map(|(&map, _)| map),
+        );
         let mut first = self.first_tasks.lock().unwrap_or_else(|p| p.into_inner());
         for (&map, task) in rewritten {
             let head = heads.get(&map).copied().unwrap_or(map);
@@ -164,19 +196,30 @@ impl Attempts {
         };
         let first = self.first_task(key).unwrap_or_else(|| task.clone());
         let path = attempt_path(&first.envelope, attempt);
-        // Attempt 0 is the driver's envelope; a later one a copy with its
-        // number: in memory for a task that travels inline, else a file.
+        // The layouts of the maps it reads, as published now: a map run
+        // again since an earlier attempt published a file of its own.
+        let ranges = self.layouts.setting_for(task.stage_id);
+        let with_ranges = |mut envelope: Envelope| {
+            envelope.attempt = attempt;
+            if let Some(ranges) = &ranges {
+                envelope
+                    .spec
+                    .stage_options
+                    .insert(SHUFFLE_RANGES.to_string(), ranges.clone());
+            }
+            envelope
+        };
+        // Attempt 0 is the driver's envelope; a later one (or one handed
+        // layouts) a copy: in memory for a task that travels inline, else
+        // a file.
         let inline = first.inline.as_ref().map(|envelope| {
-            if attempt == 0 {
+            if attempt == 0 && ranges.is_none() {
                 Arc::clone(envelope)
             } else {
-                Arc::new(Envelope {
-                    attempt,
-                    ..Envelope::clone(envelope)
-                })
+                Arc::new(with_ranges(Envelope::clone(envelope)))
             }
         });
-        if inline.is_none() && attempt > 0 {
+        if inline.is_none() && (attempt > 0 || ranges.is_some()) {
             let fail = |err: crate::error::RuntimeError| TaskFailure {
                 stage_id: task.stage_id,
                 map: task.map,
@@ -187,8 +230,7 @@ impl Attempts {
                 stderr: String::new(),
                 retry: Retry::No,
             };
-            let mut envelope = Envelope::read(&first.envelope).map_err(fail)?;
-            envelope.attempt = attempt;
+            let envelope = with_ranges(Envelope::read(&first.envelope).map_err(fail)?);
             envelope.write(&path).map_err(fail)?;
         }
         let attempted = Task {
@@ -228,6 +270,7 @@ pub(crate) fn run_with_attempts<'a>(
             let failure = match run_attempt(executor, &attempted, limit, timeout).await {
                 Ok(mut report) => {
                     report.attempt = attempt;
+                    attempts.published((task.stage_id, task.map), &report);
                     return Ok(report);
                 }
                 Err(failure) => failure,
@@ -299,6 +342,7 @@ pub(crate) async fn speculate(
     ));
     let mut report = run_attempt(executor, &attempted, limit, timeout).await?;
     report.attempt = attempt;
+    attempts.published((task.stage_id, task.map), &report);
     Ok(report)
 }
 
@@ -345,11 +389,11 @@ pub(crate) async fn restore(
     let now = state.clock;
     state.rerun_at.insert(lost, now);
     state.retried += 1;
+    let attempt = report.attempt;
     state.reruns.insert(lost, report);
     state.retries.push(format!(
-        "stage {lost_stage} map {lost_map} attempt {}: run again, its output was lost \
-         (read by {reader})",
-        report.attempt
+        "stage {lost_stage} map {lost_map} attempt {attempt}: run again, its output was lost \
+         (read by {reader})"
     ));
     Ok(())
 }

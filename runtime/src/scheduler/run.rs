@@ -97,7 +97,7 @@ impl Scheduler {
         let tasks = write_tasks(spec, task_dir, &stages, envelope_files)?;
         // One for the whole query: a lost map of an earlier wave is run again
         // from its first envelope, and attempt numbers never repeat.
-        let attempts = Attempts::new(&tasks, self.options.attempts());
+        let attempts = Attempts::new(&tasks, self.options.attempts()).with_stages(&infos);
         let adapter = Adapter::new(plugin, spec, &stages);
         let (done, failure, decisions) = self
             .run_ready(&infos, &waves, &tasks, &attempts, Some(&adapter))

@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use dfx_abi::MapLayout;
+
 use crate::protocol::{Envelope, WorkerReport};
 
 /// One task to dispatch: one map of one stage.
@@ -30,7 +32,7 @@ pub type TaskRows = BTreeMap<(u64, usize), usize>;
 pub type TaskReports = BTreeMap<(u64, usize), TaskReport>;
 
 /// One completed task, as its worker reported it and the driver saw it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TaskReport {
     /// Rows it published, over all of its buckets.
     pub rows: usize,
@@ -47,6 +49,9 @@ pub struct TaskReport {
     pub worker: Option<u32>,
     /// The attempt that succeeded (0: the first).
     pub attempt: u32,
+    /// Where each bucket lies in the map's file, as its worker reported it
+    /// (`None` from a worker that does not report it).
+    pub layout: Option<Arc<MapLayout>>,
 }
 
 impl TaskReport {
@@ -61,6 +66,7 @@ impl TaskReport {
             wall_ms,
             worker,
             attempt: 0,
+            layout: report.layout.as_deref().cloned().map(Arc::new),
         }
     }
 }

@@ -83,6 +83,7 @@ fn outcome(
         wall_ms: 0.0,
         worker: None,
         attempt: 0,
+        layout: None,
     })
 }
 

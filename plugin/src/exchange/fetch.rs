@@ -1,0 +1,246 @@
+//! A remote reader's byte ranges, fetched few, large and at once: the
+//! buckets it reads of each map object, adjacent ones merged into one
+//! ranged GET, every object's GET in flight together up to a bound of
+//! bytes requested and not yet decoded (`dfx_engine.read_bytes_in_flight`).
+//!
+//! ```text
+//! pieces (map, bucket) ─► sorted by map, then offset
+//!   map 0: [b2][b3]  → one GET of both      in flight at once while the
+//!   map 1: [b2]      → one GET               bytes requested and not yet
+//!   map 2: [b2][b3]  → one GET               decoded stay within the bound
+//! ```
+//!
+//! Used only when the driver handed the reader its maps' layouts, so each
+//! piece is one contiguous range and no marker is read. Each GET is pinned
+//! to the object's entity tag when the layout has one, and the object's
+//! size is checked against the layout's before any byte is decoded.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesOrdered;
+use object_store::ObjectStore;
+
+use crate::exchange::io::{join, spawn};
+use crate::exchange::locate::Piece;
+use crate::exchange::store::{ObjectKey, Pinned, S3Location, get_range_pinned};
+
+/// Why a range could not be had.
+pub(crate) enum FetchError {
+    /// The object is gone, or another object than the one its map reported
+    /// holds its key (two attempts both completed a multipart upload): the
+    /// output the reader was handed is lost, and a rerun of the map reports
+    /// the object that is there.
+    Lost,
+    /// Anything else, said.
+    Failed(String),
+}
+
+/// One GET: consecutive pieces of one object, adjacent in it.
+struct Request {
+    path: PathBuf,
+    offset: u64,
+    len: u64,
+    /// The object's size and entity tag, as its map reported them.
+    size: u64,
+    e_tag: Option<String>,
+    /// Each piece's length, in order.
+    parts: Vec<u64>,
+}
+
+type InFlight = BoxFuture<'static, Result<Vec<Vec<u8>>, FetchError>>;
+
+/// The ranges of one reader partition (see the module doc).
+pub(crate) struct RangeFetcher {
+    store: Arc<dyn ObjectStore>,
+    location: S3Location,
+    pending: VecDeque<Request>,
+    in_flight: FuturesOrdered<InFlight>,
+    /// The length of each request in flight, in order.
+    lengths: VecDeque<u64>,
+    bytes_in_flight: u64,
+    budget: u64,
+    /// Fetched pieces not yet taken, in order.
+    ready: VecDeque<Vec<u8>>,
+}
+
+/// `pieces` in the order their ranges are fetched and read: by map, then
+/// by offset, so a map's adjacent buckets are one GET.
+pub(crate) fn fetch_order(mut pieces: Vec<Piece>) -> VecDeque<Piece> {
+    pieces.sort_by_key(|p| (p.map, p.segments.front().map_or(0, |s| s.offset)));
+    pieces.into()
+}
+
+impl RangeFetcher {
+    /// The fetcher of `pieces` (in [`fetch_order`], one range each), up
+    /// to `budget` bytes in flight (at least one request, however large).
+    pub(crate) fn new(
+        store: Arc<dyn ObjectStore>,
+        location: S3Location,
+        pieces: &VecDeque<Piece>,
+        budget: u64,
+    ) -> Self {
+        let mut pending: VecDeque<Request> = VecDeque::new();
+        for piece in pieces {
+            let (offset, len) = piece
+                .segments
+                .iter()
+                .fold((u64::MAX, 0), |(o, l), s| (o.min(s.offset), l + s.bytes));
+            match pending.back_mut() {
+                Some(last) if last.path == piece.path && last.offset + last.len == offset => {
+                    last.len += len;
+                    last.parts.push(len);
+                }
+                _ => pending.push_back(Request {
+                    path: piece.path.clone(),
+                    offset,
+                    len,
+                    size: piece.size,
+                    e_tag: piece.e_tag.clone(),
+                    parts: vec![len],
+                }),
+            }
+        }
+        Self {
+            store,
+            location,
+            pending,
+            in_flight: FuturesOrdered::new(),
+            lengths: VecDeque::new(),
+            bytes_in_flight: 0,
+            budget: budget.max(1),
+            ready: VecDeque::new(),
+        }
+    }
+
+    /// Requests to be made in all (for a test or a count).
+    #[cfg(test)]
+    pub(crate) fn requests(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Start requests while the bound allows (one always, when none runs).
+    fn top_up(&mut self) {
+        while let Some(next) = self.pending.front() {
+            if !self.in_flight.is_empty() && self.bytes_in_flight + next.len > self.budget {
+                break;
+            }
+            let request = self.pending.pop_front().expect("peeked");
+            self.bytes_in_flight += request.len;
+            self.lengths.push_back(request.len);
+            self.in_flight.push_back(self.start(request));
+        }
+    }
+
+    /// Spawn `request` on the I/O runtime now (not at its first poll), so
+    /// every request started is in flight together.
+    fn start(&self, request: Request) -> InFlight {
+        let key = match self.location.key(&request.path) {
+            Ok(key) => key,
+            Err(e) => return Box::pin(async move { Err(FetchError::Failed(e)) }),
+        };
+        let get = get_range_pinned(
+            Arc::clone(&self.store),
+            key,
+            request.offset,
+            request.len,
+            request.e_tag.clone(),
+        );
+        let handle = spawn(get);
+        Box::pin(async move {
+            let fetched = join(handle.map_err(FetchError::Failed)?)
+                .await
+                .map_err(FetchError::Failed)?
+                .map_err(|e| FetchError::Failed(format!("cannot fetch: {e}")))?;
+            let (bytes, size) = match fetched {
+                Pinned::Got(bytes, size) => (bytes, size),
+                Pinned::Missing | Pinned::Replaced => return Err(FetchError::Lost),
+            };
+            if size != request.size || bytes.len() as u64 != request.len {
+                return Err(FetchError::Failed(format!(
+                    "holds {size} byte(s) but its map reported {} (overwritten?)",
+                    request.size
+                )));
+            }
+            let mut parts = Vec::with_capacity(request.parts.len());
+            let mut at = 0usize;
+            for len in request.parts {
+                let end = at + len as usize;
+                parts.push(bytes[at..end].to_vec());
+                at = end;
+            }
+            Ok(parts)
+        })
+    }
+
+    /// The next piece's bytes, in order.
+    pub(crate) fn poll_next_piece(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Vec<u8>, FetchError>> {
+        loop {
+            if let Some(bytes) = self.ready.pop_front() {
+                // Room freed by the piece before: start what now fits.
+                self.top_up();
+                return Poll::Ready(Ok(bytes));
+            }
+            self.top_up();
+            match futures::ready!(self.in_flight.poll_next_unpin(cx)) {
+                None => {
+                    return Poll::Ready(Err(FetchError::Failed(
+                        "no range is left to fetch for this piece".to_string(),
+                    )));
+                }
+                Some(fetched) => {
+                    self.bytes_in_flight -= self.lengths.pop_front().unwrap_or(0);
+                    self.ready.extend(fetched?);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use dfx_abi::MapLayout;
+
+    use super::*;
+    use crate::exchange::locate::locate_by_layouts;
+    use crate::exchange::store::{S3Options, ShuffleLocation, s3_store};
+
+    #[test]
+    fn a_maps_adjacent_buckets_are_one_request_and_each_map_its_own() {
+        // Bucket 2 is empty: buckets 1 and 3 are adjacent around it.
+        let layout = MapLayout {
+            offsets: vec![0, 10, 30, 30],
+            bytes: vec![10, 20, 0, 5],
+            rows: vec![1, 2, 0, 1],
+            size: 100,
+            e_tag: None,
+        };
+        let root = Path::new("s3://bucket/q");
+        let Ok(ShuffleLocation::S3(s3)) = ShuffleLocation::parse(root) else {
+            panic!("an S3 location");
+        };
+        let options = S3Options {
+            endpoint: Some("http://127.0.0.1:9".into()),
+            region: Some("us-east-1".into()),
+            allow_http: true,
+        };
+        let store = s3_store("bucket", &options).unwrap();
+        // Bucket-major, as a coalesced task's head lists them.
+        let wanted = vec![(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (0, 3)];
+        let pieces = locate_by_layouts(root, 2, &[layout.clone(), layout], wanted);
+        let ordered = fetch_order(pieces.into());
+        let order: Vec<(usize, usize)> = ordered.iter().map(|p| (p.map, p.bucket)).collect();
+        assert_eq!(order, [(0, 0), (0, 1), (0, 3), (1, 0), (1, 1)]);
+        let fetcher = RangeFetcher::new(store, s3, &ordered, 64);
+        assert_eq!(fetcher.requests(), 2);
+    }
+}

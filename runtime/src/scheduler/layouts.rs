@@ -1,0 +1,154 @@
+//! The layouts of published maps, as their winning attempts reported them:
+//! what the driver hands each task of a stage about the stages it reads
+//! (`dfx_engine.shuffle_ranges`), so its readers fetch byte ranges without
+//! reading markers, and what the adaptive step sizes partitions from.
+//!
+//! ```text
+//! map S/M reports {layout}  ─► book[(S, M)]  (a rerun's report replaces it)
+//! task T/N of a stage reading S, each attempt ─► stage options:
+//!     shuffle_ranges = {"stages": {"S": [layout of S/0, S/1, ...]}}
+//! ```
+//!
+//! A stage is left out (its readers read markers) unless every planned map
+//! has a layout: a map its coalesced head published empty has an empty one;
+//! a stage a skew split added maps to lists them too, and its readers, who
+//! expect the planned count, read by marker (the marker names companions).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use dfx_abi::{MapLayout, StageLayouts};
+
+use crate::scheduler::graph::StageInfo;
+
+type Key = (u64, usize);
+
+/// The layout book of one query (see the module doc).
+#[derive(Debug, Default)]
+pub struct Layouts {
+    /// Each stage's planned maps and buckets, and the stages it reads.
+    stages: BTreeMap<u64, (usize, usize, Vec<u64>)>,
+    state: Mutex<Book>,
+}
+
+#[derive(Debug, Default)]
+struct Book {
+    by_map: BTreeMap<Key, Arc<MapLayout>>,
+    /// Maps a coalesced task's head publishes empty.
+    covered: BTreeSet<Key>,
+}
+
+impl Layouts {
+    /// A book for the stages `infos`.
+    pub fn new(infos: &[StageInfo]) -> Self {
+        Self {
+            stages: infos
+                .iter()
+                .map(|i| (i.stage_id, (i.maps, i.buckets, i.deps.clone())))
+                .collect(),
+            state: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
+        // A poisoned lock only means a task panicked holding it; the book
+        // is still whole (each entry is replaced whole).
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Map `key` published `layout` (its winning attempt's report, or a
+    /// rerun's, which replaces it: a rerun publishes a file of its own).
+    pub fn record(&self, key: Key, layout: Option<&Arc<MapLayout>>) {
+        let mut book = self.lock();
+        match layout {
+            Some(layout) => {
+                book.by_map.insert(key, Arc::clone(layout));
+            }
+            // A worker that reports none: the map is read by its marker.
+            None => {
+                book.by_map.remove(&key);
+            }
+        }
+    }
+
+    /// Maps `maps` of `stage` are published empty by their coalesced head.
+    pub fn cover(&self, stage: u64, maps: impl IntoIterator<Item = usize>) {
+        let mut book = self.lock();
+        book.covered.extend(maps.into_iter().map(|m| (stage, m)));
+    }
+
+    /// The layouts of every map of `stage`, in map order: its planned maps
+    /// then any added ones; `None` unless every planned map has one.
+    pub fn of_stage(&self, stage: u64) -> Option<Vec<MapLayout>> {
+        let &(maps, buckets, _) = self.stages.get(&stage)?;
+        let book = self.lock();
+        let mut layouts = Vec::with_capacity(maps);
+        for map in 0.. {
+            match book.by_map.get(&(stage, map)) {
+                Some(layout) => layouts.push(MapLayout::clone(layout)),
+                None if map < maps && book.covered.contains(&(stage, map)) => {
+                    layouts.push(MapLayout::empty(buckets));
+                }
+                None if map < maps => return None,
+                None => break,
+            }
+        }
+        Some(layouts)
+    }
+
+    /// The `shuffle_ranges` setting for a task of `stage`: the layouts of
+    /// the stages it reads that have them; `None` when none has.
+    pub fn setting_for(&self, stage: u64) -> Option<String> {
+        let (_, _, deps) = self.stages.get(&stage)?;
+        let stages: BTreeMap<u64, Vec<MapLayout>> = deps
+            .iter()
+            .filter_map(|&dep| Some((dep, self.of_stage(dep)?)))
+            .collect();
+        (!stages.is_empty()).then(|| StageLayouts { stages }.format())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(stage_id: u64, maps: usize, deps: Vec<u64>) -> StageInfo {
+        StageInfo {
+            stage_id,
+            shuffle_dir: "/s".into(),
+            maps,
+            buckets: 2,
+            deps,
+            partitioning: "hash".into(),
+        }
+    }
+
+    fn layout(rows: u64) -> Arc<MapLayout> {
+        Arc::new(MapLayout {
+            offsets: vec![0, 10],
+            bytes: vec![10, 10],
+            rows: vec![rows, rows],
+            size: 40,
+            e_tag: None,
+        })
+    }
+
+    #[test]
+    fn a_stage_is_handed_only_once_every_planned_map_has_a_layout() {
+        let book = Layouts::new(&[info(1, 1, vec![2]), info(2, 3, vec![])]);
+        book.record((2, 0), Some(&layout(1)));
+        book.record((2, 2), Some(&layout(3)));
+        assert_eq!(book.setting_for(1), None, "map 1 has no layout yet");
+        book.cover(2, [1]);
+        let handed = StageLayouts::parse(&book.setting_for(1).unwrap())
+            .unwrap()
+            .unwrap();
+        let rows: Vec<u64> = handed.stages[&2].iter().map(|l| l.rows[0]).collect();
+        assert_eq!(rows, [1, 0, 3]);
+        // A rerun's report replaces the first.
+        book.record((2, 0), Some(&layout(7)));
+        assert_eq!(book.of_stage(2).unwrap()[0].rows[0], 7);
+        // A stage that reads nothing is handed nothing.
+        assert_eq!(book.setting_for(2), None);
+    }
+}
