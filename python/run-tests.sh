@@ -29,12 +29,13 @@ if [[ ! -x "$venv/bin/python" ]]; then
     "$python" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --upgrade pip
+# pandas: DataFrame.to_pandas() on a driving session.
 # ray: the Ray executor's tests start a local Ray (the `ray` extra's pin).
 # moto[server]: the S3 tests' endpoint, a local moto_server (boto3 with it).
 # tpcgen-cli: the TPC-DS data of test_tpcds.py; duckdb with its tpcds
 # extension: the 99 query texts it ships (no engine of the comparison).
 "$venv/bin/python" -m pip install --quiet \
-    "maturin>=1.7,<2" "datafusion==55.0.0" pyarrow pytest cloudpickle ruff mypy \
+    "maturin>=1.7,<2" "datafusion==55.0.0" pyarrow pandas pytest cloudpickle ruff mypy \
     "ray==2.60.0" "moto[server]>=5,<6" \
     "tpcgen-cli==4.0.0" "duckdb==1.5.5" "duckdb-extension-tpcds==1.5.5"
 

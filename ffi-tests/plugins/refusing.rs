@@ -140,10 +140,18 @@ extern "C" fn stage_for_map(
     called()
 }
 
+extern "C" fn seal_stage_input(_plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<u8>> {
+    called()
+}
+
 extern "C" fn adapt_stage(
     _plan_bytes: RSlice<'_, u8>,
     _request_json: RStr<'_>,
 ) -> FfiResult<RString> {
+    called()
+}
+
+extern "C" fn plan_stages(_plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8>>> {
     called()
 }
 
@@ -157,7 +165,7 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         plugin_name: RStr::from_str(env!("CARGO_PKG_NAME")),
         plugin_version: RStr::from_str(env!("CARGO_PKG_VERSION")),
         stage_node_name: RStr::from_str("ShuffleWriterExec"),
-        codec_id: RStr::from_str("dfx_engine.physical.v2"),
+        codec_id: RStr::from_str("dfx_engine.physical.v3"),
         config_prefix: RStr::from_str("dfx_engine"),
         new_query_planner,
         new_physical_codec,
@@ -182,6 +190,8 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         cut_stage,
         stage_for_map,
         adapt_stage,
+        seal_stage_input,
+        plan_stages,
     }
     .leak_into_prefix()
 }

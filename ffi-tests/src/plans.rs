@@ -2,8 +2,9 @@
 //! driver does.
 //!
 //! A stage is a subtree rooted at a `ShuffleWriterExec`; its consumer reads it
-//! through a `ShuffleReaderExec` whose only child is that writer, so stages
-//! nest and the plan stays one tree. Executing map `m` of a writer publishes
+//! through a `ShuffleReaderExec`. In the plan a test session puts back
+//! together ([`crate::session::TestSession::planned`]) the reader's only
+//! child is that writer, so stages nest and the plan stays one tree. Executing map `m` of a writer publishes
 //! `stage-S/map-m.arrow` (every non-empty bucket's segments, closed by the
 //! map's commit marker), and yields one summary batch
 //! `(bucket, rows, bytes)`. A reader never executes its writer: every stage a

@@ -34,6 +34,18 @@ pub const TARGET_PARTITIONS: usize = 2;
 
 /// A task-context provider bound to its session after the session exists.
 ///
+/// A query planned as a host plans it ([`TestSession::planned`]).
+#[derive(Debug)]
+pub struct Planned {
+    /// The plan as one tree: each reader over its stage's writer.
+    pub plan: Arc<dyn ExecutionPlan>,
+    /// The plan as the planner handed it back: each reader carrying its
+    /// stage, none with a child.
+    pub handed: Arc<dyn ExecutionPlan>,
+    /// Its stages as this session encodes them, in pre-order.
+    pub stages: Vec<Vec<u8>>,
+}
+
 /// The planner and codecs must be built before the `SessionContext` they
 /// serve, yet call back into it; `FFI_TaskContextProvider` keeps only a weak
 /// reference, so this object must live as long as the session (it does: the
@@ -187,13 +199,53 @@ impl TestSession {
         })
     }
 
-    /// Plan `sql` into a physical plan (through the plugin's planner).
+    /// Plan `sql` into a physical plan (through the plugin's planner), as
+    /// one tree: each reader over the writer of the stage it reads (see
+    /// [`Self::planned`]).
     ///
     /// # Errors
     ///
     /// SQL, planning or plugin errors.
     pub async fn plan(&self, sql: &str) -> Result<Arc<dyn ExecutionPlan>> {
-        self.ctx.sql(sql).await?.create_physical_plan().await
+        Ok(self.planned(sql).await?.plan)
+    }
+
+    /// `sql` planned as a host plans it: the planner hands each reader
+    /// back carrying its stage; the plan is encoded, cut into its stages by
+    /// the plugin, and each stage decoded and given back to its reader.
+    ///
+    /// # Errors
+    ///
+    /// SQL, planning, plugin, encoding or decoding errors.
+    pub async fn planned(&self, sql: &str) -> Result<Planned> {
+        let handed = self.ctx.sql(sql).await?.create_physical_plan().await?;
+        let Some(reader) = self.plugin.reader_node_name() else {
+            return Ok(Planned {
+                plan: Arc::clone(&handed),
+                handed,
+                stages: Vec::new(),
+            });
+        };
+        if dfx_abi::stages::find_stages(&handed, reader).is_empty() {
+            return Ok(Planned {
+                plan: Arc::clone(&handed),
+                handed,
+                stages: Vec::new(),
+            });
+        }
+        let stages = self
+            .plugin
+            .plan_stages(&self.encode(Arc::clone(&handed))?)?;
+        let writers = stages
+            .iter()
+            .map(|stage| self.decode(stage))
+            .collect::<Result<Vec<_>>>()?;
+        let plan = dfx_abi::stages::attach_stages(&handed, reader, &writers)?;
+        Ok(Planned {
+            plan,
+            handed,
+            stages,
+        })
     }
 
     /// Run `sql` to completion the way a driver does, in this process: plan

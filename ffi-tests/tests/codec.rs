@@ -1,8 +1,8 @@
-//! The plugin's codec: a stage encoded by this host's chain (host default +
-//! the plugin's foreign codec) decodes here and in another process with its
-//! nested stages intact, its bytes tell the same stage description as its
-//! node, it executes there; malformed payloads give dfx's error, never a
-//! crash.
+//! The plugin's codec: a plan encoded by this host's chain (host default +
+//! the plugin's foreign codec) is cut into its stages, each decodes here
+//! and in another process on its own and puts the plan together again, its
+//! bytes tell the same stage description as its node, it executes there;
+//! malformed payloads give dfx's error, never a crash.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,17 +18,17 @@ use dfx_ffi_tests::locate::plugin;
 use dfx_ffi_tests::plans::{
     find_readers, find_stages, plan_display, read_marker, run_in_child, run_to_table, stages, waves,
 };
-use dfx_ffi_tests::session::TestSession;
+use dfx_ffi_tests::session::{Planned, TestSession};
 
 const CHILD: &str = env!("CARGO_BIN_EXE_dfx-ffi-child");
 
 /// A distributing session over the fixture, and `sql` planned in it.
-async fn planned(root: &Path, sql: &str) -> (TestSession, Arc<dyn ExecutionPlan>) {
+async fn planned(root: &Path, sql: &str) -> (TestSession, Planned) {
     let session = TestSession::new(plugin(), &distributed_lineitem(root))
         .await
         .unwrap();
-    let plan = session.plan(sql).await.unwrap();
-    (session, plan)
+    let planned = session.planned(sql).await.unwrap();
+    (session, planned)
 }
 
 /// The descriptions of every writer in `plan` (a whole plan or one stage's
@@ -42,7 +42,7 @@ fn infos(plan: &Arc<dyn ExecutionPlan>) -> Vec<dfx_abi::DfxStageInfo> {
 
 #[test]
 fn the_codec_id_is_listed() {
-    assert_eq!(plugin().codec_id(), "dfx_engine.physical.v2");
+    assert_eq!(plugin().codec_id(), "dfx_engine.physical.v3");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,44 +55,53 @@ async fn nested_stages_round_trip_through_the_host_chain() {
 
 /// Every stage of `sql`, and its whole plan, through the host's chain.
 async fn round_trip(root: &Path, sql: &str) {
-    let (session, plan) = planned(root, sql).await;
-    let all = stages(plugin(), &plan).unwrap();
+    let (session, planned) = planned(root, sql).await;
+    let plan = &planned.plan;
+    let all = stages(plugin(), plan).unwrap();
     assert!(
         all.iter().any(|stage| !stage.info.deps.is_empty()),
         "no nested stage to round-trip: {}",
-        plan_display(&plan)
+        plan_display(plan)
     );
-    for stage in &all {
-        let bytes = session.encode(Arc::clone(&stage.writer)).unwrap();
-        let decoded = session.decode(&bytes).unwrap();
-        assert_eq!(plan_display(&decoded), plan_display(&stage.writer));
-        // Every writer inside (the stage and those it reads) keeps its
-        // description: id, directory, maps, buckets, deps, partitioning.
-        assert_eq!(infos(&decoded), infos(&stage.writer));
+    assert_eq!(planned.stages.len(), all.len());
+    let mut writers = Vec::new();
+    for (stage, bytes) in all.iter().zip(&planned.stages) {
+        let decoded = session.decode(bytes).unwrap();
+        // The stage's own writer keeps its description (id, directory,
+        // maps, buckets, deps, partitioning); the stages it reads are cut
+        // out beside it.
+        assert_eq!(infos(&decoded), vec![stage.info.clone()]);
+        // Encoded again, it is the same stage.
+        let again = session.decode(&session.encode(Arc::clone(&decoded)).unwrap());
+        assert_eq!(plan_display(&again.unwrap()), plan_display(&decoded));
+        writers.push(decoded);
     }
-    // The whole plan too.
-    let decoded = session
-        .decode(&session.encode(Arc::clone(&plan)).unwrap())
+    // The whole plan too: decoded with every reader carrying its stage, and
+    // put together from its stages as the planner made it.
+    let handed = session
+        .decode(&session.encode(Arc::clone(&planned.handed)).unwrap())
         .unwrap();
-    assert_eq!(plan_display(&decoded), plan_display(&plan));
-    assert_eq!(infos(&decoded), infos(&plan));
+    assert_eq!(plan_display(&handed), plan_display(&planned.handed));
+    let reader = plugin().reader_node_name().unwrap();
+    let whole = dfx_abi::stages::attach_stages(&handed, reader, &writers).unwrap();
+    assert_eq!(plan_display(&whole), plan_display(plan));
+    assert_eq!(infos(&whole), infos(plan));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stage_info_and_encoded_stage_info_agree() {
     let dir = tempfile::tempdir().unwrap();
     for sql in [AGGREGATE_SQL, JOIN_SQL, SCAN_SQL] {
-        let (session, plan) = planned(dir.path(), sql).await;
-        for stage in stages(plugin(), &plan).unwrap() {
-            let bytes = session.encode(Arc::clone(&stage.writer)).unwrap();
-            let from_bytes = plugin().encoded_stage_info(&bytes).unwrap();
+        let (_session, planned) = planned(dir.path(), sql).await;
+        let all = stages(plugin(), &planned.plan).unwrap();
+        assert_eq!(all.len(), planned.stages.len());
+        for (stage, bytes) in all.iter().zip(&planned.stages) {
+            let from_bytes = plugin().encoded_stage_info(bytes).unwrap();
             assert_eq!(from_bytes, stage.info, "{sql}");
         }
     }
-    let (session, plan) = planned(dir.path(), AGGREGATE_SQL).await;
-    let bytes = session
-        .encode(Arc::clone(&stages(plugin(), &plan).unwrap()[0].writer))
-        .unwrap();
+    let (session, planned) = planned(dir.path(), AGGREGATE_SQL).await;
+    let bytes = planned.stages[0].clone();
     // Bytes that are not an encoded stage are an error, not a crash.
     let error = plugin()
         .encoded_stage_info(b"not a plan")
@@ -104,9 +113,10 @@ async fn stage_info_and_encoded_stage_info_agree() {
             .encoded_stage_info(&bytes[..bytes.len() / 2])
             .is_err()
     );
-    // Neither a reader nor the root (a merge) is a stage, encoded or not.
-    let reader = find_readers(&plan, plugin().reader_node_name().unwrap()).remove(0);
-    for node in [reader, Arc::clone(&plan)] {
+    // Neither a reader nor the root (a merge) is a stage, encoded or not
+    // (as the planner handed them back: a reader carrying its stage).
+    let reader = find_readers(&planned.handed, plugin().reader_node_name().unwrap()).remove(0);
+    for node in [reader, Arc::clone(&planned.handed)] {
         let display = plan_display(&node);
         assert!(plugin().stage_info(&node).is_err(), "{display}");
         let bytes = session.encode(node).unwrap();
@@ -122,16 +132,18 @@ async fn stages_decode_and_execute_in_another_process() {
     let dir = tempfile::tempdir().unwrap();
     let shuffle = dir.path().join("shuffle");
     for (sql, answer) in [(AGGREGATE_SQL, AGGREGATE_ANSWER), (JOIN_SQL, JOIN_ANSWER)] {
-        let (session, plan) = planned(dir.path(), sql).await;
+        let (session, planned) = planned(dir.path(), sql).await;
+        let plan = planned.plan;
         let all = stages(plugin(), &plan).unwrap();
         // Wave by wave, as a driver: every stage a stage reads first.
         for wave in waves(&all).unwrap() {
             for index in wave {
                 let stage = &all[index];
-                let bytes = session.encode(Arc::clone(&stage.writer)).unwrap();
-                let report = run_in_child(Path::new(CHILD), &bytes, dir.path())
+                let bytes = &planned.stages[index];
+                let report = run_in_child(Path::new(CHILD), bytes, dir.path())
                     .unwrap_or_else(|err| panic!("stage {}: {err}", stage.info.stage_id));
-                assert_eq!(report.display, plan_display(&stage.writer));
+                let here = session.decode(bytes).unwrap();
+                assert_eq!(report.display, plan_display(&here));
                 // The child's plugin describes the decoded node and the bytes
                 // as this process's describes the node.
                 assert_eq!(report.stage_info.as_ref(), Some(&stage.info));
@@ -158,9 +170,9 @@ async fn stages_decode_and_execute_in_another_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chain_without_the_plugin_codec_cannot_encode_a_stage() {
     let dir = tempfile::tempdir().unwrap();
-    let (_session, plan) = planned(dir.path(), AGGREGATE_SQL).await;
+    let (_session, planned) = planned(dir.path(), AGGREGATE_SQL).await;
     let host_only = DefaultPhysicalExtensionCodec {};
-    for stage in stages(plugin(), &plan).unwrap() {
+    for stage in stages(plugin(), &planned.plan).unwrap() {
         let result = datafusion_proto::bytes::physical_plan_to_bytes_with_extension_codec(
             stage.writer,
             &host_only,
@@ -184,13 +196,14 @@ struct CodecProbe {
 impl CodecProbe {
     async fn new() -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let (session, plan) = planned(dir.path(), AGGREGATE_SQL).await;
-        let writer = stages(plugin(), &plan).unwrap().remove(0).writer;
-        let reader = find_readers(&plan, plugin().reader_node_name().unwrap()).remove(0);
+        let (session, planned) = planned(dir.path(), AGGREGATE_SQL).await;
+        let writer = stages(plugin(), &planned.plan).unwrap().remove(0).writer;
+        // A reader as the planner hands it back: carrying its stage.
+        let reader = find_readers(&planned.handed, plugin().reader_node_name().unwrap()).remove(0);
         Self {
             session,
             nodes: vec![writer, reader],
-            _plan: plan,
+            _plan: planned.plan,
             _dir: dir,
         }
     }
@@ -245,11 +258,16 @@ async fn the_plugin_codec_decodes_its_own_payloads() {
     let decoded = probe.decode(reader, &probe.payload(reader)).unwrap();
     assert_eq!(decoded.name(), reader.name());
     assert_eq!(decoded.schema(), reader.schema());
-    // Compared as text: hash expressions that crossed FFI never compare
-    // equal (DataFusion's `UnKnownColumn` equals nothing, itself included).
+    // Compared as displayed: hash expressions that crossed FFI never compare
+    // equal (DataFusion's `UnKnownColumn` equals nothing, itself included),
+    // and each decode wraps its own copy.
     assert_eq!(
-        format!("{:?}", decoded.properties().output_partitioning()),
-        format!("{:?}", reader.properties().output_partitioning())
+        decoded.properties().output_partitioning().to_string(),
+        reader.properties().output_partitioning().to_string()
+    );
+    assert_eq!(
+        decoded.properties().equivalence_properties().to_string(),
+        reader.properties().equivalence_properties().to_string()
     );
 }
 
@@ -306,8 +324,8 @@ async fn a_future_payload_version_is_refused_with_dfx_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_plan_bytes_are_an_error_not_a_crash() {
     let dir = tempfile::tempdir().unwrap();
-    let (session, plan) = planned(dir.path(), AGGREGATE_SQL).await;
+    let (session, planned) = planned(dir.path(), AGGREGATE_SQL).await;
     assert!(session.decode(b"\xff\xfe garbage").is_err());
-    let bytes = session.encode(plan).unwrap();
+    let bytes = session.encode(planned.handed).unwrap();
     assert!(session.decode(&bytes[..bytes.len() / 2]).is_err());
 }

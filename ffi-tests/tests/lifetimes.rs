@@ -32,7 +32,8 @@ async fn exercise(plugin: &Plugin, root: &std::path::Path, sql: &str, answer: &s
     let options = SessionOptions::distributed(&root.join("shuffle"))
         .with_table("lineitem", &write_lineitem(root));
     let session = TestSession::new(plugin, &options).await.unwrap();
-    let plan = session.plan(sql).await.unwrap();
+    let planned = session.planned(sql).await.unwrap();
+    let plan = planned.plan;
     assert!(
         plugin.counters().live_objects > 0,
         "a live session holds plugin objects"
@@ -54,9 +55,14 @@ async fn exercise(plugin: &Plugin, root: &std::path::Path, sql: &str, answer: &s
         run_to_table(&plan, session.ctx.task_ctx()).await.unwrap(),
         answer
     );
-    let bytes = session.encode(Arc::clone(&plan)).unwrap();
+    // The plan as the planner handed it back (each reader carrying its
+    // stage), and each stage cut out of it.
+    let bytes = session.encode(Arc::clone(&planned.handed)).unwrap();
     let decoded = session.decode(&bytes).unwrap();
     drop(decoded);
+    for stage in &planned.stages {
+        drop(session.decode(stage).unwrap());
+    }
 }
 
 #[test]

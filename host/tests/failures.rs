@@ -162,7 +162,7 @@ async fn a_worker_whose_codec_ids_differ_refuses_before_decoding() {
         .to_string();
     assert!(err.contains("codec ids differ"), "{err}");
     assert!(err.contains("someone_else.physical.v9"), "{err}");
-    assert!(err.contains("dfx_engine.physical.v2"), "{err}");
+    assert!(err.contains("dfx_engine.physical.v3"), "{err}");
     assert!(!err.contains("decode"), "{err}");
 
     // Same through the binary.
@@ -206,11 +206,17 @@ async fn a_stage_encoded_without_the_sessions_codecs_fails_to_encode() {
         err.to_string().contains("not provided") || err.to_string().contains("not implemented"),
         "{err}"
     );
-    // With the session's codecs it encodes (nested stages and all), and
-    // decodes to a writer again.
-    let bytes = session.encode(stage).unwrap();
+    // With the session's codecs the stage cut out of the plan (its readers
+    // carrying no stage) encodes again, and decodes to a writer again.
+    let planned = session.plan(BY_FLAG).await.unwrap();
+    let cut = session.decode(&planned.stages[0]).unwrap();
+    let bytes = session.encode(cut).unwrap();
     let decoded = session.decode(&bytes).unwrap();
     assert!(node_display(decoded.as_ref()).contains("ShuffleWriterExec"));
+    // The tree put back together is not encoded: its readers hold their
+    // writers, and encoding them would nest the stages again.
+    let err = session.encode(stage).unwrap_err().to_string();
+    assert!(err.contains("holds its stage's writer as a child"), "{err}");
 }
 
 #[tokio::test]

@@ -217,8 +217,11 @@ fn the_shell_creates_a_table_answers_on_one_pool_survives_a_bad_query_and_quits(
 
     // Still answering, with a setting every session of the query gets.
     tmux.send_line("SET datafusion.execution.batch_size = 2;");
+    // The shell's answer, a line of its own: the typed line holds the same
+    // words, and keys typed while the shell is busy race its terminal.
     tmux.wait_for("the setting", |pane| {
-        pane.contains("datafusion.execution.batch_size = 2")
+        pane.lines()
+            .any(|line| line.trim() == "datafusion.execution.batch_size = 2")
     });
     tmux.send_line("SHOW datafusion.execution.batch_size;");
     tmux.wait_for("the shown setting", |pane| {
@@ -270,4 +273,94 @@ fn the_shell_creates_a_table_answers_on_one_pool_survives_a_bad_query_and_quits(
         history.contains("GROUP BY region ORDER BY region;"),
         "the history file keeps the lines typed: {history}"
     );
+}
+
+/// The shell's command line for the fixture, with `extra` options.
+fn shell_command(dir: &Path, extra: &[String]) -> String {
+    let mut words = vec![
+        "env".to_string(),
+        format!("DFX_HISTORY={}", dir.join("history").display()),
+        dfx_bin().display().to_string(),
+        "shell".into(),
+        "--plugin".into(),
+        plugin_path().display().to_string(),
+        "--partitions".into(),
+        "2".into(),
+    ];
+    words.extend_from_slice(extra);
+    words
+        .iter()
+        .map(|word| sh_quote(word))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn under_a_shuffle_root_each_query_is_removed_once_read_and_a_failed_one_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = write_sales(dir.path());
+    let root = dir.path().join("root");
+    let tmux = Tmux::new();
+    tmux.start(
+        &shell_command(
+            dir.path(),
+            &["--shuffle-root".into(), root.display().to_string()],
+        ),
+        200,
+        50,
+    );
+    tmux.wait_for("the prompt", |pane| pane.contains("dfx> "));
+    tmux.send_line(&format!(
+        "CREATE EXTERNAL TABLE sales STORED AS CSV LOCATION '{}/' OPTIONS ('format.has_header' \
+         'true');",
+        table.display()
+    ));
+    tmux.wait_for("the table", |pane| pane.contains("Table sales created."));
+    tmux.send_line(
+        "SELECT region, sum(amount) AS total FROM sales GROUP BY region ORDER BY region;",
+    );
+    let pane = tmux.wait_for("the first answer", |pane| footers(pane).len() == 1);
+    assert!(
+        holds(
+            &table_rows(&pane),
+            &[&["east", "7"], &["north", "115"], &["south", "21"]]
+        ),
+        "{pane}"
+    );
+    tmux.send_line("SELECT count(*) AS n FROM sales WHERE amount > 5;");
+    let pane = tmux.wait_for("the second answer", |pane| footers(pane).len() == 2);
+    assert!(holds(&table_rows(&pane), &[&["n"], &["4"]]), "{pane}");
+    // Both answers read: the root holds its marker and nothing else.
+    let names = |root: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(root)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        names(&root),
+        [dfx_runtime::shuffle_root::ROOT_MARKER],
+        "{pane}"
+    );
+
+    // A query whose task fails keeps its location, and the error names it.
+    tmux.send_line(
+        "SELECT CAST(region AS INT) AS r, total FROM \
+         (SELECT region, sum(amount) AS total FROM sales GROUP BY region) t;",
+    );
+    let pane = tmux.wait_for("the error", |pane| pane.contains("dfx: error:"));
+    let kept: Vec<String> = names(&root)
+        .into_iter()
+        .filter(|name| name.as_str() != dfx_runtime::shuffle_root::ROOT_MARKER)
+        .collect();
+    assert_eq!(kept.len(), 1, "one location kept: {kept:?}\n{pane}");
+    assert!(
+        pane.replace('\n', "").contains(&kept[0]),
+        "the error names the kept location {}:\n{pane}",
+        kept[0]
+    );
+    tmux.send_line("\\q");
+    assert_eq!(tmux.wait_for_exit(), 0, "{}", tmux.capture());
 }

@@ -70,6 +70,8 @@ pub fn root_module() -> DfxPluginRef {
         cut_stage,
         stage_for_map,
         adapt_stage,
+        seal_stage_input,
+        plan_stages,
     }
     .leak_into_prefix()
 }
@@ -281,6 +283,14 @@ extern "C" fn cut_stage(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxCutStage> {
     })
 }
 
+/// The stages of an encoded plan ([`encoded::split_plan`]).
+extern "C" fn plan_stages(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8>>> {
+    guarded("plan split", || {
+        let stages = encoded::split_plan(plan_bytes.as_slice())?;
+        Ok(stages.into_iter().map(RVec::from).collect())
+    })
+}
+
 /// How a ready stage runs ([`adapt::adapt_stage`]), as JSON.
 extern "C" fn adapt_stage(
     plan_bytes: RSlice<'_, u8>,
@@ -302,5 +312,12 @@ extern "C" fn stage_for_map(
 ) -> FfiResult<RVec<u8>> {
     guarded("stage for a map", || {
         encoded::stage_for_map(shared.as_slice(), map_files.as_slice(), map).map(RVec::from)
+    })
+}
+
+/// The stage with its writer's input sealed ([`encoded::seal_stage_input`]).
+extern "C" fn seal_stage_input(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<u8>> {
+    guarded("sealed stage input", || {
+        encoded::seal_stage_input(plan_bytes.as_slice()).map(RVec::from)
     })
 }

@@ -1,13 +1,19 @@
 //! What a stage needs to run apart: the isolation settings (the one
 //! definition of what changes when a plan's partitions run in separate
 //! processes), the settings a host's session must carry for it, and the
-//! one rebuild of a task context under other settings.
+//! rebuilds of a task context: under other settings or another runtime
+//! (a memory pool), or with the plugin's own functions.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
+use datafusion::execution::SessionStateDefaults;
 use datafusion::execution::TaskContext;
-use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use datafusion::logical_expr::{AggregateUDF, HigherOrderUDF, ScalarUDF, WindowUDF};
 use datafusion::prelude::SessionConfig;
 
 /// The isolation settings: the one definition of what changes when a plan's
@@ -88,11 +94,34 @@ pub fn isolated_task_context(context: &Arc<TaskContext>) -> Arc<TaskContext> {
     Arc::new(rebuilt_task_context(context, config, context.runtime_env()))
 }
 
+/// `context` with a memory pool of `limit` bytes (fair among the operators
+/// that spill) over its runtime's other settings (disk manager, object
+/// stores): the pool `dfx worker` gives a stage's operators, for those the
+/// plugin runs itself ([`crate::exec::SealedInputExec`]).
+///
+/// # Errors
+///
+/// A runtime DataFusion refuses to build.
+pub fn limited_task_context(context: &TaskContext, limit: u64) -> Result<TaskContext> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let runtime = RuntimeEnvBuilder::from_runtime_env(&context.runtime_env())
+        .with_memory_pool(Arc::new(FairSpillPool::new(limit)))
+        .build_arc()?;
+    // A sort sets aside this much for merging its spills (10 MiB by
+    // default): under a small limit that alone would not fit, so at most a
+    // quarter of the limit.
+    let mut config = context.session_config().clone();
+    let execution = &mut config.options_mut().execution;
+    execution.sort_spill_reservation_bytes = execution.sort_spill_reservation_bytes.min(limit / 4);
+    Ok(rebuilt_task_context(context, config, runtime))
+}
+
 /// `context` with `config` and `runtime` in place of its own; its task and
-/// session ids and its functions kept. The one place the plugin rebuilds a
-/// task context: a field DataFusion adds to its constructor is then
-/// carried over once, not in every node that needs another config or
-/// runtime.
+/// session ids and its functions kept. With [`with_plugin_functions`]
+/// (which keeps the rest and changes the functions), the only places the
+/// plugin builds a task context: a field DataFusion adds to its
+/// constructor is then carried over here, not in every node that needs
+/// another config or runtime.
 pub fn rebuilt_task_context(
     context: &TaskContext,
     config: SessionConfig,
@@ -107,5 +136,72 @@ pub fn rebuilt_task_context(
         context.aggregate_functions().clone(),
         context.window_functions().clone(),
         runtime,
+    )
+}
+
+/// A kind of function a task context holds by name: its name and aliases.
+trait Named {
+    /// The names it is registered under.
+    fn names(&self) -> Vec<String>;
+}
+
+macro_rules! named {
+    ($($kind:ty),*) => {$(
+        impl Named for $kind {
+            fn names(&self) -> Vec<String> {
+                std::iter::once(self.name().to_string())
+                    .chain(self.aliases().iter().cloned())
+                    .collect()
+            }
+        }
+    )*};
+}
+
+named!(ScalarUDF, HigherOrderUDF, AggregateUDF, WindowUDF);
+
+/// Every function of `defaults` under each of its names, over `host`'s (a
+/// function of the host's of another name kept).
+fn overlay<F: Named>(
+    host: &HashMap<String, Arc<F>>,
+    defaults: Vec<Arc<F>>,
+) -> HashMap<String, Arc<F>> {
+    let mut functions = host.clone();
+    for function in defaults {
+        for name in function.names() {
+            functions.insert(name, Arc::clone(&function));
+        }
+    }
+    functions
+}
+
+/// `context` with the plugin's own functions (DataFusion's built-ins and
+/// dfx's) in place of the host's of the same names, the host's others
+/// kept (a Python function registered on the worker's session): for
+/// decoding a plan the plugin runs itself
+/// ([`crate::exec::SealedInputExec`]). A host's built-in reaches the plugin
+/// as a foreign function, which loses what DataFusion's own reads from its
+/// literal arguments (`date_part('year', d)` fails "First argument of
+/// DATE_PART must be non-null scalar Utf8"), and every call would cross
+/// the boundary; higher-order functions do not cross it at all.
+pub fn with_plugin_functions(context: &TaskContext) -> TaskContext {
+    let mut scalar = SessionStateDefaults::default_scalar_functions();
+    scalar.extend(crate::functions::scalar_udfs());
+    let mut aggregate = SessionStateDefaults::default_aggregate_functions();
+    aggregate.extend(crate::functions::aggregate_udfs());
+    TaskContext::new(
+        context.task_id(),
+        context.session_id(),
+        context.session_config().clone(),
+        overlay(context.scalar_functions(), scalar),
+        overlay(
+            context.higher_order_functions(),
+            SessionStateDefaults::default_higher_order_functions(),
+        ),
+        overlay(context.aggregate_functions(), aggregate),
+        overlay(
+            context.window_functions(),
+            SessionStateDefaults::default_window_functions(),
+        ),
+        context.runtime_env(),
     )
 }

@@ -329,6 +329,20 @@ impl<'v> Walk<'v> {
                     self.findings.push(finding);
                 }
             },
+            // A writer's input: walked as a whole stage is.
+            Some(Payload::SealedInput { plan }) => match plan_findings(&plan, self.allowed) {
+                Ok(inner) => {
+                    let at = self.at();
+                    for finding in inner {
+                        let finding = format!("in the sealed stage input at {at}, {finding}");
+                        self.findings.push(finding);
+                    }
+                }
+                Err(e) => {
+                    let finding = format!("its sealed stage input (at {}) is {e}", self.at());
+                    self.findings.push(finding);
+                }
+            },
             // A scan of its own: walked as a whole stage is.
             Some(Payload::StoreScan { plan }) => match plan_findings(&plan, self.allowed) {
                 Ok(inner) => {
@@ -379,7 +393,20 @@ impl<'v> Walk<'v> {
                     self.findings.push(finding);
                 }
             }
-            Some(Payload::Reader(_) | Payload::Recursive { .. } | Payload::WorkTable { .. }) => {}
+            Some(Payload::Reader(reader)) => {
+                if !same_location(&reader.shuffle_dir, &self.allowed.shuffle_dir) {
+                    let finding = format!(
+                        "a reader (at {}) reads stage {} from {}, not the spec's shuffle \
+                         location {}",
+                        self.at(),
+                        reader.stage_id,
+                        reader.shuffle_dir,
+                        self.allowed.shuffle_dir
+                    );
+                    self.findings.push(finding);
+                }
+            }
+            Some(Payload::Recursive { .. } | Payload::WorkTable { .. }) => {}
             None => {
                 let finding = format!(
                     "it holds an extension node that is not dfx's (at {}), so what it does \

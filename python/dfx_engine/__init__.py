@@ -10,15 +10,18 @@ its planner, codec, config and functions to datafusion-python::
     config = SessionConfig().with_extension(DfxEngineConfig(shuffle_dir="/tmp/q1"))
     ctx = SessionContext(config).with_extensions(DfxEngineExtension())
 
-:mod:`dfx_engine.session` builds such sessions from a :class:`SessionSpec`,
-:mod:`dfx_engine.driver` runs a query (SQL or a DataFrame built on
-:func:`session_for`) over worker processes,
+:mod:`dfx_engine.session` builds such sessions from a :class:`SessionSpec`;
+on a session from :func:`session_for`, every DataFrame action
+(``collect()``, ``to_pandas()``, a write) runs the query over worker
+processes, and :mod:`dfx_engine.driver` runs one query (SQL or a DataFrame)
+and says what its tasks did,
 :mod:`dfx_engine.worker` is the worker, and :mod:`dfx_engine.ray` (the
 ``ray`` extra) runs the same worker code as Ray tasks.
 
 Glossary: a *stage* is a subtree the planner rooted at a ``ShuffleWriterExec``
-node; stages nest, a consumer reading an upstream stage through a
-``ShuffleReaderExec`` whose only child is that stage's writer. A *map* is one
+node; a consumer reads an upstream stage through a ``ShuffleReaderExec``,
+which carries that stage as bytes (so stages do not nest as protobuf
+messages, and each decodes on its own). A *map* is one
 partition of a stage's input, run by one worker (a *task* is a
 ``(stage_id, map)``); it splits its rows into *buckets*. The *shuffle
 directory* is where a map publishes ``stage-<S>/map-<M>.arrow``: every
@@ -41,7 +44,7 @@ from dfx_engine._internal import (
     stage_id,
     stage_node_name,
 )
-from dfx_engine.dataframes import MemoryTableTooLargeError, session_for
+from dfx_engine.dataframes import MemoryTableTooLargeError, last_run, session_for
 from dfx_engine.session import (
     SessionSpec,
     Table,
@@ -64,6 +67,7 @@ __all__ = [
     "build_worker_session",
     "encoded_stage_info",
     "expected_codec_ids",
+    "last_run",
     "marker_path",
     "partition_glob",
     "physical_codec_id",

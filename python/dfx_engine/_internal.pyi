@@ -13,7 +13,9 @@ __version__: str
 class DfxEngineExtension:
     """Installs dfx's codec and planner through ``with_extensions``."""
 
-    def __init__(self) -> None: ...
+    def __init__(self, driver: SessionDriver | None = None) -> None: ...
+    @property
+    def driver(self) -> SessionDriver | None: ...
     def __datafusion_session_components__(
         self, ctx: object
     ) -> SessionExtensionComponents: ...
@@ -33,6 +35,15 @@ class DfxLogicalCodec:
     @property
     def __datafusion_codec_id__(self) -> str: ...
     def __datafusion_logical_extension_codec__(
+        self, session: object | None = None
+    ) -> object: ...
+
+class DfxRootCodec:
+    """A driving session's root codec: a plan's root as a handle."""
+
+    @property
+    def __datafusion_codec_id__(self) -> str: ...
+    def __datafusion_physical_extension_codec__(
         self, session: object | None = None
     ) -> object: ...
 
@@ -234,6 +245,20 @@ class PreparedStages:
 def prepare(encoded_stages: list[bytes]) -> PreparedStages:
     """Describe and cut a query's encoded stages (pre-order), as the runtime does."""
 
+ROOT_CODEC_ID: str
+
+class SessionDriver:
+    """How a session drives its queries: its spec and its scheduler."""
+
+    def __init__(
+        self, spec_json: str, scheduler: Scheduler, envelope_files: bool = False
+    ) -> None: ...
+    @property
+    def last_run(self) -> QueryRun | None: ...
+
+def plan_stages(plan: bytes) -> list[bytes]:
+    """The stages of an encoded plan, cut out by the plugin in pre-order."""
+
 class Scheduler:
     """Runs queries' tasks on one executor."""
 
@@ -246,6 +271,7 @@ class Scheduler:
         max_attempts: int = 3,
         task_timeout: float | None = None,
         speculate: float | None = None,
+        progress: bool = False,
     ) -> None: ...
     def run(
         self,
@@ -291,6 +317,7 @@ class Task:
     @property
     def name(self) -> str: ...
     def check(self, codec_ids: list[str], vet: bool) -> None: ...
+    def sealed_plan(self) -> bytes: ...
 
 Handler = Callable[[Task], tuple[int, int | None]]
 

@@ -31,20 +31,33 @@ local shuffle location can hold such tables.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 from typing import TYPE_CHECKING
 
 from dfx_engine import _internal
+from dfx_engine.executors import (
+    WORKER_MODES,
+    WorkerPool,
+    executor_for,
+    stderr_is_terminal,
+    temporary_root,
+)
 from dfx_engine.session import SessionSpec, build_session
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
     from datafusion import SessionContext
+
+    from dfx_engine.executors import Executor
 
 __all__ = [
     "MEMORY_TABLE_LIMIT_KEY",
     "MemoryTableTooLargeError",
+    "drives",
+    "last_run",
+    "memory_table_limit_of",
     "plain_memory_table_errors",
     "session_for",
     "session_of",
@@ -58,6 +71,18 @@ MEMORY_TABLE_LIMIT_KEY = f"{_internal.config_prefix()}.{_internal.MEMORY_TABLE_L
 # it: the one a DataFrame of that spec is planned, encoded and read with.
 _SESSIONS: weakref.WeakValueDictionary[str, SessionContext] = (
     weakref.WeakValueDictionary()
+)
+
+# Every spec session_for made a session for (by its JSON): a DataFrame
+# outlives the Python object of its session, so this is no weak table.
+_DRIVING: set[str] = set()
+
+# The in-memory table limit session_for set for each spec (by its JSON).
+_LIMITS: dict[str, int] = {}
+
+# The driver of each session session_for made, while the caller holds it.
+_DRIVERS: weakref.WeakKeyDictionary[SessionContext, _internal.SessionDriver] = (
+    weakref.WeakKeyDictionary()
 )
 
 
@@ -76,24 +101,109 @@ class MemoryTableTooLargeError(ValueError):
 
 
 def session_for(
-    spec: SessionSpec, *, memory_table_limit: int | None = None
+    spec: SessionSpec,
+    *,
+    memory_table_limit: int | None = None,
+    executor: Executor | None = None,
+    worker_mode: str = WORKER_MODES[0],
+    pool: WorkerPool | None = None,
+    worker_command: Sequence[str] | None = None,
+    max_workers: int | None = None,
+    max_attempts: int = 3,
+    task_timeout: float | None = None,
+    speculate: float | None = None,
+    progress: bool = True,
 ) -> SessionContext:
-    """A dfx session for ``spec``, to build DataFrames on for ``run_distributed``.
+    """A dfx session for ``spec`` whose queries run distributed.
 
-    :func:`dfx_engine.session.build_session`'s session, remembered (while
-    the caller holds it) as the one :func:`dfx_engine.driver.run_distributed`
-    encodes and reads a DataFrame of ``spec`` with. ``memory_table_limit``
-    sets :data:`MEMORY_TABLE_LIMIT_KEY` on it.
+    Every action on a DataFrame of the session (``collect()``, ``show()``,
+    ``to_pandas()``, ``to_arrow_table()``, ``count()``, ``execute_stream()``)
+    plans the query with a root node that, when
+    executed, runs its stages on the session's executor (the runtime's
+    scheduler, as :func:`dfx_engine.driver.run_distributed` does) and then
+    reads its head here::
+
+        ctx = session_for(SessionSpec(tables=..., shuffle_root="/tmp/dfx"))
+        ctx.sql("SELECT count(*) FROM lineitem").to_pandas()
+
+    Each query runs in ``spec.shuffle_dir``, which must hold no stage output
+    yet (so once), or in a fresh location under ``spec.shuffle_root`` (under
+    a temporary root of the process when the spec names neither), removed
+    once its answer is read unless ``spec.keep_shuffle``, and kept after a
+    failure, the error naming it.
+
+    The executor's settings are :func:`dfx_engine.driver.run_distributed`'s;
+    without ``pool`` or ``executor`` the session makes a pool of its own,
+    which ends with the session. The session is also remembered (while the
+    caller holds it) as the one ``run_distributed`` encodes and reads a
+    DataFrame of ``spec`` with. ``memory_table_limit`` sets
+    :data:`MEMORY_TABLE_LIMIT_KEY` on it. A query whose tasks run past
+    about a second shows ``run_distributed``'s live line on stderr when it
+    is a terminal, unless ``progress=False``. ``write_parquet()`` is not
+    among the actions: datafusion-python's planner boundary cannot carry a
+    write plan.
 
     Raises:
-        ValueError: A negative ``memory_table_limit``.
+        ValueError: A negative ``memory_table_limit``, settings that
+            contradict each other (see ``run_distributed``).
         FileNotFoundError: If a table's directory does not exist.
     """
-    ctx, _engine = build_session(spec)
+    if not spec.shuffle_dir and not spec.shuffle_root:
+        spec = dataclasses.replace(spec, shuffle_root=temporary_root())
+    executor_of, options = executor_for(
+        worker_command, max_workers, worker_mode, pool, executor
+    )
+    if executor_of is None:
+        # The session's own: held by its planner, it ends with the session.
+        executor_of = WorkerPool(max_workers, worker_command)
+    scheduler = _internal.Scheduler(
+        executor_of,
+        max_attempts=max_attempts,
+        task_timeout=task_timeout,
+        speculate=speculate,
+        progress=progress and stderr_is_terminal(),
+        **options,
+    )
+    driver = _internal.SessionDriver(
+        spec.to_json_text(), scheduler, envelope_files=executor_of == "process"
+    )
+    ctx, _engine = build_session(spec, driver=driver)
     if memory_table_limit is not None:
         set_memory_table_limit(ctx, memory_table_limit)
     _SESSIONS[spec.to_json_text()] = ctx
+    _DRIVERS[ctx] = driver
+    _DRIVING.add(spec.to_json_text())
+    if memory_table_limit is None:
+        _LIMITS.pop(spec.to_json_text(), None)
+    else:
+        _LIMITS[spec.to_json_text()] = memory_table_limit
     return ctx
+
+
+def last_run(ctx: SessionContext) -> _internal.QueryRun | None:
+    """What the scheduler did for the last query of ``ctx`` whose answer was read.
+
+    ``ctx`` is a session from :func:`session_for`; ``None`` before its first
+    distributed query, or for any other session. The run's ``tasks``,
+    ``reports`` (each task's rows, bytes and worker pid), ``attempts``,
+    ``retries`` and ``decisions`` are what ``run_distributed`` returns.
+    """
+    driver = _DRIVERS.get(ctx)
+    return None if driver is None else driver.last_run
+
+
+def memory_table_limit_of(spec: SessionSpec) -> int | None:
+    """The ``memory_table_limit`` :func:`session_for` was given for ``spec``."""
+    return _LIMITS.get(spec.to_json_text())
+
+
+def drives(spec: SessionSpec) -> bool:
+    """Whether :func:`session_for` made a session for ``spec``: it drives.
+
+    Its planner claims a query's location itself, so a DataFrame of it is
+    planned again by a plain session before ``run_distributed`` claims one.
+    """
+    return spec.to_json_text() in _DRIVING
 
 
 def session_of(spec: SessionSpec) -> SessionContext:

@@ -11,7 +11,8 @@ lost output::
     ClaimedLocation(spec)                      lock / probe the location
     df = ctx.sql(sql), or the caller's DataFrame
     plan = df.execution_plan()                 planned ONCE, with the session
-    writers in pre-order ─► to_bytes(ctx)      encoded with the same session
+    plan.to_bytes(ctx) ─► plan_stages          encoded with the same session,
+                                               cut into its stages by the plugin
     _internal.prepare(encoded)                 described by the plugin, each
                                                cut for its maps (a task
                                                carries its own files): the
@@ -27,19 +28,30 @@ such as :class:`dfx_engine.ray.RayExecutor`.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from datafusion import DataFrame
+from datafusion.plan import ExecutionPlan
 
 from dfx_engine import _internal
 from dfx_engine.dataframes import (
+    drives,
+    memory_table_limit_of,
     not_a_dfx_dataframe,
     plain_memory_table_errors,
     session_of,
+    set_memory_table_limit,
+)
+from dfx_engine.executors import (
+    WORKER_MODES,
+    Executor,
+    WorkerPool,
+    executor_for,
+    python_worker,
+    stderr_is_terminal,
+    temporary_root,
 )
 from dfx_engine.session import (
     SessionSpec,
@@ -53,7 +65,6 @@ if TYPE_CHECKING:
 
     import pyarrow as pa
     from datafusion import SessionContext
-    from datafusion.plan import ExecutionPlan
     from datafusion.user_defined import AggregateUDF, ScalarUDF
 
 __all__ = [
@@ -74,13 +85,6 @@ __all__ = [
 
 Task = tuple[int, int]
 """``(stage_id, map)``: one unit of work, run by one worker at a time."""
-
-WORKER_MODES = ("pool", "process")
-"""How tasks reach worker processes, default first.
-
-``pool``: long-lived workers (``<worker command> --serve``), each running
-task after task; ``process``: one ``<worker command> ENVELOPE`` per task.
-"""
 
 
 @dataclass(frozen=True)
@@ -145,60 +149,51 @@ class DistributedResult:
         )
 
 
-class Executor(Protocol):
-    """A foreign executor: runs one attempt of a task somewhere else.
+def _has_readers(plan: ExecutionPlan) -> bool:
+    """Whether ``plan`` reads any stage.
 
-    ``run`` is given the task's envelope (JSON) and encoded stage by value,
-    and the attempt's timeout in seconds; it returns the worker's response
-    line (what ``_internal.run_task_value`` returns). It raises
-    ``_internal.WorkerLost`` when the worker, its process or its node was
-    lost or the attempt timed out (the task is tried again); any other
-    exception fails the task for good. The scheduler owns the rest.
-
-    Attributes:
-        max_workers: The most attempts it runs at once.
-    """
-
-    max_workers: int
-
-    def run(self, envelope_json: str, plan: bytes, timeout: float | None) -> str:
-        """One attempt's response line."""
-        ...
-
-
-def find_stages(plan: ExecutionPlan) -> list[ExecutionPlan]:
-    """Every stage root (writer) in ``plan``, in pre-order, nested ones too.
-
-    A writer is found by its display *containing* the node name: across the
+    A reader is found by its display *containing* the node name: across the
     FFI boundary it displays as its wrapper, and Python cannot downcast it.
-    The walk descends into writers (stages nest), in the planner's
-    numbering order, so the n-th writer has id ``_internal.stage_id(n)``.
     """
-    name = _internal.stage_node_name()
-    found: list[ExecutionPlan] = []
+    name = _internal.reader_node_name()
+    if name is None:
+        return False
     pending = [plan]
     while pending:
         node = pending.pop()
         if name in node.display():
-            found.append(node)
-        # Reversed so the leftmost child is popped (visited) first.
-        pending.extend(reversed(node.children()))
-    return found
-
-
-def find_stage(plan: ExecutionPlan) -> ExecutionPlan | None:
-    """The first stage of ``plan`` in pre-order, or ``None`` if it has none."""
-    stages = find_stages(plan)
-    return stages[0] if stages else None
+            return True
+        pending.extend(node.children())
+    return False
 
 
 def encode_stages(ctx: SessionContext, plan: ExecutionPlan) -> list[bytes]:
     """Every stage of ``plan``, in pre-order, encoded with ``ctx``.
 
-    With its session: the session holds the codec that can write the
-    plugin's nodes and the Python UDFs the plan calls (pickled by value).
+    The planner hands each reader back carrying the stage it reads, so no
+    stage nests in another: the plan is encoded with its session (the
+    session holds the codec that can write the plugin's nodes and the
+    Python UDFs the plan calls, pickled by value) and the plugin cuts the
+    bytes into its stages, each holding its own nodes only. The n-th has id
+    ``_internal.stage_id(n)``.
     """
-    return [writer.to_bytes(ctx) for writer in find_stages(plan)]
+    if not _has_readers(plan):
+        return []
+    return _internal.plan_stages(plan.to_bytes(ctx))
+
+
+def find_stages(ctx: SessionContext, plan: ExecutionPlan) -> list[ExecutionPlan]:
+    """Every stage of ``plan`` (its writer), in pre-order, decoded with ``ctx``.
+
+    Each holds its own nodes only: its readers carry no stage.
+    """
+    return [ExecutionPlan.from_bytes(ctx, stage) for stage in encode_stages(ctx, plan)]
+
+
+def find_stage(ctx: SessionContext, plan: ExecutionPlan) -> ExecutionPlan | None:
+    """The first stage of ``plan`` in pre-order, or ``None`` if it has none."""
+    stages = find_stages(ctx, plan)
+    return stages[0] if stages else None
 
 
 def execute_plan(ctx: SessionContext, plan: ExecutionPlan) -> list[pa.RecordBatch]:
@@ -218,42 +213,6 @@ def execute_plan(ctx: SessionContext, plan: ExecutionPlan) -> list[pa.RecordBatc
     return batches
 
 
-def python_worker() -> list[str]:
-    """The command of a Python worker, to which the envelope path is appended.
-
-    ``sys.executable`` rather than ``python``: a cloudpickled inline UDF
-    loads only on the Python minor it was pickled on.
-    """
-    return [sys.executable, "-m", "dfx_engine.worker"]
-
-
-class WorkerPool(_internal.WorkerPool):
-    """Long-lived workers that run task after task, at most ``max_workers``.
-
-    A worker is ``<worker_command> --serve`` (default: :func:`python_worker`),
-    started when a task needs one and none is idle. Reuse a pool across
-    queries, and close it (or use it as a context manager) when done::
-
-        with WorkerPool(max_workers=4) as pool:
-            for sql in queries:
-                run_distributed(sql, spec_for(sql), pool=pool)
-
-    Without one, :func:`run_distributed` makes a pool for the call and closes
-    it before returning.
-    """
-
-    def __new__(
-        cls, max_workers: int | None = None, worker_command: Sequence[str] | None = None
-    ) -> WorkerPool:
-        """A pool of at most ``max_workers`` (default: the cores); none started.
-
-        Raises:
-            ValueError: If ``max_workers`` is less than 1.
-        """
-        command = list(worker_command or python_worker())
-        return super().__new__(cls, command, max_workers)
-
-
 def run_distributed(
     query: str | DataFrame,
     spec: SessionSpec,
@@ -267,6 +226,7 @@ def run_distributed(
     task_timeout: float | None = None,
     executor: Executor | None = None,
     speculate: float | None = None,
+    progress: bool = True,
 ) -> DistributedResult:
     """Run ``query`` with every map of every stage on a worker.
 
@@ -304,6 +264,12 @@ def run_distributed(
     running that many times their median gets a second attempt on an idle
     slot; the first to publish is the task's, and the other is stopped.
 
+    A query whose tasks run past about a second shows one live line on
+    stderr while they run (stages and tasks done, tasks running, bytes
+    published, retries; the same line as ``dfx run``'s), redrawn in place
+    and erased when they end; only when stderr is a terminal, and never
+    with ``progress=False``.
+
     Raises:
         ValueError: Settings that contradict each other (a location and
             a root), a location of another scheme, one in use
@@ -317,8 +283,8 @@ def run_distributed(
             wave runs), or reading the root failed.
     """
     if not spec.shuffle_dir and not spec.shuffle_root:
-        spec = dataclasses.replace(spec, shuffle_root=_temporary_root())
-    executor_of, options = _executor(
+        spec = dataclasses.replace(spec, shuffle_root=temporary_root())
+    executor_of, options = executor_for(
         worker_command, max_workers, worker_mode, pool, executor
     )
     own_pool = None
@@ -330,6 +296,7 @@ def run_distributed(
             max_attempts=max_attempts,
             task_timeout=task_timeout,
             speculate=speculate,
+            progress=progress and stderr_is_terminal(),
             **options,
         )
         # First, so a used or busy location is refused before anything is
@@ -364,10 +331,15 @@ def _run_claimed(
     """:func:`run_distributed` in the location ``claim`` holds."""
     query_spec = SessionSpec.from_json(claim.query_spec_json)
     given = isinstance(query, DataFrame)
-    if isinstance(query, DataFrame) and spec.shuffle_root:
-        # Its own session planned no stage (it had no location): planned
-        # again, from its logical plan, by a session of this query's location.
+    if isinstance(query, DataFrame) and (spec.shuffle_root or drives(spec)):
+        # Its own session planned no stage (it had no location), or would
+        # claim the location itself (a session that drives its queries):
+        # planned again, from its logical plan, by a session of this query's
+        # location.
         ctx = build_session(query_spec)[0]
+        limit = memory_table_limit_of(spec)
+        if limit is not None:
+            set_memory_table_limit(ctx, limit)
         query = ctx.create_dataframe_from_logical_plan(query.logical_plan())
     else:
         # A DataFrame is planned by its own session, and encoded and read
@@ -380,7 +352,12 @@ def _run_claimed(
     # where in-memory tables are written.
     with plain_planning_errors(ctx, df), plain_memory_table_errors():
         plan = df.execution_plan()
-    encoded = encode_stages(ctx, plan)
+        encoded = encode_stages(ctx, plan)
+        # Each stage decoded here as a worker will decode it: one nesting
+        # deeper than datafusion-python decodes is refused before any task
+        # runs, in the same plain words as a plan too deep to hand back.
+        for stage in encoded:
+            ExecutionPlan.from_bytes(ctx, stage)
     if not encoded and given:
         raise not_a_dfx_dataframe(query_spec)
     # Described and cut by the runtime, the step the Rust host takes.
@@ -400,17 +377,6 @@ def _run_claimed(
     return DistributedResult(batches, run)
 
 
-def _temporary_root() -> str:
-    """The process's temporary shuffle root, removed when the process exits."""
-    if not _TEMPORARY_ROOT_REMOVAL:
-        _TEMPORARY_ROOT_REMOVAL.append(atexit.register(_internal.remove_temporary_root))
-    return _internal.temporary_root()
-
-
-_TEMPORARY_ROOT_REMOVAL: list[object] = []
-"""Holds the exit hook once registered, so it is registered once."""
-
-
 def _name_kept(err: BaseException, location: str) -> None:
     """Name the kept ``location`` in ``err``'s message, keeping its type."""
     note = f"the query's shuffle location is kept for inspection: {location}"
@@ -418,58 +384,6 @@ def _name_kept(err: BaseException, location: str) -> None:
         err.args = (f"{err.args[0]}\n{note}", *err.args[1:])
     else:
         err.args = (*err.args, note)
-
-
-def _executor(
-    worker_command: Sequence[str] | None,
-    max_workers: int | None,
-    worker_mode: str,
-    pool: WorkerPool | None,
-    executor: Executor | None,
-) -> tuple[object | None, dict[str, Any]]:
-    """What runs the tasks, and the scheduler's options for it.
-
-    ``None`` for a pool the caller does not hold: one is made for the call.
-
-    Raises:
-        ValueError: An unknown mode, or a pool or executor with settings of
-            the worker processes, which it would ignore.
-    """
-    if worker_mode not in WORKER_MODES:
-        message = (
-            f"worker_mode must be one of {list(WORKER_MODES)}, got {worker_mode!r}"
-        )
-        raise ValueError(message)
-    if executor is not None:
-        ignored = {
-            "pool": pool,
-            "worker_command": worker_command,
-            "max_workers": max_workers,
-            "worker_mode": None if worker_mode == WORKER_MODES[0] else worker_mode,
-        }
-        given = sorted(name for name, value in ignored.items() if value is not None)
-        if given:
-            message = (
-                f"an executor runs the tasks itself; {given} would be ignored "
-                "beside it (they configure the worker processes)"
-            )
-            raise ValueError(message)
-        return executor, {"max_workers": executor.max_workers}
-    if pool is not None:
-        if worker_mode != WORKER_MODES[0]:
-            message = f"a worker pool was given with worker_mode={worker_mode!r}"
-            raise ValueError(message)
-        if worker_command is not None or max_workers is not None:
-            message = (
-                "a worker pool has its own worker_command and max_workers; "
-                "give them to WorkerPool, not beside it"
-            )
-            raise ValueError(message)
-        return pool, {}
-    if worker_mode == "process":
-        command = list(worker_command or python_worker())
-        return "process", {"command": command, "max_workers": max_workers}
-    return None, {}
 
 
 def _register(

@@ -27,9 +27,10 @@ neither dfx nor the cause; :func:`plain_planning_errors` says them as
 :class:`UnsupportedQueryError`:
 
 - a plan nesting deeper than datafusion-python's prost decodes (100
-  messages): long join chains; a distributed plan's stage nodes add depth,
-  so some (thirty scalar subqueries) fail only distributed. The Rust host's
-  prost has no such limit.
+  messages): long join chains. A distributed plan's stages do not add up:
+  each reader carries the stage it reads as bytes, and each stage is
+  decoded on its own, so only a single stage that deep is refused. The
+  Rust host's prost has no such limit.
 - a scan of a table the format does not carry, a table function such as
   ``generate_series``: datafusion-python cannot encode the logical plan.
 """
@@ -180,8 +181,8 @@ class SessionSpec:
         shuffle_compression: How workers compress the map files they
             publish: ``auto`` (none locally, LZ4 on S3), ``lz4`` or ``none``.
         memory_limit: The most memory, in bytes, each map task's operators
-            may hold; only the Rust host's workers enforce it, and a Python
-            worker refuses a task that sets one.
+            may hold, in every worker: sorts and aggregations spill past it,
+            other operators fail with "Resources exhausted".
         engine_options: Other ``dfx_engine.<key>`` settings of every session
             of the query, the driver's and each worker's: the plugin's
             decisions to tune or turn off (``{"join_filters": "off"}``).
@@ -310,6 +311,7 @@ def build_session(
     spec: SessionSpec,
     *,
     register_tables: bool = True,
+    driver: _internal.SessionDriver | None = None,
 ) -> tuple[SessionContext, _internal.DfxEngineExtension]:
     """A session with dfx installed, the plugin's functions and the spec's tables.
 
@@ -319,7 +321,9 @@ def build_session(
        shuffle location (and split, compression and store options, set only
        with one) from the first query on.
     2. ``with_extensions`` installs the plugin's codec and planner and
-       registers its functions (plans name them).
+       registers its functions (plans name them). With ``driver``, the
+       planner is the driving one (:func:`dfx_engine.session_for`): every
+       plan with stages runs them when it is executed.
     3. Each table is registered by the statement the runtime writes for it
        (``CREATE EXTERNAL TABLE``), after the S3 client of its bucket, unless
        ``register_tables`` is false (see :func:`build_worker_session`).
@@ -352,7 +356,7 @@ def build_session(
         # Onto the extension just added: keys under the plugin's prefix
         # go to its options (checked by the plugin when it plans).
         config = config.set(f"{prefix}.{key}", value)
-    engine = _internal.DfxEngineExtension()
+    engine = _internal.DfxEngineExtension(driver)
     ctx = SessionContext(config).with_extensions(engine)
 
     if register_tables:
@@ -360,7 +364,9 @@ def build_session(
             _register_table(ctx, name, table, spec.store_options)
 
     found = ctx.physical_extension_codec_ids()
-    expected = expected_codec_ids()
+    # A driving session's plans carry their root in a codec of its own,
+    # which no stage uses: the ids shipped to workers stay the plugin's.
+    expected = expected_codec_ids() + ([_internal.ROOT_CODEC_ID] if driver else [])
     if found != expected:
         message = (
             f"the session carries physical codecs {found}, expected {expected}; "
@@ -441,7 +447,8 @@ def build_worker_session(
 UNSUPPORTED_REASONS = ("deep_plan", "table_function", "empty_relation")
 """Why a session cannot plan a query (:attr:`UnsupportedQueryError.reason`).
 
-``deep_plan``: the plan nests deeper than datafusion-python decodes;
+``deep_plan``: the plan, or one stage of it, nests deeper than
+datafusion-python decodes;
 ``table_function``: it reads a table the plan format cannot carry;
 ``empty_relation``: the optimizer proved part of it empty (``WHERE false``),
 and the plan format carries an empty relation without its columns.
@@ -504,10 +511,11 @@ def _unsupported(
         major = datafusion.__version__.split(".")[0]
         first_line = text.splitlines()[0]
         message = (
-            f"dfx cannot plan this query in Python: its plan nests deeper than "
-            f"datafusion-python {major} decodes (prost's limit of 100 nested "
-            "messages), and datafusion-python decodes the plan dfx's planner "
-            "hands back to it; the Rust host (`dfx run`) runs it. "
+            f"dfx cannot plan this query in Python: its plan, or one stage of "
+            f"it, nests deeper than datafusion-python {major} decodes (prost's "
+            "limit of 100 nested messages), and datafusion-python decodes the "
+            "plan dfx's planner hands back to it and each stage cut from it "
+            "whole; the Rust host (`dfx run`) runs it. "
             f"datafusion-python said: {first_line}"
         )
         return UnsupportedQueryError(message, "deep_plan")

@@ -159,29 +159,31 @@ def run_task(
 
 
 def _run(task: _internal.Task, sessions: SessionCache) -> tuple[int, int]:
-    # A limit this worker cannot enforce is refused, not ignored: every task
-    # context crossing into the plugin loses its memory pool, and only the
-    # Rust worker puts the pool back below the plugin's writer.
-    if SessionSpec.from_json(task.spec_json).memory_limit is not None:
-        message = (
-            f"{task.name}: the spec sets memory_limit, which only `dfx worker` "
-            "(the Rust host) enforces; run this query's tasks on dfx workers, or "
-            "without a limit"
-        )
-        raise TaskError(message)
     ctx = sessions.get(task.spec_json)
     plan = task.plan
-    stage = sessions.kept_stage(ctx, task.written_ns, plan, task.map)
+    # Under a memory limit every task's pool must account for all its task
+    # holds, so no task reuses a stage (and a build side another task's
+    # pool reserved), as in the Rust worker.
+    limited = SessionSpec.from_json(task.spec_json).memory_limit is not None
+    stage = None
+    if not limited:
+        stage = sessions.kept_stage(ctx, task.written_ns, plan, task.map)
     # A kept stage came from these very bytes in this session: vetted when
     # it was decoded.
     task.check(ctx.physical_extension_codec_ids(), stage is None)
     if stage is None:
+        # A memory pool given to this session's operators is lost when the
+        # plugin's writer runs them (every task context crossing the
+        # boundary is rebuilt with a default runtime), so under a limit the
+        # plugin runs the stage's operators itself, with the spec's pool.
+        decoded = task.sealed_plan() if limited else plan
         try:
-            stage = ExecutionPlan.from_bytes(ctx, plan)
+            stage = ExecutionPlan.from_bytes(ctx, decoded)
         except Exception as err:
             message = f"{task.name}: cannot decode the encoded stage: {err}"
             raise TaskError(message) from err
-        sessions.keep_stage(ctx, task.written_ns, plan, task.map, stage)
+        if not limited:
+            sessions.keep_stage(ctx, task.written_ns, plan, task.map, stage)
     try:
         return _published(ctx.execute(stage, task.map))
     except Exception as err:

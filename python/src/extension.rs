@@ -5,7 +5,7 @@
 //! ```text
 //! phase 1  __datafusion_session_components__(ctx)
 //!            ctx's task-context provider ──► plugin.physical_codec(provider)
-//!            ──► DfxPhysicalCodec (id dfx_engine.physical.v2) joins the chain
+//!            ──► DfxPhysicalCodec (id dfx_engine.physical.v3) joins the chain
 //!            ctx's task-context provider ──► plugin.logical_codec(provider)
 //!            ──► DfxLogicalCodec (id dfx_engine.logical.v1) joins the logical
 //!                chain: it carries in-memory tables into the planner
@@ -31,6 +31,8 @@ use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyTuple};
 
+use crate::blocking::runtime;
+use crate::driving::{ROOT_CODEC_ID, RootCodec, SessionDriver};
 use crate::error::runtime_error;
 use crate::plugin::plugin;
 use crate::{capsule, functions};
@@ -43,16 +45,29 @@ use crate::{capsule, functions};
 /// on any number of sessions. The config extension (the shuffle directory)
 /// travels separately, on the `SessionConfig`: see `DfxEngineConfig`.
 #[pyclass(frozen, module = "dfx_engine._internal")]
-pub struct DfxEngineExtension;
+pub struct DfxEngineExtension {
+    /// How the session drives its queries, when it does (see
+    /// [`crate::driving`]): then its planner is this module's, over the
+    /// plugin's.
+    driver: Option<Py<SessionDriver>>,
+}
 
 #[pymethods]
 impl DfxEngineExtension {
     /// Loads the plugin now, so a missing or refused file fails here rather
-    /// than inside `with_extensions`.
+    /// than inside `with_extensions`. With `driver`, the session's queries
+    /// run distributed when their plans execute.
     #[new]
-    fn new(py: Python<'_>) -> PyResult<Self> {
+    #[pyo3(signature = (driver = None))]
+    fn new(py: Python<'_>, driver: Option<Py<SessionDriver>>) -> PyResult<Self> {
         plugin(py)?;
-        Ok(Self)
+        Ok(Self { driver })
+    }
+
+    /// The session's driver, if it drives its queries.
+    #[getter]
+    fn driver(&self, py: Python<'_>) -> Option<Py<SessionDriver>> {
+        self.driver.as_ref().map(|driver| driver.clone_ref(py))
     }
 
     /// Phase 1: the plugin's physical codec, bound to `ctx`'s task-context
@@ -68,14 +83,21 @@ impl DfxEngineExtension {
             "__datafusion_task_context_provider__",
             c"datafusion_task_context_provider",
         )?;
+        let root_provider = provider.clone();
         let logical = plugin
             .logical_codec(provider.clone())
             .map_err(runtime_error)?;
         let codec = plugin.physical_codec(provider).map_err(runtime_error)?;
-        let codec = Bound::new(py, DfxPhysicalCodec { codec })?;
+        let codec = Bound::new(py, DfxPhysicalCodec { codec })?.into_any();
         let logical = Bound::new(py, DfxLogicalCodec { codec: logical })?;
+        let mut physical = vec![codec];
+        // A driving session's plans carry their root as a handle.
+        if self.driver.is_some() {
+            let codec = RootCodec::ffi(runtime()?.handle().clone(), root_provider);
+            physical.push(Bound::new(py, DfxRootCodec { codec })?.into_any());
+        }
         let kwargs = PyDict::new(py);
-        kwargs.set_item("physical_extension_codecs", PyTuple::new(py, [codec])?)?;
+        kwargs.set_item("physical_extension_codecs", PyTuple::new(py, physical)?)?;
         kwargs.set_item("logical_extension_codecs", PyTuple::new(py, [logical])?)?;
         py.import("datafusion.extensions")?
             .getattr("SessionExtensionComponents")?
@@ -108,8 +130,14 @@ impl DfxEngineExtension {
         // SAFETY: as above.
         capsule::check_version("physical extension codec", unsafe { (physical.version)() })?;
         let planner = plugin
-            .query_planner(logical, physical)
+            .query_planner(logical.clone(), physical.clone())
             .map_err(runtime_error)?;
+        let planner = match &self.driver {
+            None => planner,
+            Some(driver) => driver
+                .get()
+                .query_planner(plugin, planner, logical, physical)?,
+        };
         let planner = capsule::export(py, planner, c"datafusion_query_planner")?;
         // Last, once everything that can fail here has succeeded: the
         // registration is the one write this bundle makes to the session.
@@ -169,7 +197,7 @@ pub struct DfxPhysicalCodec {
 
 #[pymethods]
 impl DfxPhysicalCodec {
-    /// The plugin's codec id (`dfx_engine.physical.v2`).
+    /// The plugin's codec id (`dfx_engine.physical.v3`).
     #[getter(__datafusion_codec_id__)]
     fn codec_id(&self, py: Python<'_>) -> PyResult<&'static str> {
         Ok(plugin(py)?.codec_id())
@@ -193,6 +221,41 @@ impl DfxPhysicalCodec {
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
         Ok(format!("DfxPhysicalCodec({:?})", plugin(py)?.codec_id()))
+    }
+}
+
+/// The root codec of a driving session, as datafusion-python installs
+/// codecs (see [`crate::driving`]).
+#[pyclass(frozen, module = "dfx_engine._internal")]
+pub struct DfxRootCodec {
+    codec: FFI_PhysicalExtensionCodec,
+}
+
+#[pymethods]
+impl DfxRootCodec {
+    /// The root codec's id (`dfx_engine.root.v1`).
+    #[getter(__datafusion_codec_id__)]
+    fn codec_id(&self) -> &'static str {
+        ROOT_CODEC_ID
+    }
+
+    /// A `datafusion_physical_extension_codec` capsule. `session` is ignored.
+    #[pyo3(signature = (session = None))]
+    #[allow(unused_variables)]
+    fn __datafusion_physical_extension_codec__<'py>(
+        &self,
+        py: Python<'py>,
+        session: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        capsule::export(
+            py,
+            self.codec.clone(),
+            c"datafusion_physical_extension_codec",
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!("DfxRootCodec({ROOT_CODEC_ID:?})")
     }
 }
 

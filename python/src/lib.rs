@@ -27,6 +27,7 @@
 mod blocking;
 mod capsule;
 mod config;
+mod driving;
 mod error;
 mod extension;
 mod functions;
@@ -47,6 +48,8 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<extension::DfxEngineExtension>()?;
     m.add_class::<extension::DfxPhysicalCodec>()?;
     m.add_class::<extension::DfxLogicalCodec>()?;
+    m.add_class::<extension::DfxRootCodec>()?;
+    m.add("ROOT_CODEC_ID", driving::ROOT_CODEC_ID)?;
     m.add_class::<config::DfxEngineConfig>()?;
     m.add_class::<functions::DfxScalarFunction>()?;
     m.add_class::<functions::DfxAggregateFunction>()?;
@@ -88,10 +91,12 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(settings::session_settings, m)?)?;
     m.add_class::<prepare::PreparedStages>()?;
     m.add_function(wrap_pyfunction!(prepare::prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(prepare::plan_stages, m)?)?;
     m.add_class::<scheduler::WorkerPool>()?;
     m.add_class::<scheduler::Scheduler>()?;
     m.add_class::<scheduler::QueryRun>()?;
     m.add_class::<scheduler::ClaimedLocation>()?;
+    m.add_class::<driving::SessionDriver>()?;
     m.add("WorkerLost", m.py().get_type::<error::WorkerLost>())?;
     m.add(
         "MALLOC_TUNABLES_VAR",

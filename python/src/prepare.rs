@@ -5,7 +5,9 @@
 //!
 //! ```text
 //! dfx_engine.driver                        this module           dfx_runtime
-//! writers in pre-order ─► to_bytes(ctx) ─► prepare(encoded) ──► prepare: describe, cut
+//! plan ─► to_bytes(ctx) ─► plan_stages(bytes): the plugin cuts the plan into
+//!                          its stages (pre-order; each reader carried its stage)
+//! stages ──────────────► prepare(encoded) ──► prepare: describe, cut
 //!                                            │
 //!                                            ▼
 //!                           PreparedStages ─► Scheduler.run(spec, task_dir, stages)
@@ -14,7 +16,9 @@
 use dfx_runtime::scheduler::EncodedStage;
 use pyo3::prelude::*;
 
-use crate::error::from_runtime;
+use pyo3::types::PyBytes;
+
+use crate::error::{from_runtime, runtime_error};
 use crate::plugin::plugin;
 use crate::stage_info::StageInfo;
 
@@ -67,4 +71,22 @@ pub fn prepare(py: Python<'_>, encoded_stages: Vec<Vec<u8>>) -> PyResult<Prepare
         .detach(|| dfx_runtime::prepare(plugin, encoded_stages))
         .map_err(from_runtime)?;
     Ok(PreparedStages { stages })
+}
+
+/// The stages of `plan` (a plan as the planner handed it back, encoded
+/// with the driver's session), cut out by the plugin in pre-order, each
+/// rooted at its writer and holding its own nodes only: the planner's
+/// readers carry the stages they read, so no stage nests in another and
+/// each decodes within datafusion-python's depth on its own.
+///
+/// Raises:
+///     RuntimeError: Bytes that are not an encoded plan, or a stage in it
+///         that is not one.
+#[pyfunction]
+pub fn plan_stages<'py>(py: Python<'py>, plan: Vec<u8>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    let plugin = plugin(py)?;
+    let stages = py
+        .detach(|| plugin.plan_stages(&plan))
+        .map_err(runtime_error)?;
+    Ok(stages.iter().map(|stage| PyBytes::new(py, stage)).collect())
 }

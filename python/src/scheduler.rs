@@ -22,7 +22,8 @@ use std::time::Duration;
 
 use dfx_runtime::scheduler::{
     ClaimedLocation as RuntimeClaim, ForeignExecutor, ForeignFailure, ForeignRunner,
-    ProcessExecutor, QueryRun as RuntimeRun, Speculation, WorkerCommand, WorkerPool as RuntimePool,
+    ProcessExecutor, Progress, QueryRun as RuntimeRun, Speculation, TerminalLine, WorkerCommand,
+    WorkerPool as RuntimePool,
 };
 use dfx_runtime::{
     Envelope, Executor, Scheduler as RuntimeScheduler, SchedulerOptions, SessionSpec,
@@ -214,22 +215,26 @@ impl Scheduler {
     /// running past `task_timeout` seconds is stopped and retried. With
     /// `speculate`, a task running that many times its stage's median gets
     /// a second attempt on an idle slot, and the first to publish wins.
+    /// With `progress`, a query running past about a second shows the live
+    /// progress line on stderr (the caller has found it a terminal), drawn
+    /// over itself and erased when its tasks end.
     ///
     /// Raises:
     ///     ValueError: An unknown executor, `"process"` without a command, a
     ///         closed pool, or a bound, attempt count or timeout below 1 (0
     ///         for the timeout), or a speculation factor not above 1.
     #[new]
-    #[pyo3(signature = (executor, *, command = None, max_workers = None, max_attempts = 3, task_timeout = None, speculate = None))]
+    #[pyo3(signature = (executor, *, command = None, max_workers = None, max_attempts = 3, task_timeout = None, speculate = None, progress = false))]
     fn new(
-        py: Python<'_>,
         executor: &Bound<'_, PyAny>,
         command: Option<Vec<String>>,
         max_workers: Option<usize>,
         max_attempts: u32,
         task_timeout: Option<f64>,
         speculate: Option<f64>,
+        progress: bool,
     ) -> PyResult<Self> {
+        let py = executor.py();
         let speculation = speculate
             .map(Speculation::after)
             .transpose()
@@ -288,7 +293,9 @@ impl Scheduler {
             max_workers: bound,
             max_attempts,
             task_timeout,
-            progress: None,
+            progress: progress.then(|| {
+                Arc::new(TerminalLine::new(Box::new(std::io::stderr()))) as Arc<dyn Progress>
+            }),
             speculation,
         };
         Ok(Self {
@@ -330,6 +337,19 @@ impl Scheduler {
 
     fn __repr__(&self) -> String {
         format!("Scheduler(executor={:?})", self.scheduler.executor_name())
+    }
+}
+
+impl Scheduler {
+    /// The runtime's scheduler this one holds (its executor shared).
+    pub fn runtime_scheduler(&self) -> RuntimeScheduler {
+        self.scheduler.clone()
+    }
+}
+
+impl From<Arc<RuntimeRun>> for QueryRun {
+    fn from(run: Arc<RuntimeRun>) -> Self {
+        Self { run }
     }
 }
 

@@ -107,6 +107,23 @@ impl Task {
             .map_err(PyValueError::new_err)
     }
 
+    /// The encoded stage with its writer's input sealed, so the plugin
+    /// runs every operator of it, under the spec's memory limit: the pool a
+    /// datafusion-python session's operators would lose crossing into the
+    /// plugin and back. Ask after :meth:`check`, which reads the stage as
+    /// shipped.
+    ///
+    /// Raises:
+    ///     ValueError: The plugin cannot seal the stage, naming the task.
+    fn sealed_plan(&self, py: Python<'_>) -> PyResult<Py<PyBytes>> {
+        let plugin = plugin(py)?;
+        let plan = self.plan.bind(py).as_bytes().to_vec();
+        let sealed = py
+            .detach(|| plugin.seal_stage_input(&plan))
+            .map_err(|err| PyValueError::new_err(format!("{}: {err}", self.input.name())))?;
+        Ok(PyBytes::new(py, &sealed).unbind())
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Task({}, attempt {})",

@@ -23,8 +23,8 @@ def test_session_carries_the_plugin_codec(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
     ctx, engine = build_session(make_spec())
-    assert ctx.physical_extension_codec_ids() == ["dfx_engine.physical.v2"]
-    assert expected_codec_ids() == ["dfx_engine.physical.v2"]
+    assert ctx.physical_extension_codec_ids() == ["dfx_engine.physical.v3"]
+    assert expected_codec_ids() == ["dfx_engine.physical.v3"]
     assert engine.physical_codec_id() == _internal.physical_codec_id()
 
 
@@ -32,14 +32,14 @@ def test_stage_without_the_session_cannot_be_encoded(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
     ctx, df = dataframe_for(REVENUE_SQL, make_spec())
-    stage = find_stage(df.execution_plan())
+    stage = find_stage(ctx, df.execution_plan())
     assert stage is not None
     with pytest.raises(Exception, match="PhysicalExtensionCodec is not provided"):
         stage.to_bytes()
     encoded = _internal.counters()["stages_encoded"]
     data = stage.to_bytes(ctx)
-    # The stage and every stage nested below it (behind its readers).
-    assert _internal.counters()["stages_encoded"] == encoded + len(find_stages(stage))
+    # The stage alone: the stages it reads are cut out of the plan apart.
+    assert _internal.counters()["stages_encoded"] == encoded + 1
     assert data
 
 
@@ -55,7 +55,7 @@ def test_counters_show_planning_and_encoding(
         engine.decode_calls(),
     )
     plan = ctx.sql(REVENUE_SQL).execution_plan()
-    stages = find_stages(plan)
+    stages = find_stages(ctx, plan)
     assert len(stages) == 1
     # Planning: one planner call and one stage inserted; the planned plan
     # crosses from the plugin to the session as bytes through the session's
@@ -76,7 +76,7 @@ def test_exchange_planning_counts_every_writer(
 ) -> None:
     ctx, engine = build_session(make_spec())
     start = (engine.plan_calls(), engine.stages_inserted())
-    stages = find_stages(ctx.sql(REVENUE_SQL).execution_plan())
+    stages = find_stages(ctx, ctx.sql(REVENUE_SQL).execution_plan())
     assert len(stages) >= 2
     assert engine.plan_calls() == start[0] + 1
     assert engine.stages_inserted() == start[1] + len(stages)
@@ -88,7 +88,7 @@ def test_stage_round_trips_through_the_session(
     distributed = make_spec()
     ctx, engine = build_session(distributed)
     plan = ctx.sql(REVENUE_SQL).execution_plan()
-    stage = find_stage(plan)
+    stage = find_stage(ctx, plan)
     assert stage is not None
     data = stage.to_bytes(ctx)
     decoded_before = engine.decode_calls()
@@ -108,7 +108,7 @@ def test_stage_round_trips_through_the_session(
     # The round trip changes nothing about the answer: only decoded stages
     # compute (every map of each, the stages it reads first), and the plan's
     # root reads what they published.
-    for writer in reversed(find_stages(plan)):
+    for writer in reversed(find_stages(ctx, plan)):
         round_tripped = ExecutionPlan.from_bytes(ctx, writer.to_bytes(ctx))
         for map_index in range(round_tripped.partition_count):
             list(ctx.execute(round_tripped, map_index))
@@ -126,7 +126,7 @@ def test_every_writer_describes_itself_in_pre_order(
     sql = "SELECT l_returnflag, count(*) FROM lineitem GROUP BY 1 ORDER BY 1"
     spec = make_spec()
     ctx, _engine = build_session(spec)
-    writers = find_stages(ctx.sql(sql).execution_plan())
+    writers = find_stages(ctx, ctx.sql(sql).execution_plan())
     infos = [_internal.encoded_stage_info(w.to_bytes(ctx)) for w in writers]
     assert [i.stage_id for i in infos] == [
         _internal.stage_id(n) for n in range(len(infos))
@@ -143,7 +143,7 @@ def test_prepare_describes_each_stage_as_the_plugin_does_and_refuses_them_reorde
 ) -> None:
     sql = "SELECT l_returnflag, count(*) FROM lineitem GROUP BY 1 ORDER BY 1"
     ctx, _engine = build_session(make_spec())
-    encoded = [w.to_bytes(ctx) for w in find_stages(ctx.sql(sql).execution_plan())]
+    encoded = [w.to_bytes(ctx) for w in find_stages(ctx, ctx.sql(sql).execution_plan())]
     assert len(encoded) > 1
     prepared = _internal.prepare(encoded)
     assert len(prepared) == len(encoded)
@@ -165,7 +165,7 @@ def test_plugin_objects_are_released_with_the_session(
 
     def plan_once() -> int:
         ctx, _engine = build_session(make_spec())
-        assert find_stage(ctx.sql(REVENUE_SQL).execution_plan()) is not None
+        assert find_stage(ctx, ctx.sql(REVENUE_SQL).execution_plan()) is not None
         return _internal.counters()["live_objects"]
 
     # While the session lives, its planner and codec live on the plugin side.

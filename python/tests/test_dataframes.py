@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import as_rows
+from conftest import as_rows, sorted_rows
 from datafusion import DataFrame, SessionContext, col, lit
 from datafusion import functions as f
 
-from dfx_engine import MemoryTableTooLargeError, session_for
+from dfx_engine import MemoryTableTooLargeError, last_run, session_for
 from dfx_engine.dataframes import MEMORY_TABLE_LIMIT_KEY
 from dfx_engine.driver import WorkerPool, run_distributed
 from dfx_engine.session import SessionSpec
@@ -207,13 +207,17 @@ def test_a_table_over_the_limit_is_refused_naming_its_size_limit_and_setting(
     assert as_rows(run_distributed(count, within, pool=pool).batches) == [{"n": 10_000}]
 
 
-def test_collecting_a_dataframe_of_a_distributed_session_says_to_run_it(
-    spec: Callable[[], SessionSpec],
+def test_collecting_a_dataframe_of_a_distributed_session_runs_it(
+    spec: Callable[[], SessionSpec], pool: WorkerPool
 ) -> None:
-    ctx = session_for(spec())
-    with pytest.raises(Exception, match="run_distributed") as err:
-        by_colour(ctx).collect()
-    assert "lost output" in str(err.value)
+    made = spec()
+    expected = run_distributed(by_colour(session_for(made)), made, pool=pool)
+    ctx = session_for(spec(), pool=pool)
+    got = by_colour(ctx).collect()
+    assert sorted_rows(got) == sorted_rows(expected.batches)
+    run = last_run(ctx)
+    assert run is not None
+    assert run.tasks
 
 
 def test_a_dataframe_of_another_session_is_refused_plainly(

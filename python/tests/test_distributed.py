@@ -225,8 +225,8 @@ def test_union_of_two_aggregates_ships_both_stages(
                               AS BIGINT) AS v FROM lineitem
         ORDER BY k
     """
-    _ctx, df = dataframe_for(sql, spec)
-    planned = len(find_stages(df.execution_plan()))
+    ctx, df = dataframe_for(sql, spec)
+    planned = len(find_stages(ctx, df.execution_plan()))
     assert planned >= 2
 
     result = run_distributed(sql, spec)
@@ -274,8 +274,8 @@ def test_a_reader_never_computes_a_missing_stage(
 
 def test_no_shuffle_dir_means_no_stage(make_spec: Callable[..., SessionSpec]) -> None:
     spec = make_spec(shuffle=False)
-    _ctx, df = dataframe_for(REVENUE_SQL, spec)
-    assert find_stage(df.execution_plan()) is None
+    ctx, df = dataframe_for(REVENUE_SQL, spec)
+    assert find_stage(ctx, df.execution_plan()) is None
     assert_revenue(as_rows(df.collect()))
     # Distributed, it runs under the process's temporary root.
     assert_revenue(as_rows(run_distributed(REVENUE_SQL, spec).batches))

@@ -33,6 +33,7 @@ from conftest import (
 )
 from datafusion import udf
 
+from dfx_engine import last_run, session_for
 from dfx_engine.driver import run_distributed, run_local
 from dfx_engine.session import SessionSpec
 
@@ -88,6 +89,25 @@ def test_tpch_query_through_ray_agrees_with_local(
     assert result.retries == []
     assert_same_columns(result.batches, local, f"q{number}")
     assert_same_rows(tpch_rows(result.batches), tpch_rows(local), f"q{number}")
+
+
+@pytest.mark.parametrize("number", [1, 3, 9, 13])
+def test_a_session_on_ray_collects_distributed(
+    executor: RayExecutor, tpch_spec: Callable[[], SessionSpec], number: int
+) -> None:
+    # The plan runs inside collect(), which waits with the GIL released;
+    # each Ray task's call takes it on the runtime's blocking thread.
+    sql = (QUERIES / f"q{number}.sql").read_text()
+    spec = tpch_spec()
+    ctx = session_for(spec, executor=executor)
+    got = ctx.sql(sql).collect()
+    local = run_local(sql, spec)
+    run = last_run(ctx)
+    assert run is not None
+    assert run.tasks
+    assert run.retries == []
+    assert_same_columns(got, local, f"q{number}")
+    assert_same_rows(tpch_rows(got), tpch_rows(local), f"q{number}")
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ def test_spec_round_trips_and_carries_codec_ids() -> None:
         "shuffle_dir": "/s",
         "target_partitions": 3,
         "split": "exchange",
-        "codec_ids": ["dfx_engine.physical.v2"],
+        "codec_ids": ["dfx_engine.physical.v3"],
     }
     assert SessionSpec.from_json(data) == spec
     assert SessionSpec.from_json(json.dumps(data)) == spec
@@ -63,7 +63,7 @@ def test_the_split_mode_reaches_the_planner(
     counts = {}
     for split in ("exchange", "aggregate"):
         ctx, _engine = build_session(make_spec(split=split))
-        counts[split] = len(find_stages(ctx.sql(sql).execution_plan()))
+        counts[split] = len(find_stages(ctx, ctx.sql(sql).execution_plan()))
     assert counts["aggregate"] == 1
     assert counts["exchange"] >= 2
     assert DfxEngineConfig(shuffle_dir="/s", split="aggregate").split == "aggregate"
@@ -128,6 +128,9 @@ def test_the_new_fields_round_trip_and_are_left_out_at_their_defaults() -> None:
     assert SessionSpec.from_json(plain).shuffle_compression == "auto"
     # A spec of tables alone is whole: every other field has its default.
     assert SessionSpec.from_json({"tables": {}}) == SessionSpec()
+    # No pool holds nothing: a limit of 0 is refused, not read as none.
+    with pytest.raises(ValueError, match="memory_limit is 0"):
+        SessionSpec(memory_limit=0)
     with pytest.raises(ValueError, match="spec"):
         SessionSpec(shuffle_compression="zstd")
 
@@ -196,7 +199,7 @@ def test_a_worker_session_has_no_table_and_decodes_the_drivers_stage(
     assert not worker.table_exist("lineitem")
     assert worker.physical_extension_codec_ids() == expected_codec_ids()
     plan = driver.sql("SELECT sum(l_quantity) FROM lineitem").execution_plan()
-    stage = find_stage(plan)
+    stage = find_stage(driver, plan)
     assert stage is not None
     # The scan travels whole inside the stage: no catalog lookup is needed.
     decoded = ExecutionPlan.from_bytes(worker, stage.to_bytes(driver))
@@ -224,12 +227,12 @@ def test_by_hand_installation_plans_stages(
     ctx = SessionContext(config).with_extensions(DfxEngineExtension())
     ctx.register_parquet("lineitem", spec.tables["lineitem"])
     plan = ctx.sql("SELECT sum(l_quantity) FROM lineitem").execution_plan()
-    assert find_stage(plan) is not None
+    assert find_stage(ctx, plan) is not None
     assert ctx.physical_extension_codec_ids() == [_internal.physical_codec_id()]
     # The config extension is what switches distribution on.
     bare = SessionContext().with_extensions(DfxEngineExtension())
     bare.register_parquet("lineitem", spec.tables["lineitem"])
-    assert find_stage(bare.sql("SELECT 1").execution_plan()) is None
+    assert find_stage(bare, bare.sql("SELECT 1").execution_plan()) is None
 
 
 def test_a_users_own_session_has_the_plugins_functions() -> None:

@@ -19,6 +19,8 @@
 //!             the worker's checks before decoding, the stage file
 //! prepare     describe and cut a query's encoded stages: the step both
 //!             hosts call between encoding and running them
+//! root/       a query driven from its plan's root: the planner a driving
+//!             session holds, the root node that runs the stages
 //! scheduler/  graph, options, run, ready (one RunState), tasks, adaptive,
 //!             query_run, attempts, claim, executors: pool, process, foreign
 //! shuffle_root  a root each query gets a fresh location under: how one is
@@ -35,6 +37,7 @@
 pub mod error;
 pub mod prepare;
 pub mod protocol;
+pub mod root;
 pub mod scheduler;
 pub mod shuffle_root;
 pub mod spec;

@@ -1,4 +1,4 @@
-//! The plugin codec's payload (`dfx_engine.physical.v2`) and the stage
+//! The plugin codec's payload (`dfx_engine.physical.v3`) and the stage
 //! description read from encoded plan bytes (the ABI's `encoded_stage_info`).
 //! Seeds are what the codec itself encoded for real writers and readers.
 
@@ -15,8 +15,11 @@ use datafusion_proto::physical_plan::{
     ComposedPhysicalExtensionCodec, DefaultPhysicalExtensionCodec, DefaultPhysicalProtoConverter,
     PhysicalExtensionCodec,
 };
-use dfx_plugin::wire::{PAYLOAD_MAGIC, Payload, read_encoded_stage};
+use datafusion_proto::protobuf::PhysicalPlanNode;
+use datafusion_proto::protobuf::physical_plan_node::PhysicalPlanType;
+use dfx_plugin::wire::{PAYLOAD_MAGIC, PAYLOAD_VERSION, Payload, read_encoded_stage};
 use dfx_plugin::{DfxPhysicalCodec, ReadMode, ShuffleReaderExec, ShuffleWriterExec};
+use prost::Message;
 
 use crate::{Outcome, Target};
 
@@ -73,11 +76,32 @@ fn nodes() -> Result<Vec<Arc<dyn ExecutionPlan>>, String> {
     Ok(nodes)
 }
 
+/// The codec's payload for `node`. A reader encodes itself without its
+/// writer, carrying the stage as a blob: its payload is the one DataFusion's
+/// encoder writes for it.
+fn payload_of(node: Arc<dyn ExecutionPlan>, codec: &DfxPhysicalCodec) -> Result<Vec<u8>, String> {
+    if node.downcast_ref::<ShuffleReaderExec>().is_none() {
+        let mut buf = Vec::new();
+        codec
+            .try_encode(node, &mut buf, &DefaultPhysicalProtoConverter {})
+            .map_err(fail)?;
+        return Ok(buf);
+    }
+    let bytes = physical_plan_to_bytes_with_extension_codec(node, codec).map_err(fail)?;
+    match PhysicalPlanNode::decode(bytes.as_ref())
+        .map_err(fail)?
+        .physical_plan_type
+    {
+        Some(PhysicalPlanType::Extension(extension)) => Ok(extension.node),
+        _ => Err("a reader encoded as something else than an extension node".into()),
+    }
+}
+
 /// `Payload::decode` and the codec's `try_decode`.
 pub struct CodecPayload {
     codec: DfxPhysicalCodec,
-    /// A writer's input, then the writers a hash and another reader read.
-    inputs: [Arc<dyn ExecutionPlan>; 3],
+    /// A writer's input.
+    inputs: [Arc<dyn ExecutionPlan>; 1],
     ctx: TaskContext,
     seeds: Vec<Vec<u8>>,
 }
@@ -92,13 +116,9 @@ impl CodecPayload {
         let codec = DfxPhysicalCodec::default();
         let mut seeds = Vec::new();
         let nodes = nodes()?;
-        let inputs = [input(), Arc::clone(&nodes[0]), Arc::clone(&nodes[1])];
+        let inputs = [input()];
         for node in nodes {
-            let mut buf = Vec::new();
-            codec
-                .try_encode(node, &mut buf, &DefaultPhysicalProtoConverter {})
-                .map_err(fail)?;
-            seeds.push(buf);
+            seeds.push(payload_of(node, &codec)?);
         }
         Ok(Self {
             codec,
@@ -121,7 +141,7 @@ impl Target for CodecPayload {
     fn dictionary(&self) -> Vec<Vec<u8>> {
         vec![
             PAYLOAD_MAGIC.to_vec(),
-            2u16.to_le_bytes().to_vec(),
+            PAYLOAD_VERSION.to_le_bytes().to_vec(),
             vec![1],
             vec![2],
             vec![3],
@@ -145,14 +165,14 @@ impl Target for CodecPayload {
         }
         // Each node decoded over an input it accepts, so decoding gets past
         // the payload into the partitioning and the node's checks.
-        let child = match &parsed {
-            Ok(Payload::Reader(ReadMode::Hash)) => &self.inputs[1],
-            Ok(Payload::Reader(_)) => &self.inputs[2],
-            _ => &self.inputs[0],
+        // A reader has no input: it carries its stage.
+        let children = match &parsed {
+            Ok(Payload::Reader(_)) => &[][..],
+            _ => std::slice::from_ref(&self.inputs[0]),
         };
         let decoded = self.codec.try_decode(
             input,
-            std::slice::from_ref(child),
+            children,
             &self.ctx,
             &DefaultPhysicalProtoConverter {},
         );
@@ -276,7 +296,7 @@ impl Target for VetStage {
     fn dictionary(&self) -> Vec<Vec<u8>> {
         vec![
             PAYLOAD_MAGIC.to_vec(),
-            2u16.to_le_bytes().to_vec(),
+            PAYLOAD_VERSION.to_le_bytes().to_vec(),
             SHUFFLE_DIR.as_bytes().to_vec(),
             b"/data/".to_vec(),
         ]

@@ -142,6 +142,23 @@ impl RunArgs {
     pub fn host(&self) -> Result<Host> {
         host_of(self)
     }
+
+    /// `spec` under the `--shuffle-root` given (with `--keep-shuffle`), the
+    /// root resolved to one path for the driver and its workers from any
+    /// directory; `spec` itself without one.
+    ///
+    /// # Errors
+    ///
+    /// A root that cannot be resolved.
+    pub fn with_shuffle_root(&self, spec: SessionSpec) -> Result<SessionSpec> {
+        let Some(root) = &self.shuffle_root else {
+            return Ok(spec);
+        };
+        let (root, _) = shuffle_dir(Some(root.as_path()))?;
+        let mut spec = spec.with_shuffle_root(root);
+        spec.keep_shuffle = self.keep_shuffle;
+        Ok(spec)
+    }
 }
 
 /// Run `dfx run`: every query of the script, in turn, on one host.
@@ -149,13 +166,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let started = Instant::now();
     let host = host_of(&args)?;
     let script = Script::parse(&args.query.sql()?)?;
-    let mut spec = spec_of(&args.query, &script)?;
-    if let Some(root) = &args.shuffle_root {
-        // One path for the driver and its workers, from any directory.
-        let (root, _) = shuffle_dir(Some(root.as_path()))?;
-        spec = spec.with_shuffle_root(root);
-        spec.keep_shuffle = args.keep_shuffle;
-    }
+    let spec = args.with_shuffle_root(spec_of(&args.query, &script)?)?;
     let count = script.queries.len();
     for (index, sql) in script.queries.iter().enumerate() {
         if count > 1 {

@@ -2,8 +2,8 @@
 //! scheduler, finish it.
 //!
 //! ```text
-//! claim the location ─► build_session ─► plan ONCE ─► the writers in pre-order
-//!   ─► encode each writer ─► dfx_runtime::prepare (describe, cut)
+//! claim the location ─► build_session ─► plan ONCE ─► encode the plan, the
+//!   plugin cuts it into its stages (pre-order) ─► dfx_runtime::prepare (describe, cut)
 //!   ─► the scheduler runs every task (dfx_runtime::scheduler)
 //!   ─► read the root of the SAME plan here; lost output it finds runs again
 //! ```
@@ -23,6 +23,7 @@
 pub mod analyze;
 #[cfg(feature = "cli-extras")]
 pub mod progress;
+pub mod session;
 pub mod stages;
 
 use std::sync::{Arc, Mutex};
@@ -30,7 +31,6 @@ use std::sync::{Arc, Mutex};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect;
 use dfx_abi::Plugin;
-use dfx_abi::stages::find_stages;
 use dfx_runtime::prepare;
 use dfx_runtime::scheduler::{
     ClaimedLocation, Decision, Executor, ProcessExecutor, Progress, Scheduler, SchedulerOptions,
@@ -301,26 +301,19 @@ impl Host {
         let session = build_session(&self.plugin, spec).await?;
         // Planned once: the plan the stages are cut from is the plan whose
         // root runs here at the end, so both name the same files.
-        let plan = session.physical_plan(sql).await?;
-        let writers = find_stages(&plan, self.plugin.stage_node_name());
-        if writers.is_empty() {
+        let planned = session.plan(sql).await?;
+        let plan = planned.plan;
+        if planned.stages.is_empty() {
             return Err(HostError::Invalid(format!(
                 "no {} in the plan of {sql:?}; the plugin's planner did not run or its config \
                  extension was not registered",
                 self.plugin.stage_node_name()
             )));
         }
-        // Every stage, encoded through the session that owns the codecs:
-        // without them only DataFusion's own nodes survive.
-        let encoded = writers
-            .iter()
-            .enumerate()
-            .map(|(index, writer)| {
-                session.encode(Arc::clone(writer)).map_err(|err| {
-                    HostError::Invalid(format!("stage {}: {err}", self.plugin.stage_id(index)))
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        // Every stage, encoded through the session that owns the codecs
+        // (without them only DataFusion's own nodes survive) and cut out of
+        // the plan by the plugin.
+        let encoded = planned.stages;
         // Described by the plugin from their bytes, numbered, and cut so a
         // task carries only the files its map reads: the runtime's step, the
         // same as the Python host's.

@@ -7,18 +7,18 @@
 //! ```
 //!
 //! It is told by the runtime's scheduler ([`Progress`]): every count comes
-//! from the scheduler's [`ProgressSnapshot`], never from a message.
+//! from the scheduler's [`ProgressSnapshot`], never from a message, and its
+//! text is the runtime's ([`ProgressSnapshot::line`]), the one Python's
+//! line shows too.
 
 use std::io::IsTerminal as _;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+pub use dfx_runtime::scheduler::SHOW_AFTER;
+use dfx_runtime::scheduler::progress_line::tasks_line;
 use dfx_runtime::scheduler::{Progress, ProgressSnapshot};
-use indicatif::{HumanBytes, ProgressBar, ProgressDrawTarget, ProgressStyle};
-
-/// How long a query runs before its line appears: a quick query's answer
-/// is not preceded by a flash of a line.
-pub const SHOW_AFTER: Duration = Duration::from_secs(1);
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// How often the line redraws (its spinner and elapsed time) between
 /// events.
@@ -60,20 +60,6 @@ fn lock(state: &Mutex<LineState>) -> MutexGuard<'_, LineState> {
     state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The line's text for `now`.
-fn describe(now: &ProgressSnapshot) -> String {
-    format!(
-        "stages {}/{} · tasks {} running, {}/{} done · {} published · {} retries",
-        now.stages_done,
-        now.stages,
-        now.running,
-        now.tasks_done,
-        now.tasks,
-        HumanBytes(now.bytes),
-        now.retries
-    )
-}
-
 impl Progress for LiveLine {
     fn start(&self, total: usize) {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
@@ -84,7 +70,7 @@ impl Progress for LiveLine {
             let mut state = lock(&self.state);
             state.generation += 1;
             (state.total, state.ended, state.snapshots) = (total, 0, false);
-            state.message = format!("tasks 0/{total} done");
+            state.message = tasks_line(0, total);
             bar.set_message(state.message.clone());
             state.bar = Some(bar);
             state.generation
@@ -109,7 +95,7 @@ impl Progress for LiveLine {
         let mut state = lock(&self.state);
         state.ended += 1;
         if !state.snapshots {
-            let message = format!("tasks {}/{} done", state.ended, state.total);
+            let message = tasks_line(state.ended, state.total);
             if let Some(bar) = &state.bar {
                 bar.set_message(message.clone());
             }
@@ -120,7 +106,7 @@ impl Progress for LiveLine {
     fn update(&self, now: &ProgressSnapshot) {
         let mut state = lock(&self.state);
         state.snapshots = true;
-        let message = describe(now);
+        let message = now.line();
         if message != state.message {
             if let Some(bar) = &state.bar {
                 bar.set_message(message.clone());
@@ -136,27 +122,5 @@ impl Progress for LiveLine {
         if let Some(bar) = state.bar.take() {
             bar.finish_and_clear();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_line_names_every_count_of_the_snapshot() {
-        let line = describe(&ProgressSnapshot {
-            stages: 3,
-            stages_done: 1,
-            tasks: 12,
-            running: 2,
-            tasks_done: 5,
-            bytes: 3 * 1024 * 1024,
-            retries: 1,
-        });
-        assert_eq!(
-            line,
-            "stages 1/3 · tasks 2 running, 5/12 done · 3.00 MiB published · 1 retries"
-        );
     }
 }

@@ -4,7 +4,10 @@
 //! (`ShuffleWriterExec`); it runs as one **map task** per partition of its
 //! input, each task in its own worker process, and each map splits its rows
 //! into **buckets**. A consumer reads a stage through a reader node
-//! (`ShuffleReaderExec`) whose only child is that writer, so stages nest:
+//! (`ShuffleReaderExec`). The planner hands each reader back carrying its
+//! stage as bytes; the session cuts the plan into its stages and gives each
+//! reader its writer back ([`crate::session::DfxSession::plan`]), so in the
+//! plan shown here the reader's only child is that writer and stages nest:
 //!
 //! ```text
 //! root (driver) ── reader ── writer S1 (deps [2]) ── ... ── reader ── writer S2 (deps [])

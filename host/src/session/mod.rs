@@ -7,13 +7,20 @@
 //! with the same spec, so a plan one encodes the other can decode.
 
 pub mod codec_chain;
+mod late_context;
+mod options;
 pub mod query_planner;
 mod tables;
 
+pub use options::{effective_target_partitions, parse_engine_option};
+
+use late_context::{LEAN_DECODE, LateTaskContext};
+
 use std::collections::{BTreeSet, HashSet};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::{TaskContext, TaskContextProvider};
 use datafusion::physical_plan::ExecutionPlan;
@@ -28,6 +35,9 @@ use datafusion_proto::bytes::{
 use datafusion_proto::logical_plan::DefaultLogicalExtensionCodec;
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 use dfx_abi::Plugin;
+use dfx_abi::stages::{attach_stages, find_stages};
+use dfx_runtime::QueryRun;
+use dfx_runtime::root::{DrivingQueryPlanner, QueryDriver};
 
 use crate::error::{DataFusionContext, HostError, Result};
 use crate::session::codec_chain::CodecChain;
@@ -37,6 +47,16 @@ use crate::session::tables::register_table;
 pub use dfx_runtime::spec::{
     DEFAULT_TARGET_PARTITIONS, SessionSpec, ShuffleCompression, Split, TableDefinition, TableFormat,
 };
+
+/// A query planned by [`DfxSession::plan`].
+#[derive(Debug)]
+pub struct Planned {
+    /// The plan as one tree: each reader over its stage's writer.
+    pub plan: Arc<dyn ExecutionPlan>,
+    /// Its stages, encoded by the session, in pre-order: what a driver
+    /// describes, cuts and ships.
+    pub stages: Vec<Vec<u8>>,
+}
 
 /// A session built by [`build_session`], with the codec chain it encodes and
 /// decodes stages with.
@@ -54,6 +74,9 @@ pub struct DfxSession {
     /// The stage decoded last, kept for the next map of it (see
     /// [`Self::decode_stage_for_map`]).
     kept_stage: Mutex<Option<KeptStage>>,
+    /// What runs the session's queries when their plans execute, for a
+    /// session that drives them ([`build_driving_session`]).
+    driver: Option<Arc<QueryDriver>>,
 }
 
 /// A decoded stage a serving worker keeps for its next map.
@@ -121,6 +144,12 @@ impl DfxSession {
         ))
     }
 
+    /// What the scheduler did for the session's last distributed query
+    /// whose answer was read (a driving session's only).
+    pub fn last_run(&self) -> Option<Arc<QueryRun>> {
+        self.driver.as_ref().and_then(|driver| driver.last_run())
+    }
+
     /// The plugin the session was built with.
     pub fn plugin(&self) -> &Plugin {
         &self.plugin
@@ -142,15 +171,59 @@ impl DfxSession {
     ///
     /// Whatever parsing, logical or physical planning reports.
     pub async fn physical_plan(&self, sql: &str) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self.plan(sql).await?.plan)
+    }
+
+    /// `sql` planned: the plan as one tree (each reader over the writer of
+    /// the stage it reads) and its stages as this session encodes them, in
+    /// pre-order.
+    ///
+    /// The planner hands its plan back with each reader carrying its stage
+    /// as a blob; the plan is encoded, cut into its stages by the plugin,
+    /// and each stage decoded and given back to its reader.
+    ///
+    /// # Errors
+    ///
+    /// Whatever parsing, planning, encoding, the cut or decoding reports.
+    pub async fn plan(&self, sql: &str) -> Result<Planned> {
         let frame = self
             .ctx
             .sql(sql)
             .await
             .context(|| format!("cannot plan {sql:?}"))?;
-        frame
+        let plan = frame
             .create_physical_plan()
             .await
-            .context(|| format!("cannot create the physical plan of {sql:?}"))
+            .context(|| format!("cannot create the physical plan of {sql:?}"))?;
+        let Some(reader) = self.plugin.reader_node_name() else {
+            return Ok(Planned {
+                plan,
+                stages: Vec::new(),
+            });
+        };
+        if find_stages(&plan, reader).is_empty() {
+            return Ok(Planned {
+                plan,
+                stages: Vec::new(),
+            });
+        }
+        let bytes = self.encode(Arc::clone(&plan))?;
+        let stages = self
+            .plugin
+            .plan_stages(&bytes)
+            .context(|| format!("cannot cut the plan of {sql:?} into its stages"))?;
+        let writers = stages
+            .iter()
+            .enumerate()
+            .map(|(index, stage)| {
+                self.decode(stage).map_err(|err| {
+                    HostError::Invalid(format!("stage {}: {err}", self.plugin.stage_id(index)))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let plan = attach_stages(&plan, reader, &writers)
+            .context(|| format!("cannot put the plan of {sql:?} together"))?;
+        Ok(Planned { plan, stages })
     }
 
     /// Encode `plan` with this session's codecs: a driver encodes each
@@ -194,7 +267,7 @@ impl DfxSession {
     /// A serving worker runs map after map of a stage from the same bytes,
     /// and a DataFusion plan is made to run each of its partitions from one
     /// instance. Running them from one instance, as one process would, saves
-    /// the decode (a stage carries every stage below it) and builds once
+    /// the decode and builds once
     /// what the plan shares between partitions: the collected build side of
     /// a broadcast join is read and hashed once per worker, not once per map.
     /// A map already run from the plan gets a fresh decode, so no operator is
@@ -271,45 +344,6 @@ impl DfxSession {
     }
 }
 
-thread_local! {
-    /// Set while [`DfxSession::decode`] makes its lean attempt on this thread.
-    static LEAN_DECODE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// A task-context provider bound to its session after the session exists.
-///
-/// The plugin's planner needs the codecs and the codecs need a provider,
-/// but the provider is the session the planner goes into. This breaks the
-/// cycle: the codecs get the provider first, the session is bound to it once
-/// built. A weak reference, so the provider never keeps the session alive.
-///
-/// The plugin's codec asks for a context each time it decodes one dfx node,
-/// and datafusion-ffi converts the whole context across the boundary each
-/// time: every function of the session and every config entry, both ways.
-/// A worker decodes its stage with every stage below it, so that was a
-/// tenth of a distributed query's CPU. A dfx node needs functions only when
-/// a writer hashes on one, so a decode first hands the plugin a lean
-/// context (no functions, default config; see [`DfxSession::decode`]).
-#[derive(Default)]
-struct LateTaskContext {
-    session: OnceLock<Weak<SessionContext>>,
-    lean: OnceLock<Arc<TaskContext>>,
-}
-
-impl TaskContextProvider for LateTaskContext {
-    fn task_ctx(&self) -> Arc<TaskContext> {
-        if LEAN_DECODE.with(std::cell::Cell::get) {
-            return Arc::clone(self.lean.get_or_init(|| Arc::new(TaskContext::default())));
-        }
-        match self.session.get().and_then(Weak::upgrade) {
-            Some(ctx) => ctx.task_ctx(),
-            // Only reachable while the session is being built or after it is
-            // gone; a default context still decodes built-in nodes.
-            None => Arc::new(TaskContext::default()),
-        }
-    }
-}
-
 /// Build the session `spec` describes, with `plugin`'s planner, codec, config
 /// extension and functions, and every table registered.
 ///
@@ -322,7 +356,28 @@ impl TaskContextProvider for LateTaskContext {
 /// A plugin constructor that fails, a table directory that cannot be listed
 /// or registered, or codec ids that differ from the spec's.
 pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSession> {
-    build(plugin, spec, Tables::Register).await
+    build(plugin, spec, Tables::Register, None).await
+}
+
+/// How a driving session's driver is made from its codec chain (the
+/// encoder of its stages).
+pub type MakeDriver<'a> = Box<dyn FnOnce(Arc<CodecChain>) -> QueryDriver + Send + 'a>;
+
+/// [`build_session`] for a session whose queries run distributed when
+/// their plans execute (`ctx().sql(q).await?.collect().await`): its
+/// planner claims each query's location, plans in it and puts a
+/// [`DistributedRootExec`](dfx_runtime::root::DistributedRootExec) on the
+/// plan, run by the driver `make_driver` builds.
+///
+/// # Errors
+///
+/// As [`build_session`].
+pub async fn build_driving_session(
+    plugin: &Plugin,
+    spec: &SessionSpec,
+    make_driver: MakeDriver<'_>,
+) -> Result<DfxSession> {
+    build(plugin, spec, Tables::Register, Some(make_driver)).await
 }
 
 /// [`build_session`] for a worker: the same session, config and codecs, but
@@ -339,7 +394,7 @@ pub async fn build_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSes
 ///
 /// As [`build_session`], but for registering a table.
 pub async fn build_worker_session(plugin: &Plugin, spec: &SessionSpec) -> Result<DfxSession> {
-    build(plugin, spec, Tables::Skip).await
+    build(plugin, spec, Tables::Skip, None).await
 }
 
 /// Whether a session registers its spec's tables.
@@ -351,7 +406,12 @@ enum Tables {
     Skip,
 }
 
-async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<DfxSession> {
+async fn build(
+    plugin: &Plugin,
+    spec: &SessionSpec,
+    tables: Tables,
+    make_driver: Option<MakeDriver<'_>>,
+) -> Result<DfxSession> {
     // A spec made in code was never read from JSON: checked here as one read
     // would be (its tables' definitions among the rest).
     spec.validate()?;
@@ -464,13 +524,19 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
             .context(|| plugin_what(&format!("cannot set {key} to {value:?}")))?;
     }
 
+    let planner: Arc<dyn QueryPlanner + Send + Sync> = Arc::new(PluginQueryPlanner {
+        planner: ForeignQueryPlanner(planner),
+        carries_tables,
+    });
+    let driver = make_driver.map(|make| Arc::new(make(Arc::clone(&chain))));
+    let planner = match &driver {
+        Some(driver) => Arc::new(DrivingQueryPlanner::new(planner, Arc::clone(driver))),
+        None => planner,
+    };
     let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(config)
-        .with_query_planner(Arc::new(PluginQueryPlanner {
-            planner: ForeignQueryPlanner(planner),
-            carries_tables,
-        }))
+        .with_query_planner(planner)
         .build();
     let ctx = Arc::new(SessionContext::new_with_state(state));
     // Cannot fail: `late` was created above and bound nowhere else.
@@ -502,36 +568,6 @@ async fn build(plugin: &Plugin, spec: &SessionSpec, tables: Tables) -> Result<Df
         _provider: provider,
         vetted: Mutex::default(),
         kept_stage: Mutex::default(),
+        driver,
     })
-}
-
-/// The partitions a session built from `spec` plans for: the spec's
-/// `target_partitions`, raised to the file count of its largest table (the
-/// runtime's rule, [`dfx_runtime::tables::effective_target_partitions`],
-/// which the Python host applies too).
-///
-/// # Errors
-///
-/// A `target_partitions` of 0, or a table whose location cannot be listed
-/// or holds no file of its format.
-pub async fn effective_target_partitions(spec: &SessionSpec) -> Result<usize> {
-    Ok(dfx_runtime::tables::effective_target_partitions(spec).await?)
-}
-
-/// A `KEY=VALUE` plugin setting as a command line gives it (`--set`): the
-/// key with or without its `dfx_engine.` prefix, both sides trimmed.
-///
-/// # Errors
-///
-/// Text without `=`, or with an empty key, quoted in the message.
-pub fn parse_engine_option(value: &str) -> std::result::Result<(String, String), String> {
-    let (key, setting) = value
-        .split_once('=')
-        .ok_or_else(|| format!("expected KEY=VALUE, got {value:?}"))?;
-    // Either spelling of the key: the plugin's prefix is implied.
-    let key = key.trim().trim_start_matches("dfx_engine.");
-    if key.is_empty() {
-        return Err(format!("expected KEY=VALUE, got {value:?}"));
-    }
-    Ok((key.to_string(), setting.trim().to_string()))
 }

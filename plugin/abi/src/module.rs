@@ -70,7 +70,7 @@ pub struct DfxPlugin {
     /// by containment of this name in a node's display, in pre-order,
     /// descending into stages (they nest).
     pub stage_node_name: RStr<'static>,
-    /// Id of the plugin's physical extension codec (`dfx_engine.physical.v2`).
+    /// Id of the plugin's physical extension codec (`dfx_engine.physical.v3`).
     pub codec_id: RStr<'static>,
     /// Prefix of the plugin's config extension (`dfx_engine`).
     pub config_prefix: RStr<'static>,
@@ -227,6 +227,21 @@ pub struct DfxPlugin {
     /// was decided and why.
     pub adapt_stage:
         extern "C" fn(plan_bytes: RSlice<'_, u8>, request_json: RStr<'_>) -> FfiResult<RString>,
+
+    /// The encoded stage `plan_bytes` (as a worker runs it) with its
+    /// writer's input sealed: one node that the plugin's codec decodes into
+    /// the whole input, so every operator of the stage is the plugin's and
+    /// runs under the session's `dfx_engine.memory_limit`. For a worker
+    /// that cannot give the stage's operators a memory pool itself (a host
+    /// whose nodes lose it crossing into the plugin and back). Call it after
+    /// the checks: the plan it answers is checked as a whole stage is.
+    pub seal_stage_input: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<u8>>,
+    /// The stages of an *encoded* plan (the plan the planner handed back,
+    /// encoded by the host's session), in pre-order: each reader carries
+    /// the stage it reads as a blob, so stages do not nest as messages and
+    /// are cut out here, each rooted at its writer with its own readers'
+    /// stages taken out. What a driver ships and describes.
+    pub plan_stages: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8>>>,
 }
 
 /// What [`DfxPlugin::cut_stage`] answers: an encoded stage cut for its maps.

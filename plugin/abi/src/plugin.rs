@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use abi_stable::std_types::{RResult, RSlice, RStr};
+use abi_stable::std_types::{RResult, RSlice, RStr, RVec};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::logical_expr::{AggregateUDF, AggregateUDFImpl, ScalarUDF, ScalarUDFImpl};
 use datafusion::physical_plan::ExecutionPlan;
@@ -88,7 +88,7 @@ impl Plugin {
         self.module.stage_node_name().as_str()
     }
 
-    /// The id of the plugin's physical codec (`dfx_engine.physical.v2`).
+    /// The id of the plugin's physical codec (`dfx_engine.physical.v3`).
     pub fn codec_id(&self) -> &'static str {
         self.module.codec_id().as_str()
     }
@@ -257,6 +257,22 @@ impl Plugin {
         self.result("encoded stage info", read(RSlice::from_slice(plan_bytes)))
     }
 
+    /// The stages of the encoded plan `plan_bytes` (a plan as the planner
+    /// handed it back, encoded by the host's session), in pre-order, each
+    /// rooted at its writer: what a driver describes, cuts and ships.
+    pub fn plan_stages(&self, plan_bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let Some(split) = self.module.plan_stages() else {
+            return Err(DataFusionError::Execution(format!(
+                "dfx plugin {} cannot cut an encoded plan into stages (built before \
+                 plan_stages): its stages nest inside their readers; use the plugin built with \
+                 this host",
+                self.path.display()
+            )));
+        };
+        let stages = self.result("plan split", split(RSlice::from_slice(plan_bytes)))?;
+        Ok(stages.into_iter().map(RVec::into_vec).collect())
+    }
+
     /// Refuse the encoded stage `plan_bytes` unless everything it reads is
     /// under `tables` or `shuffle_dir` and it writes only through dfx's
     /// writer into `shuffle_dir` (see the plugin's `vet` module).
@@ -366,6 +382,30 @@ impl Plugin {
                 )
             })?;
         Ok(parsed.into_iter().collect())
+    }
+
+    /// The encoded stage `plan_bytes` with its writer's input sealed, so the
+    /// plugin runs every operator of it (see [`DfxPlugin::seal_stage_input`]).
+    ///
+    /// # Errors
+    ///
+    /// A plugin built before the export, or bytes whose root is not a
+    /// writer, naming the plugin file.
+    pub fn seal_stage_input(&self, plan_bytes: &[u8]) -> std::result::Result<Vec<u8>, String> {
+        let Some(seal) = self.module.seal_stage_input() else {
+            return Err(format!(
+                "dfx plugin {} was built before seal_stage_input: it cannot run a stage under \
+                 a memory limit in this host; rebuild the plugin",
+                self.path.display()
+            ));
+        };
+        match seal(RSlice::from_slice(plan_bytes)) {
+            RResult::ROk(bytes) => Ok(bytes.into_vec()),
+            RResult::RErr(message) => Err(format!(
+                "dfx plugin {}: cannot seal the stage's input: {message}",
+                self.path.display()
+            )),
+        }
     }
 
     /// The id the plugin's logical codec is installed under

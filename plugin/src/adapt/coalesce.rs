@@ -94,21 +94,7 @@ fn walk(
                 }
                 Ok(())
             }
-            Some(Payload::Reader(ReadMode::Hash)) => {
-                let writer =
-                    extension
-                        .inputs
-                        .first()
-                        .and_then(|w| match w.physical_plan_type.as_ref()? {
-                            PhysicalPlanType::Extension(w) => match find_payload(&w.node)? {
-                                (_, Payload::Writer(writer)) => Some(writer),
-                                _ => None,
-                            },
-                            _ => None,
-                        });
-                let Some(writer) = writer else {
-                    return Err("a hash reader without its stage's writer".into());
-                };
+            Some(Payload::Reader(writer)) if writer.mode == ReadMode::Hash => {
                 if offset != 0 {
                     return Err(format!(
                         "it reads stage {} at an offset (a union)",
@@ -123,9 +109,9 @@ fn walk(
                 });
                 Ok(())
             }
-            Some(Payload::Reader(mode)) => Err(format!(
+            Some(Payload::Reader(reader)) => Err(format!(
                 "it reads a stage {} partition by partition",
-                mode.as_str()
+                reader.mode.as_str()
             )),
             Some(other) => Err(format!(
                 "its {} runs partition by partition",

@@ -139,17 +139,7 @@ fn hash_read_stage(
     side: &str,
 ) -> std::result::Result<u64, String> {
     match find_payload(&extension.node).map(|(_, p)| p) {
-        Some(Payload::Reader(ReadMode::Hash)) => extension
-            .inputs
-            .first()
-            .and_then(|w| match w.physical_plan_type.as_ref()? {
-                PhysicalPlanType::Extension(w) => match find_payload(&w.node)? {
-                    (_, Payload::Writer(writer)) => Some(writer.stage_id),
-                    _ => None,
-                },
-                _ => None,
-            })
-            .ok_or_else(|| "a hash reader without its stage's writer".into()),
+        Some(Payload::Reader(reader)) if reader.mode == ReadMode::Hash => Ok(reader.stage_id),
         Some(other) => Err(format!("{side} holds a {}", other.node_name())),
         None => Err("an extension node that is not dfx's".into()),
     }

@@ -21,6 +21,10 @@
 //! - `dfx_engine.memory_table_limit`: the most bytes (as Arrow IPC) an
 //!   in-memory table may carry into a plan (see [`crate::memory_table`]);
 //!   64 MiB by default.
+//! - `dfx_engine.memory_limit`: the most bytes each map task's operators
+//!   may hold when the plugin runs them itself (see
+//!   [`crate::exec::sealed_input`]); 0 (the default): no limit. Set from a
+//!   session spec's `memory_limit` by both hosts.
 //! - `dfx_engine.join_filters`: filters that cross stages (see
 //!   [`crate::filters`]): `auto` (the default: a join's probe side is
 //!   filtered by its build stage's keys when the build published at most
@@ -102,6 +106,9 @@ pub const MEMORY_TABLE_LIMIT_KEY: &str = "dfx_engine.memory_table_limit";
 /// boundary inside the plan and sits in the driver's memory twice while it
 /// is planned; data larger than this belongs in files.
 pub const DEFAULT_MEMORY_TABLE_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// The full key of the memory limit of a stage the plugin runs itself.
+pub const MEMORY_LIMIT_KEY: &str = "dfx_engine.memory_limit";
 
 /// The full key of the filters that cross stages.
 pub const JOIN_FILTERS_KEY: &str = "dfx_engine.join_filters";
@@ -226,6 +233,8 @@ extensions_options! {
         pub s3_allow_http: bool, default = false
         /// The most bytes (Arrow IPC) an in-memory table may carry into a plan.
         pub memory_table_limit: u64, default = DEFAULT_MEMORY_TABLE_LIMIT
+        /// The most bytes a map task's operators may hold when the plugin runs them; 0: no limit.
+        pub memory_limit: u64, default = 0
         /// Filters that cross stages: `auto`, `on` or `off`.
         pub join_filters: String, default = "auto".to_string()
         /// `auto` filters when build rows are at most this times the probe table's.
@@ -290,7 +299,7 @@ impl DfxConfig {
                     "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` (dfx declares \
                      `{SHUFFLE_DIR_KEY}`, `{SPLIT_KEY}`, `{SHUFFLE_COMPRESSION_KEY}`, \
                      `{S3_ENDPOINT_KEY}`, `{S3_REGION_KEY}`, `{S3_ALLOW_HTTP_KEY}`, \
-                     `{MEMORY_TABLE_LIMIT_KEY}`, `{JOIN_FILTERS_KEY}`, \
+                     `{MEMORY_TABLE_LIMIT_KEY}`, `{MEMORY_LIMIT_KEY}`, `{JOIN_FILTERS_KEY}`, \
                      `{JOIN_FILTER_RATIO_KEY}`, `{COALESCE_KEY}`, \
                      `{COALESCE_TASK_BYTES_KEY}`, `{SKEW_SPLIT_KEY}`, \
                      `{SKEW_SPLIT_FACTOR_KEY}` and `{SKEW_SPLIT_BYTES_KEY}`): {err}"
@@ -456,6 +465,12 @@ impl DfxConfig {
     /// A setting that does not parse (see [`crate::read_settings`]).
     pub fn broadcast_read(&self) -> Result<Option<BroadcastRead>> {
         BroadcastRead::parse(&self.broadcast_read)
+    }
+
+    /// The memory limit of a stage the plugin runs itself, or `None` when
+    /// the session sets none.
+    pub fn memory_limit(&self) -> Option<u64> {
+        (self.memory_limit > 0).then_some(self.memory_limit)
     }
 
     /// The shuffle directory, or `None` when distribution is off.

@@ -211,7 +211,7 @@ fn cut_scan(
     Ok(())
 }
 
-/// A dfx node: a reader's upstream does not run in the task; a store
+/// A dfx node: a reader has no input (its stage is cut out); a store
 /// scan's own scan is cut inside its payload; anything else is left whole
 /// (a sealed recursive query runs its own plan; an extension that is not
 /// dfx's is refused by the vet).

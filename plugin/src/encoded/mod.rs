@@ -1,3 +1,6 @@
+//! Encoded plans without decoding them: a plan cut into its stages
+//! ([`split_plan`]), and each stage cut for its maps.
+//!
 //! Each map task carries its own files: an encoded stage cut so that a
 //! task's plan names only the file groups its map reads.
 //!
@@ -23,20 +26,28 @@
 //! node from the writer down ([`Reads`]): most operators run partition p
 //! from partition p of their inputs; a union runs it from one input, at an
 //! offset; a collected build side, a merge or a repartition reads every
-//! partition of its input, so a scan below one stays whole; and nothing
-//! below a reader runs in the task at all (the stage it reads is published
-//! already), so a scan there keeps its N partitions and no file. The cut
+//! partition of its input, so a scan below one stays whole; and a reader
+//! has nothing below it (the stage it reads is published already, and
+//! [`split_plan`] took it out). The cut
 //! works on the encoded protobuf, not on a decoded plan: it moves file
 //! groups and never decodes an expression, so no host function is needed.
+//!
+//! A worker that runs a stage under a memory limit it cannot enforce itself
+//! seals the stage's input ([`seal_stage_input`]): the writer's input as one
+//! node the plugin decodes and runs alone (see [`crate::exec::sealed_input`]).
 
 mod assemble;
 mod cut;
 mod map_files;
+mod seal;
+mod split;
 mod walk;
 
 pub use assemble::stage_for_map;
 pub use cut::{CutStage, MIN_GROUPS_TO_CUT, cut_stage};
 pub use map_files::{MAP_FILES_MAGIC, MAP_FILES_VERSION};
+pub use seal::seal_stage_input;
+pub use split::split_plan;
 pub(crate) use walk::{Reads, child_reads, children_mut, find_payload, is_file_scan};
 
 #[cfg(test)]

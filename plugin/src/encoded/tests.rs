@@ -195,3 +195,50 @@ fn map_files_that_are_truncated_are_refused() {
         assert!(read_map_files(&files[..len], 1).is_err(), "{len} bytes");
     }
 }
+
+#[test]
+fn a_sealed_stage_keeps_its_writer_over_one_node_holding_the_input_unframed() {
+    // The input: a framed join filter over a scan, as a host's chain
+    // encodes it.
+    let mut reader = b"frame:".to_vec();
+    Payload::JoinFilter {
+        node: b"{}".to_vec(),
+    }
+    .encode(&mut reader)
+    .unwrap();
+    let input = PhysicalPlanNode {
+        physical_plan_type: Some(PhysicalPlanType::Extension(PhysicalExtensionNode {
+            node: reader,
+            inputs: vec![scan(&["a.parquet"])],
+        })),
+    };
+    let sealed = seal_stage_input(&stage(1, input.clone())).unwrap();
+    let root = PhysicalPlanNode::decode(sealed.as_slice()).unwrap();
+    let Some(PhysicalPlanType::Extension(writer)) = root.physical_plan_type else {
+        panic!("the root is no longer an extension");
+    };
+    assert!(matches!(
+        find_payload(&writer.node),
+        Some((6, Payload::Writer(_)))
+    ));
+    let [node] = writer.inputs.as_slice() else {
+        panic!("the writer has {} inputs", writer.inputs.len());
+    };
+    let Some(PhysicalPlanType::Extension(node)) = &node.physical_plan_type else {
+        panic!("the writer's input is not an extension");
+    };
+    assert!(node.inputs.is_empty(), "a sealed input is a leaf");
+    assert!(node.node.starts_with(b"frame:"), "framed as the writer");
+    let Some((6, Payload::SealedInput { plan })) = find_payload(&node.node) else {
+        panic!("the writer's input is not a sealed input");
+    };
+    // The input whole, its filter's payload unframed for the plugin alone.
+    let mut unframed = input;
+    if let Some(PhysicalPlanType::Extension(reader)) = unframed.physical_plan_type.as_mut() {
+        reader.node.drain(..6);
+    }
+    assert_eq!(PhysicalPlanNode::decode(plan.as_slice()).unwrap(), unframed);
+
+    let err = seal_stage_input(&scan(&["a.parquet"]).encode_to_vec()).unwrap_err();
+    assert!(err.to_string().contains("not a writer"), "{err}");
+}

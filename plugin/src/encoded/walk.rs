@@ -224,20 +224,11 @@ fn partitions(node: &PhysicalPlanNode) -> Option<u64> {
             (_, Payload::Writer(writer)) => Some(writer.maps),
             (_, Payload::MapScan(scan)) => Some(scan.partitions),
             (_, Payload::JoinFilter { .. }) => n.inputs.first().and_then(partitions),
-            (_, Payload::Reader(mode)) => {
-                let Some(T::Extension(writer)) = n.inputs.first()?.physical_plan_type.as_ref()
-                else {
-                    return None;
-                };
-                let (_, Payload::Writer(writer)) = find_payload(&writer.node)? else {
-                    return None;
-                };
-                match mode {
-                    ReadMode::Hash => Some(writer.buckets),
-                    ReadMode::PassThrough => Some(writer.maps),
-                    ReadMode::Broadcast => Some(1),
-                }
-            }
+            (_, Payload::Reader(reader)) => match reader.mode {
+                ReadMode::Hash => Some(reader.buckets),
+                ReadMode::PassThrough => Some(reader.maps),
+                ReadMode::Broadcast => Some(1),
+            },
             (_, Payload::StoreScan { plan }) => {
                 partitions(&PhysicalPlanNode::decode(plan.as_slice()).ok()?)
             }

@@ -8,15 +8,18 @@
 //! KeySummaryExec              summarizes a build side's join keys for the writer to publish
 //! JoinFilterExec              filters a probe side by a build stage's published keys
 //! SealedRecursiveQueryExec    a whole recursive query, a leaf to the host
+//! SealedInputExec             a writer's input run by the plugin, under the memory limit
 //! ```
 //!
 //! Their names and payloads are [`crate::wire`]'s; their codec is
 //! [`crate::codec`]; the rewrites that place them are [`crate::planner`]'s.
 
 pub mod common;
+pub(crate) mod driven;
 pub mod join_filter;
 pub mod key_summary;
 pub mod map_scan;
+pub mod sealed_input;
 pub mod sealed_recursive_query;
 pub mod shuffle_reader;
 pub mod shuffle_writer;
@@ -25,6 +28,7 @@ pub mod store_scan;
 pub use join_filter::{BuildStage, JoinFilterExec};
 pub use key_summary::KeySummaryExec;
 pub use map_scan::MapScanExec;
+pub use sealed_input::SealedInputExec;
 pub use sealed_recursive_query::SealedRecursiveQueryExec;
 pub use shuffle_reader::ShuffleReaderExec;
 pub use shuffle_writer::ShuffleWriterExec;

@@ -1,7 +1,12 @@
 //! `ShuffleReaderExec`: how a consumer reads a stage's published output.
 //!
-//! Its only child is the writer of the stage it reads, so the plan stays one
-//! tree; the reader never executes it. Three modes:
+//! In the plan the planner makes, its only child is the writer of the stage
+//! it reads, so the plan stays one tree; the reader never executes it.
+//! Encoded, it has no child: it carries that stage as a blob and describes
+//! what the stage promises, so a decoded reader (a stage's bytes carry only
+//! the stage's own nodes) needs no writer below it (see [`crate::wire`]). A
+//! host that wants the one tree back hands a decoded reader its writer
+//! again (`with_new_children`). Three modes:
 //!
 //! ```text
 //! hash          partition b = bucket b of every map        (replaces a RepartitionExec)
@@ -33,9 +38,14 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::execution_plan::{
+    Boundedness, EmissionType, ReplaceChildrenOptions,
+};
+use datafusion::physical_plan::proto::ExecutionPlanEncodeCtx;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use datafusion_proto::protobuf::PhysicalPlanNode;
 use futures::FutureExt;
+use prost::Message;
 
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
@@ -52,7 +62,11 @@ use crate::wire::ReadMode;
 #[derive(Debug)]
 pub struct ShuffleReaderExec {
     mode: ReadMode,
-    writer: Arc<dyn ExecutionPlan>,
+    /// The writer of the stage it reads, its child; none in a reader
+    /// decoded from bytes.
+    writer: Option<Arc<dyn ExecutionPlan>>,
+    /// The stage it reads, encoded, while it travels with the reader.
+    stage: Arc<[u8]>,
     stage_id: u64,
     shuffle_dir: PathBuf,
     maps: usize,
@@ -84,9 +98,63 @@ fn shuffled_equivalences(
 }
 
 impl ShuffleReaderExec {
-    /// This node over `writer` in place of its own writer.
-    fn with_writer(&self, writer: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::try_new(self.mode, writer)?))
+    /// This node over `children`: its writer, or none for a reader decoded
+    /// from bytes.
+    fn with_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match children.len() {
+            0 if self.writer.is_none() => Ok(self),
+            1 => Ok(Arc::new(Self::try_new(self.mode, children.swap_remove(0))?)),
+            n => Err(DataFusionError::Internal(format!(
+                "dfx reader of stage {}: takes its stage's writer as its one child, got {n} \
+                 children",
+                self.stage_id
+            ))),
+        }
+    }
+
+    /// A reader decoded from bytes: of stage `stage_id` in `shuffle_dir`,
+    /// its `maps` and `buckets`, promising `properties` over `schema`, and
+    /// carrying that stage `stage` as encoded (empty once cut out).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decoded(
+        mode: ReadMode,
+        stage_id: u64,
+        shuffle_dir: PathBuf,
+        maps: usize,
+        buckets: usize,
+        schema: SchemaRef,
+        properties: PlanProperties,
+        stage: Vec<u8>,
+    ) -> Self {
+        Self {
+            mode,
+            writer: None,
+            stage: Arc::from(stage),
+            stage_id,
+            shuffle_dir,
+            maps,
+            buckets,
+            schema,
+            properties: Arc::new(properties),
+            _live: LiveObject::new(),
+        }
+    }
+
+    /// This reader without its writer, carrying the stage as `stage`.
+    fn detached(&self, stage: Vec<u8>) -> Self {
+        Self::decoded(
+            self.mode,
+            self.stage_id,
+            self.shuffle_dir.clone(),
+            self.maps,
+            self.buckets,
+            Arc::clone(&self.schema),
+            self.properties.as_ref().clone(),
+            stage,
+        )
     }
 
     /// A reader of `writer`'s stage in `mode`.
@@ -152,7 +220,8 @@ impl ShuffleReaderExec {
             maps,
             buckets,
             schema,
-            writer,
+            writer: Some(writer),
+            stage: Arc::from(Vec::new()),
             properties: Arc::new(properties),
             _live: LiveObject::new(),
         })
@@ -173,9 +242,41 @@ impl ShuffleReaderExec {
         &self.shuffle_dir
     }
 
-    /// The writer of that stage (never executed by the reader).
-    pub fn writer(&self) -> &Arc<dyn ExecutionPlan> {
-        &self.writer
+    /// The writer of that stage (never executed by the reader); none in a
+    /// reader decoded from bytes.
+    pub fn writer(&self) -> Option<&Arc<dyn ExecutionPlan>> {
+        self.writer.as_ref()
+    }
+
+    /// The writer of the planner's reader: every reader the planner makes
+    /// has one.
+    ///
+    /// # Errors
+    ///
+    /// A reader decoded from bytes, which has none.
+    pub fn planned_writer(&self) -> Result<&Arc<dyn ExecutionPlan>> {
+        self.writer.as_ref().ok_or_else(|| {
+            DataFusionError::Internal(format!(
+                "dfx reader of stage {}: decoded from bytes, it holds no writer to plan with",
+                self.stage_id
+            ))
+        })
+    }
+
+    /// The stage it reads, encoded, as a decoded reader carries it (empty
+    /// once cut out of its plan, and in the planner's readers).
+    pub fn encoded_stage(&self) -> &[u8] {
+        &self.stage
+    }
+
+    /// Maps of the stage it reads.
+    pub fn maps(&self) -> usize {
+        self.maps
+    }
+
+    /// Buckets per map of the stage it reads.
+    pub fn buckets(&self) -> usize {
+        self.buckets
     }
 
     fn partitions(&self) -> usize {
@@ -267,10 +368,33 @@ impl ExecutionPlan for ShuffleReaderExec {
     exec_defaults!(
         name = READER_NODE_NAME,
         guarded_execute = (open, place),
-        one_child = (writer, with_writer),
         properties = properties,
         no_expressions,
     );
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        self.writer.iter().collect()
+    }
+
+    fn replace_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+        _options: ReplaceChildrenOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        self.with_children(children)
+    }
+
+    /// Encoded without its writer: the stage it reads goes inside its
+    /// payload as a blob (encoded by the same encoder), so stages do not
+    /// nest as messages.
+    fn try_to_proto(&self, ctx: &ExecutionPlanEncodeCtx<'_>) -> Result<Option<PhysicalPlanNode>> {
+        let Some(writer) = &self.writer else {
+            return Ok(None);
+        };
+        let stage = ctx.encode_child(writer)?.encode_to_vec();
+        let detached: Arc<dyn ExecutionPlan> = Arc::new(self.detached(stage));
+        ctx.encode_child(&detached).map(Some)
+    }
 }
 
 impl ShuffleReaderExec {

@@ -202,7 +202,7 @@ fn build_stage(
     keys: Vec<Arc<dyn PhysicalExpr>>,
 ) -> Option<(&ShuffleWriterExec, Vec<Arc<dyn PhysicalExpr>>)> {
     if let Some(reader) = node.downcast_ref::<ShuffleReaderExec>() {
-        let writer = reader.writer().downcast_ref::<ShuffleWriterExec>()?;
+        let writer = reader.writer()?.downcast_ref::<ShuffleWriterExec>()?;
         return Some((writer, keys));
     }
     let (child, keys) = follow_row_by_row(node, keys)?;
@@ -360,7 +360,7 @@ impl Placement {
         crossed: bool,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         if let Some(reader) = node.downcast_ref::<ShuffleReaderExec>() {
-            let writer = reader.writer();
+            let writer = reader.planned_writer()?;
             let Some(below) = self.place(writer.children()[0], keys, true)? else {
                 return Ok(None);
             };

@@ -167,9 +167,10 @@ impl Cutter {
             && let Some(reader) = coalesce.input().downcast_ref::<ShuffleReaderExec>()
             && reader.mode() == ReadMode::PassThrough
         {
-            return Ok(Some(
-                self.read(ReadMode::Broadcast, Arc::clone(reader.writer()))?,
-            ));
+            return Ok(Some(self.read(
+                ReadMode::Broadcast,
+                Arc::clone(reader.planned_writer()?),
+            )?));
         }
         if !is_row_by_row(input) {
             return Ok(None);
@@ -346,7 +347,7 @@ impl Cutter {
             Some(coalesce) if coalesce.fetch().is_none() => {
                 match coalesce.input().downcast_ref::<ShuffleReaderExec>() {
                     Some(reader) if reader.mode() == ReadMode::PassThrough => {
-                        Arc::clone(reader.writer().children()[0])
+                        Arc::clone(reader.planned_writer()?.children()[0])
                     }
                     _ => Arc::clone(coalesce.input()),
                 }
@@ -563,7 +564,7 @@ fn renumber(plan: Arc<dyn ExecutionPlan>, next: &mut u64) -> Result<Arc<dyn Exec
         return Ok(Arc::new(renumbered));
     }
     if let Some(reader) = plan.downcast_ref::<ShuffleReaderExec>() {
-        let writer = renumber(Arc::clone(reader.writer()), next)?;
+        let writer = renumber(Arc::clone(reader.planned_writer()?), next)?;
         return Ok(Arc::new(ShuffleReaderExec::try_new(reader.mode(), writer)?));
     }
     let children = plan

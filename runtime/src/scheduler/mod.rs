@@ -28,6 +28,7 @@
 //! ```text
 //! graph       StageInfo, EncodedStage, waves, remaining paths
 //! options     SchedulerOptions, Progress, ProgressSnapshot
+//! progress_line  the live line's text, for both hosts; TerminalLine draws it
 //! run         Scheduler: a query's checks, its tasks, the ready queue
 //! ready       RunState: queue_ready, dispatch, speculate, finish
 //! tasks       plan files and envelopes, and their adaptive rewrites
@@ -47,6 +48,7 @@ pub mod graph;
 pub mod options;
 pub mod pool;
 pub mod process;
+pub mod progress_line;
 pub mod query_run;
 mod ready;
 pub mod run;
@@ -63,6 +65,7 @@ pub use graph::{EncodedStage, StageInfo, describe, waves};
 pub use options::{Progress, ProgressSnapshot, SchedulerOptions};
 pub use pool::{Shutdown, WorkerPool};
 pub use process::{ProcessExecutor, WorkerCommand};
+pub use progress_line::{SHOW_AFTER, TerminalLine};
 pub use query_run::QueryRun;
 pub use run::Scheduler;
 pub use speculation::Speculation;

@@ -303,14 +303,20 @@ pub const STORE_OPTION_KEYS: [&str; 3] = [
 
 /// The `dfx_engine` keys a spec holds as fields of its own, refused in
 /// [`SessionSpec::engine_options`].
-const SPEC_FIELD_KEYS: [&str; 3] = ["shuffle_dir", "split", "shuffle_compression"];
+const SPEC_FIELD_KEYS: [&str; 4] = [
+    "shuffle_dir",
+    "split",
+    "shuffle_compression",
+    "memory_limit",
+];
 
 impl SessionSpec {
     /// The plugin's `dfx_engine.<key>` settings (keys without the prefix)
     /// every session built from the spec makes besides its shuffle location
     /// and split, in the order a host sets them: the compression of a
-    /// distributing session's map files, the store options, then the engine
-    /// options. Both hosts set exactly these.
+    /// distributing session's map files, its memory limit (for a stage the
+    /// plugin runs itself), the store options, then the engine options.
+    /// Both hosts set exactly these.
     pub fn plugin_settings(&self) -> Vec<(String, String)> {
         let mut settings = Vec::new();
         // Only a distributing session publishes map files.
@@ -319,6 +325,9 @@ impl SessionSpec {
                 "shuffle_compression".to_string(),
                 self.shuffle_compression.as_str().to_string(),
             ));
+        }
+        if let Some(limit) = self.memory_limit {
+            settings.push(("memory_limit".to_string(), limit.to_string()));
         }
         // Every session reaches S3 by the spec's options: its tables may be
         // there, distributed or not.
@@ -413,6 +422,10 @@ impl SessionSpec {
                  {allow:?}"
             ));
         }
+        // No pool holds nothing (and the plugin reads 0 as no limit).
+        if self.memory_limit == Some(0) {
+            return invalid("session spec memory_limit is 0; expected a positive number".into());
+        }
         if let Some(key) = self
             .datafusion_options
             .keys()
@@ -434,7 +447,8 @@ impl SessionSpec {
         if !owned.is_empty() {
             return invalid(format!(
                 "session spec engine_options sets {owned:?}, which the spec holds as fields of \
-                 their own (shuffle_dir, split, shuffle_compression, store_options): set them \
+                 their own (shuffle_dir, split, shuffle_compression, memory_limit, \
+                 store_options): set them \
                  there"
             ));
         }
@@ -482,8 +496,22 @@ mod tests {
         // Not distributing: no compression to set.
         spec.shuffle_dir = None;
         assert_eq!(spec.plugin_settings().len(), 2);
+        // A memory limit reaches the plugin, for a stage it runs itself.
+        spec.memory_limit = Some(1 << 20);
+        assert_eq!(
+            spec.plugin_settings()[0],
+            ("memory_limit".to_string(), "1048576".to_string())
+        );
+        spec.memory_limit = Some(0);
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(err.contains("memory_limit is 0"), "{err}");
 
-        for key in ["split", "shuffle_compression", "s3_endpoint"] {
+        for key in [
+            "split",
+            "shuffle_compression",
+            "memory_limit",
+            "s3_endpoint",
+        ] {
             let mut spec = SessionSpec::default();
             spec.engine_options.insert(key.into(), "x".into());
             let err = spec.validate().unwrap_err().to_string();

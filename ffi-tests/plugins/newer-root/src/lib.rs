@@ -1,6 +1,6 @@
 //! A test-only dfx plugin declaring a *newer* root module: every field of the
 //! current one, same versions, plus one field appended after
-//! `adapt_stage`, as a later version may append an export.
+//! `seal_stage_input`, as a later version may append an export.
 //!
 //! A current host must load it and use every field it knows. The functions
 //! here do no query work (the constructors of DataFusion objects return an
@@ -62,7 +62,7 @@ pub struct DfxPlugin {
     pub plugin_version: RStr<'static>,
     /// `ShuffleWriterExec`.
     pub stage_node_name: RStr<'static>,
-    /// `dfx_engine.physical.v2`.
+    /// `dfx_engine.physical.v3`.
     pub codec_id: RStr<'static>,
     /// `dfx_engine`.
     pub config_prefix: RStr<'static>,
@@ -133,6 +133,10 @@ pub struct DfxPlugin {
     /// Decides nothing: this plugin does no query work.
     pub adapt_stage:
         extern "C" fn(plan_bytes: RSlice<'_, u8>, request_json: RStr<'_>) -> FfiResult<RString>,
+    /// Seals nothing: this plugin does no query work.
+    pub seal_stage_input: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<u8>>,
+    /// Splits nothing: this plugin does no query work.
+    pub plan_stages: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8>>>,
     /// The appended field: an export a later version might add.
     pub newer_field: extern "C" fn() -> u64,
 }
@@ -266,10 +270,18 @@ extern "C" fn stage_for_map(
     no_query_work()
 }
 
+extern "C" fn seal_stage_input(_plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<u8>> {
+    no_query_work()
+}
+
 extern "C" fn adapt_stage(
     _plan_bytes: RSlice<'_, u8>,
     _request_json: RStr<'_>,
 ) -> FfiResult<RString> {
+    no_query_work()
+}
+
+extern "C" fn plan_stages(_plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8>>> {
     no_query_work()
 }
 
@@ -290,7 +302,7 @@ pub fn root_module() -> DfxPluginRef {
         plugin_name: RStr::from_str("dfx-test-plugin-newer-root"),
         plugin_version: RStr::from_str(env!("CARGO_PKG_VERSION")),
         stage_node_name: RStr::from_str("ShuffleWriterExec"),
-        codec_id: RStr::from_str("dfx_engine.physical.v2"),
+        codec_id: RStr::from_str("dfx_engine.physical.v3"),
         config_prefix: RStr::from_str("dfx_engine"),
         new_query_planner,
         new_physical_codec,
@@ -315,6 +327,8 @@ pub fn root_module() -> DfxPluginRef {
         cut_stage,
         stage_for_map,
         adapt_stage,
+        seal_stage_input,
+        plan_stages,
         newer_field,
     }
     .leak_into_prefix()

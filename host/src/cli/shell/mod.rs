@@ -87,7 +87,9 @@ pub async fn shell(args: ShellArgs) -> Result<()> {
         ));
     }
     let host = args.run.host()?;
-    let mut spec = spec_of(query, &Script::default())?;
+    let mut spec = args
+        .run
+        .with_shuffle_root(spec_of(query, &Script::default())?)?;
     spec.memory_limit = args.run.memory_limit();
     let mut session = ShellSession::new(
         host,

@@ -1,12 +1,13 @@
 //! The shell's session: the spec every query is planned and run with
 //! (tables created so far, settings), the one host whose worker pool runs
-//! every query, and the shuffle root each query gets a fresh location
-//! under.
+//! every query, and where each query gets a fresh location.
 //!
 //! ```text
 //! CREATE EXTERNAL TABLE ─► spec.tables      SET ─► spec's options
-//! SELECT ─► <root>/query-N-xxxx/ ─► host.run_distributed(sql, spec + location)
-//!        ─► answer printed, footer ─► the location removed
+//! SELECT ─► --shuffle-root: the runtime's <root>/q-<time>-<random>/
+//!           else: <--shuffle-dir or a temporary directory>/query-N-xxxx/
+//!        ─► host.run_distributed ─► answer printed, footer
+//!        ─► the location removed (a failed query's kept under a root)
 //! ```
 
 use std::collections::BTreeSet;
@@ -25,8 +26,8 @@ use super::settings::{self, Setting};
 pub struct ShellSession {
     host: Host,
     spec: SessionSpec,
-    /// Where each query's location is made; the temporary one, if the
-    /// shell made it, is removed when the shell ends.
+    /// Where each query's directory is made without a shuffle root; the
+    /// temporary one, if the shell made it, is removed when the shell ends.
     root: PathBuf,
     temp_root: Option<tempfile::TempDir>,
     maxrows: usize,
@@ -52,6 +53,14 @@ impl ShellSession {
         analyze: bool,
     ) -> Result<Self> {
         let (root, temp_root) = match root {
+            Some(dir) if spec.shuffle_root.is_some() => {
+                return Err(HostError::Invalid(format!(
+                    "dfx shell takes --shuffle-root or --shuffle-dir, not both (got {})",
+                    dir.display()
+                )));
+            }
+            // Under a root the runtime makes each query's location itself.
+            None if spec.shuffle_root.is_some() => (PathBuf::new(), None),
             Some(url) if dfx_runtime::spec::ShuffleLocation::is_url(url) => {
                 return Err(HostError::Invalid(format!(
                     "dfx shell needs a local --shuffle-dir (each query gets a fresh directory \
@@ -126,23 +135,18 @@ impl ShellSession {
         Ok(())
     }
 
-    /// Run `sql` distributed in a fresh location under the root, removed
-    /// once the answer is read; print the answer and the footer.
+    /// Run `sql` distributed in a fresh location, removed once the answer
+    /// is read; print the answer and the footer.
     async fn query(&mut self, sql: &str, started: Instant) -> Result<()> {
         self.queries += 1;
-        // A fresh location per query: a location must hold no stage output,
-        // and the pool's workers serve every query of the session.
-        let location = tempfile::Builder::new()
-            .prefix(&format!("query-{}-", self.queries))
-            .tempdir_in(&self.root)
-            .map_err(|e| HostError::io("cannot create a query location in", &self.root, e))?;
-        let spec = self.spec.clone().with_shuffle_dir(location.path());
-        let outcome = self.host.run_distributed(sql, &spec).await;
-        let path = location.path().to_path_buf();
-        location
-            .close()
-            .map_err(|e| HostError::io("cannot remove", path, e))?;
-        let result = outcome?;
+        let result = if self.spec.shuffle_root.is_some() {
+            // The shuffle root's rule: the runtime claims a fresh location
+            // under it, removes it once read and keeps (and names) it when
+            // the query fails.
+            self.host.run_distributed(sql, &self.spec).await?
+        } else {
+            self.query_in_fresh_directory(sql).await?
+        };
         self.last_workers = result
             .task_reports
             .values()
@@ -158,6 +162,23 @@ impl ShellSession {
         );
         self.print_analysis(&result);
         Ok(())
+    }
+
+    /// Run `sql` in a fresh directory under the shell's own (`--shuffle-dir`
+    /// or a temporary one): a location must hold no stage output, and the
+    /// pool's workers serve every query of the session.
+    async fn query_in_fresh_directory(&self, sql: &str) -> Result<DistributedResult> {
+        let location = tempfile::Builder::new()
+            .prefix(&format!("query-{}-", self.queries))
+            .tempdir_in(&self.root)
+            .map_err(|e| HostError::io("cannot create a query location in", &self.root, e))?;
+        let spec = self.spec.clone().with_shuffle_dir(location.path());
+        let outcome = self.host.run_distributed(sql, &spec).await;
+        let path = location.path().to_path_buf();
+        location
+            .close()
+            .map_err(|e| HostError::io("cannot remove", path, e))?;
+        outcome
     }
 
     /// The answer, at most `maxrows` rows of it, saying how many more there

@@ -13,7 +13,12 @@
 //! writer (kind 1): stage id u64 | maps u64 | buckets u64 | deps: u32 count, u64 each
 //!                  | shuffle dir str | partitioning display str
 //!                  | partitioning blob (datafusion-proto `Partitioning`)
-//! reader (kind 2): read mode u8
+//! reader (kind 2): read mode u8 | stage id u64 | maps u64 | buckets u64
+//!                  | shuffle dir str | properties blob (JSON, see
+//!                  [`crate::codec::reader`]: what the stage read promises)
+//!                  | stage blob (datafusion-proto `PhysicalPlanNode` of the
+//!                  stage read, its writer at the root; empty once cut out of
+//!                  its plan, see [`crate::encoded::split_plan`]); no inputs
 //! recursive query (kind 3): distinct u8 | CTE name str | output schema blob
 //!                  (datafusion-proto `Schema`); inputs: static term, recursive term
 //! work table (kind 4): CTE name str | schema blob (datafusion-proto `Schema`)
@@ -22,6 +27,9 @@
 //!                  for kinds 3 and 4); no inputs
 //! store scan (kind 6): plan blob (datafusion-proto `PhysicalPlanNode` of
 //!                  the scan of a table on an object store); no inputs
+//! sealed input (kind 9): plan blob (datafusion-proto `PhysicalPlanNode` of
+//!                  a writer's input, every dfx payload in it unframed, the
+//!                  codec for them); no inputs (see [`crate::exec::sealed_input`])
 //! map scan (kind 7): map u64 (UNCUT_MAP: a stage's shared part; ANY_MAP:
 //!                  every map) | partitions u64 | partition u64 (NO_PARTITION:
 //!                  none) | slot u32 (NO_SLOT: none); input: the file scan,
@@ -34,6 +42,11 @@
 //! Everything a driver needs to schedule a stage sits in the writer's payload,
 //! so a host that cannot decode a plan (or must not yet) reads it from the
 //! encoded bytes alone ([`read_encoded_stage`]).
+//!
+//! Stages do not nest as messages: a reader carries the stage it reads as
+//! a blob, so a decoder meets each stage's nodes in a message of its own,
+//! and an encoded plan nests no deeper than its deepest stage (a host's
+//! protobuf decoder may stop at 100 nested messages).
 
 use datafusion::common::Result;
 use datafusion_proto::protobuf::PhysicalPlanNode;
@@ -42,67 +55,27 @@ use prost::Message;
 
 use crate::error::{Area, fail};
 
-/// Name of the stage writer node.
-pub const WRITER_NODE_NAME: &str = "ShuffleWriterExec";
+mod cursor;
 
-/// Name of the reader node.
-pub const READER_NODE_NAME: &str = "ShuffleReaderExec";
+pub(crate) use cursor::{Cursor, put_blob};
 
-/// Name of the node that carries a file scan cut for one map.
-pub const MAP_SCAN_NODE_NAME: &str = "MapScanExec";
-
-/// Name of the node that runs a whole recursive query in one process.
-pub const SEALED_NODE_NAME: &str = "SealedRecursiveQueryExec";
-
-/// Name of the node that scans a table on an object store through the
-/// worker's stores.
-pub const STORE_SCAN_NODE_NAME: &str = "StoreScanExec";
-
-/// Name of the node that filters a probe side by a build stage's keys.
-pub const JOIN_FILTER_NODE_NAME: &str = "JoinFilterExec";
-
-/// Name of the node that summarizes a build side's join keys.
-pub const KEY_SUMMARY_NODE_NAME: &str = "KeySummaryExec";
-
-/// Name of DataFusion's recursive query node, which the codec carries.
-pub const RECURSIVE_QUERY_NODE_NAME: &str = "RecursiveQueryExec";
-
-/// Name of DataFusion's work table node, which the codec carries.
-pub const WORK_TABLE_NODE_NAME: &str = "WorkTableExec";
-
-/// Every node the codec encodes, in the order its refusal lists them.
-pub const ENCODED_NODE_NAMES: [&str; 9] = [
-    WRITER_NODE_NAME,
-    READER_NODE_NAME,
-    SEALED_NODE_NAME,
-    STORE_SCAN_NODE_NAME,
-    MAP_SCAN_NODE_NAME,
-    KEY_SUMMARY_NODE_NAME,
-    JOIN_FILTER_NODE_NAME,
-    RECURSIVE_QUERY_NODE_NAME,
-    WORK_TABLE_NODE_NAME,
-];
-
-/// [`ENCODED_NODE_NAMES`] as a sentence: `A, B and C`.
-pub fn encoded_node_names() -> String {
-    let last = ENCODED_NODE_NAMES.len() - 1;
-    format!(
-        "{} and {}",
-        ENCODED_NODE_NAMES[..last].join(", "),
-        ENCODED_NODE_NAMES[last]
-    )
-}
+mod names;
+pub use names::{
+    ENCODED_NODE_NAMES, JOIN_FILTER_NODE_NAME, KEY_SUMMARY_NODE_NAME, MAP_SCAN_NODE_NAME,
+    READER_NODE_NAME, RECURSIVE_QUERY_NODE_NAME, SEALED_INPUT_NODE_NAME, SEALED_NODE_NAME,
+    STORE_SCAN_NODE_NAME, WORK_TABLE_NODE_NAME, WRITER_NODE_NAME, encoded_node_names,
+};
 
 /// The codec's id, as hosts list it among their session's codecs: one id per
 /// payload version, so a plan encoded by another version is refused by id
 /// before a byte of it is read.
-pub const CODEC_ID: &str = "dfx_engine.physical.v2";
+pub const CODEC_ID: &str = "dfx_engine.physical.v3";
 
 /// First bytes of every dfx payload.
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"DFXS";
 
 /// Version of the payload layout this plugin writes and reads.
-pub const PAYLOAD_VERSION: u16 = 2;
+pub const PAYLOAD_VERSION: u16 = 3;
 
 const KIND_WRITER: u8 = 1;
 const KIND_READER: u8 = 2;
@@ -112,6 +85,7 @@ const KIND_SEALED: u8 = 5;
 const KIND_STORE_SCAN: u8 = 6;
 const KIND_MAP_SCAN: u8 = 7;
 const KIND_JOIN_FILTER: u8 = 8;
+const KIND_SEALED_INPUT: u8 = 9;
 
 /// What a writer carries across a process boundary: its stage's description
 /// and how it splits rows (as encoded protobuf, decoded against its input).
@@ -133,13 +107,35 @@ pub struct WriterPayload {
     pub partitioning: Vec<u8>,
 }
 
+/// What a reader carries across a process boundary: the stage it reads, as
+/// a description and (until the plan is cut into stages) as encoded bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReaderPayload {
+    /// Which published buckets make up each of its partitions.
+    pub mode: ReadMode,
+    /// The stage it reads.
+    pub stage_id: u64,
+    /// That stage's maps.
+    pub maps: u64,
+    /// That stage's buckets per map.
+    pub buckets: u64,
+    /// That stage's shuffle directory.
+    pub shuffle_dir: String,
+    /// What its output promises (schema, partitioning, equivalences), as
+    /// [`crate::codec::reader`] encodes it.
+    pub properties: Vec<u8>,
+    /// The stage read, as an encoded plan rooted at its writer; empty once
+    /// the plan is cut into stages.
+    pub stage: Vec<u8>,
+}
+
 /// A decoded dfx payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Payload {
     /// A `ShuffleWriterExec`.
     Writer(WriterPayload),
-    /// A `ShuffleReaderExec` in this mode.
-    Reader(ReadMode),
+    /// A `ShuffleReaderExec`.
+    Reader(ReaderPayload),
     /// A `RecursiveQueryExec`; its inputs are the static and the recursive term.
     Recursive {
         /// The CTE's name, which its work table shares.
@@ -162,6 +158,12 @@ pub enum Payload {
         /// The `PhysicalPlanNode` of the sealed query.
         plan: Vec<u8>,
     },
+    /// A `SealedInputExec`: a writer's input as encoded datafusion-proto
+    /// bytes, every dfx payload in it unframed (see [`crate::encoded`]).
+    SealedInput {
+        /// The `PhysicalPlanNode` of the writer's input.
+        plan: Vec<u8>,
+    },
     /// A `StoreScanExec`: its scan as encoded datafusion-proto bytes.
     StoreScan {
         /// The `PhysicalPlanNode` of the scan.
@@ -176,74 +178,6 @@ pub enum Payload {
     },
 }
 
-/// Reads a framed payload front to back; every short read is "truncated".
-pub(crate) struct Cursor<'a> {
-    pub(crate) buf: &'a [u8],
-}
-
-impl<'a> Cursor<'a> {
-    pub(crate) fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
-        if self.buf.len() < n {
-            return Err(fail(
-                Area::Codec,
-                format!(
-                    "truncated payload: {what} needs {n} byte(s), {} left",
-                    self.buf.len()
-                ),
-            ));
-        }
-        let (head, tail) = self.buf.split_at(n);
-        self.buf = tail;
-        Ok(head)
-    }
-
-    pub(crate) fn u8(&mut self, what: &str) -> Result<u8> {
-        Ok(self.take(1, what)?[0])
-    }
-
-    pub(crate) fn u16(&mut self, what: &str) -> Result<u16> {
-        Ok(u16::from_le_bytes(
-            self.take(2, what)?.try_into().expect("2 bytes"),
-        ))
-    }
-
-    pub(crate) fn u32(&mut self, what: &str) -> Result<u32> {
-        Ok(u32::from_le_bytes(
-            self.take(4, what)?.try_into().expect("4 bytes"),
-        ))
-    }
-
-    pub(crate) fn u64(&mut self, what: &str) -> Result<u64> {
-        Ok(u64::from_le_bytes(
-            self.take(8, what)?.try_into().expect("8 bytes"),
-        ))
-    }
-
-    pub(crate) fn blob(&mut self, what: &str) -> Result<&'a [u8]> {
-        let len = self.u32(what)? as usize;
-        self.take(len, what)
-    }
-
-    pub(crate) fn string(&mut self, what: &str) -> Result<String> {
-        let bytes = self.blob(what)?;
-        std::str::from_utf8(bytes)
-            .map(str::to_string)
-            .map_err(|e| fail(Area::Codec, format!("{what} is not UTF-8: {e}")))
-    }
-}
-
-pub(crate) fn put_blob(buf: &mut Vec<u8>, bytes: &[u8], what: &str) -> Result<()> {
-    let len = u32::try_from(bytes.len()).map_err(|_| {
-        fail(
-            Area::Codec,
-            format!("{what} of {} bytes is too long to encode", bytes.len()),
-        )
-    })?;
-    buf.extend_from_slice(&len.to_le_bytes());
-    buf.extend_from_slice(bytes);
-    Ok(())
-}
-
 impl Payload {
     /// The name of the node this payload encodes.
     pub fn node_name(&self) -> &'static str {
@@ -253,6 +187,7 @@ impl Payload {
             Payload::Recursive { .. } => RECURSIVE_QUERY_NODE_NAME,
             Payload::WorkTable { .. } => WORK_TABLE_NODE_NAME,
             Payload::Sealed { .. } => SEALED_NODE_NAME,
+            Payload::SealedInput { .. } => SEALED_INPUT_NODE_NAME,
             Payload::StoreScan { .. } => STORE_SCAN_NODE_NAME,
             Payload::MapScan(_) => MAP_SCAN_NODE_NAME,
             Payload::JoinFilter { .. } => JOIN_FILTER_NODE_NAME,
@@ -262,12 +197,13 @@ impl Payload {
     /// How many inputs the node this payload encodes has.
     pub fn inputs(&self) -> usize {
         match self {
-            Payload::Writer(_)
-            | Payload::Reader(_)
-            | Payload::MapScan(_)
-            | Payload::JoinFilter { .. } => 1,
+            Payload::Writer(_) | Payload::MapScan(_) | Payload::JoinFilter { .. } => 1,
             Payload::Recursive { .. } => 2,
-            Payload::WorkTable { .. } | Payload::Sealed { .. } | Payload::StoreScan { .. } => 0,
+            Payload::Reader(_)
+            | Payload::WorkTable { .. }
+            | Payload::Sealed { .. }
+            | Payload::SealedInput { .. }
+            | Payload::StoreScan { .. } => 0,
         }
     }
 
@@ -295,9 +231,15 @@ impl Payload {
                 )?;
                 put_blob(buf, &w.partitioning, "partitioning")?;
             }
-            Payload::Reader(mode) => {
+            Payload::Reader(r) => {
                 buf.push(KIND_READER);
-                buf.push(mode.code());
+                buf.push(r.mode.code());
+                for n in [r.stage_id, r.maps, r.buckets] {
+                    buf.extend_from_slice(&n.to_le_bytes());
+                }
+                put_blob(buf, r.shuffle_dir.as_bytes(), "shuffle directory")?;
+                put_blob(buf, &r.properties, "reader properties")?;
+                put_blob(buf, &r.stage, "stage read")?;
             }
             Payload::Recursive {
                 name,
@@ -317,6 +259,10 @@ impl Payload {
             Payload::Sealed { plan } => {
                 buf.push(KIND_SEALED);
                 put_blob(buf, plan, "sealed plan")?;
+            }
+            Payload::SealedInput { plan } => {
+                buf.push(KIND_SEALED_INPUT);
+                put_blob(buf, plan, "sealed input")?;
             }
             Payload::StoreScan { plan } => {
                 buf.push(KIND_STORE_SCAN);
@@ -355,7 +301,8 @@ impl Payload {
                 Area::Codec,
                 format!(
                     "payload version {version} is not supported; this plugin reads version \
-                 {PAYLOAD_VERSION} (was the plan encoded by another dfx?)"
+                 {PAYLOAD_VERSION} (was the plan encoded by another dfx? version 2 nested \
+                 each stage inside its reader's inputs, version 3 carries it as a blob)"
                 ),
             ));
         }
@@ -391,10 +338,16 @@ impl Payload {
             }
             KIND_READER => {
                 let code = cursor.u8("read mode")?;
-                Payload::Reader(
-                    ReadMode::from_code(code)
+                Payload::Reader(ReaderPayload {
+                    mode: ReadMode::from_code(code)
                         .ok_or_else(|| fail(Area::Codec, format!("unknown read mode {code}")))?,
-                )
+                    stage_id: cursor.u64("stage id")?,
+                    maps: cursor.u64("maps")?,
+                    buckets: cursor.u64("buckets")?,
+                    shuffle_dir: cursor.string("shuffle directory")?,
+                    properties: cursor.blob("reader properties")?.to_vec(),
+                    stage: cursor.blob("stage read")?.to_vec(),
+                })
             }
             KIND_RECURSIVE => {
                 let distinct = match cursor.u8("distinct")? {
@@ -419,6 +372,9 @@ impl Payload {
             },
             KIND_SEALED => Payload::Sealed {
                 plan: cursor.blob("sealed plan")?.to_vec(),
+            },
+            KIND_SEALED_INPUT => Payload::SealedInput {
+                plan: cursor.blob("sealed input")?.to_vec(),
             },
             KIND_STORE_SCAN => Payload::StoreScan {
                 plan: cursor.blob("store scan")?.to_vec(),
@@ -482,6 +438,59 @@ pub fn read_encoded_stage(plan_bytes: &[u8]) -> Result<WriterPayload> {
         }
     }
     Err(last_error.unwrap_or_else(|| fail(Area::Codec, not_ours(bytes))))
+}
+
+/// An extension node's bytes with its dfx payload (which starts at `start`,
+/// after whatever frame a host's codec chain put first) replaced by
+/// `payload`. A frame that states the length of what follows it (a
+/// protobuf length field, as DataFusion's composed codec writes) is
+/// restated for the payload's length; one that does not (datafusion-python's
+/// and the Rust host's) is kept as it is.
+///
+/// # Errors
+///
+/// A payload that does not encode.
+pub(crate) fn reframe(node: &[u8], start: usize, payload: &Payload) -> Result<Vec<u8>> {
+    let mut body = Vec::new();
+    payload.encode(&mut body)?;
+    let prefix = &node[..start.min(node.len())];
+    let mut framed = Vec::with_capacity(prefix.len() + body.len());
+    let mut at = 0;
+    while at < prefix.len() {
+        // A varint here that counts every byte after it to the node's end
+        // is the length of a field enclosing the payload.
+        let (value, width) = read_varint(&prefix[at..]);
+        if width > 0 && value == (node.len() - at - width) as u64 {
+            let after = node.len() - at - width - (node.len() - start) + body.len();
+            write_varint(&mut framed, after as u64);
+            at += width;
+            continue;
+        }
+        framed.push(prefix[at]);
+        at += 1;
+    }
+    framed.extend_from_slice(&body);
+    Ok(framed)
+}
+
+/// The protobuf varint at the start of `bytes` and its width (0: none).
+fn read_varint(bytes: &[u8]) -> (u64, usize) {
+    let mut value = 0u64;
+    for (i, byte) in bytes.iter().take(10).enumerate() {
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return (value, i + 1);
+        }
+    }
+    (0, 0)
+}
+
+fn write_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
 }
 
 fn not_ours(buf: &[u8]) -> String {
