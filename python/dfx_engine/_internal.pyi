@@ -246,6 +246,7 @@ def prepare(encoded_stages: list[bytes]) -> PreparedStages:
     """Describe and cut a query's encoded stages (pre-order), as the runtime does."""
 
 ROOT_CODEC_ID: str
+ROOT_NODE_NAME: str
 
 class SessionDriver:
     """How a session drives its queries: its spec and its scheduler."""

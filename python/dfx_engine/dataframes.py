@@ -245,6 +245,21 @@ def not_a_dfx_dataframe(spec: SessionSpec) -> ValueError:
     return ValueError(message)
 
 
+def driven_by_its_own_session(spec: SessionSpec) -> ValueError:
+    """The error for a DataFrame of a session that runs its own queries.
+
+    Its plan was made by :func:`session_for` of another spec: it already
+    claimed a location of its own, which ``run_distributed`` cannot read.
+    """
+    message = (
+        "the DataFrame belongs to a session that runs its queries itself "
+        "(dfx_engine.session_for of another spec): call its collect(), or "
+        "build it on dfx_engine.session_for(spec) for the spec of shuffle_dir "
+        f"{spec.shuffle_dir!r}, the session run_distributed plans it with"
+    )
+    return ValueError(message)
+
+
 @contextlib.contextmanager
 def plain_memory_table_errors() -> Iterator[None]:
     """Plan inside; the plugin's refusal of a table too large leaves alone.

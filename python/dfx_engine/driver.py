@@ -37,6 +37,7 @@ from datafusion.plan import ExecutionPlan
 
 from dfx_engine import _internal
 from dfx_engine.dataframes import (
+    driven_by_its_own_session,
     drives,
     memory_table_limit_of,
     not_a_dfx_dataframe,
@@ -147,6 +148,10 @@ class DistributedResult:
             f"DistributedResult(rows={rows}, stages={len(self.stages)}, "
             f"waves={self.waves}, tasks={len(self.tasks)})"
         )
+
+
+_ROOT_NODE_NAME = _internal.ROOT_NODE_NAME
+"""The node a driving session puts on its plans; it displays as its wrapper."""
 
 
 def _has_readers(plan: ExecutionPlan) -> bool:
@@ -352,6 +357,8 @@ def _run_claimed(
     # where in-memory tables are written.
     with plain_planning_errors(ctx, df), plain_memory_table_errors():
         plan = df.execution_plan()
+        if given and _ROOT_NODE_NAME in plan.display():
+            raise driven_by_its_own_session(query_spec)
         encoded = encode_stages(ctx, plan)
         # Each stage decoded here as a worker will decode it: one nesting
         # deeper than datafusion-python decodes is refused before any task

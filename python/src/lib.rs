@@ -50,6 +50,10 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<extension::DfxLogicalCodec>()?;
     m.add_class::<extension::DfxRootCodec>()?;
     m.add("ROOT_CODEC_ID", driving::ROOT_CODEC_ID)?;
+    m.add(
+        "ROOT_NODE_NAME",
+        dfx_runtime::root::distributed_root_exec::DISTRIBUTED_ROOT_NODE_NAME,
+    )?;
     m.add_class::<config::DfxEngineConfig>()?;
     m.add_class::<functions::DfxScalarFunction>()?;
     m.add_class::<functions::DfxAggregateFunction>()?;

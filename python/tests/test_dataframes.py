@@ -228,7 +228,13 @@ def test_a_dataframe_of_another_session_is_refused_plainly(
         plain.register_parquet(name, directory)
     with pytest.raises(ValueError, match=r"session_for\(spec\)"):
         run_distributed(by_colour(plain), spec(), pool=pool)
-    # A dfx session of another spec aims its stages at another location.
-    other = session_for(spec())
-    with pytest.raises(ValueError, match="not into the query's shuffle location"):
+    # A dfx session of another spec runs its own queries, in its own
+    # location: its DataFrame is collected there, not by this spec's run.
+    other_spec = spec()
+    other = session_for(other_spec, pool=pool)
+    with pytest.raises(ValueError, match=r"runs its queries itself .*collect\(\)"):
         run_distributed(by_colour(other), spec(), pool=pool)
+    # Refused before any stage ran: the other session's location is given
+    # back untouched, and its own collect() still answers there.
+    assert not any(pathlib.Path(other_spec.shuffle_dir).glob("stage-*"))
+    assert as_rows(by_colour(other).collect()) == as_rows(by_colour(plain).collect())

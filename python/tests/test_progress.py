@@ -12,8 +12,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -74,6 +76,8 @@ class Tmux:
         if shutil.which("tmux") is None:
             pytest.fail("tmux is not installed; this test drives a real terminal")
         self.base = ["tmux", "-f", "/dev/null", "-L", name]
+        self.scratch = tempfile.TemporaryDirectory()
+        self.status_file = Path(self.scratch.name) / "exit-status"
 
     def run(self, *args: str) -> str:
         """``tmux args`` on this server; its stdout."""
@@ -83,9 +87,15 @@ class Tmux:
         return done.stdout
 
     def start(self, command: str) -> None:
-        """Run ``command`` (``sh``) in a 160 x 20 pane kept after it exits."""
+        """Run ``command`` (``sh``) in a 160 x 20 pane kept after it exits.
+
+        The pane's shell writes the command's exit status to a file: some
+        tmux servers never reap their pane's process, so they never learn it.
+        """
+        status = shlex.quote(str(self.status_file))
+        wrapped = f"{command}\necho $? > {status}.part && mv {status}.part {status}"
         self.run(
-            *("new-session", "-d", "-s", "dfx", "-x", "160", "-y", "20", command),
+            *("new-session", "-d", "-s", "dfx", "-x", "160", "-y", "20", wrapped),
             *(";", "set-option", "-t", "dfx", "remain-on-exit", "on"),
         )
 
@@ -95,12 +105,11 @@ class Tmux:
 
     def exit_status(self) -> int | None:
         """The pane program's exit status, ``None`` while it runs."""
-        shown = self.run(
-            "display-message", "-p", "-t", "dfx", "#{pane_dead} #{pane_dead_status}"
-        )
-        # A pane just dead may not have its status yet: still `None`.
-        dead, _, status = shown.strip().partition(" ")
-        return int(status) if dead == "1" and status.isdigit() else None
+        try:
+            status = self.status_file.read_text().strip()
+        except FileNotFoundError:
+            return None
+        return int(status)
 
     def wait_for(self, what: str, done: Callable[[str], bool]) -> str:
         """The pane once ``done`` holds for it; fails with the pane if never."""
@@ -123,6 +132,7 @@ class Tmux:
     def close(self) -> None:
         """End the server."""
         subprocess.run([*self.base, "kill-server"], capture_output=True, check=False)
+        self.scratch.cleanup()
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ pub const PATIENCE: Duration = Duration::from_secs(90);
 pub struct Tmux {
     socket: String,
     session: &'static str,
+    /// Holds the file the pane's shell writes its program's exit status to.
+    scratch: tempfile::TempDir,
 }
 
 /// `word` quoted for `sh`.
@@ -37,18 +39,29 @@ impl Tmux {
         Self {
             socket,
             session: "dfx",
+            scratch: tempfile::tempdir().expect("a scratch directory for the pane"),
         }
     }
 
+    /// Where the pane's shell writes its program's exit status.
+    fn status_file(&self) -> std::path::PathBuf {
+        self.scratch.path().join("exit-status")
+    }
+
     /// Run `command` (a `sh` command line) in a new detached session of
-    /// `width` x `height`, kept on screen after it exits (so its exit status
-    /// can be read).
+    /// `width` x `height`, kept on screen after it exits.
+    ///
+    /// The pane's shell writes the command's exit status to a file once it
+    /// ends: some tmux servers never reap their pane's process, so the
+    /// pane is never marked dead and tmux never learns that status.
     ///
     /// # Panics
     ///
     /// When tmux is not installed, or does not start.
     pub fn start(&self, command: &str, width: u16, height: u16) {
         let (width, height) = (width.to_string(), height.to_string());
+        let status = sh_quote(&self.status_file().display().to_string());
+        let command = format!("{command}\necho $? > {status}.part && mv {status}.part {status}");
         let out = self.run(&[
             "new-session",
             "-d",
@@ -58,7 +71,7 @@ impl Tmux {
             &width,
             "-y",
             &height,
-            command,
+            &command,
             ";",
             "set-option",
             "-t",
@@ -173,22 +186,12 @@ impl Tmux {
     /// The exit status of the pane's program, once it has exited; `None`
     /// while it runs.
     pub fn exit_status(&self) -> Option<i32> {
-        let out = self.run(&[
-            "display-message",
-            "-p",
-            "-t",
-            self.session,
-            "#{pane_dead} #{pane_dead_status}",
-        ]);
-        let text = String::from_utf8_lossy(&out.stdout);
-        let mut words = text.split_whitespace();
-        match (words.next(), words.next()) {
-            (Some("1"), Some(status)) => status.parse().ok(),
-            _ => None,
-        }
+        let text = std::fs::read_to_string(self.status_file()).ok()?;
+        text.trim().parse().ok()
     }
 
-    /// The process id of the pane's program.
+    /// The process id of the pane's shell, which runs the program and ends
+    /// when it does.
     pub fn pane_pid(&self) -> u32 {
         let out = self.run(&["display-message", "-p", "-t", self.session, "#{pane_pid}"]);
         String::from_utf8_lossy(&out.stdout)
