@@ -219,7 +219,7 @@ class WorkerPool:
 class QueryRun:
     """A query whose stages are all published."""
 
-    def read_root(self, location: str, read: Callable[[], _T]) -> _T: ...
+    def read_root(self, location: str, read: Callable[[str | None], _T]) -> _T: ...
     @property
     def stages(self) -> list[StageInfo]: ...
     @property
@@ -247,6 +247,7 @@ def prepare(encoded_stages: list[bytes]) -> PreparedStages:
 
 ROOT_CODEC_ID: str
 ROOT_NODE_NAME: str
+SHUFFLE_RANGES: str
 
 class SessionDriver:
     """How a session drives its queries: its spec and its scheduler."""

@@ -18,8 +18,10 @@ lost output::
                                                carries its own files): the
                                                runtime's step, as the Rust host's
     Scheduler(executor).run(spec, stages)      waves, attempts, reruns
-    run.read_root(location, read)              the root of the same plan,
-                                               read again after lost maps reran
+    run.read_root(location, read)              the root of the same plan, its
+                                               readers handed the last stages'
+                                               ranges; read again after lost
+                                               maps reran
 
 Tasks run on long-lived workers (:class:`WorkerPool`) by default, on one
 process per task with ``worker_mode="process"``, or on a foreign executor
@@ -218,6 +220,27 @@ def execute_plan(ctx: SessionContext, plan: ExecutionPlan) -> list[pa.RecordBatc
     return batches
 
 
+def read_head(
+    ctx: SessionContext, plan: ExecutionPlan, ranges: str | None
+) -> list[pa.RecordBatch]:
+    """:func:`execute_plan` of the query's head, its readers handed ``ranges``.
+
+    ``ranges`` is the plugin's ``shuffle_ranges`` setting the runtime gives
+    a root read (where each bucket of the last stages lies), so the readers
+    read no marker; ``None`` leaves them reading the markers.
+    """
+    if ranges is None:
+        return execute_plan(ctx, plan)
+    key = f"{_internal.config_prefix()}.{_internal.SHUFFLE_RANGES}"
+    quoted = ranges.replace("'", "''")
+    ctx.sql(f"SET {key} = '{quoted}'")
+    try:
+        return execute_plan(ctx, plan)
+    finally:
+        # The next query of the session reads stages of its own.
+        ctx.sql(f"SET {key} = ''")
+
+
 def run_distributed(
     query: str | DataFrame,
     spec: SessionSpec,
@@ -380,7 +403,9 @@ def _run_claimed(
         stages,
         envelope_files=executor_of == "process",
     )
-    batches = run.read_root(claim.canonical, lambda: execute_plan(ctx, plan))
+    batches = run.read_root(
+        claim.canonical, lambda ranges: read_head(ctx, plan, ranges)
+    )
     return DistributedResult(batches, run)
 
 

@@ -115,6 +115,7 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::run_task_file, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_task_value, m)?)?;
     m.add("MEMORY_TABLE_LIMIT", dfx_abi::MEMORY_TABLE_LIMIT)?;
+    m.add("SHUFFLE_RANGES", dfx_abi::SHUFFLE_RANGES)?;
     m.add("MEMORY_TABLE_TOO_LARGE", dfx_abi::MEMORY_TABLE_TOO_LARGE)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

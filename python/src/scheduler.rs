@@ -362,9 +362,11 @@ pub struct QueryRun {
 
 #[pymethods]
 impl QueryRun {
-    /// The rows of the query's root: `read()`, called again from the start
-    /// after each map whose output it found lost (as the plugin recorded
-    /// for `location`) ran again, up to the query's attempts.
+    /// The rows of the query's root: `read(ranges)`, called again from the
+    /// start after each map whose output it found lost (as the plugin
+    /// recorded for `location`) ran again, up to the query's attempts.
+    /// `ranges` is the plugin's `shuffle_ranges` setting for the head's
+    /// readers (where each bucket of the last stages lies), or `None`.
     ///
     /// Raises:
     ///     RuntimeError: With the read's own message when it failed for
@@ -374,9 +376,9 @@ impl QueryRun {
         let run = Arc::clone(&self.run);
         let read = Arc::new(read);
         let outcome = wait(py, move || async move {
-            run.read_root(plugin, &location, || {
+            run.read_root(plugin, &location, |ranges| {
                 let read = Arc::clone(&read);
-                async move { call_python(move |py| read.call0(py)).await }
+                async move { call_python(move |py| read.call1(py, (ranges,))).await }
             })
             .await
         })?

@@ -359,12 +359,7 @@ pub async fn remove_location(
                 )));
             }
             let store = crate::tables::s3_store(&s3.bucket, store_options)?;
-            let prefix = ObjectPath::from(s3.prefix.as_str());
-            let objects: Vec<object_store::ObjectMeta> = store
-                .list(Some(&prefix))
-                .try_collect()
-                .await
-                .map_err(|e| s3_error("cannot list", &s3, &e))?;
+            let objects = list_objects(store.as_ref(), &s3).await?;
             let bytes = objects.iter().map(|o| o.size).sum();
             let paths: Vec<ObjectPath> = objects.into_iter().map(|o| o.location).collect();
             for batch in paths.chunks(DELETE_BATCH) {
@@ -399,17 +394,25 @@ pub async fn holds_evidence(
         },
         ShuffleLocation::S3(s3) => {
             let store = crate::tables::s3_store(&s3.bucket, store_options)?;
-            let prefix = ObjectPath::from(s3.prefix.as_str());
-            let objects: Vec<object_store::ObjectMeta> = store
-                .list(Some(&prefix))
-                .try_collect()
-                .await
-                .map_err(|e| s3_error("cannot list", &s3, &e))?;
+            let objects = list_objects(store.as_ref(), &s3).await?;
             Ok(objects
                 .iter()
                 .any(|o| o.location.filename() != Some(S3_LOCK_OBJECT)))
         }
     }
+}
+
+/// Every object under the S3 location `s3`.
+async fn list_objects(
+    store: &dyn ObjectStore,
+    s3: &S3Location,
+) -> Result<Vec<object_store::ObjectMeta>> {
+    let prefix = ObjectPath::from(s3.prefix.as_str());
+    store
+        .list(Some(&prefix))
+        .try_collect()
+        .await
+        .map_err(|e| s3_error("cannot list", s3, &e))
 }
 
 /// The time a query location's name was made at, or `None` for a name

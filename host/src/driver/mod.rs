@@ -32,6 +32,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect;
 use dfx_abi::Plugin;
 use dfx_runtime::prepare;
+use dfx_runtime::root::head_context;
 use dfx_runtime::scheduler::{
     ClaimedLocation, Decision, Executor, ProcessExecutor, Progress, Scheduler, SchedulerOptions,
     Shutdown, TaskReports, TaskRows, WorkerCommand, WorkerMode, WorkerPool,
@@ -344,7 +345,13 @@ impl Host {
         // The root of the same plan: every stage is published, so each reader
         // finds its files and the driver runs only what sits above the
         // stages. A map whose output the root finds lost runs again first.
-        let read = || collect(Arc::clone(&plan), session.ctx().task_ctx());
+        // Its readers are handed the last stages' layouts: no marker read.
+        let prefix = self.plugin.config_prefix();
+        let read = |ranges| {
+            let plan = Arc::clone(&plan);
+            let context = head_context(&session.ctx().task_ctx(), prefix, ranges);
+            async move { collect(plan, context?).await }
+        };
         let (batches, final_read_ms) = run
             .read_root(&self.plugin, &claim.canonical(), read)
             .await?

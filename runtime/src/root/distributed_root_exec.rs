@@ -21,6 +21,7 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::prepare::prepare;
+use crate::root::head_context::head_context;
 use crate::root::{QueryDriver, external, location_kept};
 use crate::scheduler::ClaimedLocation;
 use crate::spec::SessionSpec;
@@ -201,8 +202,9 @@ impl ExecutionPlan for DistributedRootExec {
     }
 }
 
-/// A read of the head the driver asks of the consumer, and where its rows go.
-type ReadRequest = oneshot::Sender<Result<Vec<RecordBatch>>>;
+/// A read of the head the driver asks of the consumer: the `shuffle_ranges`
+/// setting its readers are handed, and where its rows go.
+type ReadRequest = (Option<String>, oneshot::Sender<Result<Vec<RecordBatch>>>);
 
 /// The query's answer, polled by the plan's consumer: the stages run on
 /// the driver's runtime, the head read here whenever the driver asks (see
@@ -216,12 +218,13 @@ async fn answer(
 ) -> Result<Vec<RecordBatch>> {
     let target_partitions = context.session_config().target_partitions();
     let (reads, mut requests) = mpsc::channel::<ReadRequest>(1);
+    let prefix = driver.plugin.config_prefix();
     let work = drive(driver, claim, encoded, target_partitions, reads);
     // A panic stays on the driver's side: the consumer gets an error.
     let work = handle.spawn(AssertUnwindSafe(work).catch_unwind());
     // Until the driver is done (and drops its sender): each read it asks.
-    while let Some(reply) = requests.recv().await {
-        let read = AssertUnwindSafe(read_head(&head, &context))
+    while let Some((ranges, reply)) = requests.recv().await {
+        let read = AssertUnwindSafe(read_head(&head, &context, prefix, ranges))
             .catch_unwind()
             .await
             .unwrap_or_else(|_| {
@@ -259,7 +262,10 @@ fn encode_stages(driver: &QueryDriver, head: &Arc<dyn ExecutionPlan>) -> Result<
 async fn read_head(
     head: &Arc<dyn ExecutionPlan>,
     context: &Arc<TaskContext>,
+    prefix: &str,
+    ranges: Option<String>,
 ) -> Result<Vec<RecordBatch>> {
+    let context = &head_context(context, prefix, ranges)?;
     let partitions = head.output_partitioning().partition_count();
     let streams = (0..partitions)
         .map(|partition| head.execute(partition, Arc::clone(context)))
@@ -274,10 +280,13 @@ async fn read_head(
 }
 
 /// Ask the consumer for a read of the head, and wait for its rows.
-async fn request_read(reads: &mpsc::Sender<ReadRequest>) -> Result<Vec<RecordBatch>> {
+async fn request_read(
+    reads: &mpsc::Sender<ReadRequest>,
+    ranges: Option<String>,
+) -> Result<Vec<RecordBatch>> {
     let (reply, rows) = oneshot::channel();
     let gone = || DataFusionError::Execution("the query's consumer is gone".into());
-    reads.send(reply).await.map_err(|_| gone())?;
+    reads.send((ranges, reply)).await.map_err(|_| gone())?;
     rows.await.map_err(|_| gone())?
 }
 
@@ -333,7 +342,7 @@ async fn run(
     // whose output the head finds lost runs again first.
     let location = claim.canonical();
     let (batches, _read_ms) = run
-        .read_root(plugin, &location, || request_read(reads))
+        .read_root(plugin, &location, |ranges| request_read(reads, ranges))
         .await
         .map_err(external)?
         .map_err(|err| {

@@ -30,6 +30,7 @@
 //! and the claim are the ones `dfx run` and `run_distributed` use.
 
 pub mod distributed_root_exec;
+pub mod head_context;
 pub mod located_session;
 pub mod planner;
 
@@ -45,6 +46,7 @@ use crate::scheduler::{ClaimedLocation, QueryRun, Scheduler};
 use crate::spec::SessionSpec;
 
 pub use distributed_root_exec::DistributedRootExec;
+pub use head_context::head_context;
 pub use located_session::LocatedSession;
 pub use planner::DrivingQueryPlanner;
 

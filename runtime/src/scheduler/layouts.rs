@@ -9,6 +9,9 @@
 //!     shuffle_ranges = {"stages": {"S": [layout of S/0, S/1, ...]}}
 //! ```
 //!
+//! The query's head is handed the layouts of the stages no stage reads, so
+//! the driver's own read makes no marker request either.
+//!
 //! A stage is left out (its readers read markers) unless every planned map
 //! has a layout: a map its coalesced head published empty has an empty one;
 //! a stage a skew split added maps to lists them too, and its readers, who
@@ -106,6 +109,23 @@ impl Layouts {
             .collect();
         (!stages.is_empty()).then(|| StageLayouts { stages }.format())
     }
+
+    /// The `shuffle_ranges` setting for the query's head, which reads the
+    /// stages no other stage reads; `None` when none of them has layouts.
+    pub fn setting_for_head(&self) -> Option<String> {
+        let read: BTreeSet<u64> = self
+            .stages
+            .values()
+            .flat_map(|(_, _, deps)| deps.iter().copied())
+            .collect();
+        let stages: BTreeMap<u64, Vec<MapLayout>> = self
+            .stages
+            .keys()
+            .filter(|stage| !read.contains(stage))
+            .filter_map(|&stage| Some((stage, self.of_stage(stage)?)))
+            .collect();
+        (!stages.is_empty()).then(|| StageLayouts { stages }.format())
+    }
 }
 
 #[cfg(test)]
@@ -150,5 +170,19 @@ mod tests {
         assert_eq!(book.of_stage(2).unwrap()[0].rows[0], 7);
         // A stage that reads nothing is handed nothing.
         assert_eq!(book.setting_for(2), None);
+    }
+
+    #[test]
+    fn the_head_is_handed_the_stages_no_stage_reads() {
+        let book = Layouts::new(&[info(1, 1, vec![2]), info(2, 1, vec![])]);
+        assert_eq!(book.setting_for_head(), None, "stage 1 has no layout yet");
+        book.record((2, 0), Some(&layout(5)));
+        assert_eq!(book.setting_for_head(), None, "stage 2 is read by stage 1");
+        book.record((1, 0), Some(&layout(3)));
+        let handed = StageLayouts::parse(&book.setting_for_head().unwrap())
+            .unwrap()
+            .unwrap();
+        assert_eq!(handed.stages.keys().copied().collect::<Vec<_>>(), [1]);
+        assert_eq!(handed.stages[&1][0].rows[0], 3);
     }
 }

@@ -2,9 +2,9 @@
 //! lost output its root read may still need.
 //!
 //! ```text
-//! read_root(read) ─► read() ── ok ──────────────────────────► the rows
+//! read_root(read) ─► read(ranges) ── ok ────────────────────► the rows
 //!                      └─ fails, the plugin recorded lost maps ─► each lost
-//!                         map runs again (its next attempt) ─► read() again
+//!                         map runs again (its next attempt) ─► read(ranges) again
 //! ```
 
 use std::collections::BTreeMap;
@@ -68,7 +68,9 @@ impl QueryRun {
     }
 
     /// Read the query's root with `read`, which the host runs over the same
-    /// plan the stages were cut from. When it fails and the plugin recorded
+    /// plan the stages were cut from, handing its readers the `shuffle_ranges`
+    /// setting it is given (see [`Self::head_ranges`]; `None`: they read the
+    /// markers). When it fails and the plugin recorded
     /// lost output for `location` while it ran, each lost map runs again on
     /// a worker (its next attempt) and the root is read again from the
     /// start, up to the query's attempts. The root never computes a stage.
@@ -84,7 +86,7 @@ impl QueryRun {
         mut read: F,
     ) -> Result<std::result::Result<(T, f64), E>>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(Option<String>) -> Fut,
         Fut: std::future::Future<Output = std::result::Result<T, E>>,
     {
         let max = self.attempts.max_attempts();
@@ -93,7 +95,8 @@ impl QueryRun {
         for tries in 1..=max {
             let began = self.attempts.clock();
             let started = Instant::now();
-            let error = match read().await {
+            // Asked on every try: a map run again published a file of its own.
+            let error = match read(self.head_ranges()).await {
                 Ok(value) => return Ok(Ok((value, started.elapsed().as_secs_f64() * 1e3))),
                 Err(error) => error,
             };
@@ -119,6 +122,13 @@ impl QueryRun {
             }
         }
         unreachable!("every read returns, and there is at least one")
+    }
+
+    /// The `shuffle_ranges` setting (the plugin's key [`dfx_abi::SHUFFLE_RANGES`])
+    /// for the query's head: where each bucket of the stages it reads lies,
+    /// as their maps reported.
+    pub fn head_ranges(&self) -> Option<String> {
+        self.attempts.layouts().setting_for_head()
     }
 
     /// Every stage, in pre-order, as the plugin described it.
