@@ -28,6 +28,11 @@ pub const LOCK_FILE: &str = ".dfx-driver.lock";
 /// The lock object a driver creates (create-only) in an S3 prefix it runs in.
 pub const S3_LOCK_OBJECT: &str = "_dfx-driver.lock";
 
+/// How often, and how long apart, a driver tries again a lock this very
+/// process holds (see [`DriverLock::acquire`]): a second in all.
+const OWN_RELEASE_WAITS: u32 = 20;
+const OWN_RELEASE_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The body of [`S3_LOCK_OBJECT`]: which driver created it, so a cleaner on
 /// the same machine can tell whether that driver still runs.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -120,27 +125,39 @@ impl DriverLock {
             .truncate(false)
             .open(&path)
             .map_err(|e| format!("cannot open the driver lock {}: {e}", path.display()))?;
-        match file.try_lock() {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                let mut holder = String::new();
-                let _ = file.read_to_string(&mut holder);
-                let holder = holder.trim();
-                let holder = if holder.is_empty() {
-                    "another driver".to_string()
-                } else {
-                    format!("another driver ({holder})")
-                };
-                return Err(format!(
-                    "shuffle directory {} is in use: {holder} holds its lock {}. One driver runs \
-                     in a shuffle directory at a time; use another directory",
-                    dir.display(),
-                    path.display()
-                ));
+        let ours = format!("pid {}", std::process::id());
+        let mut waits = 0;
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(TryLockError::WouldBlock) => {}
+                Err(TryLockError::Error(e)) => {
+                    return Err(format!("cannot lock {}: {e}", path.display()));
+                }
             }
-            Err(TryLockError::Error(e)) => {
-                return Err(format!("cannot lock {}: {e}", path.display()));
+            let mut holder = String::new();
+            let _ = file.seek(SeekFrom::Start(0));
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            // A lock this process just released: a child it was forking at
+            // that moment holds a copy of the descriptor until it executes
+            // its program, an instant.
+            if holder == ours && waits < OWN_RELEASE_WAITS {
+                waits += 1;
+                std::thread::sleep(OWN_RELEASE_PAUSE);
+                continue;
             }
+            let holder = if holder.is_empty() {
+                "another driver".to_string()
+            } else {
+                format!("another driver ({holder})")
+            };
+            return Err(format!(
+                "shuffle directory {} is in use: {holder} holds its lock {}. One driver runs in a \
+                 shuffle directory at a time; use another directory",
+                dir.display(),
+                path.display()
+            ));
         }
         // Who holds it, for the message a second driver prints.
         let _ = file.set_len(0);
