@@ -12,8 +12,8 @@
 //! of that map to get ready to publish (the one that creates FLAG) sleeps
 //! MILLIS first, a straggler for speculation to overtake.
 
-/// Called by a map task after each segment (one batch) it writes into its
-/// map file; `written` counts them, from 1, for this task.
+/// Called by a map task after each batch it stages for its map file (a
+/// segment holds one or more); `written` counts them, from 1, for this task.
 #[inline]
 pub fn batch_written(written: u64) {
     #[cfg(feature = "test-hooks")]

@@ -37,6 +37,21 @@ fn hash_writer(dir: &Path, maps: usize, fail_at: Option<usize>) -> Arc<ShuffleWr
     )
 }
 
+/// A hash writer of stage 3 over `maps` partitions of 600,000 rows each, 4
+/// buckets: in batches of 1,000 rows, each bucket of each map is several
+/// segments of about a MiB, each of many batches.
+fn large_hash_writer(dir: &Path, maps: usize) -> Result<Arc<ShuffleWriterExec>> {
+    let input = generated_plan(maps, 30, 20_000, None);
+    let key = col("k", &kv_schema())?;
+    Ok(Arc::new(ShuffleWriterExec::try_new(
+        3,
+        dir.to_path_buf(),
+        input,
+        Partitioning::Hash(vec![key], 4),
+        vec![],
+    )?))
+}
+
 /// A task context whose writers compress with LZ4: the damaged-file tests
 /// below need LZ4 frames (declared lengths, frame checks) to damage, and
 /// the local default is uncompressed.
@@ -122,9 +137,9 @@ async fn a_map_publishes_one_file_closed_by_its_marker() -> Result<()> {
 #[tokio::test]
 async fn each_bucket_is_one_contiguous_range_and_the_summary_says_where() -> Result<()> {
     let dir = temp_dir();
-    let writer = hash_writer(dir.path(), 1, None);
-    // One row per segment: every bucket has many, encoded interleaved.
-    let ctx = SessionContext::new_with_config(SessionConfig::new().with_batch_size(7));
+    let writer = large_hash_writer(dir.path(), 1)?;
+    // Every bucket has several segments, encoded interleaved.
+    let ctx = SessionContext::new_with_config(SessionConfig::new().with_batch_size(1_000));
     let summary = collect(writer.clone(), ctx.task_ctx()).await?;
     let layout = dfx_abi::MapLayout::from_summary(&summary).expect("a laid-out summary");
     let path = dir.path().join("stage-3/map-0.arrow");
@@ -148,7 +163,7 @@ async fn each_bucket_is_one_contiguous_range_and_the_summary_says_where() -> Res
             "bucket {b}"
         );
     }
-    assert_eq!(layout.rows.iter().sum::<u64>(), 500);
+    assert_eq!(layout.rows.iter().sum::<u64>(), 600_000);
     Ok(())
 }
 
@@ -456,11 +471,11 @@ async fn a_buffer_declaring_more_than_lz4_can_expand_is_refused_before_allocatio
 
 #[tokio::test]
 async fn a_bucket_of_many_segments_reads_back_whole_and_in_order() -> Result<()> {
-    // Batches of 7 rows: each bucket of each map is many segments, written
-    // interleaved with the other buckets' in one file.
+    // Each bucket of each map is several segments, staged interleaved with
+    // the other buckets' and written bucket by bucket.
     let dir = temp_dir();
-    let writer = hash_writer(dir.path(), 2, None);
-    let mut config = SessionConfig::new().with_batch_size(7);
+    let writer = large_hash_writer(dir.path(), 2)?;
+    let mut config = SessionConfig::new().with_batch_size(1_000);
     config.options_mut().extensions.insert(DfxConfig::default());
     let ctx = SessionContext::new_with_config(config);
     for map in 0..2 {
@@ -470,13 +485,24 @@ async fn a_bucket_of_many_segments_reads_back_whole_and_in_order() -> Result<()>
         }
     }
     let marker = read_marker(&dir.path().join("stage-3/map-0.arrow"));
-    let segments: Vec<usize> = marker["buckets"]
-        .as_array()
-        .unwrap()
+    let buckets = marker["buckets"].as_array().unwrap();
+    let segments: Vec<usize> = buckets
         .iter()
         .map(|b| b["segments"].as_array().unwrap().len())
         .collect();
     assert!(segments.iter().all(|&n| n > 1), "{segments:?}");
+    // Sized by bytes, not by batches: every segment but a bucket's last
+    // holds many batches and about a MiB or more.
+    for bucket in buckets {
+        let segments = bucket["segments"].as_array().unwrap();
+        for segment in &segments[..segments.len() - 1] {
+            assert!(segment["rows"].as_u64().unwrap() > 10 * 1_000, "{segment}");
+            assert!(
+                segment["bytes"].as_u64().unwrap() >= 512 * 1024,
+                "{segment}"
+            );
+        }
+    }
     // Each hash partition holds exactly its keys, every row once, and
     // within a map in the order the map produced them.
     let reader = Arc::new(ShuffleReaderExec::try_new(

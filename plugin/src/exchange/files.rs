@@ -116,17 +116,17 @@ pub fn create_exclusive_rw(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
-/// Encode `batch` as one segment: a self-contained Arrow IPC stream (schema,
-/// batch, end of stream), its buffers LZ4-compressed unless `compression`
-/// is none. Self-contained so a reader needs no other bytes of the file to
-/// decode it, dictionaries included.
+/// Encode `batches` as one segment: a self-contained Arrow IPC stream
+/// (schema, batches, end of stream), its buffers LZ4-compressed unless
+/// `compression` is none. Self-contained so a reader needs no other bytes
+/// of the file to decode it, dictionaries included.
 ///
 /// # Errors
 ///
 /// The encoder's failure.
 pub fn encode_segment(
     schema: &SchemaRef,
-    batch: &RecordBatch,
+    batches: &[RecordBatch],
     compression: ShuffleCompression,
 ) -> Result<Vec<u8>, String> {
     let codec = match compression {
@@ -140,12 +140,17 @@ pub fn encode_segment(
     // its memory size is about its encoded size), so that the encoder does
     // not copy what it wrote each time the buffer grows. The schema and
     // message headers are small beside it.
-    let capacity = batch.get_array_memory_size() + 4096;
+    let capacity: usize = batches
+        .iter()
+        .map(|batch| batch.get_array_memory_size() + 512)
+        .sum::<usize>()
+        + 4096;
     let mut writer =
         StreamWriter::try_new_with_options(Vec::with_capacity(capacity), schema, options)
             .map_err(|e| format!("cannot encode a segment: {e}"))?;
-    writer
-        .write(batch)
+    batches
+        .iter()
+        .try_for_each(|batch| writer.write(batch))
         .and_then(|()| writer.finish())
         .map_err(|e| format!("cannot encode a segment: {e}"))?;
     writer

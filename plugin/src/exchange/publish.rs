@@ -102,10 +102,29 @@ impl MapSink {
     }
 }
 
-/// One bucket while its map runs: rows coalesce here before each segment
-/// is encoded; the rows of each segment staged so far.
+/// The encoded size a segment is cut at: large enough that its IPC framing
+/// (a schema per segment) and a marker's index entry are small beside it,
+/// and a local reader's reads few.
+pub const SEGMENT_BYTES: usize = 1024 * 1024;
+
+/// Bytes all the buckets of one map may hold in batches waiting to make a
+/// segment: with many buckets, each segment is cut smaller.
+pub const PENDING_BYTES: usize = 64 * 1024 * 1024;
+
+/// The size segments of a map of `buckets` buckets are cut at: about
+/// [`SEGMENT_BYTES`], less when the map's buckets together would hold more
+/// than [`PENDING_BYTES`] (a segment is then about one batch).
+pub fn segment_bytes(buckets: usize) -> usize {
+    SEGMENT_BYTES.min(PENDING_BYTES / buckets.max(1))
+}
+
+/// One bucket while its map runs: rows coalesce here into batches, which
+/// wait until they make a segment of about [`segment_bytes`]; the rows of
+/// each segment staged so far.
 pub(crate) struct OpenBucket {
     coalescer: BatchCoalescer,
+    pending: Vec<RecordBatch>,
+    pending_bytes: usize,
     segment_rows: Vec<u64>,
 }
 
@@ -124,8 +143,10 @@ pub(crate) struct MapJob {
     /// The encoded segments, held by bucket until the map publishes.
     pub(crate) staging: Staging,
     pub(crate) batch_size: usize,
+    /// Where a bucket's waiting batches are encoded as one segment.
+    pub(crate) segment_bytes: usize,
     pub(crate) compression: ShuffleCompression,
-    /// Segments written so far (for the test hooks).
+    /// Batches staged so far (for the test hooks).
     pub(crate) batches_written: u64,
     /// The key summary of a build stage's map, complete once the input ends.
     pub(crate) summary: Option<SummarySlot>,
@@ -167,13 +188,16 @@ impl MapJob {
         self.publish().await
     }
 
-    /// Add `piece` to `bucket`, writing a segment for each full batch.
+    /// Add `piece` to `bucket`, staging a segment whenever its full batches
+    /// reach the segment size.
     async fn append(&mut self, bucket: usize, piece: RecordBatch) -> Result<()> {
         if piece.num_rows() == 0 {
             return Ok(());
         }
         let open = self.buckets[bucket].get_or_insert_with(|| OpenBucket {
             coalescer: BatchCoalescer::new(Arc::clone(&self.schema), self.batch_size),
+            pending: Vec::new(),
+            pending_bytes: 0,
             segment_rows: Vec::new(),
         });
         open.coalescer.push_batch(piece).map_err(|e| {
@@ -182,32 +206,49 @@ impl MapJob {
                 self.stage_id, self.map
             ))
         })?;
+        self.take_completed(bucket).await
+    }
+
+    /// Move `bucket`'s completed batches to its waiting ones, staging them
+    /// as a segment once they reach the segment size.
+    async fn take_completed(&mut self, bucket: usize) -> Result<()> {
         while let Some(full) = self.buckets[bucket]
             .as_mut()
             .and_then(|open| open.coalescer.next_completed_batch())
         {
-            self.write_segment(bucket, &full).await?;
+            let open = self.buckets[bucket].as_mut().expect("opened by append");
+            open.pending_bytes += full.get_array_memory_size();
+            open.pending.push(full);
+            let ready = open.pending_bytes >= self.segment_bytes;
+            self.batches_written += 1;
+            crate::test_hooks::batch_written(self.batches_written);
+            if ready {
+                self.write_segment(bucket).await?;
+            }
         }
         Ok(())
     }
 
-    /// Encode `batch` and stage it as a segment of `bucket`.
-    async fn write_segment(&mut self, bucket: usize, batch: &RecordBatch) -> Result<()> {
+    /// Encode `bucket`'s waiting batches and stage them as one segment.
+    async fn write_segment(&mut self, bucket: usize) -> Result<()> {
         let (stage_id, map) = (self.stage_id, self.map);
         let fail = |e: String| {
             DataFusionError::Execution(format!(
                 "dfx stage {stage_id} map {map} bucket {bucket}: {e}"
             ))
         };
-        let segment = encode_segment(&self.schema, batch, self.compression).map_err(fail)?;
+        let open = self.buckets[bucket].as_mut().expect("opened by append");
+        let batches = std::mem::take(&mut open.pending);
+        open.pending_bytes = 0;
+        if batches.is_empty() {
+            return Ok(());
+        }
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        open.segment_rows.push(rows as u64);
+        let segment = encode_segment(&self.schema, &batches, self.compression).map_err(fail)?;
         self.staging
             .push(bucket, segment)
-            .map_err(|e| fail(crate::error::io_failure(&self.root, e)))?;
-        let open = self.buckets[bucket].as_mut().expect("opened by append");
-        open.segment_rows.push(batch.num_rows() as u64);
-        self.batches_written += 1;
-        crate::test_hooks::batch_written(self.batches_written);
-        Ok(())
+            .map_err(|e| fail(crate::error::io_failure(&self.root, e)))
     }
 
     /// Start map `map`'s file (a temp file, or an upload).
@@ -234,12 +275,8 @@ impl MapJob {
                     self.stage_id, self.map
                 ))
             })?;
-            while let Some(rest) = self.buckets[bucket]
-                .as_mut()
-                .and_then(|open| open.coalescer.next_completed_batch())
-            {
-                self.write_segment(bucket, &rest).await?;
-            }
+            self.take_completed(bucket).await?;
+            self.write_segment(bucket).await?;
         }
         // Bucket by bucket, so each is one contiguous range of the file.
         let mut sink = self.create_sink(self.map)?;

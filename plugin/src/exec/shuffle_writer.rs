@@ -4,8 +4,9 @@
 //!   execute(map m)
 //!        │
 //!   input.execute(m) ──► each batch: split into buckets with DataFusion's own
-//!                        partitioner, coalesce per bucket; each full batch
-//!                        is one segment appended to the map's temp file
+//!                        partitioner, coalesce per bucket; full batches
+//!                        make a segment of about 1 MiB (`segment_bytes`),
+//!                        staged until the map's input ends
 //!   end of input: the rest of each bucket as a last segment, then the
 //!   key summary when the input is a `KeySummaryExec`, then the commit
 //!   marker (the index of the segments by bucket, and of the summary),
@@ -21,9 +22,10 @@
 //! Hash buckets use `BatchPartitioner`, the partitioner of `RepartitionExec`,
 //! so bucket `b` of every map together hold exactly what partition `b` of
 //! the repartition it replaces would: a join or aggregate above the exchange
-//! sees the partitions it was planned for. Memory stays flat: each bucket
-//! holds at most one batch being coalesced, and a segment is written as
-//! soon as it is encoded.
+//! sees the partitions it was planned for. Memory stays bounded: each bucket
+//! holds one batch being coalesced and the batches of its next segment (all
+//! buckets together about `PENDING_BYTES`), and staged segments spill to
+//! disk past their own bound.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -32,7 +34,7 @@ use std::sync::Arc;
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
 use crate::exchange::dirs::prepare_stage_dir;
-use crate::exchange::publish::{MapJob, SUMMARY_SCHEMA, Target};
+use crate::exchange::publish::{MapJob, SUMMARY_SCHEMA, Target, segment_bytes};
 use crate::exchange::staging::Staging;
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
 use crate::exec::common::exec_defaults;
@@ -364,6 +366,7 @@ impl ShuffleWriterExec {
             buckets: (0..self.buckets()).map(|_| None).collect(),
             staging: Staging::new(self.buckets(), spill_near),
             batch_size,
+            segment_bytes: segment_bytes(self.buckets()),
             compression,
             batches_written: 0,
             summary,
