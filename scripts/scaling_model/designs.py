@@ -40,6 +40,10 @@ class Design:
     # fetched concurrently, adjacent ones coalesced (one request per reader
     # task and upstream task, cut at REQUEST_CUT), BYTES_IN_FLIGHT at once.
     machine_tasks: bool = False
+    # Ranges: byte ranges in reports and envelopes (no marker GET by a
+    # reader or the driver), a reader's ranges fetched concurrently and
+    # coalesced; with a task per core. Machine-sized tasks have them too.
+    ranges: bool = False
     bytes_in_flight: int = BYTES_IN_FLIGHT
     # Parts of a map's upload in flight (MAX_PARTS_IN_FLIGHT as built).
     parts_in_flight: int = MAX_PARTS_IN_FLIGHT
@@ -47,6 +51,10 @@ class Design:
     shuffle_store: Store | None = None
     # Partitioned prefixes the query's objects are spread over.
     prefixes: int = 1
+
+    def __post_init__(self) -> None:
+        """Machine-sized tasks read by ranges."""
+        self.ranges = self.ranges or self.machine_tasks
 
 
 @dataclass
@@ -163,7 +171,7 @@ def task_times(
     tasks_per_machine = 1 if d.machine_tasks else target.cores
     # Requests one task has in flight: the as-built reader awaits each
     # (exchange/stream.rs: the markers, then one segment at a time).
-    in_flight = max(1, d.bytes_in_flight // REQUEST_CUT) if d.machine_tasks else 1
+    in_flight = max(1, d.bytes_in_flight // REQUEST_CUT) if d.ranges else 1
     # A task's scans: one partition's requests one at a time, a machine's
     # task its c partitions at once.
     scanning = target.cores if d.machine_tasks else 1
@@ -262,9 +270,10 @@ def task_times(
                 segs = um * max(1, -(-rows / (um * ub) // SEGMENT_ROWS))
                 share = u.bytes * grow / (ub if not d.machine_tasks else m)
             in_bytes += share
-            if d.machine_tasks:
-                # One range per upstream task (the slice's buckets side by
-                # side), cut at REQUEST_CUT.
+            if d.ranges:
+                # One range per upstream task (a machine-sized slice's
+                # buckets side by side, else the task's one bucket), cut at
+                # REQUEST_CUT.
                 gets += um * max(1, math.ceil(share / um / REQUEST_CUT))
                 continue
             # shuffle_reader -> read_markers (exchange/locate.rs): each
@@ -275,7 +284,7 @@ def task_times(
             gets += markers + segs
             request_cost += (markers + segs) * (sh_get_s + moto)
             parse_s += um * files[dep].index_bytes * parse_per_byte
-        if d.machine_tasks:
+        if d.ranges:
             # Concurrent: rounds of `in_flight` requests, the bytes at the
             # task's bandwidth.
             request_cost = math.ceil(gets / in_flight) * sh_get_s
@@ -302,7 +311,7 @@ def task_times(
         # The driver's adaptive step for this stage: markers read one after
         # another (read_map_marker, each awaited) and parsed, in its loop.
         adapt_s[sid] = 0.0
-        if terms.driver_markers and not d.machine_tasks and store is not LOCAL:
+        if terms.driver_markers and not d.ranges and store is not LOCAL:
             for dep, times in adaptive_reads(
                 fits, sid, filtered[sid], at_partitions
             ).items():
@@ -364,12 +373,12 @@ def predict(
     # The head reads few rows in TPC-H (an aggregate, a top-k): its own time
     # is taken as measured, plus the root maps' requests: each map's marker
     # then its segments, the maps polled at once (or, in the first model,
-    # two GETs a map one after another). Machine-sized: each root task's range.
+    # two GETs a map one after another). By ranges: each root map's range.
     final = final_read_ms / 1e3
     shuffle = target.design.shuffle_store or target.store
     roots = totals["root_maps"]
     if target.store is not LOCAL:
-        if target.design.machine_tasks:
+        if target.design.ranges:
             final += shuffle.latency_s
             totals["shuffle_get"] += roots
         elif terms.final_concurrent:

@@ -106,6 +106,7 @@ def predictions(
 ) -> None:
     """The tables of docs/SCALING.md's predictions."""
     store = S3_TYPICAL
+    ranged = Design("ranges in reports", ranges=True)
     after = Design("machine-sized", machine_tasks=True)
     # Enough in flight to fill a 25 Gb/s interface at 85 MB/s a request.
     wide = Design(
@@ -131,10 +132,21 @@ def predictions(
     )
     ray = options.ray_task_ms
     parse = options.parse_mb_s
+    as_built = Case("as built before ranges (corrected), pool", parse_mb_s=parse)
+    machine_sized = Case("machine-sized, pool", after, parse_mb_s=parse)
     cases = [
-        Case("as built (corrected), pool", parse_mb_s=parse),
-        Case(f"as built (corrected), Ray {ray:g} ms", task_ms=ray, parse_mb_s=parse),
-        Case("machine-sized, pool", after, parse_mb_s=parse),
+        as_built,
+        Case(
+            f"as built before ranges (corrected), Ray {ray:g} ms",
+            task_ms=ray,
+            parse_mb_s=parse,
+        ),
+        Case(
+            "ranges in reports, a task per core (as built), pool",
+            ranged,
+            parse_mb_s=parse,
+        ),
+        machine_sized,
         Case(f"machine-sized, Ray {ray:g} ms", after, task_ms=ray, parse_mb_s=parse),
         Case("machine-sized, filling the interface, pool", wide, parse_mb_s=parse),
         Case("machine-sized, filling it, 16 prefixes", spread, parse_mb_s=parse),
@@ -198,8 +210,8 @@ def predictions(
 
     scale = 1000.0
     k = KS[-1]
-    built = total(cases[0], scale, k, "tasks")
-    after_tasks = total(cases[2], scale, k, "tasks")
+    built = total(as_built, scale, k, "tasks")
+    after_tasks = total(machine_sized, scale, k, "tasks")
     pool_ms = costs.dispatch_ms
     print(
         f"\n- Scale {scale:.0f}, k = {k}: {built:,.0f} tasks as built (the driver's "
@@ -251,7 +263,7 @@ def predictions(
         cells = [total(case, scale, k) for k in KS]
         print(f"| {rate:g} MB/s | {' | '.join(fmt_s(c) for c in cells)} |")
 
-    before, later = cases[0], cases[2]
+    before, later = as_built, machine_sized
     print(f"\n### Each query: scale {scale:.0f}, {store.name}, pool, seconds\n")
     print(
         "| query | as built k=1 | as built k=64 | machine-sized k=1 | machine-sized k=64 "
