@@ -288,25 +288,28 @@ impl Verdict {
     }
 }
 
-/// The summary in the marker of every map of `build`; `None` when some map
-/// published none (rows then pass unchanged).
+/// Build maps whose summaries one probe task reads at once: each is a
+/// marker read then a range read, so waiting on them one after another
+/// would cost every build map's round trips in turn.
+const SUMMARIES_IN_FLIGHT: usize = 16;
+
+/// The summary in the marker of every map of `build`, read concurrently;
+/// `None` when some map published none (rows then pass unchanged).
 async fn read_summaries(build: &BuildStage, config: &DfxConfig) -> Result<Option<Vec<KeySummary>>> {
-    let mut summaries = Vec::with_capacity(build.maps);
-    for map in 0..build.maps {
-        let keys = read_map_keys(
+    let reads = (0..build.maps).map(|map| {
+        read_map_keys(
             &build.shuffle_dir,
             config,
             build.stage_id,
             map,
             build.buckets,
         )
+    });
+    let summaries: Vec<Option<KeySummary>> = futures::stream::iter(reads)
+        .buffered(SUMMARIES_IN_FLIGHT)
+        .try_collect()
         .await?;
-        match keys {
-            Some(summary) => summaries.push(summary),
-            None => return Ok(None),
-        }
-    }
-    Ok(Some(summaries))
+    Ok(summaries.into_iter().collect())
 }
 
 /// `key >= min AND key <= max` for every key column with bounds, on the
