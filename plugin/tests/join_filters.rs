@@ -440,3 +440,87 @@ async fn a_missing_build_map_is_lost_output_of_that_map() -> Result<()> {
     );
     Ok(())
 }
+
+/// Handed the build maps' layouts, a probe task reads each key summary
+/// where its layout says, never the marker: with every build marker
+/// damaged (its bytes blanked, the file's size kept) the probe still
+/// filters; handed nothing, it must read the markers and fails.
+#[tokio::test]
+async fn a_probe_handed_the_build_layouts_reads_each_summary_without_its_marker() -> Result<()> {
+    use datafusion::physical_plan::ExecutionPlanProperties;
+    use dfx_abi::{MapLayout, SHUFFLE_RANGES, StageLayouts};
+    use dfx_plugin::config::CONFIG_PREFIX;
+    let data = temp_dir();
+    tables(data.path());
+    let shuffle = temp_dir();
+    let ctx = session(data.path(), Some(shuffle.path()), "exchange", "on", true).await?;
+    let plan = ctx.sql(QUERIES[0].1).await?.create_physical_plan().await?;
+    let found = stages(&plan);
+    let probe = found
+        .iter()
+        .find(|w| text(w).contains("JoinFilterExec") && !text(w).contains("HashJoinExec"))
+        .expect("the filtered probe stage");
+    let build = found
+        .iter()
+        .find(|w| text(w).contains("KeySummaryExec") && !text(w).contains("HashJoinExec"))
+        .expect("the build stage");
+    let build_id = build
+        .downcast_ref::<ShuffleWriterExec>()
+        .unwrap()
+        .stage_id();
+    let mut layouts = Vec::new();
+    for map in 0..build.output_partitioning().partition_count() {
+        let summary =
+            datafusion::physical_plan::common::collect(build.execute(map, ctx.task_ctx())?).await?;
+        let layout = MapLayout::from_summary(&summary).expect("a laid-out summary");
+        let (offset, bytes) = layout.keys.expect("a build map says where its keys lie");
+        // Blank the marker between the key summary and the footer.
+        let path = shuffle
+            .path()
+            .join(format!("stage-{build_id}"))
+            .join(format!("map-{map}.arrow"));
+        let mut file = std::fs::read(&path)?;
+        let marker = (offset + bytes) as usize..file.len() - 16;
+        assert!(!marker.is_empty());
+        file[marker].fill(b' ');
+        std::fs::write(&path, &file)?;
+        layouts.push(layout);
+    }
+    let probe_rows = |ctx: SessionContext| {
+        let probe = Arc::clone(probe);
+        async move {
+            let mut rows = 0;
+            for map in 0..probe.output_partitioning().partition_count() {
+                let stream = probe.execute(map, ctx.task_ctx())?;
+                for batch in datafusion::physical_plan::common::collect(stream).await? {
+                    let column = batch.column_by_name("rows").unwrap();
+                    let column = column
+                        .as_any()
+                        .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+                        .unwrap();
+                    rows += column.iter().flatten().sum::<u64>();
+                }
+            }
+            Ok::<u64, datafusion::common::DataFusionError>(rows)
+        }
+    };
+    let blind = probe_rows(ctx.clone()).await;
+    let err = blind.expect_err("the damaged markers are read without layouts");
+    assert!(
+        err.to_string().contains(&format!("stage {build_id}")),
+        "{err}"
+    );
+    let handed = StageLayouts {
+        stages: std::collections::BTreeMap::from([(build_id, layouts)]),
+    };
+    ctx.sql(&format!(
+        "SET {CONFIG_PREFIX}.{SHUFFLE_RANGES} = '{}'",
+        handed.format()
+    ))
+    .await?;
+    let rows = probe_rows(ctx).await?;
+    // The four matching rows of the module doc; a hash collision could
+    // keep a few more, never fewer.
+    assert!((4..20).contains(&rows), "{rows} rows");
+    Ok(())
+}

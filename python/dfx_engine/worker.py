@@ -189,9 +189,12 @@ def _run(task: _internal.Task, sessions: SessionCache) -> Published:
         raise TaskError(message) from err
 
 
-Layout = tuple[list[int], list[int], list[int], int, str | None]
+Layout = tuple[
+    list[int], list[int], list[int], int, str | None, tuple[int, int] | None
+]
 """Where each bucket of a map's file lies: offsets, lengths and rows per
-bucket, the file's size and its entity tag (the runtime's ``MapLayout``)."""
+bucket, the file's size, its entity tag and where its key summary lies (the
+runtime's ``MapLayout``)."""
 
 Published = tuple[int, int, Layout | None]
 """What a map published: rows, bytes, and its layout when the summary has
@@ -211,6 +214,7 @@ def _published(summary: Iterable[RecordBatch]) -> Published:
     counts: list[int] = []
     file_bytes = 0
     e_tag: str | None = None
+    keys: tuple[int, int] | None = None
     laid_out = True
     for batch in summary:
         table = batch.to_pyarrow()
@@ -236,7 +240,14 @@ def _published(summary: Iterable[RecordBatch]) -> Published:
                 strict=True,
             ):
                 file_bytes, e_tag = value, tag
-    layout = (offsets, lengths, counts, file_bytes, e_tag) if laid_out else None
+            if {"keys_offset", "keys_bytes"} <= names:
+                for start, length in zip(
+                    table.column("keys_offset").to_pylist(),
+                    table.column("keys_bytes").to_pylist(),
+                    strict=True,
+                ):
+                    keys = None if start is None or length is None else (start, length)
+    layout = (offsets, lengths, counts, file_bytes, e_tag, keys) if laid_out else None
     return rows, size, layout
 
 

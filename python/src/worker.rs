@@ -168,15 +168,16 @@ fn run_handler(
         .map_err(|_| {
             format!(
                 "the worker's handler returned {returned}, not (rows, bytes, (offsets, \
-                 lengths, rows, size, e_tag) or None)"
+                 lengths, rows, size, e_tag, keys) or None)"
             )
         })?;
-    let layout = layout.map(|(offsets, bytes, rows, size, e_tag)| MapLayout {
+    let layout = layout.map(|(offsets, bytes, rows, size, e_tag, keys)| MapLayout {
         offsets,
         bytes,
         rows,
         size,
         e_tag,
+        keys,
     });
     Ok(Published {
         rows,
@@ -186,9 +187,16 @@ fn run_handler(
 }
 
 /// A map's layout as the Python handler returns it: per bucket its
-/// offsets, lengths and rows, then the file's size and entity tag (see
-/// [`MapLayout`]).
-type LayoutTuple = (Vec<u64>, Vec<u64>, Vec<u64>, u64, Option<String>);
+/// offsets, lengths and rows, then the file's size, its entity tag and
+/// where its key summary lies (see [`MapLayout`]).
+type LayoutTuple = (
+    Vec<u64>,
+    Vec<u64>,
+    Vec<u64>,
+    u64,
+    Option<String>,
+    Option<(u64, u64)>,
+);
 
 /// A failure of `envelope`'s task before the plugin could be asked: final.
 fn unclassified(envelope: &Envelope, error: String) -> Response {

@@ -38,7 +38,9 @@ pub use load::{load, plugin_file_name};
 pub use location::{LocationError, S3Location, ShuffleLocation};
 pub use lock::{DriverLock, S3_LOCK_OBJECT, S3LockHolder};
 pub use map_file::{MAP_FOOTER_BYTES, MAP_FOOTER_MAGIC, map_marker_range};
-pub use map_layout::{MapLayout, SHUFFLE_RANGES, SUMMARY_COLUMNS, StageLayouts};
+pub use map_layout::{
+    MapLayout, SHUFFLE_RANGES, SUMMARY_COLUMNS, SUMMARY_KEYS_COLUMNS, StageLayouts,
+};
 pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 pub use plugin::Plugin;
 pub use tables::{MEMORY_TABLE_LIMIT, MEMORY_TABLE_TOO_LARGE, PARQUET_FOOTER_HINT};

@@ -41,6 +41,11 @@ pub struct MapLayout {
     /// The object's entity tag (S3), which every ranged read must match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub e_tag: Option<String>,
+    /// Where the key summary of a build stage's map lies: its first byte
+    /// and length; `None` when the map has none or its worker did not say
+    /// (a reader then finds it through the marker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<(u64, u64)>,
 }
 
 impl MapLayout {
@@ -53,6 +58,7 @@ impl MapLayout {
             rows: vec![0; buckets],
             size: 0,
             e_tag: None,
+            keys: None,
         }
     }
 
@@ -61,17 +67,24 @@ impl MapLayout {
         self.offsets.len()
     }
 
-    /// Whether the arrays agree in length and every bucket lies inside the
-    /// file.
+    /// Whether the arrays agree in length and every bucket (and the key
+    /// summary) lies inside the file.
     pub fn is_consistent(&self) -> bool {
         let n = self.offsets.len();
-        self.bytes.len() == n
+        let inside = |offset: u64, bytes: u64| {
+            offset
+                .checked_add(bytes)
+                .is_some_and(|end| end <= self.size)
+        };
+        self.keys
+            .is_none_or(|(offset, bytes)| inside(offset, bytes))
+            && self.bytes.len() == n
             && self.rows.len() == n
             && self
                 .offsets
                 .iter()
                 .zip(&self.bytes)
-                .all(|(&o, &b)| o.checked_add(b).is_some_and(|end| end <= self.size))
+                .all(|(&o, &b)| inside(o, b))
     }
 }
 
@@ -79,6 +92,12 @@ impl MapLayout {
 /// read from: the bucket, its rows, bytes and first byte; the same in
 /// every row, the file's size and its entity tag (Utf8, null when local).
 pub const SUMMARY_COLUMNS: [&str; 6] = ["bucket", "rows", "bytes", "offset", "file_bytes", "e_tag"];
+
+/// Columns of a build stage writer's summary, the same in every row: where
+/// the map's key summary starts and its length (UInt64, null when none).
+/// A summary without them describes a map whose key summary, if any, is
+/// found through its marker.
+pub const SUMMARY_KEYS_COLUMNS: [&str; 2] = ["keys_offset", "keys_bytes"];
 
 impl MapLayout {
     /// The layout a writer's summary batches describe; `None` when they
@@ -100,6 +119,8 @@ impl MapLayout {
                 .column_by_name(e_tag)?
                 .as_any()
                 .downcast_ref::<StringArray>()?;
+            let [keys_offset, keys_bytes] = SUMMARY_KEYS_COLUMNS;
+            let keys = column(keys_offset).zip(column(keys_bytes));
             for row in 0..batch.num_rows() {
                 if bucket.value(row) != layout.offsets.len() as u64 {
                     return None;
@@ -109,6 +130,9 @@ impl MapLayout {
                 layout.rows.push(rows.value(row));
                 layout.size = file_bytes.value(row);
                 layout.e_tag = e_tag.is_valid(row).then(|| e_tag.value(row).to_string());
+                layout.keys = keys
+                    .filter(|(offset, bytes)| offset.is_valid(row) && bytes.is_valid(row))
+                    .map(|(offset, bytes)| (offset.value(row), bytes.value(row)));
             }
         }
         Some(layout)
@@ -169,17 +193,29 @@ mod tests {
             rows: vec![3, 1],
             size: 40,
             e_tag: Some("\"abc\"".into()),
+            keys: Some((15, 20)),
         };
         let layouts = StageLayouts {
             stages: BTreeMap::from([(2, vec![layout.clone(), MapLayout::empty(2)])]),
         };
         assert_eq!(StageLayouts::parse(&layouts.format()), Ok(Some(layouts)));
         assert_eq!(StageLayouts::parse(" "), Ok(None));
-        let past = MapLayout { size: 14, ..layout };
+        let past = MapLayout {
+            size: 14,
+            ..layout.clone()
+        };
         let bad = StageLayouts {
             stages: BTreeMap::from([(2, vec![past])]),
         };
         let err = StageLayouts::parse(&bad.format()).unwrap_err();
         assert!(err.contains("stage 2 map 0"), "{err}");
+        let keys_past = MapLayout {
+            keys: Some((30, 11)),
+            ..layout
+        };
+        let bad = StageLayouts {
+            stages: BTreeMap::from([(2, vec![keys_past])]),
+        };
+        assert!(StageLayouts::parse(&bad.format()).is_err());
     }
 }

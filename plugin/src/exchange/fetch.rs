@@ -223,6 +223,7 @@ mod tests {
             rows: vec![1, 2, 0, 1],
             size: 100,
             e_tag: None,
+            keys: None,
         };
         let root = Path::new("s3://bucket/q");
         let Ok(ShuffleLocation::S3(s3)) = ShuffleLocation::parse(root) else {

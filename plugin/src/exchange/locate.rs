@@ -99,21 +99,22 @@ pub(crate) async fn read_markers(
 }
 
 /// The key summary map `map` of stage `stage_id` (of `buckets` buckets)
-/// published into `shuffle_dir`, local or on S3: its marker read and
-/// checked as a reader checks it, then the summary's byte range. `None`
-/// when the map published none. A missing map is lost output, recorded for
-/// the location as a reader records it.
+/// published into `shuffle_dir`, local or on S3: read from where `laid_out`
+/// (the driver's layout of the map) says it lies, else found through its
+/// marker, read and checked as a reader checks it. `None` when the map
+/// published none. A missing map is lost output, recorded for the location
+/// as a reader records it.
 ///
 /// # Errors
 ///
 /// Those of [`MapMarker::read`], an S3 location that cannot be reached, a
-/// map whose object changed in between, or a summary that is not one.
+/// map whose file is not the one its layout describes or whose object
+/// changed in between, or a summary that is not one.
 pub(crate) async fn read_map_keys(
     shuffle_dir: &Path,
     config: &DfxConfig,
-    stage_id: u64,
-    map: usize,
-    buckets: usize,
+    (stage_id, map, buckets): (u64, usize, usize),
+    laid_out: Option<&MapLayout>,
 ) -> Result<Option<KeySummary>> {
     let location = ShuffleLocation::parse(shuffle_dir)
         .map_err(|e| DataFusionError::Execution(format!("dfx stage {stage_id} map {map}: {e}")))?;
@@ -128,11 +129,20 @@ pub(crate) async fn read_map_keys(
         buckets,
     };
     let fail = |what: String| at.error(format!("cannot read the key summary: {what}"));
+    // Where the layout says, without the marker; a layout without the
+    // region (a worker that did not say) leaves the marker to tell.
+    let known = laid_out.and_then(|l| l.keys.map(|keys| (keys, l.size, l.e_tag.clone())));
     let bytes = match location {
         ShuffleLocation::Local(_) => {
-            let (marker, _) = MapMarker::read(&at)?;
-            let Some(keys) = marker.keys else {
-                return Ok(None);
+            let ((offset, length), size) = match known {
+                Some((keys, size, _)) => (keys, Some(size)),
+                None => {
+                    let (marker, _) = MapMarker::read(&at)?;
+                    let Some(keys) = marker.keys else {
+                        return Ok(None);
+                    };
+                    ((keys.offset, keys.bytes), None)
+                }
             };
             let file = File::open(&path).map_err(|e| {
                 if e.kind() == std::io::ErrorKind::NotFound {
@@ -141,17 +151,31 @@ pub(crate) async fn read_map_keys(
                     fail(e.to_string())
                 }
             })?;
-            read_range(&file, keys.offset, keys.bytes).map_err(|e| fail(e.to_string()))?
+            if let Some(size) = size {
+                let now = file.metadata().map_err(|e| fail(e.to_string()))?.len();
+                if now != size {
+                    return Err(fail(format!(
+                        "the map's file is {now} byte(s), not the {size} its layout describes"
+                    )));
+                }
+            }
+            read_range(&file, offset, length).map_err(|e| fail(e.to_string()))?
         }
         ShuffleLocation::S3(s3) => {
             let store =
                 s3_store(&s3.bucket, &S3Options::from_config(config)).map_err(|e| at.error(e))?;
-            let (marker, size, e_tag) = read_remote_marker(&store, &s3, &at).await?;
-            let Some(keys) = marker.keys else {
-                return Ok(None);
+            let ((offset, length), size, e_tag) = match known {
+                Some(known) => known,
+                None => {
+                    let (marker, size, e_tag) = read_remote_marker(&store, &s3, &at).await?;
+                    let Some(keys) = marker.keys else {
+                        return Ok(None);
+                    };
+                    ((keys.offset, keys.bytes), size, e_tag)
+                }
             };
             let key = s3.key(&path).map_err(|e| at.error(e))?;
-            let (bytes, now) = get_range_if(store, key, keys.offset, keys.bytes, e_tag)
+            let (bytes, now) = get_range_if(store, key, offset, length, e_tag)
                 .await
                 .map_err(fail)?
                 .ok_or_else(|| at.lost())?;

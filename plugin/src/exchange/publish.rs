@@ -34,10 +34,12 @@ use crate::paths::map_path;
 
 /// Schema of the summary a map task returns: one row per bucket, its rows,
 /// its bytes and where they start in the map's file; and, the same in every
-/// row, the file's size and its entity tag (S3's; null for a local file).
-/// A host reads these into the report's [`dfx_abi::MapLayout`].
+/// row, the file's size, its entity tag (S3's; null for a local file) and
+/// where its key summary lies (null without one). A host reads these into
+/// the report's [`dfx_abi::MapLayout`].
 pub static SUMMARY_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
     let [bucket, rows, bytes, offset, file_bytes, e_tag] = dfx_abi::SUMMARY_COLUMNS;
+    let [keys_offset, keys_bytes] = dfx_abi::SUMMARY_KEYS_COLUMNS;
     Arc::new(Schema::new(vec![
         Field::new(bucket, DataType::UInt64, false),
         Field::new(rows, DataType::UInt64, false),
@@ -45,6 +47,8 @@ pub static SUMMARY_SCHEMA: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new(offset, DataType::UInt64, false),
         Field::new(file_bytes, DataType::UInt64, false),
         Field::new(e_tag, DataType::Utf8, true),
+        Field::new(keys_offset, DataType::UInt64, true),
+        Field::new(keys_bytes, DataType::UInt64, true),
     ]))
 });
 
@@ -353,7 +357,7 @@ impl MapJob {
             empty.publish(sink, self.empty_summary.clone()).await?;
         }
         if published.ours {
-            return summary_batch(&marker.buckets, size, published.e_tag.as_deref());
+            return summary_batch(&marker, size, published.e_tag.as_deref());
         }
         // Another attempt of this map published first and its file was
         // kept: the summary describes that file, the one readers will read
@@ -370,7 +374,7 @@ impl MapJob {
             marker.buckets.len(),
         )
         .await?;
-        summary_batch(&kept.buckets, size, e_tag.as_deref())
+        summary_batch(&kept, size, e_tag.as_deref())
     }
 }
 
@@ -429,12 +433,17 @@ impl EmptyMap {
     }
 }
 
-/// The summary of a map file of `size` bytes (entity tag `e_tag`) whose
-/// marker lists `entries`: a bucket's offset is its first segment's (its
-/// segments are contiguous), 0 for an empty one.
-fn summary_batch(entries: &[BucketEntry], size: u64, e_tag: Option<&str>) -> Result<RecordBatch> {
+/// The summary of a map file of `size` bytes (entity tag `e_tag`) closed
+/// by `marker`: a bucket's offset is its first segment's (its segments are
+/// contiguous), 0 for an empty one; the key summary's region, if any.
+fn summary_batch(marker: &MapMarker, size: u64, e_tag: Option<&str>) -> Result<RecordBatch> {
+    let entries = &marker.buckets;
     let column = |f: &dyn Fn(&BucketEntry) -> u64| -> ArrayRef {
         Arc::new(UInt64Array::from_iter_values(entries.iter().map(f)))
+    };
+    let keys = |f: &dyn Fn(&KeysRegion) -> u64| -> ArrayRef {
+        let value = marker.keys.as_ref().map(f);
+        Arc::new(UInt64Array::from_iter(entries.iter().map(|_| value)))
     };
     Ok(RecordBatch::try_new(
         Arc::clone(&SUMMARY_SCHEMA),
@@ -445,6 +454,8 @@ fn summary_batch(entries: &[BucketEntry], size: u64, e_tag: Option<&str>) -> Res
             column(&|e| e.segments.first().map_or(0, |s| s.offset)),
             column(&|_| size),
             Arc::new(StringArray::from_iter(entries.iter().map(|_| e_tag))),
+            keys(&|k| k.offset),
+            keys(&|k| k.bytes),
         ],
     )?)
 }

@@ -293,16 +293,21 @@ impl Verdict {
 /// would cost every build map's round trips in turn.
 const SUMMARIES_IN_FLIGHT: usize = 16;
 
-/// The summary in the marker of every map of `build`, read concurrently;
-/// `None` when some map published none (rows then pass unchanged).
+/// The key summary of every map of `build`, read concurrently, each where
+/// the driver's layout of it says (else found through its marker); `None`
+/// when some map published none (rows then pass unchanged).
 async fn read_summaries(build: &BuildStage, config: &DfxConfig) -> Result<Option<Vec<KeySummary>>> {
+    let handed = config.shuffle_ranges()?;
+    let layouts = handed
+        .as_ref()
+        .and_then(|handed| handed.stages.get(&build.stage_id))
+        .filter(|maps| maps.len() == build.maps);
     let reads = (0..build.maps).map(|map| {
         read_map_keys(
             &build.shuffle_dir,
             config,
-            build.stage_id,
-            map,
-            build.buckets,
+            (build.stage_id, map, build.buckets),
+            layouts.map(|maps| &maps[map]),
         )
     });
     let summaries: Vec<Option<KeySummary>> = futures::stream::iter(reads)

@@ -150,6 +150,7 @@ mod tests {
             rows: vec![rows, rows],
             size: 40,
             e_tag: None,
+            keys: None,
         })
     }
 
