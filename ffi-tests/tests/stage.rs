@@ -181,7 +181,9 @@ async fn the_foreign_writer_and_reader_report_their_schema_and_partitioning() {
                 maps
             );
             assert!(stage.info.buckets >= 1, "{:?}", stage.info);
-            // The writer yields the summary, not its input's rows.
+            // The writer yields the summary, not its input's rows: per bucket
+            // its rows, bytes and first byte; the file's size, entity tag
+            // and key summary's region.
             let schema = stage.writer.schema();
             let columns: Vec<(&str, &DataType)> = schema
                 .fields()
@@ -193,7 +195,12 @@ async fn the_foreign_writer_and_reader_report_their_schema_and_partitioning() {
                 [
                     ("bucket", &DataType::UInt64),
                     ("rows", &DataType::UInt64),
-                    ("bytes", &DataType::UInt64)
+                    ("bytes", &DataType::UInt64),
+                    ("offset", &DataType::UInt64),
+                    ("file_bytes", &DataType::UInt64),
+                    ("e_tag", &DataType::Utf8),
+                    ("keys_offset", &DataType::UInt64),
+                    ("keys_bytes", &DataType::UInt64)
                 ]
             );
         }
