@@ -189,9 +189,7 @@ def _run(task: _internal.Task, sessions: SessionCache) -> Published:
         raise TaskError(message) from err
 
 
-Layout = tuple[
-    list[int], list[int], list[int], int, str | None, tuple[int, int] | None
-]
+Layout = tuple[list[int], list[int], list[int], int, str | None, tuple[int, int] | None]
 """Where each bucket of a map's file lies: offsets, lengths and rows per
 bucket, the file's size, its entity tag and where its key summary lies (the
 runtime's ``MapLayout``)."""
