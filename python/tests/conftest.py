@@ -281,12 +281,26 @@ rules = json.loads(pathlib.Path(sys.argv.pop(1)).read_text())
 run_task = worker.run_task
 
 
+def holds_rows(stage, map_index):
+    magic, footer_len = _internal.map_footer()
+    path = pathlib.Path(_internal.marker_path(rules["dir"], stage, map_index))
+    data = path.read_bytes()
+    footer = len(data) - footer_len
+    start = footer - int.from_bytes(data[footer : footer + 8], "little")
+    marker = json.loads(data[start:footer])
+    return any(bucket["rows"] for bucket in marker["buckets"])
+
+
 def lose_once():
     try:
-        os.close(os.open(rules["claim"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        claim = os.open(rules["claim"], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return
     stage, map_index = rules["victim"]
+    if map_index is None:
+        map_index = next(m for m in range(rules["maps"]) if holds_rows(stage, m))
+    os.write(claim, str(map_index).encode())
+    os.close(claim)
     pathlib.Path(_internal.marker_path(rules["dir"], stage, map_index)).unlink()
 
 
@@ -296,6 +310,7 @@ def losing(task):
     published = run_task(task)
     maps = _internal.encoded_stage_info(task.plan).maps
     if task.stage_id == rules.get("after_last_of") and task.map == maps - 1:
+        rules["maps"] = maps
         lose_once()
     return published
 
@@ -310,19 +325,22 @@ sys.exit(worker.main())
 def losing_worker(
     directory: pathlib.Path,
     shuffle_dir: str,
-    victim: tuple[int, int],
+    victim: tuple[int, int | None],
     *,
     before: int | None = None,
     after_last_of: int | None = None,
 ) -> list[str]:
     """The command of a Python worker that loses ``victim``'s output once.
 
-    It deletes the published file of map ``victim`` under ``shuffle_dir``
-    just before it runs the first task of stage ``before`` it is given, or
-    just after it runs the last map of stage ``after_last_of``; only the
-    first time, in whichever worker gets there first. With one worker at a
-    time, tasks run in dispatch order, so the loss lands between the
-    victim's publication and its first reader.
+    It deletes the published file of map ``victim`` (stage, map) under
+    ``shuffle_dir`` just before it runs the first task of stage ``before``
+    it is given, or just after it runs the last map of stage
+    ``after_last_of``; only the first time, in whichever worker gets there
+    first, writing the map's index into ``directory / "claimed"``. A map of
+    ``None`` (with ``after_last_of``) is the stage's first map holding rows:
+    a reader handed the layouts reads no map published empty. With one
+    worker at a time, tasks run in dispatch order, so the loss lands between
+    the victim's publication and its first reader.
     """
     directory.mkdir(parents=True, exist_ok=True)
     script = directory / "losing_worker.py"

@@ -313,17 +313,32 @@ def test_output_lost_to_the_python_drivers_root_is_rerun_on_rust_workers(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path
 ) -> None:
     spec = make_spec()
-    last = stage_one_maps(make_spec()) - 1
-    victim = _internal.marker_path(spec.shuffle_dir, 1, 0)
+    maps = stage_one_maps(make_spec())
     claim = tmp_path / "claimed"
-    # A Rust worker per task; after the last map of stage 1 has run, map 0's
-    # file is deleted, once, before the root reads it.
+    # A Rust worker per task; after the last map of stage 1 has run, the
+    # file of its first map holding rows (the root, handed the layouts,
+    # reads no map published empty) is deleted, once, before the root
+    # reads it.
+    lose = tmp_path / "lose.py"
+    lose.write_text(
+        "import json, pathlib, sys\n"
+        "from conftest import read_marker\n"
+        f"shuffle, maps = {spec.shuffle_dir!r}, {maps}\n"
+        "def holds_rows(m):\n"
+        "    return any(b['rows'] for b in read_marker(shuffle, 1, m)['buckets'])\n"
+        "lost = next(m for m in range(maps) if holds_rows(m))\n"
+        f"pathlib.Path({str(claim)!r}).write_text(str(lost))\n"
+        "from dfx_engine import _internal\n"
+        "pathlib.Path(_internal.marker_path(shuffle, 1, lost)).unlink()\n"
+    )
+    lock = tmp_path / "losing"
     wrapper = tmp_path / "losing-dfx-worker.sh"
     wrapper.write_text(
         "#!/bin/sh\n"
         f'"{DFX}" worker "$1"; status=$?\n'
         'case "$(basename "$1")" in\n'
-        f'  task-1-{last}.json) mkdir "{claim}" 2>/dev/null && rm -f "{victim}";;\n'
+        f'  task-1-{maps - 1}.json) mkdir "{lock}" 2>/dev/null && '
+        f'PYTHONPATH="{pathlib.Path(__file__).parent}" "{sys.executable}" "{lose}";;\n'
         "esac\n"
         'exit "$status"\n'
     )
@@ -336,13 +351,13 @@ def test_output_lost_to_the_python_drivers_root_is_rerun_on_rust_workers(
         max_workers=1,
     )
     assert as_rows(result.batches) == HAND_ANSWER
-    assert claim.is_dir()
-    assert result.attempts[(1, 0)] == 2
+    lost = int(claim.read_text())
+    assert result.attempts[(1, lost)] == 2
     assert result.retries == [
-        "stage 1 map 0 attempt 1: run again, its output was lost (read by the "
-        "query's root)"
+        f"stage 1 map {lost} attempt 1: run again, its output was lost (read by "
+        "the query's root)"
     ]
-    assert pathlib.Path(victim).is_file()
+    assert pathlib.Path(_internal.marker_path(spec.shuffle_dir, 1, lost)).is_file()
 
 
 def test_output_lost_to_the_rust_drivers_root_is_rerun_on_python_workers(
@@ -350,7 +365,7 @@ def test_output_lost_to_the_rust_drivers_root_is_rerun_on_python_workers(
 ) -> None:
     spec = make_spec()
     command = losing_worker(
-        tmp_path / "losing", spec.shuffle_dir, (1, 0), after_last_of=1
+        tmp_path / "losing", spec.shuffle_dir, (1, None), after_last_of=1
     )
     done = dfx_run(
         spec, "exchange", tmp_path, "--max-workers", "1", *as_dfx_worker(command)
@@ -358,8 +373,8 @@ def test_output_lost_to_the_rust_drivers_root_is_rerun_on_python_workers(
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == HAND_ANSWER
     # The loss happened, and the map was published again for the root.
-    assert (tmp_path / "losing" / "claimed").is_file()
-    assert pathlib.Path(_internal.marker_path(spec.shuffle_dir, 1, 0)).is_file()
+    lost = int((tmp_path / "losing" / "claimed").read_text())
+    assert pathlib.Path(_internal.marker_path(spec.shuffle_dir, 1, lost)).is_file()
 
 
 def test_a_location_spelled_two_ways_is_one_location_to_either_host(

@@ -243,18 +243,24 @@ def test_lost_upstream_output_is_run_again_before_its_reader(
     # The lost map ran once more (not once per reader that missed it), and
     # the reader that missed it ran again after it.
     assert result.attempts[(lost_stage, 1)] == 2
+    # Readers are handed the maps' layouts and read only buckets holding
+    # rows: the first to miss the file is the reader (one per bucket, no
+    # coalescing) of the map's first bucket with rows, as republished.
+    marker = _internal.marker_path(spec.shuffle_dir, lost_stage, 1)
+    assert pathlib.Path(marker).is_file()
+    buckets = read_marker(spec.shuffle_dir, lost_stage, 1)["buckets"]
+    first = next(index for index, bucket in enumerate(buckets) if bucket["rows"])
     reran = [r for r in result.retries if "run again" in r]
     assert reran == [
         f"stage {lost_stage} map 1 attempt 1: run again, its output was lost "
-        f"(read by stage {reader.stage_id} map 0)"
+        f"(read by stage {reader.stage_id} map {first})"
     ]
     readers = [r for r in result.retries if "run again" not in r]
     assert readers
     assert all(
-        r.startswith(f"stage {reader.stage_id} map 0 attempt 0: ") for r in readers
+        r.startswith(f"stage {reader.stage_id} map {first} attempt 0: ")
+        for r in readers
     )
-    marker = _internal.marker_path(spec.shuffle_dir, lost_stage, 1)
-    assert pathlib.Path(marker).is_file()
 
 
 @pytest.mark.parametrize("mode", WORKER_MODES)
@@ -262,19 +268,20 @@ def test_output_lost_to_the_root_is_run_again_and_the_root_read_again(
     make_spec: Callable[..., SessionSpec], tmp_path: pathlib.Path, mode: str
 ) -> None:
     spec = make_spec()
-    # Stage 1, the first writer in pre-order, is what the root reads: its map
-    # 0 is lost once the last of its maps has run.
+    # Stage 1, the first writer in pre-order, is what the root reads: its
+    # first map holding rows is lost once the last of its maps has run (the
+    # root, handed the layouts, reads no map published empty).
     command = losing_worker(
-        tmp_path / "losing", spec.shuffle_dir, (1, 0), after_last_of=1
+        tmp_path / "losing", spec.shuffle_dir, (1, None), after_last_of=1
     )
     result = run_distributed(
         REVENUE_SQL, spec, worker_command=command, worker_mode=mode, max_workers=1
     )
     assert_revenue(as_rows(result.batches))
-    assert (tmp_path / "losing" / "claimed").is_file()
-    assert result.attempts[(1, 0)] == 2
+    lost = int((tmp_path / "losing" / "claimed").read_text())
+    assert result.attempts[(1, lost)] == 2
     assert result.retries == [
-        "stage 1 map 0 attempt 1: run again, its output was lost (read by the "
-        "query's root)"
+        f"stage 1 map {lost} attempt 1: run again, its output was lost (read by "
+        "the query's root)"
     ]
-    assert pathlib.Path(_internal.marker_path(spec.shuffle_dir, 1, 0)).is_file()
+    assert pathlib.Path(_internal.marker_path(spec.shuffle_dir, 1, lost)).is_file()

@@ -276,19 +276,35 @@ pub fn decode_segment(bytes: Vec<u8>) -> Result<(SchemaRef, Vec<RecordBatch>), S
 /// Why the bytes are not readable Arrow IPC streams, with the byte offset
 /// of the stream at fault.
 pub fn decode_segments(bytes: Vec<u8>) -> Result<Vec<(SchemaRef, Vec<RecordBatch>)>, String> {
-    // Decoded in place: an uncompressed batch's arrays are slices of
-    // `bytes`, where a reader over a cursor would copy every message body
-    // into a buffer of its own first.
+    // A stream of one batch is decoded in place: an uncompressed batch's
+    // arrays are slices of `bytes`, where a reader over a cursor would copy
+    // every message body into a buffer of its own first. A stream of many
+    // batches gives each message a buffer of its own: sliced from one
+    // buffer, every batch would hold (and a memory pool would charge it)
+    // the whole segment.
     let mut rest = Buffer::from_vec(bytes);
     let mut streams = Vec::new();
     let mut at = 0;
     while !rest.is_empty() {
-        let len = check_stream_bytes(rest.as_slice()).map_err(|why| {
+        let ends = check_stream_bytes(rest.as_slice()).map_err(|why| {
             format!("not a readable Arrow IPC stream (the one at byte {at}): {why}")
         })?;
-        let stream = rest.slice_with_length(0, len);
+        let len = ends.last().copied().unwrap_or(0);
+        // The schema, a batch and the end-of-stream marker: one batch.
+        let parts = if ends.len() <= 3 {
+            vec![rest.slice_with_length(0, len)]
+        } else {
+            let mut start = 0;
+            ends.iter()
+                .map(|&end| {
+                    let part = Buffer::from(&rest.as_slice()[start..end]);
+                    start = end;
+                    part
+                })
+                .collect()
+        };
         rest = rest.slice(len);
-        streams.push(decode_stream(stream).map_err(|why| {
+        streams.push(decode_stream(parts).map_err(|why| {
             if at == 0 {
                 why
             } else {
@@ -303,15 +319,18 @@ pub fn decode_segments(bytes: Vec<u8>) -> Result<Vec<(SchemaRef, Vec<RecordBatch
     Ok(streams)
 }
 
-/// Decode one checked stream, catching a decoder panic.
-fn decode_stream(mut buffer: Buffer) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
+/// Decode one checked stream, given in consecutive parts, catching a
+/// decoder panic.
+fn decode_stream(parts: Vec<Buffer>) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
     // Arrow's IPC reader panics on some corrupt streams instead of failing
     // (fuzzing found a buffer offset beyond the message body).
     let decoded = guard::catch_decoder(move || -> Result<_, ArrowError> {
         let mut decoder = StreamDecoder::new();
         let mut batches = Vec::new();
-        while let Some(batch) = decoder.decode(&mut buffer)? {
-            batches.push(batch);
+        for mut buffer in parts {
+            while let Some(batch) = decoder.decode(&mut buffer)? {
+                batches.push(batch);
+            }
         }
         decoder.finish()?;
         let schema = decoder

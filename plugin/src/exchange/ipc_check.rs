@@ -38,21 +38,26 @@ const LZ4_MAX_RATIO: u64 = 256;
 const LZ4_SLACK: u64 = 1 << 16;
 
 /// Check the framing of the Arrow IPC stream at the start of `data` (a
-/// segment, or the first of a bucket's segments read whole); returns its
-/// length: up to its end-of-stream marker, or all of `data` without one.
+/// segment, or the first of a bucket's segments read whole); returns where
+/// each of its messages ends, in order, the last being its length: up to
+/// its end-of-stream marker, or all of `data` without one.
 ///
 /// # Errors
 ///
 /// The first declared size that does not fit, or framing that is not a
 /// dfx-written stream, said with its byte offset.
-pub fn check_stream_bytes(data: &[u8]) -> Result<usize, String> {
+pub fn check_stream_bytes(data: &[u8]) -> Result<Vec<usize>, String> {
     let len = data.len() as u64;
     let mut at = 0u64;
+    let mut ends = Vec::new();
     loop {
         let left = len.saturating_sub(at);
         if left == 0 {
             // A stream may end without its end-of-stream marker.
-            return Ok(data.len());
+            if ends.last() != Some(&data.len()) {
+                ends.push(data.len());
+            }
+            return Ok(ends);
         }
         let mut word = [0u8; 4];
         read_at(data, at, &mut word)?;
@@ -63,7 +68,8 @@ pub fn check_stream_bytes(data: &[u8]) -> Result<usize, String> {
         }
         let meta_len = i32::from_le_bytes(word);
         if meta_len == 0 {
-            return Ok(at as usize);
+            ends.push(at as usize);
+            return Ok(ends);
         }
         let left = len.saturating_sub(at);
         if meta_len < 0 || meta_len as u64 > left {
@@ -94,6 +100,7 @@ pub fn check_stream_bytes(data: &[u8]) -> Result<usize, String> {
             check_buffers(data, at, body_len as u64, &batch)?;
         }
         at += body_len as u64;
+        ends.push(at as usize);
     }
 }
 
