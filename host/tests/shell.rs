@@ -144,8 +144,13 @@ fn the_shell_creates_a_table_answers_on_one_pool_survives_a_bad_query_and_quits(
     ));
     tmux.wait_for("the table", |pane| pane.contains("Table sales created."));
 
-    // A statement spanning two lines: it runs at its `;`.
+    // A statement spanning two lines: it runs at its `;`. The second is
+    // typed at the continuation prompt: keys typed while the line editor
+    // sets the terminal up again may be discarded.
     tmux.send_line("SELECT region, sum(amount) AS total FROM sales");
+    tmux.wait_for("the continuation prompt", |pane| {
+        pane.lines().any(|line| line.trim() == "->")
+    });
     tmux.send_line("GROUP BY region ORDER BY region;");
     let pane = tmux.wait_for("the first answer", |pane| footers(pane).len() == 1);
     let rows = table_rows(&pane);
