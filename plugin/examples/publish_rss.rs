@@ -90,6 +90,7 @@ async fn publish(megabytes: usize) -> datafusion::common::Result<()> {
         input,
         Partitioning::Hash(vec![key], 8),
         vec![],
+        1,
     )?;
     let start = Instant::now();
     let mut stream = stage.execute(0, SessionContext::new().task_ctx())?;

@@ -32,6 +32,7 @@ fn hash_writer(dir: &Path, maps: usize) -> Arc<ShuffleWriterExec> {
             generated_plan(maps, 5, 100, None),
             Partitioning::Hash(vec![key], 4),
             vec![],
+            1,
         )
         .unwrap(),
     )

@@ -32,6 +32,7 @@ fn hash_writer(dir: &Path, maps: usize, fail_at: Option<usize>) -> Arc<ShuffleWr
             input,
             Partitioning::Hash(vec![key], 4),
             vec![],
+            1,
         )
         .unwrap(),
     )
@@ -49,6 +50,7 @@ fn large_hash_writer(dir: &Path, maps: usize) -> Result<Arc<ShuffleWriterExec>> 
         input,
         Partitioning::Hash(vec![key], 4),
         vec![],
+        1,
     )?))
 }
 
@@ -178,6 +180,7 @@ async fn a_map_with_every_bucket_empty_publishes_its_marker_alone() -> Result<()
         input,
         Partitioning::Hash(vec![key], 4),
         vec![],
+        1,
     )?);
     assert_eq!(run_map(&writer, 0).await?, 0);
     let (segments, marker) = split_map_file(&dir.path().join("stage-3/map-0.arrow"));
@@ -241,6 +244,7 @@ async fn a_map_dropped_half_way_publishes_nothing() -> Result<()> {
         input,
         Partitioning::Hash(vec![key], 2),
         vec![],
+        1,
     )?;
     // One row per segment, so the four batches are written by now.
     let ctx = SessionContext::new_with_config(SessionConfig::new().with_batch_size(1));

@@ -1,4 +1,4 @@
-//! The plugin codec's payload (`dfx_engine.physical.v3`) and the stage
+//! The plugin codec's payload (`dfx_engine.physical.v4`) and the stage
 //! description read from encoded plan bytes (the ABI's `encoded_stage_info`).
 //! Seeds are what the codec itself encoded for real writers and readers.
 
@@ -57,7 +57,7 @@ fn nodes() -> Result<Vec<Arc<dyn ExecutionPlan>>, String> {
         ))
     };
     let writer = |id, partitioning, deps| -> Result<Arc<ShuffleWriterExec>, String> {
-        ShuffleWriterExec::try_new(id, SHUFFLE_DIR.into(), input(), partitioning, deps)
+        ShuffleWriterExec::try_new(id, SHUFFLE_DIR.into(), input(), partitioning, deps, 1)
             .map(Arc::new)
             .map_err(fail)
     };
@@ -228,6 +228,7 @@ impl StageInfo {
             reader,
             Partitioning::UnknownPartitioning(1),
             vec![2],
+            1,
         )
         .map_err(fail)?;
         let bytes =

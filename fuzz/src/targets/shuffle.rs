@@ -92,6 +92,7 @@ fn writer(dir: &Path, partitioning: Partitioning) -> Result<Arc<ShuffleWriterExe
         input,
         partitioning,
         vec![],
+        1,
     )?))
 }
 

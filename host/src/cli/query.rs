@@ -33,6 +33,11 @@ pub struct QueryArgs {
         value_parser = parse_at_least_one
     )]
     pub partitions: usize,
+    /// Partitions of a stage each task runs at once, on all of its worker's
+    /// threads, publishing one map file for them all (the plugin's
+    /// dfx_engine.partitions_per_task). Default: 1, a task per partition.
+    #[arg(long, value_name = "N", value_parser = parse_at_least_one)]
+    pub partitions_per_task: Option<usize>,
     /// Shuffle location for stage output (must not hold stage output yet):
     /// a directory, file://DIR or s3://BUCKET/PREFIX (endpoint, region and
     /// credentials from the AWS_* environment variables).
@@ -172,6 +177,10 @@ pub fn spec_of(args: &QueryArgs, script: &Script) -> Result<SessionSpec> {
         .cloned()
         .partition(|(key, _)| key.starts_with("datafusion."));
     spec.engine_options = engine.into_iter().collect();
+    if let Some(n) = args.partitions_per_task {
+        spec.engine_options
+            .insert(dfx_abi::PARTITIONS_PER_TASK.to_string(), n.to_string());
+    }
     spec.datafusion_options = datafusion.into_iter().collect();
     spec.validate()?;
     Ok(spec)

@@ -104,6 +104,10 @@ pub struct TpchArgs {
     /// dfx-local runs make (coalesce=off, join_filters=on). Repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::session::parse_engine_option)]
     pub settings: Vec<(String, String)>,
+    /// Partitions of a stage each task of a distributed run runs at once
+    /// (the plugin's dfx_engine.partitions_per_task). Default: 1.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub partitions_per_task: Option<u64>,
     /// No live progress line on stderr while a distributed run's tasks run
     /// (it shows only on a terminal, once a run has taken about a second).
     #[arg(long)]
@@ -147,7 +151,15 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
         shuffle_root: args.shuffle_dir.clone(),
         tables_on: args.tables_on.clone(),
         runs: args.runs,
-        engine_options: args.settings.iter().cloned().collect(),
+        engine_options: args
+            .settings
+            .iter()
+            .cloned()
+            .chain(
+                args.partitions_per_task
+                    .map(|n| (dfx_abi::PARTITIONS_PER_TASK.to_string(), n.to_string())),
+            )
+            .collect(),
         progress: true,
         timeout: std::time::Duration::from_secs(args.timeout.max(1)),
     };

@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use datafusion::arrow::array::{Array, UInt64Array};
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use dfx_abi::stages::node_display;
 use dfx_abi::{MapLayout, Plugin};
 use dfx_runtime::protocol::report::clear_recorded;
@@ -220,6 +220,23 @@ pub fn decode_checked(session: &DfxSession, task: &TaskInput) -> Result<Arc<dyn 
         Some(_) => session.decode(&task.plan),
     }
     .map_err(|err| HostError::Invalid(format!("{}: plan {plan_file}: {err}", task.name())))?;
+    // A map running a slice runs its partitions at once on the plugin's
+    // runtime, where only the plugin's own operators may run: the plugin
+    // decodes the stage's input itself.
+    let stage = match runs_a_slice(&stage) {
+        false => stage,
+        true => plugin
+            .seal_stage_input(&task.plan)
+            .map_err(HostError::Invalid)
+            .and_then(|sealed| session.decode(&sealed))
+            .map_err(|err| {
+                HostError::Invalid(format!(
+                    "{}: plan {plan_file}: cannot seal the input of a stage whose maps run \
+                     slices: {err}",
+                    task.name()
+                ))
+            })?,
+    };
     // By the node's name, which a foreign node answers with its plugin
     // node's own (the plugin's exported stage node name); the display is
     // only for the message.
@@ -232,6 +249,16 @@ pub fn decode_checked(session: &DfxSession, task: &TaskInput) -> Result<Arc<dyn 
         )));
     }
     Ok(stage)
+}
+
+/// Whether each map of `stage` (a writer) runs several of its input's
+/// partitions: it has fewer maps than its input has partitions.
+fn runs_a_slice(stage: &Arc<dyn ExecutionPlan>) -> bool {
+    let maps = stage.output_partitioning().partition_count();
+    stage
+        .children()
+        .first()
+        .is_some_and(|input| input.output_partitioning().partition_count() > maps)
 }
 
 /// Execute the envelope's map of `stage` and drain it (step 5); returns the

@@ -43,4 +43,5 @@ pub use map_layout::{
 };
 pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 pub use plugin::Plugin;
+pub use stages::PARTITIONS_PER_TASK;
 pub use tables::{MEMORY_TABLE_LIMIT, MEMORY_TABLE_TOO_LARGE, PARQUET_FOOTER_HINT};

@@ -70,7 +70,7 @@ pub struct DfxPlugin {
     /// by containment of this name in a node's display, in pre-order,
     /// descending into stages (they nest).
     pub stage_node_name: RStr<'static>,
-    /// Id of the plugin's physical extension codec (`dfx_engine.physical.v3`).
+    /// Id of the plugin's physical extension codec (`dfx_engine.physical.v4`).
     pub codec_id: RStr<'static>,
     /// Prefix of the plugin's config extension (`dfx_engine`).
     pub config_prefix: RStr<'static>,

@@ -117,3 +117,8 @@ fn attach(
 fn recompute() -> ReplaceChildrenOptions {
     ReplaceChildrenOptions::new(ChildrenPropertiesMode::Recompute)
 }
+
+/// The config key, under the plugin's prefix (`dfx_engine.`), of the
+/// partitions of a stage each task runs at once, publishing one map file
+/// for them all; hosts set it from their own options without spelling it.
+pub const PARTITIONS_PER_TASK: &str = "partitions_per_task";

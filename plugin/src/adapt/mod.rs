@@ -19,6 +19,11 @@
 //! `dfx_engine.broadcast_switch`), splitting a skewed partition among
 //! several tasks ([`skew_split`], `dfx_engine.skew_split`), and coalescing small
 //! ones into one ([`coalesce`], `dfx_engine.coalesce`).
+//!
+//! Each decision is about partitions run one per task. A stage whose tasks
+//! run slices of several partitions (`dfx_engine.partitions_per_task`) is
+//! run as planned: a slice is already a coalesced unit, and its maps cannot
+//! be told apart by partition.
 
 pub mod broadcast_switch;
 pub mod coalesce;
@@ -106,7 +111,19 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
     }
     let root = PhysicalPlanNode::decode(plan_bytes)
         .map_err(|e| fail(Area::Adapt, format!("not an encoded physical plan: {e}")))?;
-    let stage_id = crate::wire::read_encoded_stage(plan_bytes)?.stage_id;
+    let writer = crate::wire::read_encoded_stage(plan_bytes)?;
+    let stage_id = writer.stage_id;
+    // Each decision is per partition, and a task running a slice already
+    // holds several: the stage runs as planned.
+    if writer.partitions_per_map > 1 {
+        return Ok(Adaptation {
+            reason: Some(format!(
+                "each task runs a slice of {} partitions: run as planned",
+                writer.partitions_per_map
+            )),
+            ..Adaptation::default()
+        });
+    }
     let reads = match coalesce::hash_reads(&root) {
         Ok(reads) => reads,
         Err(_why) => return Ok(Adaptation::default()),

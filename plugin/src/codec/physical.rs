@@ -27,9 +27,9 @@ use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::Partitioning;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::work_table::WorkTableExec;
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion_proto::bytes::{
     physical_plan_from_bytes_with_extension_codec, physical_plan_to_bytes_with_extension_codec,
 };
@@ -140,27 +140,34 @@ impl DfxPhysicalCodec {
                 format!("stage {stage}: no partitioning in the payload"),
             )
         })?;
-        let maps = input.output_partitioning().partition_count() as u64;
-        if maps != payload.maps || partitioning.partition_count() as u64 != payload.buckets {
-            return Err(fail(
-                Area::Codec,
-                format!(
-                    "stage {stage}: the payload declares {} map(s) and {} bucket(s), the decoded \
-                 plan has {maps} and {}",
-                    payload.maps,
-                    payload.buckets,
-                    partitioning.partition_count()
-                ),
-            ));
-        }
-        counters::stage_decoded();
-        Ok(Arc::new(ShuffleWriterExec::try_new(
+        let partitions_per_map =
+            usize::try_from(payload.partitions_per_map).map_err(|_| too_many(stage))?;
+        let declared = (payload.maps, payload.buckets, payload.partitions_per_map);
+        let writer = ShuffleWriterExec::try_new(
             stage,
             PathBuf::from(payload.shuffle_dir),
             Arc::clone(input),
             partitioning,
             payload.deps,
-        )?))
+            partitions_per_map,
+        )?;
+        let decoded = (
+            writer.maps() as u64,
+            writer.buckets() as u64,
+            writer.partitions_per_map() as u64,
+        );
+        if decoded != declared {
+            return Err(fail(
+                Area::Codec,
+                format!(
+                    "stage {stage}: the payload declares {} map(s) of {} bucket(s) and {} \
+                     partition(s) each, the decoded plan has {} of {} and {}",
+                    declared.0, declared.1, declared.2, decoded.0, decoded.1, decoded.2
+                ),
+            ));
+        }
+        counters::stage_decoded();
+        Ok(Arc::new(writer))
     }
 }
 
@@ -380,6 +387,7 @@ impl DfxPhysicalCodec {
             stage_id: writer.stage_id(),
             maps: writer.maps() as u64,
             buckets: writer.buckets() as u64,
+            partitions_per_map: writer.partitions_per_map() as u64,
             deps: writer.deps().to_vec(),
             shuffle_dir: shuffle_dir.to_string(),
             partitioning_display: writer.partitioning_display(),

@@ -10,6 +10,7 @@ fn sample() -> Vec<u8> {
         stage_id: 7,
         maps: 4,
         buckets: 3,
+        partitions_per_map: 2,
         deps: vec![8, 9],
         shuffle_dir: "/tmp/shuffle-ä".into(),
         partitioning_display: "hash([k@0], 3)".into(),

@@ -125,6 +125,9 @@ pub const JOIN_FILTERS_KEY: &str = "dfx_engine.join_filters";
 /// The full key of the build-to-probe row ratio under which `auto` filters.
 pub const JOIN_FILTER_RATIO_KEY: &str = "dfx_engine.join_filter_ratio";
 
+/// The full key of the partitions of a stage each task runs.
+pub const PARTITIONS_PER_TASK_KEY: &str = "dfx_engine.partitions_per_task";
+
 /// The full key of adaptive coalescing.
 pub const COALESCE_KEY: &str = "dfx_engine.coalesce";
 
@@ -232,6 +235,9 @@ extensions_options! {
         pub shuffle_dir: String, default = String::new()
         /// Where the plan is cut into stages: `exchange` or `aggregate`.
         pub split: String, default = "exchange".to_string()
+        /// Partitions of a stage each task runs, at once, publishing one map
+        /// file for them all; 0 or 1: one partition per task.
+        pub partitions_per_task: u64, default = 1
         /// How the segments of map files are compressed: `auto`, `lz4` or `none`.
         pub shuffle_compression: String, default = "auto".to_string()
         /// S3 endpoint URL for an `s3://` shuffle location; empty: `AWS_ENDPOINT_URL`.
@@ -478,6 +484,13 @@ impl DfxConfig {
     /// A setting that does not parse (see [`crate::read_settings`]).
     pub fn broadcast_read(&self) -> Result<Option<BroadcastRead>> {
         BroadcastRead::parse(&self.broadcast_read)
+    }
+
+    /// Partitions of a stage each task runs (at least one).
+    pub fn partitions_per_task(&self) -> usize {
+        usize::try_from(self.partitions_per_task)
+            .unwrap_or(usize::MAX)
+            .max(1)
     }
 
     /// The memory limit of a stage the plugin runs itself, or `None` when

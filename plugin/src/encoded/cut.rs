@@ -53,6 +53,11 @@ struct Cutter {
 /// Bytes that are not an encoded stage, or a payload inside that does not
 /// parse.
 pub fn cut_stage(plan_bytes: &[u8]) -> Result<CutStage> {
+    // A map running a slice reads the groups of several partitions: its
+    // scans stay whole (its stage has a few maps, so few copies of them).
+    if crate::wire::read_encoded_stage(plan_bytes)?.partitions_per_map > 1 {
+        return cut_with(plan_bytes, false)?.finish(plan_bytes);
+    }
     let cut = cut_with(plan_bytes, true)?;
     let moved: usize = cut.slots.iter().map(|slot| slot.groups.len()).sum();
     if moved == 0 || moved >= MIN_GROUPS_TO_CUT {

@@ -43,6 +43,7 @@ fn stage(maps: u64, input: PhysicalPlanNode) -> Vec<u8> {
         stage_id: 1,
         maps,
         buckets: 1,
+        partitions_per_map: 1,
         deps: Vec::new(),
         shuffle_dir: "/s".into(),
         partitioning_display: "single".into(),

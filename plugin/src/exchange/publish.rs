@@ -15,9 +15,9 @@ use datafusion::arrow::compute::BatchCoalescer;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{DataFusionError, Result};
-use datafusion::execution::SendableRecordBatchStream;
 use datafusion::physical_plan::repartition::BatchPartitioner;
 use futures::StreamExt;
+use futures::stream::BoxStream;
 
 use object_store::ObjectStore;
 
@@ -132,6 +132,15 @@ pub(crate) struct OpenBucket {
     segment_rows: Vec<u64>,
 }
 
+/// How a map splits its rows into buckets.
+pub(crate) enum BucketSplit {
+    /// By each row's key (hash), or batch by batch in turn (round-robin).
+    Rows(Box<BatchPartitioner>),
+    /// Each partition of the map's slice into a bucket of its own, so a
+    /// reader sees each partition as the input produced it.
+    Partition,
+}
+
 /// The work of one map task. Dropping it before `run` ends (an error, or the
 /// caller dropping the stream) drops the open map file, which removes its
 /// temp file (or aborts its upload): nothing is published.
@@ -142,7 +151,7 @@ pub(crate) struct MapJob {
     pub(crate) root: PathBuf,
     pub(crate) target: Target,
     pub(crate) schema: SchemaRef,
-    pub(crate) partitioner: BatchPartitioner,
+    pub(crate) split: BucketSplit,
     pub(crate) buckets: Vec<Option<OpenBucket>>,
     /// The encoded segments, held by bucket until the map publishes.
     pub(crate) staging: Staging,
@@ -173,18 +182,27 @@ impl MapJob {
         ))
     }
 
-    /// Split every input batch into buckets, then publish.
-    pub(crate) async fn run(mut self, mut input: SendableRecordBatchStream) -> Result<RecordBatch> {
+    /// Split every input batch (tagged with its partition's place in the
+    /// map's slice) into buckets, then publish.
+    pub(crate) async fn run(
+        mut self,
+        mut input: BoxStream<'static, Result<(usize, RecordBatch)>>,
+    ) -> Result<RecordBatch> {
         while let Some(batch) = input.next().await {
-            let batch = batch?;
+            let (place, batch) = batch?;
             if batch.num_rows() == 0 {
                 continue;
             }
             let mut pieces = Vec::new();
-            self.partitioner.partition(batch, |bucket, piece| {
-                pieces.push((bucket, piece));
-                Ok(())
-            })?;
+            match &mut self.split {
+                BucketSplit::Rows(partitioner) => {
+                    partitioner.partition(batch, |bucket, piece| {
+                        pieces.push((bucket, piece));
+                        Ok(())
+                    })?
+                }
+                BucketSplit::Partition => pieces.push((place, batch)),
+            }
             for (bucket, piece) in pieces {
                 self.append(bucket, piece).await?;
             }

@@ -94,27 +94,32 @@ impl KeySummaryExec {
         Ok(SummaryBuilder::new(&types, self.max_rows, maps).finish())
     }
 
-    /// Run map `map` of the input; the summary of its rows is in the slot
-    /// once the stream has ended (never, if it fails).
+    /// An empty summary of one map of a stage of `maps` maps, for
+    /// [`Self::summarized`] to fill.
     ///
     /// # Errors
     ///
-    /// The input's, or a key whose type cannot be resolved.
-    pub fn execute_summarized(
-        &self,
-        map: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<(SendableRecordBatchStream, SummarySlot)> {
+    /// A key whose type cannot be resolved.
+    pub fn new_slot(&self, maps: usize) -> Result<SummarySlot> {
         let types = self.key_types()?;
-        let slot: SummarySlot = Arc::new(Mutex::new(Some(SummaryBuilder::new(
+        Ok(Arc::new(Mutex::new(Some(SummaryBuilder::new(
             &types,
             self.max_rows,
-            // The stage's maps: each is one partition of the input.
-            self.input.output_partitioning().partition_count(),
-        ))));
-        let builder = Arc::clone(&slot);
+            maps,
+        )))))
+    }
+
+    /// `input` (partitions of this node's input) with its keys summed up
+    /// into `slot` as its rows go by; complete once every stream feeding
+    /// the slot has ended (never, if one fails). The streams of a map's
+    /// partitions share its slot.
+    pub fn summarized(
+        &self,
+        input: SendableRecordBatchStream,
+        slot: &SummarySlot,
+    ) -> SendableRecordBatchStream {
+        let builder = Arc::clone(slot);
         let keys = self.keys.clone();
-        let input = self.input.execute(map, context)?;
         let stream = input.map(move |batch| {
             let batch = batch?;
             let mut builder = builder.lock().map_err(|_| {
@@ -127,10 +132,7 @@ impl KeySummaryExec {
             }
             Ok(batch)
         });
-        Ok((
-            Box::pin(RecordBatchStreamAdapter::new(self.input.schema(), stream)),
-            slot,
-        ))
+        Box::pin(RecordBatchStreamAdapter::new(self.input.schema(), stream))
     }
 }
 
@@ -154,7 +156,7 @@ impl ExecutionPlan for KeySummaryExec {
     );
 
     /// Rows pass through; nothing is summed up (only the writer above it
-    /// publishes a summary, through [`KeySummaryExec::execute_summarized`]).
+    /// publishes a summary, through [`KeySummaryExec::summarized`]).
     fn execute(
         &self,
         partition: usize,

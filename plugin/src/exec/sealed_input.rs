@@ -86,16 +86,23 @@ impl SealedInputExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let config = DfxConfig::from_config(context.session_config().options())?;
-        let context = match config.memory_limit() {
-            Some(limit) => Arc::new(limited_task_context(&context, limit)?),
-            None => context,
-        };
-        driven::drive(
-            Arc::clone(&self.input),
-            partition,
-            context,
-            "the stage's sealed input",
-        )
+        drive_sealed(Arc::clone(&self.input), partition, context)
     }
+}
+
+/// Partition `partition` of `plan`, the sealed input or a node of it (the
+/// build side below a key summary, which the writer sums up itself), run
+/// as the sealed input runs: under the session's memory limit when it sets
+/// one, on the plugin's runtime.
+pub(crate) fn drive_sealed(
+    plan: Arc<dyn ExecutionPlan>,
+    partition: usize,
+    context: Arc<TaskContext>,
+) -> Result<SendableRecordBatchStream> {
+    let config = DfxConfig::from_config(context.session_config().options())?;
+    let context = match config.memory_limit() {
+        Some(limit) => Arc::new(limited_task_context(&context, limit)?),
+        None => context,
+    };
+    driven::drive(plan, partition, context, "the stage's sealed input")
 }

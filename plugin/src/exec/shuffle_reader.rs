@@ -187,16 +187,20 @@ impl ShuffleReaderExec {
                     Boundedness::Bounded,
                 )
             }
-            ReadMode::PassThrough | ReadMode::Broadcast if buckets != 1 => {
+            ReadMode::PassThrough | ReadMode::Broadcast
+                if !matches!(w.partitioning(), Partitioning::UnknownPartitioning(1)) =>
+            {
                 return Err(DataFusionError::Internal(format!(
-                    "dfx reader of stage {}: {} mode needs one bucket per map, the writer has \
-                     {buckets}",
+                    "dfx reader of stage {}: {} mode needs a writer of one bucket per \
+                     partition, not one split by {}",
                     w.stage_id(),
-                    mode.as_str()
+                    mode.as_str(),
+                    w.partitioning_display()
                 )));
             }
-            // Map m's rows in the order the input produced them: everything
-            // the input's partition m promised still holds.
+            // Partition p's rows in the order the input produced them, in
+            // the bucket of its place in its map's slice: everything the
+            // input's partition p promised still holds.
             ReadMode::PassThrough => {
                 let input = w.input().properties();
                 PlanProperties::new(
@@ -282,7 +286,7 @@ impl ShuffleReaderExec {
     fn partitions(&self) -> usize {
         match self.mode {
             ReadMode::Hash => self.buckets,
-            ReadMode::PassThrough => self.maps,
+            ReadMode::PassThrough => self.properties.output_partitioning().partition_count(),
             ReadMode::Broadcast => 1,
         }
     }
@@ -309,7 +313,10 @@ impl ShuffleReaderExec {
                     .collect(),
                 Some(PartitionRole::Member) => Vec::new(),
             },
-            ReadMode::PassThrough => vec![(partition, 0)],
+            ReadMode::PassThrough => {
+                let per_map = self.buckets.max(1);
+                vec![(partition / per_map, partition % per_map)]
+            }
             ReadMode::Broadcast => (0..self.maps)
                 .flat_map(|m| (0..self.buckets).map(move |b| (m, b)))
                 .collect(),

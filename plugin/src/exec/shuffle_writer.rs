@@ -28,13 +28,14 @@
 //! disk past their own bound.
 
 use std::fmt;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
 use crate::exchange::dirs::prepare_stage_dir;
-use crate::exchange::publish::{MapJob, SUMMARY_SCHEMA, Target, segment_bytes};
+use crate::exchange::publish::{BucketSplit, MapJob, SUMMARY_SCHEMA, Target, segment_bytes};
 use crate::exchange::staging::Staging;
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
 use crate::exec::common::exec_defaults;
@@ -52,9 +53,13 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
 };
 
-use crate::exec::KeySummaryExec;
+use crate::exec::driven;
+use crate::exec::sealed_input::drive_sealed;
+use crate::exec::{KeySummaryExec, SealedInputExec};
+use crate::filters::slot::SummarySlot;
 use crate::isolation::isolated_task_context;
 use crate::wire::WRITER_NODE_NAME;
+use futures::StreamExt;
 
 /// The root of a stage: runs one input partition per map task and publishes
 /// its rows split into buckets.
@@ -65,6 +70,8 @@ pub struct ShuffleWriterExec {
     input: Arc<dyn ExecutionPlan>,
     partitioning: Partitioning,
     deps: Vec<u64>,
+    /// Input partitions each map runs, at least one and at most all.
+    partitions_per_map: usize,
     properties: Arc<PlanProperties>,
     _live: LiveObject,
 }
@@ -78,13 +85,18 @@ impl ShuffleWriterExec {
             input,
             self.partitioning.clone(),
             self.deps.clone(),
+            self.partitions_per_map,
         )?))
     }
 
     /// A writer of stage `stage_id` over `input`, splitting each map's rows
     /// by `partitioning` (hash or round-robin, or one bucket for
     /// `UnknownPartitioning(1)`), publishing into `shuffle_dir`. `deps` are
-    /// the ids of the stages `input` reads.
+    /// the ids of the stages `input` reads. Each map runs a slice of
+    /// `partitions_per_map` of the input's partitions (bounded by 1 and by
+    /// the partitions there are); under `UnknownPartitioning(1)` each
+    /// partition of a slice is then a bucket of its own, so a reader still
+    /// sees every partition as the input produced it.
     ///
     /// # Errors
     ///
@@ -95,6 +107,7 @@ impl ShuffleWriterExec {
         input: Arc<dyn ExecutionPlan>,
         partitioning: Partitioning,
         deps: Vec<u64>,
+        partitions_per_map: usize,
     ) -> Result<Self> {
         let buckets = partitioning.partition_count();
         let supported = matches!(
@@ -106,7 +119,9 @@ impl ShuffleWriterExec {
                 "dfx stage {stage_id}: a writer cannot split rows by {partitioning}"
             )));
         }
-        let maps = input.output_partitioning().partition_count();
+        let partitions = input.output_partitioning().partition_count();
+        let partitions_per_map = partitions_per_map.clamp(1, partitions.max(1));
+        let maps = partitions.div_ceil(partitions_per_map);
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&SUMMARY_SCHEMA)),
             Partitioning::UnknownPartitioning(maps),
@@ -119,6 +134,7 @@ impl ShuffleWriterExec {
             input,
             partitioning,
             deps,
+            partitions_per_map,
             properties,
             _live: LiveObject::new(),
         })
@@ -149,14 +165,30 @@ impl ShuffleWriterExec {
         &self.deps
     }
 
-    /// Map tasks: the input's partitions.
+    /// Map tasks: one per slice of the input's partitions.
     pub fn maps(&self) -> usize {
-        self.input.output_partitioning().partition_count()
+        self.properties.output_partitioning().partition_count()
     }
 
-    /// Buckets per map.
+    /// Input partitions each map runs (the last map may run fewer).
+    pub fn partitions_per_map(&self) -> usize {
+        self.partitions_per_map
+    }
+
+    /// The input partitions map `map` runs.
+    pub fn slice(&self, map: usize) -> Range<usize> {
+        let partitions = self.input.output_partitioning().partition_count();
+        let start = (map * self.partitions_per_map).min(partitions);
+        start..(start + self.partitions_per_map).min(partitions)
+    }
+
+    /// Buckets per map: the partitioning's, or under one bucket a bucket per
+    /// partition of a slice.
     pub fn buckets(&self) -> usize {
-        self.partitioning.partition_count()
+        match self.partitioning {
+            Partitioning::UnknownPartitioning(1) => self.partitions_per_map,
+            _ => self.partitioning.partition_count(),
+        }
     }
 
     /// The schema of the rows the stage publishes.
@@ -186,6 +218,7 @@ impl ShuffleWriterExec {
             Arc::clone(&self.input),
             self.partitioning.clone(),
             deps,
+            self.partitions_per_map,
         )
     }
 
@@ -193,23 +226,61 @@ impl ShuffleWriterExec {
         DataFusionError::Execution(format!("dfx stage {} map {map}: {message}", self.stage_id))
     }
 
-    fn partitioner(&self, map: usize) -> Result<BatchPartitioner> {
+    /// How map `map` splits its rows into buckets.
+    fn bucket_split(&self, map: usize) -> Result<BucketSplit> {
         let timer = metrics::Time::new();
-        match &self.partitioning {
-            Partitioning::Hash(exprs, n) => {
-                BatchPartitioner::new_hash_partitioner(exprs.clone(), *n, timer)
-            }
-            Partitioning::RoundRobinBatch(n) => Ok(BatchPartitioner::new_round_robin_partitioner(
-                *n,
-                timer,
-                map,
-                self.maps().max(1),
+        Ok(match &self.partitioning {
+            Partitioning::Hash(exprs, n) => BucketSplit::Rows(Box::new(
+                BatchPartitioner::new_hash_partitioner(exprs.clone(), *n, timer)?,
             )),
-            // One bucket: every row goes to bucket 0 without hashing.
-            _ => Ok(BatchPartitioner::new_round_robin_partitioner(
-                1, timer, 0, 1,
+            Partitioning::RoundRobinBatch(n) => BucketSplit::Rows(Box::new(
+                BatchPartitioner::new_round_robin_partitioner(*n, timer, map, self.maps().max(1)),
             )),
-        }
+            // One bucket per partition of the slice, without hashing.
+            _ => BucketSplit::Partition,
+        })
+    }
+
+    /// The input partitions of `slice`, each as a stream, and the slot of
+    /// the map's key summary when the stage sums up its keys (see
+    /// `crate::filters`). Several partitions run at once on the plugin's
+    /// runtime, which a worker makes possible by sealing the stage's input
+    /// (every operator is then the plugin's; see `crate::exec::sealed_input`).
+    fn open_slice(
+        &self,
+        slice: Range<usize>,
+        context: &Arc<TaskContext>,
+    ) -> Result<(Vec<SendableRecordBatchStream>, Option<SummarySlot>)> {
+        let sealed = self.input.downcast_ref::<SealedInputExec>();
+        let below = sealed.map_or(&self.input, |sealed| sealed.input());
+        let summarize = below.downcast_ref::<KeySummaryExec>();
+        let plan = summarize.map_or(below, |summarize| summarize.input());
+        let slot = summarize
+            .map(|summarize| summarize.new_slot(self.maps()))
+            .transpose()?;
+        let at_once = slice.len() > 1;
+        let streams = slice
+            .map(|partition| {
+                let context = Arc::clone(context);
+                let stream = if sealed.is_some() {
+                    drive_sealed(Arc::clone(plan), partition, context)?
+                } else if at_once {
+                    driven::drive(
+                        Arc::clone(plan),
+                        partition,
+                        context,
+                        "a partition of a slice",
+                    )?
+                } else {
+                    plan.execute(partition, context)?
+                };
+                Ok(match (summarize, &slot) {
+                    (Some(summarize), Some(slot)) => summarize.summarized(stream, slot),
+                    _ => stream,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((streams, slot))
     }
 }
 
@@ -223,6 +294,9 @@ impl DisplayAs for ShuffleWriterExec {
             self.buckets(),
             self.partitioning_display()
         )?;
+        if self.partitions_per_map > 1 {
+            write!(f, ", partitions_per_map={}", self.partitions_per_map)?;
+        }
         if matches!(t, DisplayFormatType::Verbose) {
             write!(f, ", shuffle_dir={}", self.shuffle_dir.display())?;
         }
@@ -267,11 +341,27 @@ impl ShuffleWriterExec {
         if map >= maps {
             return Err(self.error(map, format!("out of range: the stage has {maps} map(s)")));
         }
+        let slice = self.slice(map);
         // A part of a split partition runs that partition and publishes as
         // the map it is told, naming the other parts' maps if it is the
         // first (see `crate::adapt::skew_split`).
         let partition = map;
         let split = config.split_read().map_err(|e| self.error(map, e))?;
+        let coalesced = config
+            .coalesced_partitions()
+            .map_err(|e| self.error(map, e))?;
+        // Adaptive decisions are per partition; a stage whose maps run
+        // slices runs as planned (see `crate::adapt`).
+        if self.partitions_per_map > 1 && (split.is_some() || coalesced.is_some()) {
+            return Err(self.error(
+                map,
+                format!(
+                    "each map runs a slice of {} partitions, so the stage is never split or \
+                     coalesced, yet the task was told to",
+                    self.partitions_per_map
+                ),
+            ));
+        }
         let (map, companions) = match split {
             Some(split) if split.stage_id != self.stage_id || split.partition != partition => {
                 return Err(self.error(
@@ -313,10 +403,7 @@ impl ShuffleWriterExec {
         };
         // In a coalesced stage's task, the partitions whose rows this map
         // reads publish their maps empty (see `crate::read_settings`).
-        let members = match config
-            .coalesced_partitions()
-            .map_err(|e| self.error(map, e))?
-        {
+        let members = match coalesced {
             Some(groups) if groups.stage_id != self.stage_id => {
                 return Err(self.error(
                     map,
@@ -334,15 +421,16 @@ impl ShuffleWriterExec {
             _ => None,
         };
         let task_context = isolated_task_context(&context);
-        // A build stage of a filtered join sums up its keys as rows go by,
-        // for the map's file (see `crate::filters`).
-        let (input, summary) = match self.input.downcast_ref::<KeySummaryExec>() {
-            Some(summarize) => {
-                let (input, slot) = summarize.execute_summarized(partition, task_context)?;
-                (input, Some(slot))
-            }
-            None => (self.input.execute(partition, task_context)?, None),
-        };
+        let (streams, summary) = self.open_slice(slice, &task_context)?;
+        // Each batch tagged with its partition's place in the slice, which
+        // is its bucket under one bucket per partition.
+        let input = futures::stream::select_all(
+            streams
+                .into_iter()
+                .enumerate()
+                .map(|(place, stream)| stream.map(move |batch| batch.map(|batch| (place, batch)))),
+        )
+        .boxed();
         let batch_size = context.session_config().batch_size();
         // The worker's session decides (readers detect it per message).
         let compression = config
@@ -362,7 +450,7 @@ impl ShuffleWriterExec {
             root: location_root(&location),
             target,
             schema: self.data_schema(),
-            partitioner: self.partitioner(partition)?,
+            split: self.bucket_split(partition)?,
             buckets: (0..self.buckets()).map(|_| None).collect(),
             staging: Staging::new(self.buckets(), spill_near),
             batch_size,

@@ -61,8 +61,9 @@ use crate::paths::stage_id;
 use crate::planner::add_join_filters;
 use crate::wire::ReadMode;
 
-/// Cut `plan` into stages under `mode`, publishing into `shuffle_dir`;
-/// returns the new plan and its number of stages (at least one).
+/// Cut `plan` into stages under `mode`, publishing into `shuffle_dir`, each
+/// map of a stage running `partitions_per_map` of its partitions; returns
+/// the new plan and its number of stages (at least one).
 ///
 /// # Errors
 ///
@@ -72,10 +73,12 @@ pub fn insert_stages(
     shuffle_dir: &Path,
     mode: SplitMode,
     filters: JoinFilters,
+    partitions_per_map: usize,
 ) -> Result<(Arc<dyn ExecutionPlan>, u64)> {
     let cutter = Cutter {
         shuffle_dir: shuffle_dir.to_path_buf(),
         mode,
+        partitions_per_map,
     };
     let plan = match mode {
         SplitMode::Exchange => {
@@ -112,6 +115,7 @@ pub fn insert_stages(
 struct Cutter {
     shuffle_dir: PathBuf,
     mode: SplitMode,
+    partitions_per_map: usize,
 }
 
 impl Cutter {
@@ -127,6 +131,7 @@ impl Cutter {
             input,
             partitioning,
             Vec::new(),
+            self.partitions_per_map,
         )?))
     }
 
@@ -560,6 +565,7 @@ fn renumber(plan: Arc<dyn ExecutionPlan>, next: &mut u64) -> Result<Arc<dyn Exec
             input,
             writer.partitioning().clone(),
             deps,
+            writer.partitions_per_map(),
         )?;
         return Ok(Arc::new(renumbered));
     }

@@ -104,7 +104,8 @@ impl QueryPlanner for DfxQueryPlanner {
             None => Ok(plan),
             Some(dir) => {
                 let plan = wrap_store_scans(plan)?;
-                let (plan, stages) = insert_stages(plan, &dir, split, filters)?;
+                let (plan, stages) =
+                    insert_stages(plan, &dir, split, filters, dfx.partitions_per_task())?;
                 counters::stages_inserted(stages);
                 Ok(plan)
             }

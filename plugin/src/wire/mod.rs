@@ -10,7 +10,8 @@
 //!
 //! ```text
 //! magic b"DFXS" | payload version u16 (PAYLOAD_VERSION) | node kind u8
-//! writer (kind 1): stage id u64 | maps u64 | buckets u64 | deps: u32 count, u64 each
+//! writer (kind 1): stage id u64 | maps u64 | buckets u64 | partitions per map u64
+//!                  | deps: u32 count, u64 each
 //!                  | shuffle dir str | partitioning display str
 //!                  | partitioning blob (datafusion-proto `Partitioning`)
 //! reader (kind 2): read mode u8 | stage id u64 | maps u64 | buckets u64
@@ -69,13 +70,13 @@ pub use names::{
 /// The codec's id, as hosts list it among their session's codecs: one id per
 /// payload version, so a plan encoded by another version is refused by id
 /// before a byte of it is read.
-pub const CODEC_ID: &str = "dfx_engine.physical.v3";
+pub const CODEC_ID: &str = "dfx_engine.physical.v4";
 
 /// First bytes of every dfx payload.
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"DFXS";
 
 /// Version of the payload layout this plugin writes and reads.
-pub const PAYLOAD_VERSION: u16 = 3;
+pub const PAYLOAD_VERSION: u16 = 4;
 
 const KIND_WRITER: u8 = 1;
 const KIND_READER: u8 = 2;
@@ -93,10 +94,12 @@ const KIND_SEALED_INPUT: u8 = 9;
 pub struct WriterPayload {
     /// The stage's id.
     pub stage_id: u64,
-    /// Map tasks (the input's partitions).
+    /// Map tasks: the input's partitions, a slice of them per map.
     pub maps: u64,
     /// Buckets per map.
     pub buckets: u64,
+    /// Input partitions each map runs (the last map may run fewer).
+    pub partitions_per_map: u64,
     /// Ids of the stages it reads.
     pub deps: Vec<u64>,
     /// The stage's shuffle directory.
@@ -217,6 +220,7 @@ impl Payload {
                 buf.extend_from_slice(&w.stage_id.to_le_bytes());
                 buf.extend_from_slice(&w.maps.to_le_bytes());
                 buf.extend_from_slice(&w.buckets.to_le_bytes());
+                buf.extend_from_slice(&w.partitions_per_map.to_le_bytes());
                 let deps = u32::try_from(w.deps.len())
                     .map_err(|_| fail(Area::Codec, "too many deps to encode"))?;
                 buf.extend_from_slice(&deps.to_le_bytes());
@@ -302,7 +306,8 @@ impl Payload {
                 format!(
                     "payload version {version} is not supported; this plugin reads version \
                  {PAYLOAD_VERSION} (was the plan encoded by another dfx? version 2 nested \
-                 each stage inside its reader's inputs, version 3 carries it as a blob)"
+                 each stage inside its reader's inputs, version 3 carries it as a blob, \
+                 version 4 runs a slice of partitions per map)"
                 ),
             ));
         }
@@ -311,6 +316,7 @@ impl Payload {
                 let stage_id = cursor.u64("stage id")?;
                 let maps = cursor.u64("maps")?;
                 let buckets = cursor.u64("buckets")?;
+                let partitions_per_map = cursor.u64("partitions per map")?;
                 let count = cursor.u32("deps")? as usize;
                 // Bounded by the bytes present, so a corrupt count cannot
                 // make us allocate.
@@ -330,6 +336,7 @@ impl Payload {
                     stage_id,
                     maps,
                     buckets,
+                    partitions_per_map,
                     deps,
                     shuffle_dir: cursor.string("shuffle directory")?,
                     partitioning_display: cursor.string("partitioning display")?,
@@ -503,7 +510,8 @@ fn not_ours(buf: &[u8]) -> String {
 pub enum ReadMode {
     /// Partition `b` is bucket `b` of every map.
     Hash,
-    /// Partition `m` is map `m`'s only bucket.
+    /// Partition `p` is bucket `p mod b` of map `p div b`, with `b` buckets
+    /// per map: one per partition of a map's slice.
     PassThrough,
     /// One partition: every bucket of every map.
     Broadcast,

@@ -103,6 +103,7 @@ pub fn writer(id: u64, dir: &Path, input: Arc<dyn ExecutionPlan>) -> Arc<Shuffle
             input,
             datafusion::physical_expr::Partitioning::UnknownPartitioning(1),
             vec![],
+            1,
         )
         .unwrap(),
     )

@@ -62,7 +62,7 @@ pub struct DfxPlugin {
     pub plugin_version: RStr<'static>,
     /// `ShuffleWriterExec`.
     pub stage_node_name: RStr<'static>,
-    /// `dfx_engine.physical.v3`.
+    /// `dfx_engine.physical.v4`.
     pub codec_id: RStr<'static>,
     /// `dfx_engine`.
     pub config_prefix: RStr<'static>,
@@ -302,7 +302,7 @@ pub fn root_module() -> DfxPluginRef {
         plugin_name: RStr::from_str("dfx-test-plugin-newer-root"),
         plugin_version: RStr::from_str(env!("CARGO_PKG_VERSION")),
         stage_node_name: RStr::from_str("ShuffleWriterExec"),
-        codec_id: RStr::from_str("dfx_engine.physical.v3"),
+        codec_id: RStr::from_str("dfx_engine.physical.v4"),
         config_prefix: RStr::from_str("dfx_engine"),
         new_query_planner,
         new_physical_codec,
