@@ -574,3 +574,37 @@ async fn a_partitioned_join_with_a_small_build_side_runs_as_a_broadcast_join() {
         }
     }
 }
+
+/// The skewed join in slices of two and of four partitions, every decision
+/// forced on: a stage of slices runs as planned, and the answer is the
+/// hand-worked one.
+#[tokio::test]
+async fn a_skewed_join_in_slices_answers_as_by_hand() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = skewed_join_tables(dir.path());
+    let host = host();
+    for per_task in ["2", "4"] {
+        let mut sliced = spec
+            .clone()
+            .with_shuffle_dir(dir.path().join(format!("shuffle-{per_task}")));
+        for (key, value) in [
+            ("partitions_per_task", per_task),
+            ("skew_split", "on"),
+            ("coalesce", "on"),
+            ("broadcast_switch", "on"),
+        ] {
+            sliced = with_option(sliced, key, value);
+        }
+        let result = host.run_distributed(SKEWED_JOIN, &sliced).await.unwrap();
+        assert_eq!(
+            rows(&result.batches),
+            skewed_join_expected(),
+            "{per_task} a task"
+        );
+        assert!(
+            splits(&result.decisions).is_empty(),
+            "{:?}",
+            result.decisions
+        );
+    }
+}

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use common::*;
+use dfx_host::session::default_partitions_per_task;
 
 fn dfx(args: &[&str]) -> Output {
     Command::new(dfx_bin())
@@ -45,16 +46,13 @@ fn dfx_run_prints_the_answer_and_a_summary_and_removes_its_temp_directory() {
     let fixture = Fixture::new();
     let table = format!("lineitem={}", fixture.table_dir().display());
     let answer = "l_returnflag,n,qty,price\nA,3,11.0,1100.0\nN,3,15.0,1500.0\nR,2,10.0,1000.0\n";
+    let aggregate = ["--format", "csv", "--split", "aggregate"];
     let out = dfx(&[
-        "run",
-        "--table",
-        &table,
-        "--format",
-        "csv",
-        "--split",
-        "aggregate",
-        BY_FLAG,
-    ]);
+        &["run", "--table", &table, "--partitions-per-task", "1"][..],
+        &aggregate,
+        &[BY_FLAG],
+    ]
+    .concat());
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert_eq!(text(&out.stdout), answer);
@@ -66,13 +64,32 @@ fn dfx_run_prints_the_answer_and_a_summary_and_removes_its_temp_directory() {
     assert!(stderr.contains("1/0=2 1/1=2 1/2=2 1/3=2"), "{stderr}");
     assert!(stderr.contains("wall time"), "{stderr}");
 
+    // By default a task runs as many partitions as this machine has cores:
+    // the four files' partitions in fewer tasks, each publishing one file.
+    let maps = 4usize.div_ceil(default_partitions_per_task().min(4));
+    let out = dfx(&[&["run", "--table", &table][..], &aggregate, &[BY_FLAG]].concat());
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(text(&out.stdout), answer);
+    assert!(
+        stderr.contains(&format!("tasks: {maps}; split: aggregate;")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("stage 1 (maps {maps}, ")),
+        "{stderr}"
+    );
+
     // The default cuts at every exchange: the same answer, more stages.
     let out = dfx(&["run", "--table", &table, "--format", "csv", BY_FLAG]);
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert_eq!(text(&out.stdout), answer);
     assert!(stderr.contains("split: exchange;"), "{stderr}");
-    assert!(stderr.contains("stage 2 (maps 4, "), "{stderr}");
+    assert!(
+        stderr.contains(&format!("stage 2 (maps {maps}, ")),
+        "{stderr}"
+    );
     let dir = stderr
         .lines()
         .find_map(|l| {
@@ -94,7 +111,15 @@ fn dfx_run_prints_the_answer_and_a_summary_and_removes_its_temp_directory() {
 fn dfx_run_analyze_sums_each_stage_and_names_the_critical_path() {
     let fixture = Fixture::new();
     let table = format!("lineitem={}", fixture.table_dir().display());
-    let split = ["--split", "aggregate", "--format", "csv"];
+    // A task per partition, so a task per file.
+    let split = [
+        "--split",
+        "aggregate",
+        "--format",
+        "csv",
+        "--partitions-per-task",
+        "1",
+    ];
     let out = dfx(&[&["run", "--table", &table][..], &split, &[BY_FLAG]].concat());
     let stderr = text(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -147,6 +172,8 @@ fn dfx_run_analyze_json_writes_every_stage_and_task() {
         "run",
         "--analyze-json",
         file_arg,
+        "--partitions-per-task",
+        "1",
         "--table",
         &table,
         BY_FLAG,
@@ -346,7 +373,16 @@ fn dfx_tpch_queries_take_lists_and_ranges_and_name_bad_ones() {
 fn dfx_explain_marks_each_stage_with_its_id_maps_buckets_and_deps() {
     let fixture = Fixture::new();
     let table = format!("lineitem={}", fixture.table_dir().display());
-    let out = dfx(&["explain", "--split", "aggregate", "--table", &table, UNION]);
+    let out = dfx(&[
+        "explain",
+        "--split",
+        "aggregate",
+        "--partitions-per-task",
+        "1",
+        "--table",
+        &table,
+        UNION,
+    ]);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
@@ -548,7 +584,7 @@ fn the_plugin_is_found_beside_the_executable_and_a_refused_file_is_named() {
     // No --plugin, no DFX_PLUGIN: target/<profile>/dfx finds its neighbour.
     let out = Command::new(dfx_bin())
         .args(["run", "--max-workers", "1", "--split", "aggregate"])
-        .args(["--table", &table, BY_FLAG])
+        .args(["--partitions-per-task", "1", "--table", &table, BY_FLAG])
         .env_remove("DFX_PLUGIN")
         .output()
         .unwrap();
@@ -641,6 +677,9 @@ fn interrupt_while_workers_hang(
             "run",
             "--max-workers",
             "4",
+            // Four tasks at once, one per file.
+            "--partitions-per-task",
+            "1",
             "--table",
             &table,
             "--shuffle-dir",

@@ -163,6 +163,44 @@ async fn a_straggling_map_is_overtaken_by_its_speculative_twin() {
     assert!(ended.killed <= 1, "{ended:?}");
 }
 
+/// A straggling slice: speculation races a second attempt of the whole
+/// slice, which publishes first; the answer is the hand-worked one.
+#[tokio::test]
+async fn a_straggling_slice_is_overtaken_by_its_speculative_twin() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = numbers_table(dir.path(), 4, 1_000);
+    let shuffle = dir.path().join("shuffle");
+    let mut spec = spec_for(&table, &shuffle);
+    spec.engine_options
+        .insert("partitions_per_task".to_string(), "2".to_string());
+    let (_, stages) = planned(&spec, SELF_JOIN).await;
+    let leaf = stages
+        .iter()
+        .find(|s| s.info.deps.is_empty() && s.info.maps >= 2)
+        .expect("a scan stage of several slices");
+    let s = leaf.stage_id();
+    let flag = dir.path().join("slowed");
+    let slow = format!("stage-{s}/map-1.arrow:60000:{}", flag.display());
+    let host = hooks_host(&[("DFX_TEST_SLOW_PUBLISH", &slow)])
+        .max_workers(Some(4))
+        .speculation(Some(Speculation {
+            factor: 2.0,
+            min_elapsed: std::time::Duration::from_millis(500),
+        }));
+    let result = host.run_distributed(SELF_JOIN, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), self_join_expected(4, 1_000));
+    assert!(flag.exists(), "the straggler never got to its publish");
+    assert_eq!(
+        result.task_reports[&(s, 1)].attempt,
+        1,
+        "{:?}",
+        result.retries
+    );
+    assert_eq!(result.attempts[&(s, 1)], 2, "{:?}", result.attempts);
+    assert_published_whole(&shuffle, &result);
+    host.shutdown().await;
+}
+
 /// A small LCG, seeded and printed, so a failing run can be replayed.
 struct Lcg(u64);
 

@@ -55,6 +55,8 @@ fn explain(split: Split, number: u8) -> String {
         .arg("--plugin")
         .arg(common::plugin_path())
         .args(["--partitions", &PARTITIONS.to_string()])
+        // The cuts, a map per partition (slices only regroup the maps).
+        .args(["--partitions-per-task", "1"])
         .args(["--split", split.as_str()]);
     for table in TABLES {
         command

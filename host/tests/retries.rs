@@ -360,3 +360,55 @@ case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/map-0
         .join("stage-1/map-0.arrow");
     assert_eq!(read_marker(&map_file)["map"], 0);
 }
+
+/// `spec` with each task running `n` partitions.
+fn in_slices(mut spec: dfx_host::SessionSpec, n: usize) -> dfx_host::SessionSpec {
+    spec.engine_options
+        .insert("partitions_per_task".to_string(), n.to_string());
+    spec
+}
+
+/// A task of a slice whose worker dies runs its whole slice again, and a
+/// slice whose output a reader finds lost is run again before the reader:
+/// the answer is the one-process answer either way.
+#[tokio::test]
+async fn a_killed_slice_is_retried_and_a_lost_slice_run_again() {
+    let fixture = Fixture::new();
+    let spec = in_slices(fixture.distributed_spec("shuffle"), 2);
+    let (u, r) = leaf_and_reader(&spec).await;
+    let (_, stages) = planned(&spec, BY_FLAG).await;
+    let leaf = stages.iter().find(|s| s.stage_id() == u).unwrap();
+    // Four files in slices of two: two maps.
+    assert_eq!(leaf.info.maps, 2, "{:?}", leaf.info);
+    let dir = spec.shuffle_dir.clone().unwrap();
+    let map_file = dir.join(format!("stage-{u}/map-1.arrow"));
+    // Map 1's first attempt is killed; the reader's first attempt then
+    // removes map 1's file before it reads.
+    let host = host_with_script(&format!(
+        r#"case "$1" in
+*/task-{u}-1.json) kill -KILL $$ ;;
+*/task-{r}-0.json) rm -f {map_file} ;;
+esac
+exec "$DFX" worker "$1""#,
+        map_file = map_file.display()
+    ));
+    let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), by_flag_expected());
+    // Killed, retried, then run again for the lost output.
+    assert_eq!(result.attempts[&(u, 1)], 3, "{:?}", result.attempts);
+    assert_eq!(result.task_reports[&(u, 1)].attempt, 2);
+    let retries = result.retries.join("\n");
+    assert!(
+        retries.contains(&format!(
+            "stage {u} map 1 attempt 0: was killed by signal 9"
+        )),
+        "{retries}"
+    );
+    assert!(
+        retries.contains(&format!(
+            "stage {u} map 1 attempt 2: run again, its output was lost (read by stage {r} map "
+        )),
+        "{retries}"
+    );
+    assert_eq!(read_marker(&map_file)["map"], 1);
+}

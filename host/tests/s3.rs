@@ -234,7 +234,16 @@ fn stage_files_and_markers_land_as_objects_and_the_answer_is_the_local_one() {
     let run = dfx_s3(
         &moto.endpoint,
         ACCESS_KEY,
-        &["run", "--table", &table, "--shuffle-dir", &url, BY_FLAG],
+        &[
+            "run",
+            "--partitions-per-task",
+            "1",
+            "--table",
+            &table,
+            "--shuffle-dir",
+            &url,
+            BY_FLAG,
+        ],
     );
     let stderr = text(&run.stderr);
     assert!(run.status.success(), "{stderr}");
@@ -600,20 +609,21 @@ fn a_bucket_larger_than_a_part_is_uploaded_in_parts_and_reads_back_whole() {
     assert!(largest > 8 * 1024 * 1024, "{sizes}");
 }
 
-/// One exchange on S3 costs its readers one ranged GET per (reader task,
-/// upstream map) holding rows for it, with no marker read, and the driver
-/// none: at most T² + T requests for T tasks on each side, exactly the
-/// model's count.
-#[test]
-fn one_exchange_costs_one_get_per_reader_and_map_and_the_driver_none() {
+/// One exchange's GETs of map objects, counted in moto's request log, with
+/// each task running `per_task` of the 4 partitions: one ranged GET per
+/// (reader task, upstream map) pair holding rows, its partitions sharing
+/// it, no marker, and none by the driver, which hands every reader its
+/// ranges. Returns the GETs and the upstream maps.
+fn one_exchange_gets(per_task: usize) -> (usize, usize) {
     let moto = Moto::start(false);
     moto.create_bucket(BUCKET);
     let fixture = Fixture::new();
     let table = format!("lineitem={}", fixture.table_dir().display());
     let url = format!("s3://{BUCKET}/counted");
-    // One reader task per bucket (no coalescing): 4 maps of the stage over
-    // the table's 4 files, read by 4 tasks.
+    // No coalescing: 4 partitions over the table's 4 files, a hash exchange
+    // of 4 buckets, the final aggregate's 4 partitions.
     let sql = "SELECT l_returnflag, count(*) AS n FROM lineitem GROUP BY l_returnflag";
+    let per_task_arg = per_task.to_string();
     let run = dfx_s3(
         &moto.endpoint,
         ACCESS_KEY,
@@ -623,6 +633,8 @@ fn one_exchange_costs_one_get_per_reader_and_map_and_the_driver_none() {
             &table,
             "--partitions",
             "4",
+            "--partitions-per-task",
+            &per_task_arg,
             "--set",
             "coalesce=off",
             "--shuffle-dir",
@@ -632,39 +644,61 @@ fn one_exchange_costs_one_get_per_reader_and_map_and_the_driver_none() {
     );
     assert!(run.status.success(), "{}", text(&run.stderr));
     let gets = moto.map_gets("counted");
-    let tasks = 4;
-    // The (map, bucket) pairs of `stage` holding rows: one ranged GET each
-    // (a reader of one bucket), and nothing else.
-    let model = |stage: u64, buckets_per_map: Option<usize>| {
+    let maps = 4usize.div_ceil(per_task);
+    // The (map, reader) pairs of `stage` holding rows, a reader being a
+    // task of `per_reader` of the buckets: one ranged GET each, and
+    // nothing else.
+    let model = |stage: u64, buckets_per_map: usize, per_reader: usize| {
         let mut pairs = 0;
-        for map in 0..tasks {
+        for map in 0..maps {
             let marker = moto.marker(&format!("counted/stage-{stage}/map-{map}.arrow"));
             let buckets = marker["buckets"].as_array().unwrap();
-            if let Some(expected) = buckets_per_map {
-                assert_eq!(buckets.len(), expected, "{marker}");
-            }
-            pairs += buckets
+            assert_eq!(buckets.len(), buckets_per_map, "{marker}");
+            let readers: std::collections::BTreeSet<usize> = buckets
                 .iter()
-                .filter(|b| b["rows"].as_u64() > Some(0))
-                .count();
+                .enumerate()
+                .filter(|(_, b)| b["rows"].as_u64() > Some(0))
+                .map(|(bucket, _)| bucket / per_reader)
+                .collect();
+            pairs += readers.len();
         }
         pairs
     };
     // The stage over the table: the one read by another (the highest id).
     let (&stage, &count) = gets.iter().next_back().expect("GETs of map objects");
-    let exchange = model(stage, Some(tasks));
+    let exchange = model(stage, 4, per_task);
     println!(
-        "stage {stage}: {count} GET(s) of its map objects; the model's {exchange}; all {gets:?}"
+        "{per_task} partition(s) a task, stage {stage}: {count} GET(s) of its {maps} map \
+         objects; the model's {exchange}; all {gets:?}"
     );
     assert!(exchange > 0);
     assert_eq!(count, exchange, "GETs by stage: {gets:?}");
-    assert!(count <= tasks * tasks + tasks);
-    // The last stage, read by the driver's head: handed its layouts too, so
-    // no marker is read there either.
+    // At most one per (reader task, upstream map).
+    assert!(count <= maps * maps);
+    // The last stage, read by the driver's head, a partition at a time:
+    // handed its layouts too, so no marker is read there either; a
+    // pass-through map keeps each partition of its slice as a bucket.
     let (&last, &count) = gets.iter().next().expect("GETs of map objects");
     assert_ne!(last, stage, "two stages: {gets:?}");
-    let head = model(last, None);
+    let head = model(last, per_task, 1);
     println!("stage {last} (read by the head): {count} GET(s); the model's {head}");
     assert!(head > 0);
     assert_eq!(count, head, "GETs by stage: {gets:?}");
+    (exchange, maps)
+}
+
+#[test]
+fn one_exchange_costs_one_get_per_reader_and_map_and_the_driver_none() {
+    let (gets, maps) = one_exchange_gets(1);
+    assert_eq!(maps, 4);
+    // T tasks on each side: at most T² + T.
+    assert!(gets <= maps * maps + maps);
+}
+
+#[test]
+fn a_task_of_two_partitions_makes_one_get_of_each_upstream_map() {
+    let (gets, maps) = one_exchange_gets(2);
+    assert_eq!(maps, 2);
+    // Two reader tasks of two partitions, each task one GET of each map.
+    assert!(gets <= maps * maps, "{gets}");
 }

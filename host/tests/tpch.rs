@@ -426,3 +426,47 @@ fn bench_overhead_measures_every_step() {
         "{stdout}"
     );
 }
+
+/// Slices: each task runs `per_task` of the stage's partitions at once and
+/// publishes one map file for them (`dfx_engine.partitions_per_task`).
+fn sliced(per_task: &'static str) -> [(&'static str, &'static str); 1] {
+    [("partitions_per_task", per_task)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_with_slices_of_two_partitions_split_at_every_exchange() {
+    let reports = all_queries_agree_with(Split::Exchange, 4, &sliced("2"), &[]).await;
+    // Q1: the scan of two files is one task of its two partitions, the
+    // final aggregate's four partitions two tasks of two.
+    assert_eq!(reports[0].stages, Some(2), "{:?}", reports[0]);
+    assert_eq!(reports[0].tasks, Some(3), "{:?}", reports[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_with_uneven_slices_split_at_aggregates() {
+    // Five partitions after an exchange, in slices of two: maps of two, two
+    // and one.
+    let reports = all_queries_agree_with(Split::Aggregate, 5, &sliced("2"), &[]).await;
+    // Q1 and Q6 are one stage over the two files: one task of both.
+    for query in [1, 6] {
+        let report = &reports[query - 1];
+        assert_eq!(report.stages, Some(1), "q{query}: {report:?}");
+        assert_eq!(report.tasks, Some(1), "q{query}: {report:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_with_one_task_per_stage_and_every_decision_forced_on() {
+    let options: Vec<_> = DECISIONS_ON.into_iter().chain(sliced("4")).collect();
+    let reports = all_queries_agree_with(Split::Exchange, 4, &options, &PARTITIONED_JOINS).await;
+    // A stage of slices runs as planned: no partition is split, coalesced
+    // or switched, and each says why.
+    assert!(
+        decided(&reports, "each task runs a slice") >= 22,
+        "{reports:?}"
+    );
+    assert_eq!(decided(&reports, "switched to broadcast"), 0);
+    assert_eq!(decided(&reports, "split partition"), 0);
+    // Q6 scans one table and sums: one stage of one task.
+    assert_eq!(reports[5].tasks, Some(1), "{:?}", reports[5]);
+}

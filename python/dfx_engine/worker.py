@@ -195,8 +195,10 @@ def _run(task: _internal.Task, sessions: SessionCache) -> Published:
 
 
 def _runs_a_slice(stage: ExecutionPlan) -> bool:
-    """Whether each map of ``stage`` (a writer) runs several of its input's
-    partitions: it has fewer maps than its input has partitions."""
+    """Whether each map of ``stage`` (a writer) runs several partitions.
+
+    It then has fewer maps than its input has partitions.
+    """
     children = stage.children()
     return bool(children) and children[0].partition_count > stage.partition_count
 

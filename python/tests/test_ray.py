@@ -11,6 +11,7 @@ envelopes and plans by value and their keys through the executor's
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -87,6 +88,22 @@ def test_tpch_query_through_ray_agrees_with_local(
     assert result.stages
     assert set(result.reports) == set(result.tasks)
     assert result.retries == []
+    assert_same_columns(result.batches, local, f"q{number}")
+    assert_same_rows(tpch_rows(result.batches), tpch_rows(local), f"q{number}")
+
+
+@pytest.mark.parametrize("number", [3, 9, 18])
+def test_ray_tasks_run_slices_of_partitions(
+    executor: RayExecutor, tpch_spec: Callable[[], SessionSpec], number: int
+) -> None:
+    sql = (QUERIES / f"q{number}.sql").read_text()
+    spec = dataclasses.replace(
+        tpch_spec(), target_partitions=4, engine_options={"partitions_per_task": "4"}
+    )
+    result = run_distributed(sql, spec, executor=executor)
+    local = run_local(sql, spec)
+    # One task per stage: each runs all four of its stage's partitions.
+    assert len(result.tasks) == len(result.stages)
     assert_same_columns(result.batches, local, f"q{number}")
     assert_same_rows(tpch_rows(result.batches), tpch_rows(local), f"q{number}")
 

@@ -93,3 +93,26 @@ def test_tpch_query_agrees_with_every_decision_forced(
     coalesced = [d for d in result.decisions if d["tasks"] < d["planned_tasks"]]
     if decisions == "off":
         assert not coalesced, result.decisions
+
+
+@pytest.mark.parametrize("split", ["exchange", "aggregate"])
+@pytest.mark.parametrize("number", range(1, 23), ids=lambda n: f"q{n}")
+def test_tpch_query_agrees_with_local_in_slices_of_two_partitions(
+    tpch_spec: Callable[..., SessionSpec], number: int, split: str
+) -> None:
+    # Each task runs two of a stage's four partitions at once and publishes
+    # one map file for them.
+    sql = (QUERIES / f"q{number}.sql").read_text()
+    spec = dataclasses.replace(
+        tpch_spec(split),
+        target_partitions=4,
+        engine_options={"partitions_per_task": "2"},
+    )
+    result = run_distributed(sql, spec)
+    local = run_local(sql, spec)
+    unsliced = run_distributed(sql, dataclasses.replace(spec, engine_options={}))
+    assert_same_columns(result.batches, local, f"q{number}")
+    assert_same_rows(tpch_rows(result.batches), tpch_rows(local), f"q{number}")
+    # The same stages, half as many tasks in each stage of several partitions.
+    assert len(result.stages) == len(unsliced.stages)
+    assert len(result.tasks) < len(unsliced.tasks), (result.tasks, unsliced.tasks)

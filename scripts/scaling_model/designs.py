@@ -51,6 +51,11 @@ class Design:
     shuffle_store: Store | None = None
     # Partitioned prefixes the query's objects are spread over.
     prefixes: int = 1
+    # Machine-sized tasks whose partitions each request their own bucket of
+    # every upstream task (shuffle_reader.rs per partition, as built): one
+    # request per (reader partition, upstream task) instead of one per pair
+    # of tasks.
+    request_per_partition: bool = False
 
     def __post_init__(self) -> None:
         """Machine-sized tasks read by ranges."""
@@ -273,8 +278,9 @@ def task_times(
             if d.ranges:
                 # One range per upstream task (a machine-sized slice's
                 # buckets side by side, else the task's one bucket), cut at
-                # REQUEST_CUT.
-                gets += um * max(1, math.ceil(share / um / REQUEST_CUT))
+                # REQUEST_CUT; or one per partition of the slice.
+                least = cores if d.request_per_partition and not whole else 1
+                gets += um * max(least, math.ceil(share / um / REQUEST_CUT))
                 continue
             # shuffle_reader -> read_markers (exchange/locate.rs): each
             # upstream map's marker, awaited in turn before the first row;

@@ -108,6 +108,11 @@ def predictions(
     store = S3_TYPICAL
     ranged = Design("ranges in reports", ranges=True)
     after = Design("machine-sized", machine_tasks=True)
+    sliced = Design(
+        "slices, a request per reader partition",
+        machine_tasks=True,
+        request_per_partition=True,
+    )
     # Enough in flight to fill a 25 Gb/s interface at 85 MB/s a request.
     wide = Design(
         "machine-sized, wide",
@@ -133,7 +138,9 @@ def predictions(
     ray = options.ray_task_ms
     parse = options.parse_mb_s
     as_built = Case("as built before ranges (corrected), pool", parse_mb_s=parse)
-    machine_sized = Case("machine-sized, pool", after, parse_mb_s=parse)
+    machine_sized = Case(
+        "machine-sized: slices, shared reads (built), pool", after, parse_mb_s=parse
+    )
     cases = [
         as_built,
         Case(
@@ -142,8 +149,13 @@ def predictions(
             parse_mb_s=parse,
         ),
         Case(
-            "ranges in reports, a task per core (as built), pool",
+            "ranges in reports, a task per core, pool",
             ranged,
+            parse_mb_s=parse,
+        ),
+        Case(
+            "slices, a request per reader partition, pool",
+            sliced,
             parse_mb_s=parse,
         ),
         machine_sized,

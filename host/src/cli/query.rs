@@ -35,7 +35,8 @@ pub struct QueryArgs {
     pub partitions: usize,
     /// Partitions of a stage each task runs at once, on all of its worker's
     /// threads, publishing one map file for them all (the plugin's
-    /// dfx_engine.partitions_per_task). Default: 1, a task per partition.
+    /// dfx_engine.partitions_per_task). Default: this machine's cores, so a
+    /// stage of as many partitions is one task.
     #[arg(long, value_name = "N", value_parser = parse_at_least_one)]
     pub partitions_per_task: Option<usize>,
     /// Shuffle location for stage output (must not hold stage output yet):
@@ -177,9 +178,19 @@ pub fn spec_of(args: &QueryArgs, script: &Script) -> Result<SessionSpec> {
         .cloned()
         .partition(|(key, _)| key.starts_with("datafusion."));
     spec.engine_options = engine.into_iter().collect();
-    if let Some(n) = args.partitions_per_task {
-        spec.engine_options
-            .insert(dfx_abi::PARTITIONS_PER_TASK.to_string(), n.to_string());
+    let per_task = args.partitions_per_task.map(|n| n.to_string());
+    let default = || dfx_host::session::default_partitions_per_task().to_string();
+    match per_task {
+        // The flag wins over a `--set` of the same key.
+        Some(n) => {
+            spec.engine_options
+                .insert(dfx_abi::PARTITIONS_PER_TASK.to_string(), n);
+        }
+        None => {
+            spec.engine_options
+                .entry(dfx_abi::PARTITIONS_PER_TASK.to_string())
+                .or_insert_with(default);
+        }
     }
     spec.datafusion_options = datafusion.into_iter().collect();
     spec.validate()?;

@@ -12,7 +12,7 @@ mod options;
 pub mod query_planner;
 mod tables;
 
-pub use options::{effective_target_partitions, parse_engine_option};
+pub use options::{default_partitions_per_task, effective_target_partitions, parse_engine_option};
 
 use late_context::{LEAN_DECODE, LateTaskContext};
 

@@ -18,6 +18,13 @@ pub async fn effective_target_partitions(spec: &SessionSpec) -> Result<usize> {
     Ok(dfx_runtime::tables::effective_target_partitions(spec).await?)
 }
 
+/// Partitions of a stage each task runs when a command line names none: a
+/// worker's cores (those this process may use), so on one machine a stage
+/// planned for its cores runs as one task over all of them.
+pub fn default_partitions_per_task() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
 /// A `KEY=VALUE` plugin setting as a command line gives it (`--set`): the
 /// key with or without its `dfx_engine.` prefix, both sides trimmed.
 ///

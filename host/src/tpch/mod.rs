@@ -26,6 +26,7 @@ pub mod report;
 pub mod runner;
 pub mod upload;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -105,13 +106,33 @@ pub struct TpchArgs {
     #[arg(long = "set", value_name = "KEY=VALUE", value_parser = crate::session::parse_engine_option)]
     pub settings: Vec<(String, String)>,
     /// Partitions of a stage each task of a distributed run runs at once
-    /// (the plugin's dfx_engine.partitions_per_task). Default: 1.
+    /// (the plugin's dfx_engine.partitions_per_task). Default: this
+    /// machine's cores.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub partitions_per_task: Option<u64>,
     /// No live progress line on stderr while a distributed run's tasks run
     /// (it shows only on a terminal, once a run has taken about a second).
     #[arg(long)]
     pub no_progress: bool,
+}
+
+/// The plugin settings of `args`: its `--set`s, with the partitions each
+/// task runs from `--partitions-per-task`, else a `--set`, else this
+/// machine's cores.
+fn engine_options(args: &TpchArgs) -> BTreeMap<String, String> {
+    let mut options: BTreeMap<String, String> = args.settings.iter().cloned().collect();
+    let key = dfx_abi::PARTITIONS_PER_TASK.to_string();
+    match args.partitions_per_task {
+        Some(n) => {
+            options.insert(key, n.to_string());
+        }
+        None => {
+            options
+                .entry(key)
+                .or_insert_with(|| crate::session::default_partitions_per_task().to_string());
+        }
+    }
+    options
 }
 
 /// Exit status when some query's distributed answer differs from the local one.
@@ -151,15 +172,7 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
         shuffle_root: args.shuffle_dir.clone(),
         tables_on: args.tables_on.clone(),
         runs: args.runs,
-        engine_options: args
-            .settings
-            .iter()
-            .cloned()
-            .chain(
-                args.partitions_per_task
-                    .map(|n| (dfx_abi::PARTITIONS_PER_TASK.to_string(), n.to_string())),
-            )
-            .collect(),
+        engine_options: engine_options(&args),
         progress: true,
         timeout: std::time::Duration::from_secs(args.timeout.max(1)),
     };

@@ -74,6 +74,7 @@
 //! as plain key/value entries, and a host may show the key as
 //! `datafusion_ffi.dfx_engine.shuffle_dir`. Both spellings are read here.
 
+use std::ops::Range;
 use std::path::PathBuf;
 
 use dfx_abi::StageLayouts;
@@ -276,6 +277,8 @@ extensions_options! {
         pub broadcast_read: String, default = String::new()
         /// Set by the scheduler: where each bucket of each map read lies.
         pub shuffle_ranges: String, default = String::new()
+        /// Set by a writer running a slice: its partitions, `first-last`.
+        pub task_partitions: String, default = String::new()
         /// The most bytes a reader has requested and not yet decoded.
         pub read_bytes_in_flight: u64, default = 64 * 1024 * 1024
     }
@@ -484,6 +487,31 @@ impl DfxConfig {
     /// A setting that does not parse (see [`crate::read_settings`]).
     pub fn broadcast_read(&self) -> Result<Option<BroadcastRead>> {
         BroadcastRead::parse(&self.broadcast_read)
+    }
+
+    /// The partitions the running task's slice holds, when a writer running
+    /// several set them.
+    ///
+    /// # Errors
+    ///
+    /// A value that is not `first-last` with `first <= last`.
+    pub fn task_partitions(&self) -> Result<Option<Range<usize>>> {
+        let value = self.task_partitions.trim();
+        if value.is_empty() {
+            return Ok(None);
+        }
+        let parsed = value
+            .split_once('-')
+            .and_then(|(first, last)| {
+                Some((first.parse::<usize>().ok()?, last.parse::<usize>().ok()?))
+            })
+            .filter(|(first, last)| first <= last);
+        match parsed {
+            Some((first, last)) => Ok(Some(first..last + 1)),
+            None => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{CONFIG_PREFIX}.task_partitions` is {value:?}, not first-last"
+            ))),
+        }
     }
 
     /// Partitions of a stage each task runs (at least one).

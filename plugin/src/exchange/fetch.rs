@@ -11,7 +11,9 @@
 //! ```
 //!
 //! Used only when the driver handed the reader its maps' layouts, so each
-//! piece is one contiguous range and no marker is read. Each GET is pinned
+//! piece is one contiguous range and no marker is read. A partition of a
+//! task running a slice takes its range out of the slice's cover of the
+//! map, fetched once for the whole task (see `crate::exchange::shared_reads`). Each GET is pinned
 //! to the object's entity tag when the layout has one, and the object's
 //! size is checked against the layout's before any byte is decoded.
 
@@ -27,6 +29,7 @@ use object_store::ObjectStore;
 
 use crate::exchange::io::{join, spawn};
 use crate::exchange::locate::Piece;
+use crate::exchange::shared_reads::{self, Cover, SharedFailure};
 use crate::exchange::store::{ObjectKey, Pinned, S3Location, get_range_pinned};
 
 /// Why a range could not be had.
@@ -50,6 +53,9 @@ struct Request {
     e_tag: Option<String>,
     /// Each piece's length, in order.
     parts: Vec<u64>,
+    /// The cover of the reading task's slice holding this range, when the
+    /// task's partitions share one GET of it.
+    cover: Option<Cover>,
 }
 
 type InFlight = BoxFuture<'static, Result<Vec<Vec<u8>>, FetchError>>;
@@ -77,12 +83,14 @@ pub(crate) fn fetch_order(mut pieces: Vec<Piece>) -> VecDeque<Piece> {
 
 impl RangeFetcher {
     /// The fetcher of `pieces` (in [`fetch_order`], one range each), up
-    /// to `budget` bytes in flight (at least one request, however large).
+    /// to `budget` bytes in flight (at least one request, however large);
+    /// `covers` by map, when the reading task's partitions share them.
     pub(crate) fn new(
         store: Arc<dyn ObjectStore>,
         location: S3Location,
         pieces: &VecDeque<Piece>,
         budget: u64,
+        covers: &[Option<Cover>],
     ) -> Self {
         let mut pending: VecDeque<Request> = VecDeque::new();
         for piece in pieces {
@@ -102,8 +110,15 @@ impl RangeFetcher {
                     size: piece.size,
                     e_tag: piece.e_tag.clone(),
                     parts: vec![len],
+                    cover: covers.get(piece.map).copied().flatten(),
                 }),
             }
+        }
+        // A cover serves only a request wholly inside it.
+        for request in &mut pending {
+            request.cover = request.cover.filter(|c| {
+                request.offset >= c.offset && request.offset + request.len <= c.offset + c.len
+            });
         }
         Self {
             store,
@@ -143,6 +158,27 @@ impl RangeFetcher {
             Ok(key) => key,
             Err(e) => return Box::pin(async move { Err(FetchError::Failed(e)) }),
         };
+        if let Some(cover) = request.cover {
+            let shared =
+                shared_reads::take(Arc::clone(&self.store), key, cover, request.e_tag.clone());
+            return Box::pin(async move {
+                let (bytes, size) = shared.await.map_err(|failure| match failure {
+                    SharedFailure::Lost => FetchError::Lost,
+                    SharedFailure::Failed(e) => FetchError::Failed(e),
+                })?;
+                let start = (request.offset - cover.offset) as usize;
+                let range = bytes.get(start..start + request.len as usize);
+                match range {
+                    Some(range) if size == request.size && bytes.len() as u64 == cover.len => {
+                        Ok(split_parts(range, &request.parts))
+                    }
+                    _ => Err(FetchError::Failed(format!(
+                        "holds {size} byte(s) but its map reported {} (overwritten?)",
+                        request.size
+                    ))),
+                }
+            });
+        }
         let get = get_range_pinned(
             Arc::clone(&self.store),
             key,
@@ -166,14 +202,7 @@ impl RangeFetcher {
                     request.size
                 )));
             }
-            let mut parts = Vec::with_capacity(request.parts.len());
-            let mut at = 0usize;
-            for len in request.parts {
-                let end = at + len as usize;
-                parts.push(bytes[at..end].to_vec());
-                at = end;
-            }
-            Ok(parts)
+            Ok(split_parts(&bytes, &request.parts))
         })
     }
 
@@ -202,6 +231,18 @@ impl RangeFetcher {
             }
         }
     }
+}
+
+/// `bytes` cut into pieces of lengths `parts`, each a buffer of its own.
+fn split_parts(bytes: &[u8], parts: &[u64]) -> Vec<Vec<u8>> {
+    let mut out = Vec::with_capacity(parts.len());
+    let mut at = 0usize;
+    for len in parts {
+        let end = at + *len as usize;
+        out.push(bytes[at..end].to_vec());
+        at = end;
+    }
+    out
 }
 
 #[cfg(test)]
@@ -241,7 +282,7 @@ mod tests {
         let ordered = fetch_order(pieces.into());
         let order: Vec<(usize, usize)> = ordered.iter().map(|p| (p.map, p.bucket)).collect();
         assert_eq!(order, [(0, 0), (0, 1), (0, 3), (1, 0), (1, 1)]);
-        let fetcher = RangeFetcher::new(store, s3, &ordered, 64);
+        let fetcher = RangeFetcher::new(store, s3, &ordered, 64, &[]);
         assert_eq!(fetcher.requests(), 2);
     }
 }

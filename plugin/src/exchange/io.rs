@@ -4,10 +4,10 @@
 //! timers register with one). The plugin cannot use its host's: it carries
 //! its own copy of tokio, and a copy finds no runtime of another on the
 //! thread, so a request made while the host polls would panic ("no reactor
-//! running"). So the plugin builds a small runtime of its own, once, on first
-//! use of an S3 location: two threads, enough to keep a part upload and a
-//! download in flight while the host's threads compute. Every request is
-//! spawned onto it and its `JoinHandle` awaited from the host-polled stream:
+//! running"). So the plugin builds a runtime of its own, once, on first
+//! use: a thread per core (at least two), because a task running a slice
+//! of partitions computes them at once on it (see `crate::exec::driven`).
+//! Every request is spawned onto it and its `JoinHandle` awaited from the host-polled stream:
 //! the stream never blocks a host thread on the network (a `block_on` there
 //! would stall, or, inside the host's own runtime, deadlock a
 //! single-threaded one).
@@ -18,8 +18,11 @@ use std::sync::LazyLock;
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 
-/// Threads of the plugin's I/O runtime.
-const IO_THREADS: usize = 2;
+/// Threads of the plugin's runtime: one per core this process may use, at
+/// least two (a part upload and a download in flight).
+fn io_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
+}
 
 /// Start `work` on the I/O runtime without awaiting it: for a caller that
 /// is not async and waits for its answer on a channel.
@@ -40,7 +43,7 @@ where
 pub(crate) fn io_runtime() -> Result<&'static Runtime, String> {
     static RUNTIME: LazyLock<Result<Runtime, String>> = LazyLock::new(|| {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(IO_THREADS)
+            .worker_threads(io_threads())
             .thread_name("dfx-io")
             .enable_all()
             .build()

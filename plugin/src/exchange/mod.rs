@@ -27,6 +27,7 @@ pub mod marker;
 pub mod probe;
 pub mod publish;
 pub mod reads;
+pub mod shared_reads;
 pub mod staging;
 pub mod store;
 pub mod stream;

@@ -26,6 +26,7 @@ use crate::exchange::fetch::{FetchError, RangeFetcher, fetch_order};
 use crate::exchange::files::{decode_segments, describe_fields, read_range, same_fields};
 use crate::exchange::locate::Piece;
 use crate::exchange::marker::Segment;
+use crate::exchange::shared_reads::Cover;
 use crate::exchange::store::{ObjectKey, S3Location, get_range_if};
 
 /// An S3 reader's requests: the markers (until read), then the segment
@@ -120,10 +121,10 @@ impl BucketStream {
         schema: SchemaRef,
         (store, s3): (Arc<dyn ObjectStore>, S3Location),
         pieces: VecDeque<Piece>,
-        budget: u64,
+        (budget, covers): (u64, &[Option<Cover>]),
     ) -> Self {
         let queue = fetch_order(pieces.into());
-        let ranges = RangeFetcher::new(Arc::clone(&store), s3.clone(), &queue, budget);
+        let ranges = RangeFetcher::new(Arc::clone(&store), s3.clone(), &queue, budget, covers);
         Self {
             stage_id,
             location,

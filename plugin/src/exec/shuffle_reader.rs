@@ -31,6 +31,7 @@
 //! coalesced batch, so the bytes held at once stay small.
 
 use std::fmt;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -44,12 +45,14 @@ use datafusion::physical_plan::execution_plan::{
 use datafusion::physical_plan::proto::ExecutionPlanEncodeCtx;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion_proto::protobuf::PhysicalPlanNode;
+use dfx_abi::MapLayout;
 use futures::FutureExt;
 use prost::Message;
 
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
 use crate::exchange::locate::{locate_by_layouts, locate_local, read_markers};
+use crate::exchange::shared_reads::Cover;
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
 use crate::exchange::stream::BucketStream;
 use crate::exec::common::exec_defaults;
@@ -476,13 +479,27 @@ impl ShuffleReaderExec {
             let store = s3_store(&s3.bucket, &S3Options::from_config(&config))
                 .map_err(|e| self.error(partition, e))?;
             if let Some(located) = laid_out {
+                // A hash partition of a task running a slice shares each
+                // map's read with the slice's other partitions.
+                let covers = match (config.task_partitions(), layouts.as_ref()) {
+                    (Ok(Some(slice)), Some(layouts))
+                        if self.mode == ReadMode::Hash && slice.contains(&partition) =>
+                    {
+                        layouts
+                            .stages
+                            .get(&self.stage_id)
+                            .map(|maps| slice_covers(maps, slice, config.read_bytes_in_flight))
+                    }
+                    _ => None,
+                }
+                .unwrap_or_default();
                 let stream = BucketStream::remote_ranges(
                     self.stage_id,
                     root,
                     Arc::clone(&self.schema),
                     (store, s3),
                     located,
-                    config.read_bytes_in_flight,
+                    (config.read_bytes_in_flight, &covers),
                 );
                 return Ok(Box::pin(stream));
             }
@@ -512,4 +529,28 @@ impl ShuffleReaderExec {
         let stream = BucketStream::local(self.stage_id, root, Arc::clone(&self.schema), located);
         Ok(Box::pin(stream))
     }
+}
+
+/// For each map of `maps`, the range holding buckets `slice` (a task's
+/// partitions), when at least two of them have rows there and it is no
+/// larger than `budget`: the one GET the task's partitions share.
+fn slice_covers(maps: &[MapLayout], slice: Range<usize>, budget: u64) -> Vec<Option<Cover>> {
+    maps.iter()
+        .map(|layout| {
+            let held: Vec<usize> = slice
+                .clone()
+                .filter(|&b| layout.rows.get(b).is_some_and(|&rows| rows > 0))
+                .collect();
+            let offset = held.iter().map(|&b| layout.offsets[b]).min()?;
+            let end = held
+                .iter()
+                .map(|&b| layout.offsets[b] + layout.bytes[b])
+                .max()?;
+            (held.len() >= 2 && end - offset <= budget).then_some(Cover {
+                offset,
+                len: end - offset,
+                takers: held.len(),
+            })
+        })
+        .collect()
 }

@@ -57,7 +57,7 @@ use crate::exec::driven;
 use crate::exec::sealed_input::drive_sealed;
 use crate::exec::{KeySummaryExec, SealedInputExec};
 use crate::filters::slot::SummarySlot;
-use crate::isolation::isolated_task_context;
+use crate::isolation::{isolated_task_context, rebuilt_task_context};
 use crate::wire::WRITER_NODE_NAME;
 use futures::StreamExt;
 
@@ -284,6 +284,21 @@ impl ShuffleWriterExec {
     }
 }
 
+/// `context` telling the readers below which partitions the task runs, so
+/// they share one read of each upstream map (see
+/// `crate::exchange::shared_reads`).
+fn slice_context(context: &Arc<TaskContext>, slice: &Range<usize>) -> Result<Arc<TaskContext>> {
+    let mut dfx = DfxConfig::from_config(context.session_config().options())?;
+    dfx.task_partitions = format!("{}-{}", slice.start, slice.end.saturating_sub(1));
+    let mut config = context.session_config().clone();
+    config.options_mut().extensions.insert(dfx);
+    Ok(Arc::new(rebuilt_task_context(
+        context,
+        config,
+        context.runtime_env(),
+    )))
+}
+
 impl DisplayAs for ShuffleWriterExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
@@ -420,7 +435,10 @@ impl ShuffleWriterExec {
             Some(summarize) if !members.is_empty() => Some(summarize.empty_summary()?),
             _ => None,
         };
-        let task_context = isolated_task_context(&context);
+        let mut task_context = isolated_task_context(&context);
+        if slice.len() > 1 {
+            task_context = slice_context(&task_context, &slice)?;
+        }
         let (streams, summary) = self.open_slice(slice, &task_context)?;
         // Each batch tagged with its partition's place in the slice, which
         // is its bucket under one bucket per partition.
