@@ -116,20 +116,28 @@ async fn a_worker_killed_after_k_batches_while_writing_is_retried_and_publishes_
     shut_down(&host).await;
 }
 
-#[tokio::test]
-async fn a_straggling_map_is_overtaken_by_its_speculative_twin() {
+/// `SELF_JOIN` over four files, with `options` set, where map 1 of the scan
+/// stage publishes a minute late on its first attempt (its twin does not:
+/// the flag is taken), speculation on. Checks the answer and that map 1's
+/// twin (attempt 1) published, and returns the run, the scan stage, the
+/// host and the directory (kept while the straggler may still run).
+async fn overtaken_straggler(
+    options: &[(&str, &str)],
+) -> (DistributedResult, u64, Host, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let table = numbers_table(dir.path(), 4, 1_000);
     let shuffle = dir.path().join("shuffle");
-    let spec = spec_for(&table, &shuffle);
+    let mut spec = spec_for(&table, &shuffle);
+    for (key, value) in options {
+        spec.engine_options
+            .insert(key.to_string(), value.to_string());
+    }
     let (_, stages) = planned(&spec, SELF_JOIN).await;
     let leaf = stages
         .iter()
         .find(|s| s.info.deps.is_empty() && s.info.maps >= 2)
         .expect("a scan stage of several maps");
     let s = leaf.stage_id();
-    // Map 1's first attempt sleeps a minute before it publishes; its twin
-    // does not (the flag is taken).
     let flag = dir.path().join("slowed");
     let slow = format!("stage-{s}/map-1.arrow:60000:{}", flag.display());
     let host = hooks_host(&[("DFX_TEST_SLOW_PUBLISH", &slow)])
@@ -149,6 +157,13 @@ async fn a_straggling_map_is_overtaken_by_its_speculative_twin() {
         result.retries
     );
     assert_eq!(result.attempts[&(s, 1)], 2, "{:?}", result.attempts);
+    assert_published_whole(&shuffle, &result);
+    (result, s, host, dir)
+}
+
+#[tokio::test]
+async fn a_straggling_map_is_overtaken_by_its_speculative_twin() {
+    let (result, s, host, _dir) = overtaken_straggler(&[]).await;
     let speculative = format!("stage {s} map 1 attempt 1: speculative, its first attempt ran");
     let won = format!("stage {s} map 1 attempt 1: published first; the first attempt was stopped");
     assert!(
@@ -157,47 +172,16 @@ async fn a_straggling_map_is_overtaken_by_its_speculative_twin() {
         result.retries
     );
     assert!(result.retries.contains(&won), "{:?}", result.retries);
-    assert_published_whole(&shuffle, &result);
     // The stopped straggler's worker is the only one killed.
     let ended = host.shutdown().await;
     assert!(ended.killed <= 1, "{ended:?}");
 }
 
 /// A straggling slice: speculation races a second attempt of the whole
-/// slice, which publishes first; the answer is the hand-worked one.
+/// slice, which publishes first.
 #[tokio::test]
 async fn a_straggling_slice_is_overtaken_by_its_speculative_twin() {
-    let dir = tempfile::tempdir().unwrap();
-    let table = numbers_table(dir.path(), 4, 1_000);
-    let shuffle = dir.path().join("shuffle");
-    let mut spec = spec_for(&table, &shuffle);
-    spec.engine_options
-        .insert("partitions_per_task".to_string(), "2".to_string());
-    let (_, stages) = planned(&spec, SELF_JOIN).await;
-    let leaf = stages
-        .iter()
-        .find(|s| s.info.deps.is_empty() && s.info.maps >= 2)
-        .expect("a scan stage of several slices");
-    let s = leaf.stage_id();
-    let flag = dir.path().join("slowed");
-    let slow = format!("stage-{s}/map-1.arrow:60000:{}", flag.display());
-    let host = hooks_host(&[("DFX_TEST_SLOW_PUBLISH", &slow)])
-        .max_workers(Some(4))
-        .speculation(Some(Speculation {
-            factor: 2.0,
-            min_elapsed: std::time::Duration::from_millis(500),
-        }));
-    let result = host.run_distributed(SELF_JOIN, &spec).await.unwrap();
-    assert_eq!(rows(&result.batches), self_join_expected(4, 1_000));
-    assert!(flag.exists(), "the straggler never got to its publish");
-    assert_eq!(
-        result.task_reports[&(s, 1)].attempt,
-        1,
-        "{:?}",
-        result.retries
-    );
-    assert_eq!(result.attempts[&(s, 1)], 2, "{:?}", result.attempts);
-    assert_published_whole(&shuffle, &result);
+    let (_, _, host, _dir) = overtaken_straggler(&[("partitions_per_task", "2")]).await;
     host.shutdown().await;
 }
 
