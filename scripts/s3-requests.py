@@ -3,6 +3,7 @@
 
     scripts/s3-requests.py [--dfx target/debug/dfx] [--moto-server PATH]
                            [--queries 5,9] [--partitions 8] [--scale 0.01]
+                           [--partitions-per-task 1]
 
 Starts ``moto_server`` (moto's S3 over HTTP; the host tests install it under
 Cargo's target temp directory) on a free local port with its request log in a
@@ -45,6 +46,11 @@ def main() -> int:
     )
     parser.add_argument("--queries", default="5,9")
     parser.add_argument("--partitions", default="8")
+    parser.add_argument(
+        "--partitions-per-task",
+        default="1",
+        help="partitions each task runs (dfx tpch's own default is the cores)",
+    )
     parser.add_argument("--scale", default="0.01")
     parser.add_argument("--data-dir", default=str(target / "tpch-data-requests"))
     args = parser.parse_args()
@@ -90,8 +96,10 @@ def main() -> int:
             AWS_ENDPOINT_URL=endpoint,
             AWS_ALLOW_HTTP="true",
         )
-        print("| query | partitions | stage-object GETs | PUTs | POSTs | HEADs |")
-        print("|---|--:|--:|--:|--:|--:|")
+        print(
+            "| query | partitions | per task | stage-object GETs | PUTs | POSTs | HEADs |"
+        )
+        print("|---|--:|--:|--:|--:|--:|--:|")
         for query in args.queries.split(","):
             before = log_path.read_text(errors="replace").count("\n")
             run = subprocess.run(
@@ -102,6 +110,8 @@ def main() -> int:
                     args.scale,
                     "--partitions",
                     args.partitions,
+                    "--partitions-per-task",
+                    args.partitions_per_task,
                     "--queries",
                     query,
                     "--runs",
@@ -127,7 +137,8 @@ def main() -> int:
                 if found and re.search(r"/stage-\d+/map-\d+\.arrow$", found.group(2)):
                     counts[found.group(1)] += 1
             print(
-                f"| q{query} | {args.partitions} | {counts['GET']} | {counts['PUT']} "
+                f"| q{query} | {args.partitions} | {args.partitions_per_task} "
+                f"| {counts['GET']} | {counts['PUT']} "
                 f"| {counts['POST']} | {counts['HEAD']} |"
             )
     finally:
