@@ -138,12 +138,15 @@ def dfx_run(
     """``dfx run`` of ``sql`` with the Rust driver, over ``spec``.
 
     Its tables, partitions, shuffle location, compression and plugin
-    settings; JSON on stdout.
+    settings, the partitions a task runs among them (the spec's default is
+    one, the command line's the cores); JSON on stdout.
     """
     command = [str(DFX), "run", "--plugin", _internal.plugin_path()]
     for name, directory in sorted(spec.tables.items()):
         command += ["--table", f"{name}={directory}"]
     command += ["--partitions", str(spec.target_partitions)]
+    per_task = spec.engine_options.get("partitions_per_task", "1")
+    command += ["--partitions-per-task", per_task]
     command += ["--shuffle-dir", str(spec.shuffle_dir), "--split", split]
     if spec.shuffle_compression != "auto":
         command += ["--shuffle-compression", spec.shuffle_compression]
