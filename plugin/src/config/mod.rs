@@ -126,9 +126,6 @@ pub const JOIN_FILTERS_KEY: &str = "dfx_engine.join_filters";
 /// The full key of the build-to-probe row ratio under which `auto` filters.
 pub const JOIN_FILTER_RATIO_KEY: &str = "dfx_engine.join_filter_ratio";
 
-/// The full key of the partitions of a stage each task runs.
-pub const PARTITIONS_PER_TASK_KEY: &str = "dfx_engine.partitions_per_task";
-
 /// The full key of adaptive coalescing.
 pub const COALESCE_KEY: &str = "dfx_engine.coalesce";
 
