@@ -23,6 +23,7 @@ use dfx_host::tpch::datagen::{
 };
 use dfx_host::tpch::report::{Outcome, QueryReport};
 use dfx_host::tpch::runner::run_query;
+use dfx_runtime::ShuffleDurability;
 use tpchgen::generators::{LineItemGenerator, OrderGenerator};
 
 const SCALE: f64 = 0.01;
@@ -160,11 +161,24 @@ async fn all_queries_agree_with(
     options: &[(&str, &str)],
     datafusion_options: &[(&str, &str)],
 ) -> Vec<QueryReport> {
+    let durability = ShuffleDurability::ObjectStore;
+    all_queries_agree_kept(split, partitions, options, datafusion_options, durability).await
+}
+
+/// [`all_queries_agree_with`], with the map files kept as `durability` says.
+async fn all_queries_agree_kept(
+    split: Split,
+    partitions: usize,
+    options: &[(&str, &str)],
+    datafusion_options: &[(&str, &str)],
+    durability: ShuffleDurability,
+) -> Vec<QueryReport> {
     let data = tempfile::tempdir().unwrap();
     let (dataset, _) = ensure_dataset(data.path(), SCALE, PARTITIONS, false).unwrap();
     let mut spec = SessionSpec::new(dataset.tables())
         .with_target_partitions(partitions)
         .with_split(split);
+    spec.shuffle_durability = durability;
     for (key, value) in options {
         spec.engine_options
             .insert(key.to_string(), value.to_string());
@@ -469,4 +483,21 @@ async fn all_22_queries_agree_with_one_task_per_stage_and_every_decision_forced_
     assert_eq!(decided(&reports, "split partition"), 0);
     // Q6 scans one table and sums: one stage of one task.
     assert_eq!(reports[5].tasks, Some(1), "{:?}", reports[5]);
+}
+
+/// Map files kept on the disks of the pool workers that wrote them, each
+/// reader streaming its inputs from their map servers over Arrow Flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_with_maps_served_by_their_workers_split_at_every_exchange() {
+    let local = ShuffleDurability::Local;
+    let reports = all_queries_agree_kept(Split::Exchange, PARTITIONS, &[], &[], local).await;
+    assert!(reports[0].stages.unwrap() >= 2, "{:?}", reports[0]);
+}
+
+/// The same, in slices of two partitions (a slice's partitions share one
+/// stream of each upstream map), split at aggregates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_with_maps_served_by_their_workers_in_slices_split_at_aggregates() {
+    let local = ShuffleDurability::Local;
+    all_queries_agree_kept(Split::Aggregate, 4, &sliced("2"), &[], local).await;
 }

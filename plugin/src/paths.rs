@@ -44,6 +44,20 @@ pub fn map_path(dir: &Path, stage_id: u64, map: usize) -> PathBuf {
     stage_dir(dir, stage_id).join(format!("map-{map}.arrow"))
 }
 
+/// The stage and map of a map file's name relative to its location
+/// (`stage-<S>/map-<M>.arrow`, as [`map_path`] makes it under a location),
+/// or `None` for any other name.
+pub fn parse_map_name(name: &str) -> Option<(u64, usize)> {
+    let (stage, map) = name.split_once('/')?;
+    let stage = stage.strip_prefix("stage-")?.parse().ok()?;
+    let map = map
+        .strip_prefix("map-")?
+        .strip_suffix(".arrow")?
+        .parse()
+        .ok()?;
+    Some((stage, map))
+}
+
 /// A temp name beside `final_path`, unique to this writer: the pid separates
 /// processes and the counter separates writers within one, so two writers of
 /// one map (a retry racing a straggler) never interleave bytes in one file.
@@ -72,6 +86,20 @@ mod tests {
             map_path(Path::new("/s"), 2, 7),
             PathBuf::from("/s/stage-2/map-7.arrow")
         );
+    }
+
+    #[test]
+    fn a_map_files_name_parses_back_to_its_stage_and_map() {
+        let name = map_path(Path::new(""), 4, 11);
+        assert_eq!(parse_map_name(name.to_str().unwrap()), Some((4, 11)));
+        for other in [
+            "stage-4/map-11.arrow.tmp",
+            "stage-x/map-1.arrow",
+            "stage-1",
+            "../map-1.arrow",
+        ] {
+            assert_eq!(parse_map_name(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -178,6 +178,7 @@ fn run_handler(
         size,
         e_tag,
         keys,
+        owner: None,
     });
     Ok(Published {
         rows,
@@ -282,7 +283,9 @@ pub fn serve(py: Python<'_>, handler: &Bound<'_, PyAny>, responses_fd: RawFd) ->
             Err(err) => Some(Err(err)),
         }
     });
-    serve_blocking(requests, &mut responses, |envelope| {
+    // Without a plugin, each task fails saying why (`answer_envelope`).
+    let served = plugin(py).ok();
+    serve_blocking(served, requests, &mut responses, |envelope| {
         let response = answer_envelope(py, handler, envelope);
         // What the task printed lands before its response, not after it.
         flush_python(py);

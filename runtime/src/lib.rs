@@ -23,6 +23,8 @@
 //!             session holds, the root node that runs the stages
 //! scheduler/  graph, options, run, ready (one RunState), tasks, adaptive,
 //!             query_run, attempts, claim, executors: pool, process, foreign
+//! flight/     the map server: a worker's map files served over Arrow Flight
+//!             when they stay on its disk (`local` durability)
 //! shuffle_root  a root each query gets a fresh location under: how one is
 //!             named, removed, and found stale (`dfx gc`)
 //! ```
@@ -35,6 +37,7 @@
 #![warn(missing_docs)]
 
 pub mod error;
+pub mod flight;
 pub mod prepare;
 pub mod protocol;
 pub mod root;
@@ -51,4 +54,6 @@ pub use scheduler::{
     EncodedStage, Executor, QueryRun, Scheduler, SchedulerOptions, StageInfo, Task, TaskReport,
     WorkerCommand, WorkerMode, WorkerPool,
 };
-pub use spec::{SessionSpec, ShuffleCompression, ShuffleLocation, Split, same_location};
+pub use spec::{
+    SessionSpec, ShuffleCompression, ShuffleDurability, ShuffleLocation, Split, same_location,
+};

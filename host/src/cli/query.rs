@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use dfx_host::session::{ShuffleCompression, Split, TableDefinition, TableFormat};
 use dfx_host::{HostError, Result, SessionSpec};
+use dfx_runtime::ShuffleDurability;
 use dfx_runtime::spec::Script;
 
 /// Options shared by `run` and `explain`.
@@ -56,6 +57,18 @@ pub struct QueryArgs {
     /// directory and LZ4 for S3; `lz4` and `none` force one.
     #[arg(long, value_enum, default_value_t = ShuffleCompression::Auto)]
     pub shuffle_compression: ShuffleCompression,
+    /// Where map files live between stages: `object_store` keeps them in
+    /// the shuffle location, read by every worker from there; `local`
+    /// keeps each on the disk of the worker that wrote it, and workers
+    /// stream them to each other over Arrow Flight (a lost worker's maps
+    /// are run again). `local` needs a directory and pool workers.
+    #[arg(long, value_enum, default_value_t = ShuffleDurability::ObjectStore)]
+    pub shuffle_durability: ShuffleDurability,
+    /// Where each worker's map server listens under --shuffle-durability
+    /// local: HOST:PORT, port 0 for any free one. Default: 127.0.0.1:0,
+    /// this host only.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub map_server_bind: Option<String>,
     /// Set the plugin's dfx_engine.KEY in every session of the query, the
     /// driver's and each worker's (join_filters=off, join_filter_ratio=0.2,
     /// memory_table_limit=...); a KEY starting with `datafusion.` sets that
@@ -172,6 +185,8 @@ pub fn spec_of(args: &QueryArgs, script: &Script) -> Result<SessionSpec> {
         .with_target_partitions(args.partitions)
         .with_split(args.split)
         .with_shuffle_compression(args.shuffle_compression);
+    spec.shuffle_durability = args.shuffle_durability;
+    spec.map_server_bind = args.map_server_bind.clone();
     let (datafusion, engine): (Vec<_>, Vec<_>) = args
         .settings
         .iter()

@@ -55,6 +55,11 @@ pub struct TpchArgs {
     /// directory and LZ4 for S3; `lz4` and `none` force one (to measure).
     #[arg(long, value_enum, default_value_t = crate::session::ShuffleCompression::Auto)]
     pub shuffle_compression: crate::session::ShuffleCompression,
+    /// Where map files live between stages: `object_store` (the shuffle
+    /// location) or `local` (each on its worker's disk, streamed between
+    /// workers over Arrow Flight; pool workers only).
+    #[arg(long, value_enum, default_value_t = dfx_runtime::ShuffleDurability::ObjectStore)]
+    pub shuffle_durability: dfx_runtime::ShuffleDurability,
     /// How distributed tasks run: `pool` (long-lived workers, the default)
     /// or `process` (one worker process per task).
     #[arg(long, value_enum, default_value_t = dfx_runtime::scheduler::WorkerMode::Pool)]
@@ -167,6 +172,7 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
         partitions: args.partitions,
         split: args.split,
         shuffle_compression: args.shuffle_compression,
+        shuffle_durability: args.shuffle_durability,
         queries,
         data_dir,
         shuffle_root: args.shuffle_dir.clone(),
@@ -181,12 +187,13 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
     let report = report?;
     let tables = args.tables_on.as_deref().unwrap_or("local files");
     println!(
-        "TPC-H sf{} with {} partitions, split {}, shuffle compression {}, worker mode {}, tables \
-         on {tables}, median of {} run(s) per mode\n",
+        "TPC-H sf{} with {} partitions, split {}, shuffle compression {}, shuffle durability {}, \
+         worker mode {}, tables on {tables}, median of {} run(s) per mode\n",
         report.scale,
         report.partitions,
         report.split,
         report.shuffle_compression,
+        args.shuffle_durability,
         args.worker_mode.as_str(),
         report.runs
     );

@@ -27,6 +27,8 @@ pub struct TpchOptions {
     pub split: Split,
     /// How workers compress their map files.
     pub shuffle_compression: ShuffleCompression,
+    /// Where map files live between stages.
+    pub shuffle_durability: dfx_runtime::ShuffleDurability,
     /// Query numbers, in the order to run them.
     pub queries: Vec<u8>,
     /// Where datasets are cached (absolute: workers resolve it elsewhere).
@@ -73,6 +75,7 @@ pub async fn run_tpch(host: &Host, options: &TpchOptions) -> Result<RunReport, T
         .with_target_partitions(options.partitions)
         .with_split(options.split)
         .with_shuffle_compression(options.shuffle_compression);
+    spec.shuffle_durability = options.shuffle_durability;
     spec.engine_options = options.engine_options.clone();
     let mut reports = Vec::new();
     for &number in &options.queries {

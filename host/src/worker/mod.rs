@@ -157,7 +157,7 @@ pub async fn serve(
 ) -> Result<()> {
     let mut cache = SessionCache::default();
     let requests = futures::stream::poll_fn(|cx| requests.poll_recv(cx));
-    serve_requests(requests, out, async |envelope| {
+    serve_requests(Some(plugin), requests, out, async |envelope| {
         respond(plugin, &mut cache, envelope).await
     })
     .await?;

@@ -27,6 +27,7 @@ pub mod location;
 pub mod lock;
 pub mod map_file;
 pub mod map_layout;
+pub mod map_ticket;
 pub mod module;
 pub mod plugin;
 pub mod stages;
@@ -41,6 +42,7 @@ pub use map_file::{MAP_FOOTER_BYTES, MAP_FOOTER_MAGIC, map_marker_range};
 pub use map_layout::{
     MapLayout, SHUFFLE_RANGES, SUMMARY_COLUMNS, SUMMARY_KEYS_COLUMNS, StageLayouts,
 };
+pub use map_ticket::{MAP_SERVER, MAX_TICKET_RANGES, MapTicket, MapTicketAnswer};
 pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 pub use plugin::Plugin;
 pub use stages::PARTITIONS_PER_TASK;

@@ -46,6 +46,12 @@ pub struct MapLayout {
     /// (a reader then finds it through the marker).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keys: Option<(u64, u64)>,
+    /// The map server holding the file on its worker's disk
+    /// (`http://host:port`), when its stage's maps are served rather than
+    /// shared: a reader in another process streams its ranges from there.
+    /// `None`: the file is read from the location itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 impl MapLayout {
@@ -59,6 +65,7 @@ impl MapLayout {
             size: 0,
             e_tag: None,
             keys: None,
+            owner: None,
         }
     }
 
@@ -194,6 +201,7 @@ mod tests {
             size: 40,
             e_tag: Some("\"abc\"".into()),
             keys: Some((15, 20)),
+            owner: Some("http://127.0.0.1:4000".into()),
         };
         let layouts = StageLayouts {
             stages: BTreeMap::from([(2, vec![layout.clone(), MapLayout::empty(2)])]),

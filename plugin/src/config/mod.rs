@@ -278,6 +278,8 @@ extensions_options! {
         pub task_partitions: String, default = String::new()
         /// The most bytes a reader has requested and not yet decoded.
         pub read_bytes_in_flight: u64, default = 64 * 1024 * 1024
+        /// Set by a worker serving its map files: its own map server's address.
+        pub map_server: String, default = String::new()
     }
 }
 

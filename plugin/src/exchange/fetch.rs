@@ -26,11 +26,13 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
 use object_store::ObjectStore;
+use object_store::path::Path as ObjectPath;
 
+use crate::exchange::flight_store::owner_store;
 use crate::exchange::io::{join, spawn};
 use crate::exchange::locate::Piece;
 use crate::exchange::shared_reads::{self, Cover, SharedFailure};
-use crate::exchange::store::{ObjectKey, Pinned, S3Location, get_range_pinned};
+use crate::exchange::store::{ObjectKey, Pinned, S3Location, canonical_location, get_range_pinned};
 
 /// Why a range could not be had.
 pub(crate) enum FetchError {
@@ -43,9 +45,14 @@ pub(crate) enum FetchError {
     Failed(String),
 }
 
+/// Where a piece's file is read: the store that holds it and its key
+/// there (an S3 bucket, or the map server of the worker that wrote it).
+pub(crate) type Source = Result<(Arc<dyn ObjectStore>, ObjectPath), String>;
+
 /// One GET: consecutive pieces of one object, adjacent in it.
 struct Request {
     path: PathBuf,
+    source: Source,
     offset: u64,
     len: u64,
     /// The object's size and entity tag, as its map reported them.
@@ -62,8 +69,6 @@ type InFlight = BoxFuture<'static, Result<Vec<Vec<u8>>, FetchError>>;
 
 /// The ranges of one reader partition (see the module doc).
 pub(crate) struct RangeFetcher {
-    store: Arc<dyn ObjectStore>,
-    location: S3Location,
     pending: VecDeque<Request>,
     in_flight: FuturesOrdered<InFlight>,
     /// The length of each request in flight, in order.
@@ -74,6 +79,38 @@ pub(crate) struct RangeFetcher {
     ready: VecDeque<Vec<u8>>,
 }
 
+/// Each piece of the S3 location `s3` read from `store`, by its key there.
+pub(crate) fn s3_source(store: Arc<dyn ObjectStore>, s3: S3Location) -> impl Fn(&Piece) -> Source {
+    move |piece| Ok((Arc::clone(&store), s3.key(&piece.path)?))
+}
+
+/// Each piece of the local location `root` read from the map server of
+/// the worker that wrote it (its owner), by its name under `root`.
+pub(crate) fn served_source(root: PathBuf) -> impl Fn(&Piece) -> Source {
+    let location = canonical_location(&root.to_string_lossy());
+    move |piece| {
+        let owner = piece.owner.as_deref().ok_or_else(|| {
+            format!(
+                "{} is read from its worker's map server, but no owner was reported for it",
+                piece.path.display()
+            )
+        })?;
+        let name = piece
+            .path
+            .strip_prefix(&root)
+            .ok()
+            .and_then(|name| name.to_str())
+            .ok_or_else(|| format!("{} is not under {}", piece.path.display(), root.display()))?;
+        let key = ObjectPath::parse(name).map_err(|e| {
+            format!(
+                "{}: not a name a map server takes: {e}",
+                piece.path.display()
+            )
+        })?;
+        Ok((owner_store(owner, &location), key))
+    }
+}
+
 /// `pieces` in the order their ranges are fetched and read: by map, then
 /// by offset, so a map's adjacent buckets are one GET.
 pub(crate) fn fetch_order(mut pieces: Vec<Piece>) -> VecDeque<Piece> {
@@ -82,12 +119,12 @@ pub(crate) fn fetch_order(mut pieces: Vec<Piece>) -> VecDeque<Piece> {
 }
 
 impl RangeFetcher {
-    /// The fetcher of `pieces` (in [`fetch_order`], one range each), up
-    /// to `budget` bytes in flight (at least one request, however large);
-    /// `covers` by map, when the reading task's partitions share them.
+    /// The fetcher of `pieces` (in [`fetch_order`], one range each), each
+    /// read where `source` says, up to `budget` bytes in flight (at least
+    /// one request, however large); `covers` by map, when the reading
+    /// task's partitions share them.
     pub(crate) fn new(
-        store: Arc<dyn ObjectStore>,
-        location: S3Location,
+        source: &dyn Fn(&Piece) -> Source,
         pieces: &VecDeque<Piece>,
         budget: u64,
         covers: &[Option<Cover>],
@@ -105,6 +142,7 @@ impl RangeFetcher {
                 }
                 _ => pending.push_back(Request {
                     path: piece.path.clone(),
+                    source: source(piece),
                     offset,
                     len,
                     size: piece.size,
@@ -121,8 +159,6 @@ impl RangeFetcher {
             });
         }
         Self {
-            store,
-            location,
             pending,
             in_flight: FuturesOrdered::new(),
             lengths: VecDeque::new(),
@@ -153,14 +189,14 @@ impl RangeFetcher {
 
     /// Spawn `request` on the I/O runtime now (not at its first poll), so
     /// every request started is in flight together.
-    fn start(&self, request: Request) -> InFlight {
-        let key = match self.location.key(&request.path) {
-            Ok(key) => key,
+    fn start(&self, mut request: Request) -> InFlight {
+        let source = std::mem::replace(&mut request.source, Err(String::new()));
+        let (store, key) = match source {
+            Ok(source) => source,
             Err(e) => return Box::pin(async move { Err(FetchError::Failed(e)) }),
         };
         if let Some(cover) = request.cover {
-            let shared =
-                shared_reads::take(Arc::clone(&self.store), key, cover, request.e_tag.clone());
+            let shared = shared_reads::take(store, key, cover, request.e_tag.clone());
             return Box::pin(async move {
                 let (bytes, size) = shared.await.map_err(|failure| match failure {
                     SharedFailure::Lost => FetchError::Lost,
@@ -180,7 +216,7 @@ impl RangeFetcher {
             });
         }
         let get = get_range_pinned(
-            Arc::clone(&self.store),
+            store,
             key,
             request.offset,
             request.len,
@@ -265,6 +301,7 @@ mod tests {
             size: 100,
             e_tag: None,
             keys: None,
+            owner: None,
         };
         let root = Path::new("s3://bucket/q");
         let Ok(ShuffleLocation::S3(s3)) = ShuffleLocation::parse(root) else {
@@ -278,11 +315,11 @@ mod tests {
         let store = s3_store("bucket", &options).unwrap();
         // Bucket-major, as a coalesced task's head lists them.
         let wanted = vec![(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (0, 3)];
-        let pieces = locate_by_layouts(root, 2, &[layout.clone(), layout], wanted);
+        let pieces = locate_by_layouts(root, 2, &[layout.clone(), layout], wanted, None);
         let ordered = fetch_order(pieces.into());
         let order: Vec<(usize, usize)> = ordered.iter().map(|p| (p.map, p.bucket)).collect();
         assert_eq!(order, [(0, 0), (0, 1), (0, 3), (1, 0), (1, 1)]);
-        let fetcher = RangeFetcher::new(store, s3, &ordered, 64, &[]);
+        let fetcher = RangeFetcher::new(&s3_source(store, s3), &ordered, 64, &[]);
         assert_eq!(fetcher.requests(), 2);
     }
 }

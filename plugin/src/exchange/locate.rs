@@ -310,9 +310,28 @@ pub(crate) struct Piece {
     pub(crate) e_tag: Option<String>,
     /// The map's file, once open (when local).
     pub(crate) file: Option<File>,
+    /// The map server holding the map's file on its worker's disk, when
+    /// it is read from there rather than from the location.
+    pub(crate) owner: Option<String>,
 }
 
 impl Piece {
+    /// The piece as located, without its open file: what a fetcher plans
+    /// its requests by.
+    pub(crate) fn clone_located(&self) -> Self {
+        Self {
+            map: self.map,
+            bucket: self.bucket,
+            rows: self.rows,
+            segments: self.segments.clone(),
+            path: self.path.clone(),
+            size: self.size,
+            e_tag: self.e_tag.clone(),
+            file: None,
+            owner: self.owner.clone(),
+        }
+    }
+
     /// Bucket `bucket` of the map `marker` describes (closing a file of
     /// `size` bytes), unless it is empty.
     pub(crate) fn of(marker: &MapMarker, size: u64, root: &Path, bucket: usize) -> Option<Self> {
@@ -326,6 +345,7 @@ impl Piece {
             size,
             e_tag: None,
             file: None,
+            owner: None,
         })
     }
 }
@@ -335,12 +355,15 @@ impl Piece {
 /// map, from the maps' reports): no marker is read. Each bucket is one
 /// contiguous range of its file, read as one piece of one "segment" (its
 /// segments, decoded one after the other); an empty bucket is skipped.
-/// The caller has checked that `maps` has every map and bucket.
+/// The caller has checked that `maps` has every map and bucket. A map whose
+/// layout names an owner other than `own_server` (the reading process's
+/// own map server) is read from that owner.
 pub(crate) fn locate_by_layouts(
     root: &Path,
     stage_id: u64,
     maps: &[MapLayout],
     pieces: Vec<(usize, usize)>,
+    own_server: Option<&str>,
 ) -> VecDeque<Piece> {
     pieces
         .into_iter()
@@ -360,6 +383,11 @@ pub(crate) fn locate_by_layouts(
                 size: layout.size,
                 e_tag: layout.e_tag.clone(),
                 file: None,
+                // A map this process wrote is read from its own disk.
+                owner: layout
+                    .owner
+                    .clone()
+                    .filter(|owner| Some(owner.as_str()) != own_server),
             })
         })
         .collect()

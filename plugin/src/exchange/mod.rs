@@ -8,6 +8,7 @@
 //! - [`locate`]: a map's marker (and key summary) found and checked;
 //! - [`stream`]: one reader partition's segments, read and decoded;
 //! - [`fetch`]: a remote reader's ranges, merged and fetched at once;
+//! - [`flight_store`]: a map file read from the worker that serves it;
 //! - [`store`]: the shuffle location, a local directory or an `s3://` prefix;
 //! - [`reads`]: ranged reads of an S3 object, pinned to its entity tag;
 //! - [`io`]: the plugin's own runtime, on which every request runs;
@@ -20,6 +21,7 @@
 pub mod dirs;
 pub mod fetch;
 pub mod files;
+pub(crate) mod flight_store;
 pub mod io;
 pub mod ipc_check;
 pub mod locate;

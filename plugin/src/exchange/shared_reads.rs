@@ -59,8 +59,9 @@ pub(crate) type Fetched = Result<(Arc<Vec<u8>>, u64), SharedFailure>;
 
 type SharedGet = Shared<BoxFuture<'static, Fetched>>;
 
-/// One object's range: its key, entity tag, offset and length.
-type CoverKey = (String, Option<String>, u64, u64);
+/// One object's range: its store (by address: a bucket's client, or one
+/// worker's map server), its key, entity tag, offset and length.
+type CoverKey = (usize, String, Option<String>, u64, u64);
 
 struct Entry {
     get: SharedGet,
@@ -79,7 +80,14 @@ pub(crate) fn take(
     cover: Cover,
     e_tag: Option<String>,
 ) -> SharedGet {
-    let id: CoverKey = (key.to_string(), e_tag.clone(), cover.offset, cover.len);
+    let store_id = Arc::as_ptr(&store).cast::<()>() as usize;
+    let id: CoverKey = (
+        store_id,
+        key.to_string(),
+        e_tag.clone(),
+        cover.offset,
+        cover.len,
+    );
     let start = move || fetch(store, key, cover, e_tag);
     // A poisoned lock only means a taker panicked; the map is still whole.
     let mut covers = COVERS.lock().unwrap_or_else(|p| p.into_inner());

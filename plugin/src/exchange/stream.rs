@@ -22,18 +22,18 @@ use object_store::ObjectStore;
 
 use crate::counters::LiveObject;
 use crate::error;
-use crate::exchange::fetch::{FetchError, RangeFetcher, fetch_order};
+use crate::exchange::fetch::{FetchError, RangeFetcher, Source, fetch_order};
 use crate::exchange::files::{decode_segments, describe_fields, read_range, same_fields};
 use crate::exchange::locate::Piece;
 use crate::exchange::marker::Segment;
 use crate::exchange::shared_reads::Cover;
 use crate::exchange::store::{ObjectKey, S3Location, get_range_if};
 
-/// An S3 reader's requests: the markers (until read), then the segment
-/// being fetched; or, given its maps' layouts, every range at once.
+/// A remote reader's requests: the markers (until read), then the segment
+/// being fetched, from an S3 `bucket`; or, given its maps' layouts, every
+/// range at once (from S3, or from the workers serving their files).
 struct Remote {
-    store: Arc<dyn ObjectStore>,
-    location: S3Location,
+    bucket: Option<(Arc<dyn ObjectStore>, S3Location)>,
     markers: Option<BoxFuture<'static, Result<VecDeque<Piece>>>>,
     fetching: Option<Fetch>,
     ranges: Option<RangeFetcher>,
@@ -57,8 +57,10 @@ pub(crate) struct BucketStream {
     schema: SchemaRef,
     queue: VecDeque<Piece>,
     current: Option<OpenPiece>,
-    /// Set when the stage's output is in S3.
+    /// Set when the stage's output is in S3, or served by its workers.
     remote: Option<Remote>,
+    /// Whether a piece with no owner is read from a local file.
+    reads_files: bool,
     _live: LiveObject,
 }
 
@@ -78,6 +80,7 @@ impl BucketStream {
             queue: pieces,
             current: None,
             remote: None,
+            reads_files: true,
             _live: LiveObject::new(),
         }
     }
@@ -100,31 +103,38 @@ impl BucketStream {
             queue: VecDeque::new(),
             current: None,
             remote: Some(Remote {
-                store,
-                location: s3,
+                bucket: Some((store, s3)),
                 markers: Some(markers),
                 fetching: None,
                 ranges: None,
             }),
+            reads_files: false,
             _live: LiveObject::new(),
         }
     }
 
-    /// A stream of the `pieces` of stage `stage_id`'s maps in the S3
-    /// location `s3` (whose root is `location`), located by the layouts
-    /// the driver handed the task: no marker is read, and the pieces'
-    /// ranges are fetched concurrently, up to `budget` bytes in flight
-    /// (see [`super::fetch`]).
-    pub(crate) fn remote_ranges(
+    /// A stream of the `pieces` of stage `stage_id`'s maps under
+    /// `location`, located by the layouts the driver handed the task: no
+    /// marker is read, and the ranges of the pieces read remotely are
+    /// fetched concurrently from where `source` says, up to `budget` bytes
+    /// in flight (see [`super::fetch`]). With `reads_files`, a piece with
+    /// no owner is read from its local file instead (a local location
+    /// whose maps its workers serve).
+    pub(crate) fn laid_out(
         stage_id: u64,
         location: PathBuf,
         schema: SchemaRef,
-        (store, s3): (Arc<dyn ObjectStore>, S3Location),
-        pieces: VecDeque<Piece>,
+        (pieces, reads_files): (VecDeque<Piece>, bool),
+        source: &dyn Fn(&Piece) -> Source,
         (budget, covers): (u64, &[Option<Cover>]),
     ) -> Self {
         let queue = fetch_order(pieces.into());
-        let ranges = RangeFetcher::new(Arc::clone(&store), s3.clone(), &queue, budget, covers);
+        let remote: VecDeque<Piece> = queue
+            .iter()
+            .filter(|p| !reads_files || p.owner.is_some())
+            .map(Piece::clone_located)
+            .collect();
+        let ranges = RangeFetcher::new(source, &remote, budget, covers);
         Self {
             stage_id,
             location,
@@ -132,12 +142,12 @@ impl BucketStream {
             queue,
             current: None,
             remote: Some(Remote {
-                store,
-                location: s3,
+                bucket: None,
                 markers: None,
                 fetching: None,
                 ranges: Some(ranges),
             }),
+            reads_files,
             _live: LiveObject::new(),
         }
     }
@@ -259,7 +269,7 @@ impl BucketStream {
                 let Some(mut piece) = self.queue.pop_front() else {
                     return Poll::Ready(None);
                 };
-                if self.remote.is_none() {
+                if self.reads_files && piece.owner.is_none() {
                     piece.file = Some(self.open_local(&piece)?);
                 }
                 self.current = Some(OpenPiece {
@@ -301,17 +311,26 @@ impl BucketStream {
                 Err(FetchError::Failed(why)) => Poll::Ready(Err(fail(&open.piece, why))),
                 Err(FetchError::Lost) => {
                     let open = self.current.as_ref().expect("a piece is open");
-                    Poll::Ready(Err(self.lost(&open.piece, "object")))
+                    let what = match open.piece.owner {
+                        Some(_) => "file on its worker",
+                        None => "object",
+                    };
+                    Poll::Ready(Err(self.lost(&open.piece, what)))
                 }
             };
         }
+        let Some((store, bucket)) = remote.bucket.as_ref() else {
+            return Poll::Ready(Err(fail(
+                &open.piece,
+                "no range is left to fetch for this piece".to_string(),
+            )));
+        };
         if remote.fetching.is_none() {
-            let key = remote
-                .location
+            let key = bucket
                 .key(&open.piece.path)
                 .map_err(|e| fail(&open.piece, e))?;
             let fetch = get_range_if(
-                Arc::clone(&remote.store),
+                Arc::clone(store),
                 key,
                 segment.offset,
                 segment.bytes,

@@ -51,6 +51,7 @@ use prost::Message;
 
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
+use crate::exchange::fetch::{s3_source, served_source};
 use crate::exchange::locate::{locate_by_layouts, locate_local, read_markers};
 use crate::exchange::shared_reads::Cover;
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
@@ -468,38 +469,40 @@ impl ShuffleReaderExec {
         let layouts = config
             .shuffle_ranges()
             .map_err(|e| self.error(partition, e))?;
+        let own_server = Some(config.map_server.trim()).filter(|s| !s.is_empty());
         let laid_out = layouts
             .as_ref()
             .and_then(|l| l.stages.get(&self.stage_id))
             .filter(|maps| {
                 maps.len() == self.maps && maps.iter().all(|m| m.buckets() == self.buckets)
             })
-            .map(|maps| locate_by_layouts(&root, self.stage_id, maps, pieces.clone()));
+            .map(|maps| locate_by_layouts(&root, self.stage_id, maps, pieces.clone(), own_server));
+        // A hash partition of a task running a slice shares each map's read
+        // with the slice's other partitions.
+        let covers = match (config.task_partitions(), layouts.as_ref()) {
+            (Ok(Some(slice)), Some(layouts))
+                if self.mode == ReadMode::Hash && slice.contains(&partition) =>
+            {
+                layouts
+                    .stages
+                    .get(&self.stage_id)
+                    .map(|maps| slice_covers(maps, slice, config.read_bytes_in_flight))
+            }
+            _ => None,
+        }
+        .unwrap_or_default();
+        let budget = (config.read_bytes_in_flight, covers.as_slice());
         if let ShuffleLocation::S3(s3) = location {
             let store = s3_store(&s3.bucket, &S3Options::from_config(&config))
                 .map_err(|e| self.error(partition, e))?;
             if let Some(located) = laid_out {
-                // A hash partition of a task running a slice shares each
-                // map's read with the slice's other partitions.
-                let covers = match (config.task_partitions(), layouts.as_ref()) {
-                    (Ok(Some(slice)), Some(layouts))
-                        if self.mode == ReadMode::Hash && slice.contains(&partition) =>
-                    {
-                        layouts
-                            .stages
-                            .get(&self.stage_id)
-                            .map(|maps| slice_covers(maps, slice, config.read_bytes_in_flight))
-                    }
-                    _ => None,
-                }
-                .unwrap_or_default();
-                let stream = BucketStream::remote_ranges(
+                let stream = BucketStream::laid_out(
                     self.stage_id,
                     root,
                     Arc::clone(&self.schema),
-                    (store, s3),
-                    located,
-                    (config.read_bytes_in_flight, &covers),
+                    (located, false),
+                    &s3_source(store, s3),
+                    budget,
                 );
                 return Ok(Box::pin(stream));
             }
@@ -519,6 +522,22 @@ impl ShuffleReaderExec {
                 store,
                 s3,
                 markers,
+            );
+            return Ok(Box::pin(stream));
+        }
+        // Maps served by the workers that wrote them: each read from its
+        // owner, or from disk when this process wrote it.
+        if let Some(located) = laid_out.as_ref()
+            && located.iter().any(|piece| piece.owner.is_some())
+        {
+            let located = laid_out.expect("checked above");
+            let stream = BucketStream::laid_out(
+                self.stage_id,
+                root.clone(),
+                Arc::clone(&self.schema),
+                (located, true),
+                &served_source(root),
+                budget,
             );
             return Ok(Box::pin(stream));
         }

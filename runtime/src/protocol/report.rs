@@ -96,6 +96,16 @@ impl Response {
         }
     }
 
+    /// A final failure of `envelope`'s task before it ran.
+    pub fn of_final(envelope: &Envelope, error: String) -> Self {
+        Response::Error(TaskError {
+            stage_id: Some(envelope.stage_id),
+            partition: Some(envelope.partition),
+            error,
+            retry: FailureClass::Final,
+        })
+    }
+
     /// A failure before any envelope was read: final, with no task ids.
     pub fn unknown_task(error: String) -> Self {
         Response::Error(TaskError {

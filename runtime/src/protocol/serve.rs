@@ -23,7 +23,10 @@ use std::pin::pin;
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 
+use dfx_abi::Plugin;
+
 use crate::error::{Result, RuntimeError};
+use crate::flight::serving;
 use crate::protocol::envelope::Envelope;
 use crate::protocol::report::Response;
 
@@ -132,7 +135,7 @@ fn envelope_of_line(line: &str) -> Option<std::result::Result<Envelope, Response
 /// let requests = futures::stream::iter([Ok(String::new()), Ok(line.to_string())]);
 /// let mut out = Vec::new();
 /// let mut answered = 0;
-/// serve(requests, &mut out, async |envelope: Envelope| {
+/// serve(None, requests, &mut out, async |envelope: Envelope| {
 ///     answered += 1;
 ///     Response::Report(WorkerReport {
 ///         stage_id: envelope.stage_id,
@@ -156,6 +159,7 @@ fn envelope_of_line(line: &str) -> Option<std::result::Result<Envelope, Response
 /// or a response cannot be written (naming stdout: the driver is gone). The
 /// end of `requests` is success.
 pub async fn serve<W>(
+    plugin: Option<&Plugin>,
     requests: impl Stream<Item = std::io::Result<String>>,
     out: &mut W,
     mut answer: impl AsyncFnMut(Envelope) -> Response,
@@ -168,7 +172,10 @@ where
         let line = line.map_err(|e| RuntimeError::io("cannot read a request from", REQUESTS, e))?;
         let response = match envelope_of_line(&line) {
             None => continue,
-            Some(Ok(envelope)) => answer(envelope).await,
+            Some(Ok(mut envelope)) => match serving::before_task(plugin, &mut envelope) {
+                Ok(server) => serving::sign(answer(envelope).await, server.as_deref()),
+                Err(error) => Response::of_final(&envelope, error),
+            },
             Some(Err(unknown)) => unknown,
         };
         write_response(out, &response)?;
@@ -186,6 +193,7 @@ where
 /// As [`serve`]: a request that cannot be read, or a response that cannot
 /// be written.
 pub fn serve_blocking<W>(
+    plugin: Option<&Plugin>,
     requests: impl IntoIterator<Item = std::io::Result<String>>,
     out: &mut W,
     mut answer: impl FnMut(Envelope) -> Response,
@@ -194,6 +202,7 @@ where
     W: Write + ?Sized,
 {
     futures::executor::block_on(serve(
+        plugin,
         futures::stream::iter(requests),
         out,
         async |envelope| answer(envelope),
@@ -326,6 +335,7 @@ mod tests {
         let mut out = Vec::new();
         let mut answered = Vec::new();
         let served = futures::executor::block_on(serve(
+            None,
             futures::stream::iter(requests),
             &mut out,
             async |envelope: Envelope| {
@@ -434,6 +444,7 @@ mod tests {
     fn a_response_that_cannot_be_written_ends_serving_with_an_error_naming_stdout() {
         let mut answered = 0;
         let err = serve_blocking(
+            None,
             [inline(&envelope(1, 0)), inline(&envelope(1, 1))],
             &mut Gone,
             |envelope| {
@@ -507,7 +518,10 @@ mod tests {
             log.borrow_mut().push("read".into());
             requests.next()
         });
-        serve_blocking(requests, &mut Logged(&log), |envelope| report_of(&envelope)).unwrap();
+        serve_blocking(None, requests, &mut Logged(&log), |envelope| {
+            report_of(&envelope)
+        })
+        .unwrap();
         let unknown = Response::unknown_task(Request::parse("{}").unwrap_err());
         assert_eq!(
             log.into_inner(),

@@ -151,6 +151,7 @@ mod tests {
             size: 40,
             e_tag: None,
             keys: None,
+            owner: None,
         })
     }
 

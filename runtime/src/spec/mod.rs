@@ -83,6 +83,17 @@ pub struct SessionSpec {
     /// JSON when it is the default, so older readers still take the spec.
     #[serde(default, skip_serializing_if = "ShuffleCompression::is_default")]
     pub shuffle_compression: ShuffleCompression,
+    /// Where map files live between stages: in the location, read by every
+    /// reader from there (`object_store`, the default), or on the disk of
+    /// the worker that wrote each, served to the others over Arrow Flight
+    /// (`local`). Left out of the JSON when it is the default.
+    #[serde(default, skip_serializing_if = "ShuffleDurability::is_default")]
+    pub shuffle_durability: ShuffleDurability,
+    /// Where each worker's map server listens under `local` durability:
+    /// `host:port`, port 0 for any free one. `None`: `127.0.0.1:0`, this
+    /// host only. Left out of the JSON when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub map_server_bind: Option<String>,
     /// How an `s3://` location is reached, over the AWS environment
     /// variables: `s3_endpoint`, `s3_region`, `s3_allow_http` (`"true"`),
     /// set as the plugin's `dfx_engine.<key>`. Never credentials: the spec
@@ -131,6 +142,8 @@ impl Default for SessionSpec {
             codec_ids: Vec::new(),
             split: Split::default(),
             shuffle_compression: ShuffleCompression::default(),
+            shuffle_durability: ShuffleDurability::default(),
+            map_server_bind: None,
             store_options: BTreeMap::new(),
             memory_limit: None,
             engine_options: BTreeMap::new(),
@@ -175,6 +188,45 @@ impl std::fmt::Display for ShuffleCompression {
         f.write_str(self.as_str())
     }
 }
+
+/// Where map files live between stages: the spec's `shuffle_durability`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "snake_case")]
+pub enum ShuffleDurability {
+    /// In the location (a directory every worker shares, or S3): a map
+    /// outlives its worker.
+    #[default]
+    #[cfg_attr(feature = "clap", value(name = "object_store"))]
+    ObjectStore,
+    /// On the disk of the worker that wrote each map, in the location's
+    /// directory there, served over Arrow Flight: a lost worker's maps are
+    /// lost, and run again.
+    Local,
+}
+
+impl ShuffleDurability {
+    /// The spec's spelling (`object_store`, `local`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShuffleDurability::ObjectStore => "object_store",
+            ShuffleDurability::Local => "local",
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl std::fmt::Display for ShuffleDurability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The map server's address when the spec names none: this host only.
+pub const DEFAULT_MAP_SERVER_BIND: &str = "127.0.0.1:0";
 
 /// Where the plugin's planner cuts a plan into stages: the value of
 /// `dfx_engine.split`, spelled in JSON and on the command line as the
@@ -462,7 +514,24 @@ impl SessionSpec {
             ));
         }
         for dir in self.shuffle_dir.iter().chain(&self.shuffle_root) {
-            ShuffleLocation::parse(dir)?;
+            let parsed = ShuffleLocation::parse(dir)?;
+            if self.shuffle_durability == ShuffleDurability::Local
+                && !matches!(parsed, ShuffleLocation::Local(_))
+            {
+                return invalid(format!(
+                    "session spec shuffle_durability is local, which keeps each map file on \
+                     its worker's disk, but the location {} is not a local directory; expected \
+                     a directory (each node has its own), or shuffle_durability object_store",
+                    dir.display()
+                ));
+            }
+        }
+        if let Some(bind) = &self.map_server_bind
+            && bind.parse::<std::net::SocketAddr>().is_err()
+        {
+            return invalid(format!(
+                "session spec map_server_bind is {bind:?}; expected host:port, say 127.0.0.1:0"
+            ));
         }
         for (name, table) in &self.tables {
             table
