@@ -46,11 +46,11 @@ fn spec_object_or_string<'de, D: Deserializer<'de>>(
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Either {
-        Object(SessionSpec),
+        Object(Box<SessionSpec>),
         Text(String),
     }
     match Either::deserialize(d)? {
-        Either::Object(spec) => Ok(spec),
+        Either::Object(spec) => Ok(*spec),
         Either::Text(text) => serde_json::from_str(&text).map_err(serde::de::Error::custom),
     }
 }
