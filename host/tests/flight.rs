@@ -12,7 +12,7 @@ use arrow_flight::Ticket;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use common::*;
 use dfx_abi::MapTicket;
-use dfx_host::{Host, HostError, SessionSpec, WorkerCommand, WorkerMode};
+use dfx_host::{Host, SessionSpec, WorkerCommand, WorkerMode};
 use dfx_runtime::ShuffleDurability;
 use dfx_runtime::flight::MapServer;
 use dfx_runtime::flight::map_server::read_answer;
@@ -120,6 +120,12 @@ async fn a_map_server_streams_a_tickets_ranges_and_refuses_what_it_does_not_serv
 
 #[tokio::test]
 async fn queries_answer_with_their_maps_served_by_the_workers_that_wrote_them() {
+    for durability in [ShuffleDurability::Local, ShuffleDurability::Both] {
+        answers_with_maps_served(durability).await;
+    }
+}
+
+async fn answers_with_maps_served(durability: ShuffleDurability) {
     let fixture = Fixture::new();
     let host = host();
     for (sql, expected) in [
@@ -131,7 +137,7 @@ async fn queries_answer_with_their_maps_served_by_the_workers_that_wrote_them() 
             fixture.distributed_spec(&format!("served-{}", sql.len())),
         ));
         let result = host.run_distributed(sql, &spec).await.unwrap();
-        assert_eq!(rows(&result.batches), expected, "{sql}");
+        assert_eq!(rows(&result.batches), expected, "{durability}: {sql}");
         // Every map that published a layout names the server holding it.
         let owners: BTreeSet<&str> = result
             .task_reports
@@ -159,8 +165,11 @@ async fn maps_kept_on_worker_disks_need_pool_workers_and_a_directory() {
     let spec = served(fixture.distributed_spec("process"));
     let host = host().worker_mode(WorkerMode::Process);
     let err = host.run_distributed(BY_FLAG, &spec).await.unwrap_err();
-    assert!(matches!(err, HostError::Invalid(_)), "{err}");
-    assert!(err.to_string().contains("use the pool"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("the process executor's workers do not outlive their tasks"),
+        "{err}"
+    );
 
     let mut on_s3 = served(fixture.spec().with_shuffle_dir("s3://bucket/q"));
     let err = on_s3.validate().unwrap_err().to_string();
@@ -180,15 +189,15 @@ async fn leaf_and_reader(spec: &SessionSpec) -> (u64, u64) {
     (leaf.stage_id(), reader.stage_id())
 }
 
-/// Two pool workers run the table's four maps. The first worker that ran
-/// some of them and is then handed a task of the stage reading them dies
-/// (SIGKILL, its map server with it), first writing down the maps it ran.
-/// Its files are still on this machine's disk, but readers ask its server:
-/// those maps, and only those, run again elsewhere, and the answer is right.
-#[tokio::test]
-async fn a_lost_worker_has_its_maps_and_only_those_run_again() {
+/// Two pool workers run the table's four maps under `durability`. The
+/// first worker that ran some of them and is then handed a task of the
+/// stage reading them dies (SIGKILL, its map server with it), first writing
+/// down the maps it ran. The answer is right; returned: the maps it ran,
+/// and the maps of that stage that ran again.
+async fn lose_a_worker(durability: ShuffleDurability) -> (BTreeSet<usize>, BTreeSet<usize>) {
     let fixture = Fixture::new();
-    let spec = served(one_task_per_partition(fixture.distributed_spec("lost")));
+    let mut spec = one_task_per_partition(fixture.distributed_spec("lost"));
+    spec.shuffle_durability = durability;
     let (u, r) = leaf_and_reader(&spec).await;
     let died = fixture.root.path().join("died");
     // Requests go through a FIFO to the real worker, so the wrapper sees
@@ -221,22 +230,22 @@ exec 3>&-; wait $child"#,
         .max_workers(Some(2))
         .max_attempts(5);
     let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
+    host.shutdown().await;
     assert_eq!(rows(&result.batches), by_flag_expected());
-
     let lost: BTreeSet<usize> = std::fs::read_to_string(died.join("maps"))
         .expect("a worker died holding maps")
         .split_whitespace()
         .map(|m| m.parse().unwrap())
         .collect();
+    assert!(!lost.is_empty());
     let rerun: BTreeSet<usize> = result
         .attempts
         .iter()
         .filter(|((stage, _), made)| *stage == u && **made > 1)
         .map(|((_, map), _)| *map)
         .collect();
-    assert_eq!(rerun, lost, "retries: {:#?}", result.retries);
     let retries = result.retries.join("\n");
-    for map in &lost {
+    for map in &rerun {
         assert!(
             retries.contains(&format!(
                 "stage {u} map {map} attempt 1: run again, its output was lost"
@@ -244,5 +253,21 @@ exec 3>&-; wait $child"#,
             "{retries}"
         );
     }
-    host.shutdown().await;
+    (lost, rerun)
+}
+
+/// Under `local`, a dead worker's files are still on this machine's disk,
+/// but readers ask its server: its maps, and only those, run again.
+#[tokio::test]
+async fn a_lost_worker_has_its_maps_and_only_those_run_again() {
+    let (lost, rerun) = lose_a_worker(ShuffleDurability::Local).await;
+    assert_eq!(rerun, lost);
+}
+
+/// Under `both`, readers fall back to the location's files: nothing runs
+/// again.
+#[tokio::test]
+async fn a_lost_worker_costs_no_rerun_when_its_maps_are_also_in_the_location() {
+    let (_, rerun) = lose_a_worker(ShuffleDurability::Both).await;
+    assert_eq!(rerun, BTreeSet::new());
 }

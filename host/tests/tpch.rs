@@ -501,3 +501,11 @@ async fn all_22_queries_agree_with_maps_served_by_their_workers_in_slices_split_
     let local = ShuffleDurability::Local;
     all_queries_agree_kept(Split::Aggregate, 4, &sliced("2"), &[], local).await;
 }
+
+/// Map files in the location and, copied, on the disks of the workers that
+/// wrote them: readers stream from the workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_with_maps_also_copied_to_their_workers_split_at_every_exchange() {
+    let both = ShuffleDurability::Both;
+    all_queries_agree_kept(Split::Exchange, PARTITIONS, &[], &[], both).await;
+}

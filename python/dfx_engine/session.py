@@ -180,6 +180,14 @@ class SessionSpec:
             :data:`STORE_OPTION_KEYS` to their values. Never credentials.
         shuffle_compression: How workers compress the map files they
             publish: ``auto`` (none locally, LZ4 on S3), ``lz4`` or ``none``.
+        shuffle_durability: Where map files live between stages:
+            ``object_store`` (the shuffle location, read by every worker
+            from there) or ``local`` (each on the disk of the pooled worker
+            that wrote it, streamed to the others over Arrow Flight; a lost
+            worker's maps run again). ``local`` needs a directory.
+        map_server_bind: Where each worker's map server listens under
+            ``local`` durability, ``host:port`` (port 0: any free one).
+            ``None``: ``127.0.0.1:0``, this host only.
         memory_limit: The most memory, in bytes, each map task's operators
             may hold, in every worker: sorts and aggregations spill past it,
             other operators fail with "Resources exhausted".
@@ -207,6 +215,8 @@ class SessionSpec:
     split: str = _internal.DEFAULT_SPLIT
     store_options: dict[str, str] = field(default_factory=dict)
     shuffle_compression: str = _internal.DEFAULT_SHUFFLE_COMPRESSION
+    shuffle_durability: str = _internal.DEFAULT_SHUFFLE_DURABILITY
+    map_server_bind: str | None = None
     memory_limit: int | None = None
     engine_options: dict[str, str] = field(default_factory=dict)
     stage_options: dict[str, str] = field(default_factory=dict)

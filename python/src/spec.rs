@@ -4,7 +4,7 @@
 //! JSON, what an absent field means.
 
 use dfx_runtime::spec::{DEFAULT_TARGET_PARTITIONS, STORE_OPTION_KEYS, Script, TableDefinition};
-use dfx_runtime::{SessionSpec, ShuffleCompression, Split};
+use dfx_runtime::{SessionSpec, ShuffleCompression, ShuffleDurability, Split};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -139,6 +139,10 @@ pub fn add_constants(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add(
         "DEFAULT_SHUFFLE_COMPRESSION",
         ShuffleCompression::default().as_str(),
+    )?;
+    m.add(
+        "DEFAULT_SHUFFLE_DURABILITY",
+        ShuffleDurability::default().as_str(),
     )?;
     m.add("STORE_OPTION_KEYS", STORE_OPTION_KEYS.to_vec())?;
     Ok(())

@@ -31,7 +31,6 @@ use std::sync::{Arc, Mutex};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect;
 use dfx_abi::Plugin;
-use dfx_runtime::ShuffleDurability;
 use dfx_runtime::prepare;
 use dfx_runtime::root::head_context;
 use dfx_runtime::scheduler::{
@@ -275,18 +274,7 @@ impl Host {
 
     /// `spec`, or `spec` under this host's temporary root (made now if it
     /// is the first) when it names neither a location nor a root.
-    /// Refused here too: map files kept on worker disks with a process per
-    /// task, which would leave no worker to serve them.
     fn with_temporary_root(&self, spec: &SessionSpec) -> Result<SessionSpec> {
-        if spec.shuffle_durability == ShuffleDurability::Local && self.mode == WorkerMode::Process {
-            return Err(HostError::Invalid(
-                "shuffle durability local keeps each map file on the disk of the worker that \
-                 wrote it, served by that worker; a process per task exits with its task, so \
-                 nothing would serve its maps: use the pool (--worker-mode pool), or \
-                 shuffle durability object_store"
-                    .to_string(),
-            ));
-        }
         if spec.shuffle_dir.is_some() || spec.shuffle_root.is_some() {
             return Ok(spec.clone());
         }

@@ -42,7 +42,9 @@ pub use map_file::{MAP_FOOTER_BYTES, MAP_FOOTER_MAGIC, map_marker_range};
 pub use map_layout::{
     MapLayout, SHUFFLE_RANGES, SUMMARY_COLUMNS, SUMMARY_KEYS_COLUMNS, StageLayouts,
 };
-pub use map_ticket::{MAP_SERVER, MAX_TICKET_RANGES, MapTicket, MapTicketAnswer};
+pub use map_ticket::{
+    MAP_COPY_DIR, MAP_SERVER, MAX_TICKET_RANGES, MapTicket, MapTicketAnswer, SHUFFLE_DURABILITY,
+};
 pub use module::{DfxCounters, DfxPlugin, DfxPluginRef, DfxStageInfo, FfiResult};
 pub use plugin::Plugin;
 pub use stages::PARTITIONS_PER_TASK;

@@ -20,6 +20,16 @@ use serde::{Deserialize, Serialize};
 /// process holds is read from disk, never through its own server.
 pub const MAP_SERVER: &str = "map_server";
 
+/// The key (without the `dfx_engine.` prefix) by which a serving worker
+/// tells each task where to keep a copy of the map file it publishes (its
+/// own disk, under shuffle durability `both`), which its server serves.
+pub const MAP_COPY_DIR: &str = "map_copy_dir";
+
+/// The key (without the `dfx_engine.` prefix) of a query's shuffle
+/// durability (`object_store`, `local` or `both`), as every session of it
+/// is told: a reader falls back to the location's file only under `both`.
+pub const SHUFFLE_DURABILITY: &str = "shuffle_durability";
+
 /// The most ranges one ticket may name: a reader asks for a few large
 /// ranges of each map, never one per row group.
 pub const MAX_TICKET_RANGES: usize = 4096;

@@ -280,6 +280,10 @@ extensions_options! {
         pub read_bytes_in_flight: u64, default = 64 * 1024 * 1024
         /// Set by a worker serving its map files: its own map server's address.
         pub map_server: String, default = String::new()
+        /// Set by a worker keeping copies to serve: where its writers put them.
+        pub map_copy_dir: String, default = String::new()
+        /// Where map files live between stages: `object_store`, `local` or `both`.
+        pub shuffle_durability: String, default = "object_store".to_string()
     }
 }
 
@@ -509,6 +513,24 @@ impl DfxConfig {
             Some((first, last)) => Ok(Some(first..last + 1)),
             None => Err(DataFusionError::Configuration(format!(
                 "dfx config: `{CONFIG_PREFIX}.task_partitions` is {value:?}, not first-last"
+            ))),
+        }
+    }
+
+    /// Whether a reader reads the location's file of a map whose worker
+    /// cannot be reached: the query keeps map files in both places
+    /// (`shuffle_durability` `both`).
+    ///
+    /// # Errors
+    ///
+    /// A durability other than `object_store`, `local` or `both`.
+    pub fn reads_location_when_owner_lost(&self) -> Result<bool> {
+        match self.shuffle_durability.trim() {
+            "object_store" | "local" => Ok(false),
+            "both" => Ok(true),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{CONFIG_PREFIX}.shuffle_durability` is {other:?}; expected \
+                 object_store, local or both"
             ))),
         }
     }

@@ -18,7 +18,7 @@
 //! size is checked against the layout's before any byte is decoded.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -26,6 +26,7 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::FuturesOrdered;
 use object_store::ObjectStore;
+use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 
 use crate::exchange::flight_store::owner_store;
@@ -46,8 +47,17 @@ pub(crate) enum FetchError {
 }
 
 /// Where a piece's file is read: the store that holds it and its key
-/// there (an S3 bucket, or the map server of the worker that wrote it).
-pub(crate) type Source = Result<(Arc<dyn ObjectStore>, ObjectPath), String>;
+/// there (an S3 bucket, or the map server of the worker that wrote it),
+/// and where else when that store has lost it (the location's file, when
+/// the worker's is a copy).
+pub(crate) struct Route {
+    pub(crate) store: Arc<dyn ObjectStore>,
+    pub(crate) key: ObjectPath,
+    pub(crate) fallback: Option<(Arc<dyn ObjectStore>, ObjectPath)>,
+}
+
+/// A piece's [`Route`], or why it has none.
+pub(crate) type Source = Result<Route, String>;
 
 /// One GET: consecutive pieces of one object, adjacent in it.
 struct Request {
@@ -81,20 +91,37 @@ pub(crate) struct RangeFetcher {
 
 /// Each piece of the S3 location `s3` read from `store`, by its key there.
 pub(crate) fn s3_source(store: Arc<dyn ObjectStore>, s3: S3Location) -> impl Fn(&Piece) -> Source {
-    move |piece| Ok((Arc::clone(&store), s3.key(&piece.path)?))
+    move |piece| {
+        Ok(Route {
+            store: Arc::clone(&store),
+            key: s3.key(&piece.path)?,
+            fallback: None,
+        })
+    }
 }
 
-/// Each piece of the local location `root` read from the map server of
-/// the worker that wrote it (its owner), by its name under `root`.
-pub(crate) fn served_source(root: PathBuf) -> impl Fn(&Piece) -> Source {
-    let location = canonical_location(&root.to_string_lossy());
+/// Each piece of the location `root` read from the map server of the
+/// worker that wrote it (its owner), by its name under `root`; a piece
+/// with no owner, and with `location` (the location's own source) each
+/// piece its owner lost, read from `location`.
+pub(crate) fn served_source(
+    root: PathBuf,
+    location: Option<Box<dyn Fn(&Piece) -> Source + Send>>,
+) -> impl Fn(&Piece) -> Source {
+    let canonical = canonical_location(&root.to_string_lossy());
     move |piece| {
-        let owner = piece.owner.as_deref().ok_or_else(|| {
-            format!(
-                "{} is read from its worker's map server, but no owner was reported for it",
-                piece.path.display()
-            )
-        })?;
+        let direct =
+            || {
+                location.as_ref().map(|read| read(piece)).unwrap_or_else(|| {
+                Err(format!(
+                    "{} is read from its worker's map server, but no owner was reported for it",
+                    piece.path.display()
+                ))
+            })
+            };
+        let Some(owner) = piece.owner.as_deref() else {
+            return direct();
+        };
         let name = piece
             .path
             .strip_prefix(&root)
@@ -107,8 +134,48 @@ pub(crate) fn served_source(root: PathBuf) -> impl Fn(&Piece) -> Source {
                 piece.path.display()
             )
         })?;
-        Ok((owner_store(owner, &location), key))
+        let fallback = match location.as_ref() {
+            Some(_) => direct().ok().map(|route| (route.store, route.key)),
+            None => None,
+        };
+        Ok(Route {
+            store: owner_store(owner, &canonical),
+            key,
+            fallback,
+        })
     }
+}
+
+/// Each piece of the local directory `root` read from its file there, as
+/// an object of a store rooted at `root` (for a piece whose owner lost it).
+///
+/// # Errors
+///
+/// A directory object_store cannot root a store at.
+pub(crate) fn file_source(root: PathBuf) -> Result<impl Fn(&Piece) -> Source + Send, String> {
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        LocalFileSystem::new_with_prefix(&root)
+            .map_err(|e| format!("cannot read {} as a store: {e}", root.display()))?,
+    );
+    Ok(move |piece: &Piece| {
+        Ok(Route {
+            store: Arc::clone(&store),
+            key: name_under(&root, piece)?,
+            fallback: None,
+        })
+    })
+}
+
+/// The name of `piece`'s file under `root`, as a key.
+fn name_under(root: &Path, piece: &Piece) -> Result<ObjectPath, String> {
+    let name = piece
+        .path
+        .strip_prefix(root)
+        .ok()
+        .and_then(|name| name.to_str())
+        .ok_or_else(|| format!("{} is not under {}", piece.path.display(), root.display()))?;
+    ObjectPath::parse(name)
+        .map_err(|e| format!("{}: not a name a store takes: {e}", piece.path.display()))
 }
 
 /// `pieces` in the order their ranges are fetched and read: by map, then
@@ -191,10 +258,38 @@ impl RangeFetcher {
     /// every request started is in flight together.
     fn start(&self, mut request: Request) -> InFlight {
         let source = std::mem::replace(&mut request.source, Err(String::new()));
-        let (store, key) = match source {
-            Ok(source) => source,
+        let Route {
+            store,
+            key,
+            fallback,
+        } = match source {
+            Ok(route) => route,
             Err(e) => return Box::pin(async move { Err(FetchError::Failed(e)) }),
         };
+        let Some((other, other_key)) = fallback else {
+            return Self::get(store, key, request);
+        };
+        // Read from the other place only when the first has lost the file
+        // (its worker is gone): its own range, not a slice's cover.
+        let again = Request {
+            path: request.path.clone(),
+            source: Err(String::new()),
+            cover: None,
+            parts: request.parts.clone(),
+            e_tag: request.e_tag.clone(),
+            ..request
+        };
+        let first = Self::get(store, key, request);
+        Box::pin(async move {
+            match first.await {
+                Err(FetchError::Lost) => Self::get(other, other_key, again).await,
+                fetched => fetched,
+            }
+        })
+    }
+
+    /// `request`'s range of `key` in `store`, or of its cover.
+    fn get(store: Arc<dyn ObjectStore>, key: ObjectPath, request: Request) -> InFlight {
         if let Some(cover) = request.cover {
             let shared = shared_reads::take(store, key, cover, request.e_tag.clone());
             return Box::pin(async move {

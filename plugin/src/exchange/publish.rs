@@ -23,6 +23,7 @@ use object_store::ObjectStore;
 
 use crate::config::ShuffleCompression;
 use crate::counters::LiveObject;
+use crate::exchange::dirs::prepare_stage_dir;
 use crate::exchange::files::{MapFile, encode_segment};
 use crate::exchange::locate::read_published_marker;
 use crate::exchange::marker::{BucketEntry, KeysRegion, MapMarker, Segment};
@@ -71,38 +72,59 @@ pub(crate) enum Target {
     },
 }
 
-/// The map's one file while it is written.
-pub(crate) enum MapSink {
+/// The map's one file while it is written, in the location.
+pub(crate) enum MapMain {
     File(MapFile),
     Object(ObjectMap),
 }
 
+/// The map's file while it is written, and its copy on the worker's own
+/// disk when the worker keeps one to serve (shuffle durability `both`):
+/// the same bytes, published only when the location's file is this
+/// attempt's.
+pub(crate) struct MapSink {
+    main: MapMain,
+    copy: Option<(MapFile, PathBuf)>,
+}
+
 impl MapSink {
     fn len(&self) -> u64 {
-        match self {
-            MapSink::File(file) => file.len(),
-            MapSink::Object(object) => object.len(),
+        match &self.main {
+            MapMain::File(file) => file.len(),
+            MapMain::Object(object) => object.len(),
         }
     }
 
     async fn append(&mut self, segment: &[u8]) -> std::result::Result<(), String> {
-        match self {
-            MapSink::File(file) => file.append(segment),
-            MapSink::Object(object) => object.append(segment).await,
+        match &mut self.main {
+            MapMain::File(file) => file.append(segment)?,
+            MapMain::Object(object) => object.append(segment).await?,
         }
+        if let Some((copy, _)) = self.copy.as_mut() {
+            copy.append(segment)?;
+        }
+        Ok(())
     }
 
     async fn publish(self, path: &Path) -> std::result::Result<PublishedFile, String> {
-        match self {
-            MapSink::File(file) => file
+        let published = match self.main {
+            MapMain::File(file) => file
                 .publish(path)
-                .map(|ours| PublishedFile { ours, e_tag: None }),
-            MapSink::Object(object) => object
+                .map(|ours| PublishedFile { ours, e_tag: None })?,
+            MapMain::Object(object) => object
                 .publish()
                 .await
                 .map(|(ours, e_tag)| PublishedFile { ours, e_tag })
-                .map_err(|e| format!("{}: {e}", path.display())),
+                .map_err(|e| format!("{}: {e}", path.display()))?,
+        };
+        // Another attempt's file is the map's: this copy is dropped, its
+        // temp file with it, and the worker serves nothing for the map.
+        if let Some((copy, copy_path)) = self.copy
+            && published.ours
+        {
+            copy.publish(&copy_path)?;
         }
+        Ok(published)
     }
 }
 
@@ -150,6 +172,9 @@ pub(crate) struct MapJob {
     /// The location's root, for the names of `paths`.
     pub(crate) root: PathBuf,
     pub(crate) target: Target,
+    /// Where the worker keeps a copy of each map file it publishes, to
+    /// serve it (shuffle durability `both`); `None`: no copy.
+    pub(crate) copy_root: Option<PathBuf>,
     pub(crate) schema: SchemaRef,
     pub(crate) split: BucketSplit,
     pub(crate) buckets: Vec<Option<OpenBucket>>,
@@ -273,16 +298,30 @@ impl MapJob {
             .map_err(|e| fail(crate::error::io_failure(&self.root, e)))
     }
 
-    /// Start map `map`'s file (a temp file, or an upload).
+    /// Start map `map`'s file (a temp file, or an upload), and its copy.
     fn create_sink(&self, map: usize) -> Result<MapSink> {
         let path = map_path(&self.root, self.stage_id, map);
-        match &self.target {
-            Target::Local => MapFile::create(&self.root, &path).map(MapSink::File),
+        let main = match &self.target {
+            Target::Local => MapFile::create(&self.root, &path).map(MapMain::File),
             Target::S3 { store, location } => location
                 .key(&path)
-                .map(|key| MapSink::Object(ObjectMap::create(Arc::clone(store), location, key))),
+                .map(|key| MapMain::Object(ObjectMap::create(Arc::clone(store), location, key))),
         }
-        .map_err(|e| self.error(e))
+        .map_err(|e| self.error(e))?;
+        let copy = match &self.copy_root {
+            Some(dir) => {
+                prepare_stage_dir(dir, self.stage_id).map_err(|e| {
+                    self.error(format!(
+                        "cannot prepare the directory of the worker's copies: {e}"
+                    ))
+                })?;
+                let copy_path = map_path(dir, self.stage_id, map);
+                let file = MapFile::create(dir, &copy_path).map_err(|e| self.error(e))?;
+                Some((file, copy_path))
+            }
+            None => None,
+        };
+        Ok(MapSink { main, copy })
     }
 
     /// Flush every bucket, close the map's file with its marker, publish it.

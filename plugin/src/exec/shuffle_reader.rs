@@ -51,8 +51,8 @@ use prost::Message;
 
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
-use crate::exchange::fetch::{s3_source, served_source};
-use crate::exchange::locate::{locate_by_layouts, locate_local, read_markers};
+use crate::exchange::fetch::{Source, file_source, s3_source, served_source};
+use crate::exchange::locate::{Piece, locate_by_layouts, locate_local, read_markers};
 use crate::exchange::shared_reads::Cover;
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
 use crate::exchange::stream::BucketStream;
@@ -492,16 +492,30 @@ impl ShuffleReaderExec {
         }
         .unwrap_or_default();
         let budget = (config.read_bytes_in_flight, covers.as_slice());
+        let fall_back = config
+            .reads_location_when_owner_lost()
+            .map_err(|e| self.error(partition, e))?;
+        let served = laid_out
+            .as_ref()
+            .is_some_and(|located| located.iter().any(|piece| piece.owner.is_some()));
         if let ShuffleLocation::S3(s3) = location {
             let store = s3_store(&s3.bucket, &S3Options::from_config(&config))
                 .map_err(|e| self.error(partition, e))?;
             if let Some(located) = laid_out {
+                // Maps served by their workers (`both`: each also in the
+                // bucket, read when its worker is gone).
+                let source: Box<dyn Fn(&Piece) -> Source + Send> = if served {
+                    let bucket = Box::new(s3_source(store, s3));
+                    Box::new(served_source(root.clone(), fall_back.then_some(bucket)))
+                } else {
+                    Box::new(s3_source(store, s3))
+                };
                 let stream = BucketStream::laid_out(
                     self.stage_id,
                     root,
                     Arc::clone(&self.schema),
                     (located, false),
-                    &s3_source(store, s3),
+                    source.as_ref(),
                     budget,
                 );
                 return Ok(Box::pin(stream));
@@ -526,17 +540,21 @@ impl ShuffleReaderExec {
             return Ok(Box::pin(stream));
         }
         // Maps served by the workers that wrote them: each read from its
-        // owner, or from disk when this process wrote it.
-        if let Some(located) = laid_out.as_ref()
-            && located.iter().any(|piece| piece.owner.is_some())
-        {
-            let located = laid_out.expect("checked above");
+        // owner, or from disk when this process wrote it (`both`: also
+        // when its owner is gone).
+        if served && let Some(located) = laid_out {
+            let files: Option<Box<dyn Fn(&Piece) -> Source + Send>> = if fall_back {
+                let files = file_source(root.clone()).map_err(|e| self.error(partition, e))?;
+                Some(Box::new(files))
+            } else {
+                None
+            };
             let stream = BucketStream::laid_out(
                 self.stage_id,
                 root.clone(),
                 Arc::clone(&self.schema),
                 (located, true),
-                &served_source(root),
+                &served_source(root, files),
                 budget,
             );
             return Ok(Box::pin(stream));

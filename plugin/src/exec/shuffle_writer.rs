@@ -467,6 +467,9 @@ impl ShuffleWriterExec {
             map,
             root: location_root(&location),
             target,
+            copy_root: Some(config.map_copy_dir.trim())
+                .filter(|dir| !dir.is_empty())
+                .map(PathBuf::from),
             schema: self.data_schema(),
             split: self.bucket_split(partition)?,
             buckets: (0..self.buckets()).map(|_| None).collect(),

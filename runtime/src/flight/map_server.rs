@@ -62,6 +62,10 @@ pub struct MapServer {
     address: String,
     served: Arc<Served>,
     counters: Arc<Counters>,
+    /// Where this process keeps copies of the map files it publishes to
+    /// locations it does not serve from (shuffle durability `both`): made
+    /// on first use, one directory per location below it.
+    copies: Mutex<Option<tempfile::TempDir>>,
 }
 
 /// The server's own runtime: two threads, enough to stream files while
@@ -137,6 +141,7 @@ impl MapServer {
             address: format!("http://{local}"),
             served,
             counters,
+            copies: Mutex::new(None),
         })
     }
 
@@ -162,6 +167,54 @@ impl MapServer {
         let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
         served.insert(parsed.canonical(), dir.clone());
         Ok(())
+    }
+
+    /// Serve the copies this process keeps of the map files it publishes
+    /// to `location` (any location: its files stay there too), from a
+    /// directory of this process's own; that directory, for its writers.
+    ///
+    /// # Errors
+    ///
+    /// A location that does not parse, or a directory that cannot be made.
+    pub fn keep_copies(&self, location: &Path) -> Result<PathBuf, String> {
+        let canonical = ShuffleLocation::parse(location)
+            .map_err(|e| e.to_string())?
+            .canonical();
+        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(dir) = served.get(&canonical) {
+            return Ok(dir.clone());
+        }
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        if copies.is_none() {
+            let made = tempfile::Builder::new()
+                .prefix("dfx-map-copies-")
+                .tempdir()
+                .map_err(|e| format!("cannot make a directory for the map files' copies: {e}"))?;
+            *copies = Some(made);
+        }
+        let base = copies
+            .as_ref()
+            .map(|d| d.path().to_path_buf())
+            .unwrap_or_default();
+        let dir = base.join(format!("location-{}", served.len()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        served.insert(canonical, dir.clone());
+        Ok(dir)
+    }
+
+    /// Remove every copy this process kept: its serving is over.
+    pub fn drop_copies(&self) {
+        let mut copies = self.copies.lock().unwrap_or_else(|p| p.into_inner());
+        *copies = None;
+    }
+
+    /// The process's server when one was started.
+    pub fn started() -> Option<Arc<Self>> {
+        RUNNING
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Arc::clone)
     }
 
     /// What it sent so far.

@@ -168,19 +168,26 @@ where
     W: Write + ?Sized,
 {
     let mut requests = pin!(requests);
-    while let Some(line) = requests.next().await {
-        let line = line.map_err(|e| RuntimeError::io("cannot read a request from", REQUESTS, e))?;
-        let response = match envelope_of_line(&line) {
-            None => continue,
-            Some(Ok(mut envelope)) => match serving::before_task(plugin, &mut envelope) {
-                Ok(server) => serving::sign(answer(envelope).await, server.as_deref()),
-                Err(error) => Response::of_final(&envelope, error),
-            },
-            Some(Err(unknown)) => unknown,
-        };
-        write_response(out, &response)?;
+    let served = async {
+        while let Some(line) = requests.next().await {
+            let line =
+                line.map_err(|e| RuntimeError::io("cannot read a request from", REQUESTS, e))?;
+            let response = match envelope_of_line(&line) {
+                None => continue,
+                Some(Ok(mut envelope)) => match serving::before_task(plugin, &mut envelope) {
+                    Ok(served) => serving::sign(answer(envelope).await, served.as_ref()),
+                    Err(error) => Response::of_final(&envelope, error),
+                },
+                Some(Err(unknown)) => unknown,
+            };
+            write_response(out, &response)?;
+        }
+        Ok(())
     }
-    Ok(())
+    .await;
+    // Nothing is served past the loop: the copies kept for it go.
+    serving::after_serving();
+    served
 }
 
 /// [`serve`] for a host without an async runtime: request lines from an

@@ -29,6 +29,13 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
 
     /// What results call this executor (`pool`, `process`, `ray`...).
     fn name(&self) -> String;
+
+    /// Whether its workers outlive their tasks and serve the map files they
+    /// wrote (the runtime's serve loop, see [`crate::flight`]): what a
+    /// query whose map files stay on worker disks needs.
+    fn serves_map_files(&self) -> bool {
+        false
+    }
 }
 
 /// How a host runs its tasks.

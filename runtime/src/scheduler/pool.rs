@@ -248,6 +248,10 @@ impl Executor for WorkerPool {
     fn name(&self) -> String {
         "pool".into()
     }
+
+    fn serves_map_files(&self) -> bool {
+        true
+    }
 }
 
 /// A poisoned lock only means another task panicked while holding it; the

@@ -19,8 +19,8 @@ use crate::scheduler::query_run::QueryRun;
 use crate::scheduler::ready::{Graph, ReadyOutcome, run_ready};
 use crate::scheduler::task::{Task, TaskReport, TaskReports};
 use crate::scheduler::tasks::write_tasks;
-use crate::spec::SessionSpec;
 use crate::spec::location::same_location;
+use crate::spec::{SessionSpec, ShuffleDurability};
 
 /// Runs queries' tasks on one executor.
 #[derive(Debug, Clone)]
@@ -66,6 +66,15 @@ impl Scheduler {
                 "the session spec sets stage_options {:?}; the scheduler sets them for a \
                  stage's tasks, a query's spec never does (set engine_options instead)",
                 spec.stage_options.keys().collect::<Vec<_>>()
+            )));
+        }
+        if spec.shuffle_durability == ShuffleDurability::Local && !self.executor.serves_map_files()
+        {
+            return Err(RuntimeError::Invalid(format!(
+                "shuffle durability local keeps each map file on the disk of the worker that \
+                 wrote it, served by that worker; the {} executor's workers do not outlive \
+                 their tasks to serve them: use the pool, or shuffle durability object_store",
+                self.executor.name()
             )));
         }
         let location = spec.shuffle_dir.as_deref().ok_or_else(|| {

@@ -84,9 +84,10 @@ pub struct SessionSpec {
     #[serde(default, skip_serializing_if = "ShuffleCompression::is_default")]
     pub shuffle_compression: ShuffleCompression,
     /// Where map files live between stages: in the location, read by every
-    /// reader from there (`object_store`, the default), or on the disk of
-    /// the worker that wrote each, served to the others over Arrow Flight
-    /// (`local`). Left out of the JSON when it is the default.
+    /// reader from there (`object_store`, the default); on the disk of the
+    /// worker that wrote each, served to the others over Arrow Flight
+    /// (`local`); or in both places (`both`). Left out of the JSON when it
+    /// is the default.
     #[serde(default, skip_serializing_if = "ShuffleDurability::is_default")]
     pub shuffle_durability: ShuffleDurability,
     /// Where each worker's map server listens under `local` durability:
@@ -203,6 +204,11 @@ pub enum ShuffleDurability {
     /// directory there, served over Arrow Flight: a lost worker's maps are
     /// lost, and run again.
     Local,
+    /// Both: each map in the location, and a copy on the disk of the
+    /// worker that wrote it, served over Arrow Flight. Readers stream from
+    /// the worker, and read the location's file when it cannot be reached:
+    /// a lost worker costs no rerun.
+    Both,
 }
 
 impl ShuffleDurability {
@@ -211,6 +217,7 @@ impl ShuffleDurability {
         match self {
             ShuffleDurability::ObjectStore => "object_store",
             ShuffleDurability::Local => "local",
+            ShuffleDurability::Both => "both",
         }
     }
 
@@ -355,10 +362,11 @@ pub const STORE_OPTION_KEYS: [&str; 3] = [
 
 /// The `dfx_engine` keys a spec holds as fields of its own, refused in
 /// [`SessionSpec::engine_options`].
-const SPEC_FIELD_KEYS: [&str; 4] = [
+const SPEC_FIELD_KEYS: [&str; 5] = [
     "shuffle_dir",
     "split",
     "shuffle_compression",
+    dfx_abi::SHUFFLE_DURABILITY,
     "memory_limit",
 ];
 
@@ -377,6 +385,12 @@ impl SessionSpec {
                 "shuffle_compression".to_string(),
                 self.shuffle_compression.as_str().to_string(),
             ));
+            if self.shuffle_durability != ShuffleDurability::default() {
+                settings.push((
+                    dfx_abi::SHUFFLE_DURABILITY.to_string(),
+                    self.shuffle_durability.as_str().to_string(),
+                ));
+            }
         }
         if let Some(limit) = self.memory_limit {
             settings.push(("memory_limit".to_string(), limit.to_string()));
@@ -499,9 +513,8 @@ impl SessionSpec {
         if !owned.is_empty() {
             return invalid(format!(
                 "session spec engine_options sets {owned:?}, which the spec holds as fields of \
-                 their own (shuffle_dir, split, shuffle_compression, memory_limit, \
-                 store_options): set them \
-                 there"
+                 their own (shuffle_dir, split, shuffle_compression, shuffle_durability, \
+                 memory_limit, store_options): set them there"
             ));
         }
         if let (Some(dir), Some(root)) = (&self.shuffle_dir, &self.shuffle_root) {
