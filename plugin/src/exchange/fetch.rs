@@ -59,6 +59,9 @@ pub(crate) struct Route {
 /// A piece's [`Route`], or why it has none.
 pub(crate) type Source = Result<Route, String>;
 
+/// What routes each piece of a reader: a location, or its workers' servers.
+pub(crate) type Sources = Box<dyn Fn(&Piece) -> Source + Send>;
+
 /// One GET: consecutive pieces of one object, adjacent in it.
 struct Request {
     path: PathBuf,
@@ -104,10 +107,7 @@ pub(crate) fn s3_source(store: Arc<dyn ObjectStore>, s3: S3Location) -> impl Fn(
 /// worker that wrote it (its owner), by its name under `root`; a piece
 /// with no owner, and with `location` (the location's own source) each
 /// piece its owner lost, read from `location`.
-pub(crate) fn served_source(
-    root: PathBuf,
-    location: Option<Box<dyn Fn(&Piece) -> Source + Send>>,
-) -> impl Fn(&Piece) -> Source {
+pub(crate) fn served_source(root: PathBuf, location: Option<Sources>) -> impl Fn(&Piece) -> Source {
     let canonical = canonical_location(&root.to_string_lossy());
     move |piece| {
         let direct =

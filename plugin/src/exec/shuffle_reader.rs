@@ -51,8 +51,8 @@ use prost::Message;
 
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
-use crate::exchange::fetch::{Source, file_source, s3_source, served_source};
-use crate::exchange::locate::{Piece, locate_by_layouts, locate_local, read_markers};
+use crate::exchange::fetch::{Sources, file_source, s3_source, served_source};
+use crate::exchange::locate::{locate_by_layouts, locate_local, read_markers};
 use crate::exchange::shared_reads::Cover;
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
 use crate::exchange::stream::BucketStream;
@@ -504,7 +504,7 @@ impl ShuffleReaderExec {
             if let Some(located) = laid_out {
                 // Maps served by their workers (`both`: each also in the
                 // bucket, read when its worker is gone).
-                let source: Box<dyn Fn(&Piece) -> Source + Send> = if served {
+                let source: Sources = if served {
                     let bucket = Box::new(s3_source(store, s3));
                     Box::new(served_source(root.clone(), fall_back.then_some(bucket)))
                 } else {
@@ -543,7 +543,7 @@ impl ShuffleReaderExec {
         // owner, or from disk when this process wrote it (`both`: also
         // when its owner is gone).
         if served && let Some(located) = laid_out {
-            let files: Option<Box<dyn Fn(&Piece) -> Source + Send>> = if fall_back {
+            let files: Option<Sources> = if fall_back {
                 let files = file_source(root.clone()).map_err(|e| self.error(partition, e))?;
                 Some(Box::new(files))
             } else {

@@ -68,12 +68,14 @@ impl Scheduler {
                 spec.stage_options.keys().collect::<Vec<_>>()
             )));
         }
-        if spec.shuffle_durability == ShuffleDurability::Local && !self.executor.serves_map_files()
+        if spec.shuffle_durability != ShuffleDurability::ObjectStore
+            && !self.executor.serves_map_files()
         {
             return Err(RuntimeError::Invalid(format!(
-                "shuffle durability local keeps each map file on the disk of the worker that \
+                "shuffle durability {} keeps each map file on the disk of the worker that \
                  wrote it, served by that worker; the {} executor's workers do not outlive \
                  their tasks to serve them: use the pool, or shuffle durability object_store",
+                spec.shuffle_durability,
                 self.executor.name()
             )));
         }
