@@ -49,6 +49,9 @@ class Design:
     parts_in_flight: int = MAX_PARTS_IN_FLIGHT
     # Flight: the shuffle's bytes between workers, not through S3.
     shuffle_store: Store | None = None
+    # Where map files are uploaded, when not to the shuffle's store: S3 as
+    # the durable copy beside Flight (shuffle durability `both`).
+    put_store: Store | None = None
     # Partitioned prefixes the query's objects are spread over.
     prefixes: int = 1
     # Machine-sized tasks whose partitions each request their own bucket of
@@ -219,19 +222,23 @@ def task_times(
         sh_get_s, sh_give_up = request_s(
             shuffle.latency_s, at_once, shuffle.get_rate * d.prefixes, terms.slow_down
         )
+        put_to = d.put_store or shuffle
         sh_put_s, _ = request_s(
-            shuffle.latency_s, at_once, shuffle.put_rate * d.prefixes, terms.slow_down
+            put_to.latency_s, at_once, put_to.put_rate * d.prefixes, terms.slow_down
         )
         # Write (exchange/store.rs): one PUT, or a multipart upload (create,
         # parts, complete), MAX_PARTS_IN_FLIGHT parts at once.
         out_bytes = s.bytes * grow / m
         parts = math.ceil(out_bytes / PART_SIZE)
         puts = 1 if out_bytes <= PART_SIZE else 2 + parts
-        put_bw = min(shuffle.put_bw or shuffle.conn_bw, shuffle_bw)
+        put_bw = min(
+            put_to.put_bw or put_to.conn_bw,
+            min(put_to.conn_bw * in_flight, put_to.machine_bw / tasks_per_machine),
+        )
         put_rounds = puts
         if d.machine_tasks and puts > 1:
             put_rounds = 2 + math.ceil(parts / d.parts_in_flight)
-            put_bw = min(put_bw * d.parts_in_flight, shuffle.machine_bw)
+            put_bw = min(put_bw * d.parts_in_flight, put_to.machine_bw)
         io = put_rounds * sh_put_s + out_bytes / put_bw
         gets = 0.0  # the shuffle's, this task's
         in_bytes = 0.0

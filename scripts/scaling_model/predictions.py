@@ -34,9 +34,10 @@ def fmt_s(seconds: float) -> str:
 KS = (1, 4, 16, 64)
 
 
-# Flight: the shuffle between workers (Arrow Flight), not through S3: a
-# request a millisecond, the machine's interface, no request rate. A later
-# design, on assumed figures.
+# Flight: the shuffle between workers (Arrow Flight `do_get` of a map
+# server, runtime/src/flight), not through S3: a stream a millisecond to its
+# first byte, the machine's interface, no request rate. Assumed figures,
+# until the simulated cluster measures them.
 FLIGHT = Store("Flight", 0.001, 25e9 / 8, 25e9 / 8, float("inf"), float("inf"))
 
 
@@ -128,12 +129,22 @@ def predictions(
         prefixes=16,
     )
     flight = Design(
-        "machine-sized, Flight",
+        "machine-sized, Flight, wide",
         machine_tasks=True,
         shuffle_store=FLIGHT,
         bytes_in_flight=40 * REQUEST_CUT,
         parts_in_flight=40,
         prefixes=16,
+    )
+    # As built: read_bytes_in_flight's 64 MiB, two parts of an upload.
+    served = Design(
+        "machine-sized, Flight (local)", machine_tasks=True, shuffle_store=FLIGHT
+    )
+    copied = Design(
+        "machine-sized, Flight with an S3 copy (both)",
+        machine_tasks=True,
+        shuffle_store=FLIGHT,
+        put_store=S3_TYPICAL,
     )
     ray = options.ray_task_ms
     parse = options.parse_mb_s
@@ -162,8 +173,10 @@ def predictions(
         Case(f"machine-sized, Ray {ray:g} ms", after, task_ms=ray, parse_mb_s=parse),
         Case("machine-sized, filling the interface, pool", wide, parse_mb_s=parse),
         Case("machine-sized, filling it, 16 prefixes", spread, parse_mb_s=parse),
+        Case("machine-sized, Flight: local (built), pool", served, parse_mb_s=parse),
+        Case("machine-sized, Flight: both (built), pool", copied, parse_mb_s=parse),
         Case(
-            "machine-sized, Flight, filling it, 16 prefixes",
+            "machine-sized, Flight: local, 320 MiB in flight, tables over 16 prefixes",
             flight,
             parse_mb_s=parse,
         ),
