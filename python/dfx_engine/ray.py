@@ -24,6 +24,17 @@ Each completed attempt is recorded as a :class:`Placement` (stage, map,
 attempt, the Ray node it ran on) in ``RayExecutor.placements``, the newest
 :data:`PLACEMENTS_KEPT` of them: where a query's tasks ran.
 
+With ``serve_maps=True``, the executor instead places long-lived dfx
+worker actors on every node (``workers_per_node`` each) and runs each task
+on one of them: a query of ``shuffle_durability`` ``local`` or ``both``
+keeps each map file on the disk of the actor that wrote it, served by the
+actor's map server over Arrow Flight, and the task goes to the actor that
+holds most of its input. An actor that dies, or runs a task past its
+timeout (it is killed), is a lost worker; its maps are run again under
+``local``, and read from the location under ``both``. Each actor's map
+server binds the node's address (``ray.util.get_node_ip_address()``)
+unless the spec's ``map_server_bind`` says where.
+
 Ray's own retries are off: the runtime classes a failure as it does any
 worker's. A failure the worker reports comes back in its response, classed
 where it was made; a Ray worker process or node that died, and an attempt
@@ -34,13 +45,16 @@ again; Ray failing to run the task at all is final.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import re
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import ray
 import ray.exceptions
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dfx_engine import _internal
 from dfx_engine.worker import run_task
@@ -93,6 +107,50 @@ def _run_and_place(envelope_json: str, plan: bytes) -> tuple[str, str]:
     return line, ray.get_runtime_context().get_node_id()
 
 
+class NodeWorker:
+    """A long-lived dfx worker on one node (``serve_maps=True``).
+
+    Its map server starts with it, bound to ``bind``; its tasks' map files
+    stay on its node, served from there for as long as it lives.
+    """
+
+    def __init__(self, bind: str) -> None:
+        """Start the process's map server on ``bind`` (``host:port``)."""
+        self.bind = bind
+        self.address = _internal.start_map_server(bind)
+        self.node_id = ray.get_runtime_context().get_node_id()
+
+    def where(self) -> tuple[str, str]:
+        """Its map server's address and its Ray node."""
+        return self.address, self.node_id
+
+    def run(self, envelope_json: str, plan: bytes) -> tuple[str, str]:
+        """One task, its map file served here: its response line, and the node."""
+        line = _internal.run_task_value(envelope_json, plan, run_task, self.bind)
+        return line, self.node_id
+
+
+def input_bytes_by_owner(envelope_json: str) -> dict[str, int]:
+    """Bytes of the task's input each map server holds.
+
+    Read from the layouts the driver handed the task, its spec's
+    ``stage_options["shuffle_ranges"]``.
+    """
+    try:
+        task = json.loads(envelope_json)
+        ranges = task["spec"].get("stage_options", {}).get("shuffle_ranges")
+        stages = json.loads(ranges)["stages"] if ranges else {}
+    except (KeyError, TypeError, ValueError):
+        return {}
+    held: dict[str, int] = collections.Counter()
+    for layouts in stages.values():
+        for layout in layouts:
+            owner = layout.get("owner")
+            if owner:
+                held[owner] += int(sum(layout.get("bytes", [])))
+    return dict(held)
+
+
 _LOST = (
     ray.exceptions.WorkerCrashedError,
     ray.exceptions.NodeDiedError,
@@ -100,6 +158,8 @@ _LOST = (
     ray.exceptions.ObjectLostError,
     ray.exceptions.OutOfMemoryError,
     ray.exceptions.TaskCancelledError,
+    ray.exceptions.ActorDiedError,
+    ray.exceptions.ActorUnavailableError,
 )
 """Ray's failures of the process or node under a task: another may not fail."""
 
@@ -127,13 +187,20 @@ class RayExecutor:
             see one query's.
         options: What each task is submitted with (``num_cpus``,
             ``resources``, ``runtime_env``, ``scheduling_strategy``...), as
-            given to ``ray.remote(...).options``.
+            given to ``ray.remote(...).options``; with ``serve_maps``, what
+            each actor is created with (``runtime_env``).
+        serves_map_files: Whether tasks run on long-lived actors that serve
+            their map files (``serve_maps``): what ``shuffle_durability``
+            ``local`` and ``both`` need.
     """
 
     def __init__(
         self,
         max_workers: int | None = None,
         options: Mapping[str, Any] | None = None,
+        *,
+        serve_maps: bool = False,
+        workers_per_node: int = 1,
     ) -> None:
         """An executor of at most ``max_workers`` tasks at once.
 
@@ -143,8 +210,8 @@ class RayExecutor:
 
         Raises:
             RuntimeError: If Ray is not initialized in this process.
-            ValueError: If ``max_workers`` is less than 1, or ``options`` sets
-                ``max_retries``.
+            ValueError: If ``max_workers`` or ``workers_per_node`` is less
+                than 1, or ``options`` sets ``max_retries``.
         """
         if not ray.is_initialized():
             message = (
@@ -168,15 +235,111 @@ class RayExecutor:
         if max_workers < 1:
             message = f"max_workers must be at least 1, got {max_workers}"
             raise ValueError(message)
+        if workers_per_node < 1:
+            message = f"workers_per_node must be at least 1, got {workers_per_node}"
+            raise ValueError(message)
         self.max_workers = max_workers
         self.placements: collections.deque[Placement] = collections.deque(
             maxlen=PLACEMENTS_KEPT
         )
         self._remote = ray.remote(_run_and_place)
+        self.serves_map_files = serve_maps
+        self.workers_per_node = workers_per_node
+        self._lock = threading.Lock()
+        # Map server address -> its actor and node, and the tasks each runs
+        # now; whether an actor went since the last placement.
+        self._actors: dict[str, tuple[Any, str]] = {}
+        self._short = True
+        self._busy: collections.Counter[str] = collections.Counter()
+        self._turn = itertools.count()
 
     def __repr__(self) -> str:
         """The bound and the options."""
-        return f"RayExecutor(max_workers={self.max_workers}, options={self.options})"
+        return (
+            f"RayExecutor(max_workers={self.max_workers}, options={self.options}, "
+            f"serve_maps={self.serves_map_files})"
+        )
+
+    def actors(self) -> dict[str, Any]:
+        """The live actors by map server address (``serve_maps=True``).
+
+        ``workers_per_node`` on every alive node with CPUs, those missing
+        placed first.
+        """
+        with self._lock:
+            if self._short:
+                self._place_actors()
+                self._short = False
+            return {address: actor for address, (actor, _) in self._actors.items()}
+
+    def _place_actors(self) -> None:
+        worker = ray.remote(NodeWorker)
+        per_task = float(self.options.get("num_cpus", 1) or 1)
+        placed = collections.Counter(node for _, node in self._actors.values())
+        # Ray types an actor's methods as plain functions: not `.remote`.
+        created: list[Any] = []
+        for node in ray.nodes():  # type: ignore[no-untyped-call]
+            cpus = float(node.get("Resources", {}).get("CPU", 0))
+            if not node.get("Alive") or cpus <= 0:
+                continue
+            slots = max(1, int(cpus // per_task) // self.workers_per_node)
+            bind = f"{node['NodeManagerAddress']}:0"
+            for _ in range(self.workers_per_node - placed[node["NodeID"]]):
+                created.append(
+                    worker.options(
+                        num_cpus=0,
+                        max_concurrency=slots,
+                        runtime_env=self.options.get("runtime_env"),
+                        scheduling_strategy=NodeAffinitySchedulingStrategy(
+                            node["NodeID"], soft=False
+                        ),
+                    ).remote(bind)
+                )
+        for actor in created:
+            address, node_id = ray.get(actor.where.remote())
+            self._actors[address] = (actor, node_id)
+
+    def _choose(self, envelope_json: str) -> tuple[str, Any]:
+        """The actor holding most of the task's input, else the least busy."""
+        actors = self.actors()
+        held = input_bytes_by_owner(envelope_json)
+        with self._lock:
+            live = [a for a in held if a in actors]
+            if live:
+                address = max(live, key=lambda a: (held[a], -self._busy[a]))
+            else:
+                turn = next(self._turn)
+                order = sorted(actors)
+                address = min(
+                    order,
+                    key=lambda a: (self._busy[a], (order.index(a) - turn) % len(order)),
+                )
+            self._busy[address] += 1
+            return address, actors[address]
+
+    def _forget(self, address: str) -> None:
+        """Drop a dead or killed actor: the next task places another."""
+        with self._lock:
+            gone = self._actors.pop(address, None)
+            self._short = True
+        if gone is not None:
+            ray.kill(gone[0])
+
+    def _submit(
+        self, envelope_json: str, plan: bytes, name: str
+    ) -> tuple[ray.ObjectRef[tuple[str, str]], str]:
+        if not self.serves_map_files:
+            options = {
+                **self.options,
+                # Shown by Ray as the task's name, in its dashboard.
+                "name": name,
+                # Off, or Ray would rerun a crashed task itself, under the
+                # same attempt number, behind the scheduler's back.
+                "max_retries": 0,
+            }
+            return self._remote.options(**options).remote(envelope_json, plan), ""
+        address, actor = self._choose(envelope_json)
+        return actor.run.options(name=name).remote(envelope_json, plan), address
 
     def run(self, envelope_json: str, plan: bytes, timeout: float | None) -> str:
         """Run one attempt as a Ray task; its worker's response line.
@@ -187,27 +350,40 @@ class RayExecutor:
             RuntimeError: Ray could not run the task's code at all.
         """
         task = json.loads(envelope_json)
-        options = {
-            **self.options,
-            # Shown by Ray as the task's name, in its dashboard.
-            "name": f"dfx stage {task.get('stage_id')} map {task.get('partition')}",
-            # Off, or Ray would rerun a crashed task itself, under the same
-            # attempt number, behind the scheduler's back.
-            "max_retries": 0,
-        }
-        ref = self._remote.options(**options).remote(envelope_json, plan)
+        name = f"dfx stage {task.get('stage_id')} map {task.get('partition')}"
+        ref, address = self._submit(envelope_json, plan, name)
+        try:
+            return self._wait(task, ref, address, timeout)
+        finally:
+            if address:
+                with self._lock:
+                    self._busy[address] -= 1
+
+    def _wait(
+        self,
+        task: dict[str, Any],
+        ref: ray.ObjectRef[tuple[str, str]],
+        address: str,
+        timeout: float | None,
+    ) -> str:
         ready, _ = ray.wait([ref], timeout=timeout)
         if not ready:
-            ray.cancel(ref, force=True)
+            if address:
+                # An actor's task cannot be forced to stop: the actor goes,
+                # and its map files with it.
+                self._forget(address)
+                what = "its actor was killed"
+            else:
+                ray.cancel(ref, force=True)
+                what = "its Ray task was cancelled and its worker killed"
             ray.wait([ref], timeout=CANCEL_GRACE)
-            message = (
-                f"timed out after {timeout:g} s; its Ray task was cancelled and its "
-                "worker killed"
-            )
+            message = f"timed out after {timeout:g} s; {what}"
             raise _internal.WorkerLost(message)
         try:
             line, node_id = ray.get(ref)
         except _LOST as err:
+            if address:
+                self._forget(address)
             message = f"the Ray worker running it died: {err}"
             raise _internal.WorkerLost(message) from err
         except _FINAL as err:

@@ -150,6 +150,8 @@ fn check_bound(max_workers: Option<usize>) -> PyResult<()> {
 struct PythonRunner {
     executor: Py<PyAny>,
     name: String,
+    /// The executor's `serves_map_files`, read once (absent: false).
+    serves: bool,
 }
 
 impl ForeignRunner for PythonRunner {
@@ -183,6 +185,10 @@ impl ForeignRunner for PythonRunner {
 
     fn name(&self) -> String {
         self.name.clone()
+    }
+
+    fn serves_map_files(&self) -> bool {
+        self.serves
     }
 }
 
@@ -277,9 +283,14 @@ impl Scheduler {
             Arc::new(ProcessExecutor::new(worker_command(py, command)?))
         } else if executor.hasattr("run")? {
             let name = executor.get_type().name()?.to_string();
+            let serves = match executor.getattr("serves_map_files") {
+                Ok(value) => value.is_truthy()?,
+                Err(_) => false,
+            };
             let runner = PythonRunner {
                 executor: executor.clone().unbind(),
                 name,
+                serves,
             };
             Arc::new(ForeignExecutor::new(Arc::new(runner), task_timeout))
         } else {

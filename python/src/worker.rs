@@ -24,6 +24,7 @@ use std::path::Path;
 use std::time::{Instant, SystemTime};
 
 use dfx_abi::{FailureClass, MapLayout};
+use dfx_runtime::flight::{MapServer, serving};
 use dfx_runtime::protocol::report::clear_recorded;
 use dfx_runtime::protocol::serve::{read_task_file, serve_blocking, write_response};
 use dfx_runtime::protocol::{Envelope, Published, Response, TaskError, TaskInput, check_task};
@@ -338,15 +339,20 @@ pub fn run_task_file(py: Python<'_>, path: &str, handler: &Bound<'_, PyAny>) -> 
 
 /// Run the task of `envelope_json` on the encoded stage `plan`, both handed
 /// over by value (a Ray task's node need not see the driver's disk); the
-/// response line.
+/// response line. With `map_server` (`host:port`), the task runs as a
+/// serving worker's does: under `local` or `both` shuffle durability, this
+/// process's map server (started there, unless the spec names where)
+/// serves its map file, and its report names the server.
 #[pyfunction]
+#[pyo3(signature = (envelope_json, plan, handler, map_server=None))]
 pub fn run_task_value(
     py: Python<'_>,
     envelope_json: &str,
     plan: Vec<u8>,
     handler: &Bound<'_, PyAny>,
+    map_server: Option<String>,
 ) -> String {
-    let envelope: Envelope = match serde_json::from_str(envelope_json) {
+    let mut envelope: Envelope = match serde_json::from_str(envelope_json) {
         Ok(envelope) => envelope,
         Err(err) => {
             return Response::unknown_task(format!("cannot read the task's envelope: {err}"))
@@ -357,20 +363,45 @@ pub fn run_task_value(
         Ok(plugin) => plugin,
         Err(err) => return unclassified(&envelope, err.value(py).to_string()).to_line(),
     };
+    let served = match map_server {
+        Some(bind) => {
+            envelope.spec.map_server_bind.get_or_insert(bind);
+            match serving::before_task(Some(plugin), &mut envelope) {
+                Ok(served) => served,
+                Err(error) => return Response::of_final(&envelope, error).to_line(),
+            }
+        }
+        None => None,
+    };
     // A stage cut for its maps arrives as its stage file (or this map's
     // copy of it): put together for this map, as a read from the file is.
     let read = {
         let envelope = envelope.clone();
         py.detach(move || TaskInput::from_bytes(plugin, envelope, plan))
     };
-    match read {
-        Ok(input) => answer(py, handler, input).to_line(),
+    let response = match read {
+        Ok(input) => answer(py, handler, input),
         Err(err) => Response::of_outcome(
             plugin,
             &envelope,
             Err(format!("{}: {err}", task_name(&envelope))),
             0.0,
-        )
-        .to_line(),
-    }
+        ),
+    };
+    serving::sign(response, served.as_ref()).to_line()
+}
+
+/// Start this process's map server on `bind` (`host:port`, port 0 for
+/// any), once; its address (`http://host:port`), which a later call
+/// answers whatever its `bind`.
+///
+/// Raises:
+///     ValueError: An address that does not parse, is unspecified, or
+///         cannot be bound.
+#[pyfunction]
+pub fn start_map_server(py: Python<'_>, bind: &str) -> PyResult<String> {
+    let plugin = plugin(py)?;
+    MapServer::running(plugin, bind)
+        .map(|server| server.address().to_string())
+        .map_err(PyValueError::new_err)
 }

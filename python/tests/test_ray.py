@@ -11,11 +11,13 @@ envelopes and plans by value and their keys through the executor's
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import json
 import os
 import re
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,16 +25,19 @@ import pytest
 from conftest import (
     BUCKET,
     QUERIES,
+    REVENUE_SQL,
     S3_CREDENTIALS,
     SQL_ONLY,
     S3Server,
     as_rows,
+    assert_revenue,
     assert_same,
     assert_same_columns,
     assert_same_rows,
     tpch_rows,
 )
 from datafusion import udf
+from test_retries import stage_infos
 
 from dfx_engine import last_run, session_for
 from dfx_engine.driver import run_distributed, run_local
@@ -274,3 +279,85 @@ def test_a_ray_task_past_its_timeout_is_cancelled_and_runs_again(
     ]
     assert len(result.retries) == 1
     assert "timed out" in result.retries[0]
+
+
+@pytest.fixture(scope="module")
+def serving(executor: RayExecutor) -> RayExecutor:
+    """Two long-lived dfx worker actors on the one node, serving their map files."""
+    return RayExecutor(serve_maps=True, workers_per_node=2)
+
+
+@pytest.mark.parametrize("durability", ["local", "both"])
+@pytest.mark.parametrize("number", [3, 9, 18])
+def test_tpch_on_ray_actors_serving_their_maps_agrees_with_local(
+    serving: RayExecutor,
+    tpch_spec: Callable[[], SessionSpec],
+    number: int,
+    durability: str,
+) -> None:
+    sql = (QUERIES / f"q{number}.sql").read_text()
+    spec = dataclasses.replace(tpch_spec(), shuffle_durability=durability)
+    result = run_distributed(sql, spec, executor=serving)
+    local = run_local(sql, spec)
+    assert result.retries == []
+    assert len(serving.actors()) == 2
+    assert_same_columns(result.batches, local, f"q{number}")
+    assert_same_rows(tpch_rows(result.batches), tpch_rows(local), f"q{number}")
+
+
+def test_maps_on_worker_disks_need_ray_actors(
+    executor: RayExecutor, make_spec: Callable[..., SessionSpec]
+) -> None:
+    spec = dataclasses.replace(make_spec(), shuffle_durability="local")
+    with pytest.raises(Exception, match="do not outlive their tasks"):
+        run_distributed(SQL_ONLY, spec, executor=executor)
+
+
+class LosingExecutor(RayExecutor):
+    """Serving actors, one of which is lost mid-query.
+
+    The actor that ran the most maps of stage ``upstream`` is killed when the
+    first task of stage ``reader`` is handed out, as a lost node would be.
+    """
+
+    def __init__(self, upstream: int, reader: int) -> None:
+        """Two actors on the node; nothing lost yet."""
+        super().__init__(serve_maps=True, workers_per_node=2)
+        self.upstream, self.reader = upstream, reader
+        self.ran: dict[int, str] = {}
+        self.lost: set[int] = set()
+
+    def run(self, envelope_json: str, plan: bytes, timeout: float | None) -> str:
+        """The task, after the loss when it is the reader's first."""
+        task = json.loads(envelope_json)
+        if task["stage_id"] == self.reader and self.ran and not self.lost:
+            victim = collections.Counter(self.ran.values()).most_common(1)[0][0]
+            self.lost = {m for m, a in self.ran.items() if a == victim}
+            ray.kill(self.actors()[victim])
+            # Its death is found as its maps are read, as a node's would be.
+        return super().run(envelope_json, plan, timeout)
+
+    def _choose(self, envelope_json: str) -> tuple[str, Any]:
+        address, actor = super()._choose(envelope_json)
+        task = json.loads(envelope_json)
+        if task["stage_id"] == self.upstream:
+            self.ran[int(task["partition"])] = address
+        return address, actor
+
+
+@pytest.mark.parametrize("durability", ["local", "both"])
+def test_a_lost_ray_actor_costs_its_maps_under_local_and_nothing_under_both(
+    executor: RayExecutor, make_spec: Callable[..., SessionSpec], durability: str
+) -> None:
+    spec = dataclasses.replace(make_spec(), shuffle_durability=durability)
+    reader = next(info for info in stage_infos(spec, REVENUE_SQL) if info.deps)
+    losing = LosingExecutor(reader.deps[0], reader.stage_id)
+    result = run_distributed(REVENUE_SQL, spec, executor=losing, max_attempts=5)
+    assert_revenue(as_rows(result.batches))
+    assert losing.lost
+    rerun = {
+        m
+        for (s, m), made in result.attempts.items()
+        if s == losing.upstream and made > 1
+    }
+    assert rerun == (losing.lost if durability == "local" else set()), result.retries

@@ -46,6 +46,12 @@ pub trait ForeignRunner: Send + Sync + std::fmt::Debug {
 
     /// What results call the executor (`ray`).
     fn name(&self) -> String;
+
+    /// Whether its workers outlive their tasks and serve the map files
+    /// they wrote (see [`Executor::serves_map_files`]).
+    fn serves_map_files(&self) -> bool {
+        false
+    }
 }
 
 /// The [`Executor`] over a host's [`ForeignRunner`].
@@ -130,5 +136,9 @@ impl Executor for ForeignExecutor {
 
     fn name(&self) -> String {
         self.runner.name()
+    }
+
+    fn serves_map_files(&self) -> bool {
+        self.runner.serves_map_files()
     }
 }
