@@ -62,7 +62,15 @@ from dfx_engine.worker import run_task
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["PLACEMENTS_KEPT", "Placement", "RayExecutor", "run_in_ray_worker"]
+__all__ = [
+    "PLACEMENTS_KEPT",
+    "PLACE_WAIT",
+    "NodeWorker",
+    "Placement",
+    "RayExecutor",
+    "input_bytes_by_owner",
+    "run_in_ray_worker",
+]
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 """The colour codes Ray puts in a remote traceback, dropped from messages."""
@@ -71,6 +79,9 @@ CANCEL_GRACE = 10.0
 """Seconds to wait for a cancelled Ray task to be gone before moving on."""
 
 PLACEMENTS_KEPT = 10_000
+
+PLACE_WAIT = 60.0
+"""Seconds a new actor may take to start on its node before it is given up."""
 """Placements an executor keeps, the newest: it may serve query after query."""
 
 
@@ -268,8 +279,8 @@ class RayExecutor:
         """
         with self._lock:
             if self._short:
-                self._place_actors()
                 self._short = False
+                self._place_actors()
             return {address: actor for address, (actor, _) in self._actors.items()}
 
     def _place_actors(self) -> None:
@@ -296,7 +307,13 @@ class RayExecutor:
                     ).remote(bind)
                 )
         for actor in created:
-            address, node_id = ray.get(actor.where.remote())
+            try:
+                address, node_id = ray.get(actor.where.remote(), timeout=PLACE_WAIT)
+            except ray.exceptions.RayError:
+                # Its node died after Ray listed it alive: no actor there.
+                ray.kill(actor)
+                self._short = True
+                continue
             self._actors[address] = (actor, node_id)
 
     def _choose(self, envelope_json: str) -> tuple[str, Any]:

@@ -350,3 +350,91 @@ def test_a_node_lost_mid_upload_publishes_no_partial_object(
     client.download_file(BUCKET, uploading, str(local))
     _segments, marker = split_map_file(local)
     assert len(marker["buckets"]) == spec.target_partitions, marker
+
+
+@pytest.mark.parametrize("durability", ["local", "both"])
+def test_a_node_lost_with_its_maps_on_its_disk(
+    cluster: ray_cluster.Cluster, s3: S3Server, lineitem_on_s3: str, durability: str
+) -> None:
+    """Map files on the nodes' own disks, streamed between them over Flight.
+
+    Each node's dfx actor writes its maps into its private /tmp and serves
+    them; the other node and the driver cannot see them there. The victim
+    publishes its first map, hangs in its second, and is killed. Under
+    ``local`` its published map is lost with it and runs again on the
+    survivor; under ``both`` its readers read the S3 copy instead, and only
+    the hung map runs again.
+    """
+    gate = Gate()
+    prefix = f"cluster/on-disk-{durability}"
+    # Under local, a directory of /tmp, which each node has of its own.
+    shuffle_dir = (
+        f"/tmp/dfx-cluster-{durability}-{os.getpid()}"  # noqa: S108
+        if durability == "local"
+        else f"s3://{BUCKET}/{prefix}"
+    )
+    spec = SessionSpec(
+        tables={"lineitem": lineitem_on_s3},
+        shuffle_dir=shuffle_dir,
+        target_partitions=4,
+        store_options=s3.store_options,
+        shuffle_durability=durability,
+    )
+    executor = RayExecutor(
+        options={"runtime_env": {"env_vars": dict(S3_CREDENTIALS)}}, serve_maps=True
+    )
+    nodes = {node.name: node for node in cluster.workers}
+    killed: list[int] = []
+
+    def kill_the_victim() -> None:
+        if gate.hanging.wait(timeout=120) and gate.victim:
+            killed.append(cluster.kill(nodes[gate.victim]))
+
+    killer = threading.Thread(target=kill_the_victim, daemon=True)
+    killer.start()
+    try:
+        result = run_distributed(
+            QTY_SQL,
+            spec,
+            [gated_udf(gate.port)],
+            executor=executor,
+            task_timeout=60,
+            max_attempts=5,
+        )
+    finally:
+        gate.hanging.set()
+        killer.join(timeout=60)
+        gate.close()
+
+    assert as_rows(result.batches) == EXPECTED
+    assert killed, gate.calls
+    # Two actors, one a node, each serving from its node's address.
+    where = {
+        (p.stage_id, p.map, p.attempt): cluster.name_of(p.node_id)
+        for p in executor.placements
+    }
+    assert set(where.values()) <= set(nodes), where
+    # The map the victim published first, before it hung in its second.
+    victim = gate.victim
+    published = [
+        (stage, m)
+        for (stage, m, attempt), node in where.items()
+        if node == victim and attempt == 0
+    ]
+    assert len(published) == 1, where
+    hung = [
+        task for task, n in result.attempts.items() if n > 1 and task != published[0]
+    ]
+    leaf = published[0][0]
+    rerun = {task for task, n in result.attempts.items() if n > 1 and task[0] == leaf}
+    if durability == "local":
+        # Its file went with its node: it ran again, as did the hung map.
+        assert published[0] in rerun, result.retries
+        lost = [r for r in result.retries if "its output was lost" in r]
+        assert lost, result.retries
+    else:
+        # Read from S3 instead: only the hung map ran again.
+        assert published[0] not in rerun, result.retries
+        assert len(rerun) == 1, result.retries
+        assert not [r for r in result.retries if "its output was lost" in r]
+    assert hung, result.attempts

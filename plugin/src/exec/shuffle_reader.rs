@@ -479,8 +479,11 @@ impl ShuffleReaderExec {
             .map(|maps| locate_by_layouts(&root, self.stage_id, maps, pieces.clone(), own_server));
         // A hash partition of a task running a slice shares each map's read
         // with the slice's other partitions.
-        let covers = match (config.task_partitions(), layouts.as_ref()) {
-            (Ok(Some(slice)), Some(layouts))
+        let slice = config
+            .task_partitions()
+            .map_err(|e| self.error(partition, e))?;
+        let covers = match (slice, layouts.as_ref()) {
+            (Some(slice), Some(layouts))
                 if self.mode == ReadMode::Hash && slice.contains(&partition) =>
             {
                 layouts
