@@ -6,9 +6,11 @@
 #   python/bench/cluster.sh [show] [--workers N]
 #       start it, print what each node sees, stop it
 #   python/bench/cluster.sh tpch [--scale 0.1] [--queries all] [--workers N]
+#       [--durability object_store|local|both]
 #       TPC-H with the tables and the shuffle on a local S3 (moto_server),
-#       every task on a worker node, each answer against stock DataFusion;
-#       prints what each node saw and ran (python/bench/cluster_tpch.py)
+#       or the shuffle streamed between the nodes over Arrow Flight (local,
+#       both), every task on a worker node, each answer against stock
+#       DataFusion; prints what each node saw and ran (cluster_tpch.py)
 #
 # Run as root (mount namespaces) after python/run-tests.sh, whose
 # python/.venv holds Ray, moto and the dfx-engine wheel (or PYTHON=... an
@@ -27,7 +29,7 @@ case "$command" in
 show) script=("$here/cluster.py" show) ;;
 tpch) script=("$here/cluster_tpch.py") ;;
 -h | --help)
-    sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
 *)

@@ -4,6 +4,7 @@ The whole path of a real deployment, on one machine::
 
     python python/bench/cluster_tpch.py --dfx PATH/TO/dfx [--scale 0.1]
         [--partitions 2] [--queries all] [--workers 2]
+        [--durability object_store|local|both]
 
 (``python/bench/cluster.sh tpch`` is the one command.) A :class:`Cluster`
 of a head with no CPUs and ``--workers`` worker nodes, each in a mount
@@ -15,6 +16,12 @@ carry the S3 keys in their ``runtime_env``; its answer is compared with
 stock DataFusion's (a plain ``SessionContext`` reading the same objects):
 the same columns and types, the same rows in the same order, floats to
 1e-6 relative and all else exactly.
+
+``--durability`` is the shuffle's transport: ``object_store`` (the
+default) through S3; ``local`` each map file on its node's own /tmp,
+streamed between the nodes' dfx actors over Arrow Flight; ``both`` the
+same, with each map file also in S3. Under ``local`` and ``both`` each
+query's line also says what the actors' map servers sent.
 
 Printed: what each node sees (its /tmp, whether the repository, the
 driver's scratch and the tables' local copy exist there, the ``dfx_engine``
@@ -144,6 +151,12 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--queries", type=parse_queries, default=parse_queries("all"))
     parser.add_argument("--workers", type=int, default=2, help="worker nodes")
+    parser.add_argument(
+        "--durability",
+        choices=["object_store", "local", "both"],
+        default="object_store",
+        help="the shuffle's transport (default: %(default)s)",
+    )
     parser.add_argument("--data-dir", type=pathlib.Path, default=default_data_dir())
     parser.add_argument("--state", type=pathlib.Path, help="for cluster.py stop")
     args = parser.parse_args()
@@ -187,20 +200,29 @@ def main() -> int:
         tempfile.tempdir = str(scratch)
         cluster = stack.enter_context(Cluster(args.workers, state=args.state))
         print_views(cluster, [str(cluster_root()), str(scratch), str(data)])
-        executor = RayExecutor(options={"runtime_env": {"env_vars": keys}})
+        serve = args.durability != "object_store"
+        executor = RayExecutor(
+            options={"runtime_env": {"env_vars": keys}}, serve_maps=serve
+        )
         print(f"executor: at most {executor.max_workers} tasks at once\n")
         totals: dict[str, collections.Counter[str]] = collections.defaultdict(
             collections.Counter
         )
         for number in args.queries:
             sql = (QUERIES / f"q{number}.sql").read_text()
+            shuffle_dir = endpoint.location(f"shuffle/q{number}")
+            if args.durability == "local":
+                # Each node's own /tmp: no node sees another's.
+                shuffle_dir = f"/tmp/dfx-cluster-shuffle/q{number}-{time.time_ns()}"  # noqa: S108
             spec = SessionSpec(
                 tables=dict(locations),
-                shuffle_dir=endpoint.location(f"shuffle/q{number}"),
+                shuffle_dir=shuffle_dir,
                 target_partitions=args.partitions,
                 store_options=endpoint.store_options,
+                shuffle_durability=args.durability,
             )
             executor.placements.clear()
+            served_before = executor.served() if serve else {}
             started = time.perf_counter()
             try:
                 result: DistributedResult = run_distributed(
@@ -219,15 +241,23 @@ def main() -> int:
                 totals[node]["tasks"] += len(tasks)
                 totals[node]["queries"] += 1
             status = problem or "same as stock DataFusion"
+            flight = ""
+            if serve:
+                after = executor.served()
+                streams = after.get("streams", 0) - served_before.get("streams", 0)
+                sent = after.get("bytes", 0) - served_before.get("bytes", 0)
+                flight = f", Flight {streams} streams {sent / 1e6:.1f} MB"
             print(
                 f"q{number}: {row_count(result.batches)} rows, {wall:.1f} s, "
-                f"{len(result.tasks)} tasks, {len(result.retries)} retries: {status}"
+                f"{len(result.tasks)} tasks, {len(result.retries)} retries{flight}: "
+                f"{status}"
             )
             for node, tasks in placed.items():
                 print(f"    {node}: {' '.join(tasks)}")
             if "head" in placed or "?" in placed:
                 failures.append(f"q{number}: tasks ran off the worker nodes: {placed}")
-            endpoint.remove(f"shuffle/q{number}")
+            if args.durability != "local":
+                endpoint.remove(f"shuffle/q{number}")
         print("\ntasks per node (stage:map attempts that completed there):")
         for node in [n.name for n in cluster.nodes]:
             counts = totals.get(node, collections.Counter())

@@ -135,6 +135,10 @@ class NodeWorker:
         """Its map server's address and its Ray node."""
         return self.address, self.node_id
 
+    def counts(self) -> tuple[int, int, int]:
+        """What its map server sent: streams, bytes, tickets refused."""
+        return _internal.map_server_counts() or (0, 0, 0)
+
     def run(self, envelope_json: str, plan: bytes) -> tuple[str, str]:
         """One task, its map file served here: its response line, and the node."""
         line = _internal.run_task_value(envelope_json, plan, run_task, self.bind)
@@ -315,6 +319,17 @@ class RayExecutor:
                 self._short = True
                 continue
             self._actors[address] = (actor, node_id)
+
+    def served(self) -> dict[str, int]:
+        """What the live actors' map servers sent since they started.
+
+        ``streams``, ``bytes`` and ``refused``, summed over the actors.
+        """
+        refs = [actor.counts.remote() for actor in self.actors().values()]
+        total = collections.Counter[str]()
+        for streams, sent, refused in ray.get(refs):
+            total.update({"streams": streams, "bytes": sent, "refused": refused})
+        return dict(total)
 
     def _choose(self, envelope_json: str) -> tuple[str, Any]:
         """The actor holding most of the task's input, else the least busy."""

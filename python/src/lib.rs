@@ -115,6 +115,7 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::run_task_file, m)?)?;
     m.add_function(wrap_pyfunction!(worker::run_task_value, m)?)?;
     m.add_function(wrap_pyfunction!(worker::start_map_server, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::map_server_counts, m)?)?;
     m.add("MEMORY_TABLE_LIMIT", dfx_abi::MEMORY_TABLE_LIMIT)?;
     m.add("SHUFFLE_RANGES", dfx_abi::SHUFFLE_RANGES)?;
     m.add("MEMORY_TABLE_TOO_LARGE", dfx_abi::MEMORY_TABLE_TOO_LARGE)?;

@@ -391,6 +391,16 @@ pub fn run_task_value(
     serving::sign(response, served.as_ref()).to_line()
 }
 
+/// What this process's map server sent since it started: `(streams,
+/// bytes, refused)`; `None` when it has none.
+#[pyfunction]
+pub fn map_server_counts() -> Option<(u64, u64, u64)> {
+    MapServer::started().map(|server| {
+        let counts = server.counts();
+        (counts.streams, counts.bytes, counts.refused)
+    })
+}
+
 /// Start this process's map server on `bind` (`host:port`, port 0 for
 /// any), once; its address (`http://host:port`), which a later call
 /// answers whatever its `bind`.
