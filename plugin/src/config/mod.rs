@@ -517,6 +517,19 @@ impl DfxConfig {
         }
     }
 
+    /// The address of the map server of the process running the task, when
+    /// it serves its map files: a map it holds is read from its disk.
+    pub fn own_map_server(&self) -> Option<&str> {
+        Some(self.map_server.trim()).filter(|server| !server.is_empty())
+    }
+
+    /// Whether map files stay only on the disks of the workers that wrote
+    /// them (`shuffle_durability` `local`): a map is then read only from
+    /// its owner, never from the location by its marker.
+    pub fn maps_only_on_workers(&self) -> bool {
+        self.shuffle_durability.trim() == "local"
+    }
+
     /// Whether a reader reads the location's file of a map whose worker
     /// cannot be reached: the query keeps map files in both places
     /// (`shuffle_durability` `both`).

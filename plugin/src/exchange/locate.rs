@@ -11,13 +11,15 @@ use std::sync::Arc;
 use datafusion::common::{DataFusionError, Result};
 use dfx_abi::MapLayout;
 use object_store::ObjectStore;
+use object_store::path::Path as ObjectPath;
 
 use crate::config::DfxConfig;
 use crate::exchange::files::read_range;
+use crate::exchange::flight_store::owner_store;
 use crate::exchange::marker::{Located, MapFileRef, MapMarker, Segment, TAIL_GUESS};
 use crate::exchange::store::{
-    ObjectKey, S3Location, S3Options, ShuffleLocation, get_range_if, get_tail_tagged,
-    location_root, s3_store,
+    ObjectKey, S3Location, S3Options, ShuffleLocation, canonical_location, get_range_if,
+    get_tail_tagged, location_root, s3_store,
 };
 use crate::filters::summary::KeySummary;
 use crate::paths::map_path;
@@ -129,6 +131,43 @@ pub(crate) async fn read_map_keys(
         buckets,
     };
     let fail = |what: String| at.error(format!("cannot read the key summary: {what}"));
+    let parse = |bytes: Vec<u8>| {
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| fail(format!("not a key summary: {e}")))
+    };
+    // A map served by the worker that wrote it (and not this process):
+    // from its map server, and under `both` from the location when the
+    // worker is gone.
+    if let Some(layout) = laid_out
+        && let Some(owner) = layout.owner.as_deref()
+        && Some(owner) != config.own_map_server()
+    {
+        // A serving worker always reports the summary's region.
+        let Some((offset, length)) = layout.keys else {
+            return Ok(None);
+        };
+        let name = map_path(Path::new(""), stage_id, map);
+        let key = ObjectPath::parse(name.to_string_lossy().as_ref())
+            .map_err(|e| fail(format!("not a name a map server takes: {e}")))?;
+        let store = owner_store(owner, &canonical_location(&root.to_string_lossy()));
+        match get_range_if(store, key, offset, length, None)
+            .await
+            .map_err(fail)?
+        {
+            Some((bytes, size)) if size == layout.size => return parse(bytes),
+            Some((_, size)) => {
+                return Err(fail(format!(
+                    "the map's file on {owner} is {size} byte(s), not the {} its layout \
+                     describes",
+                    layout.size
+                )));
+            }
+            None if !config.reads_location_when_owner_lost()? => return Err(at.lost()),
+            // `both`: the location's copy, below.
+            None => {}
+        }
+    }
     // Where the layout says, without the marker; a layout without the
     // region (a worker that did not say) leaves the marker to tell.
     let known = laid_out.and_then(|l| l.keys.map(|keys| (keys, l.size, l.e_tag.clone())));
@@ -136,6 +175,14 @@ pub(crate) async fn read_map_keys(
         ShuffleLocation::Local(_) => {
             let ((offset, length), size) = match known {
                 Some((keys, size, _)) => (keys, Some(size)),
+                None if config.maps_only_on_workers() => {
+                    return Err(fail(
+                        "the map stays on the disk of the worker that wrote it (shuffle \
+                         durability local), but no layout naming its owner and the summary's \
+                         region was handed to this task"
+                            .to_string(),
+                    ));
+                }
                 None => {
                     let (marker, _) = MapMarker::read(&at)?;
                     let Some(keys) = marker.keys else {
@@ -187,9 +234,7 @@ pub(crate) async fn read_map_keys(
             bytes
         }
     };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| fail(format!("not a key summary: {e}")))
+    parse(bytes)
 }
 
 /// The marker of map `map` of stage `stage_id` (of `buckets` buckets)

@@ -302,14 +302,35 @@ async fn read_summaries(build: &BuildStage, config: &DfxConfig) -> Result<Option
         .as_ref()
         .and_then(|handed| handed.stages.get(&build.stage_id))
         .filter(|maps| maps.len() == build.maps);
-    let reads = (0..build.maps).map(|map| {
-        read_map_keys(
-            &build.shuffle_dir,
-            config,
-            (build.stage_id, map, build.buckets),
-            layouts.map(|maps| &maps[map]),
-        )
-    });
+    if layouts.is_none() && config.maps_only_on_workers() {
+        let handed: Vec<String> = handed
+            .iter()
+            .flat_map(|h| &h.stages)
+            .map(|(stage, maps)| format!("stage {stage}: {} map(s)", maps.len()))
+            .collect();
+        return Err(DataFusionError::Execution(format!(
+            "dfx stage {} (a join filter's build side): its maps stay on the disks of the \
+             workers that wrote them (shuffle durability local), so the task needs a layout \
+             of each of its {} map(s); it was handed [{}]",
+            build.stage_id,
+            build.maps,
+            handed.join(", ")
+        )));
+    }
+    // A map whose rows its coalesced head read is published empty, with an
+    // empty summary, which adds nothing to the filter: the driver's layout
+    // of it (a file of no bytes, never a published one) is not read.
+    let read_by_head = |map: usize| layouts.is_some_and(|maps| maps[map].size == 0);
+    let reads = (0..build.maps)
+        .filter(|&map| !read_by_head(map))
+        .map(|map| {
+            read_map_keys(
+                &build.shuffle_dir,
+                config,
+                (build.stage_id, map, build.buckets),
+                layouts.map(|maps| &maps[map]),
+            )
+        });
     let summaries: Vec<Option<KeySummary>> = futures::stream::iter(reads)
         .buffered(SUMMARIES_IN_FLIGHT)
         .try_collect()

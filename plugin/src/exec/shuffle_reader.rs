@@ -469,7 +469,7 @@ impl ShuffleReaderExec {
         let layouts = config
             .shuffle_ranges()
             .map_err(|e| self.error(partition, e))?;
-        let own_server = Some(config.map_server.trim()).filter(|s| !s.is_empty());
+        let own_server = config.own_map_server();
         let laid_out = layouts
             .as_ref()
             .and_then(|l| l.stages.get(&self.stage_id))
@@ -564,6 +564,19 @@ impl ShuffleReaderExec {
         }
         let located = match laid_out {
             Some(located) => located,
+            // Under `local`, this node's copy of the location need not hold
+            // the map: it is read only from its owner, by its layout.
+            None if config.maps_only_on_workers() => {
+                return Err(self.error(
+                    partition,
+                    format!(
+                        "stage {}'s maps stay on the disks of the workers that wrote them \
+                         (shuffle durability local), but this task was handed no layout \
+                         naming their owners; expected one for each of its {} map(s)",
+                        self.stage_id, self.maps
+                    ),
+                ));
+            }
             None => locate_local(&root, self.stage_id, self.buckets, pieces)?,
         };
         let stream = BucketStream::local(self.stage_id, root, Arc::clone(&self.schema), located);
