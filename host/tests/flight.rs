@@ -178,17 +178,6 @@ async fn maps_kept_on_worker_disks_need_pool_workers_and_a_directory() {
     on_s3.validate().unwrap();
 }
 
-/// The stage of `BY_FLAG`'s plan over the table, and the stage reading it.
-async fn leaf_and_reader(spec: &SessionSpec) -> (u64, u64) {
-    let (_, stages) = planned(spec, BY_FLAG).await;
-    let leaf = stages.iter().find(|s| s.info.deps.is_empty()).unwrap();
-    let reader = stages
-        .iter()
-        .find(|s| s.info.deps.contains(&leaf.stage_id()))
-        .unwrap();
-    (leaf.stage_id(), reader.stage_id())
-}
-
 /// Two pool workers run the table's four maps under `durability`. The
 /// first worker that ran some of them and is then handed a task of the
 /// stage reading them dies (SIGKILL, its map server with it), first writing

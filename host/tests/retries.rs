@@ -18,18 +18,6 @@ fn worker_failures(err: &HostError) -> &[dfx_host::TaskFailure] {
     }
 }
 
-/// The stage of `BY_FLAG`'s plan over the table (it reads no other stage),
-/// and one stage that reads it.
-async fn leaf_and_reader(spec: &dfx_host::SessionSpec) -> (u64, u64) {
-    let (_, stages) = planned(spec, BY_FLAG).await;
-    let leaf = stages.iter().find(|s| s.info.deps.is_empty()).unwrap();
-    let reader = stages
-        .iter()
-        .find(|s| s.info.deps.contains(&leaf.stage_id()))
-        .unwrap();
-    (leaf.stage_id(), reader.stage_id())
-}
-
 /// A pooled host whose serving workers are `/bin/sh -c SCRIPT sh --serve`,
 /// with `$DFX` the real `dfx` binary.
 fn pooled_script(script: &str) -> Host {

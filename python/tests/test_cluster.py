@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import BUCKET, S3_CREDENTIALS, S3Server, as_rows, split_map_file
 
-from dfx_engine.driver import run_distributed
+from dfx_engine.driver import DistributedResult, run_distributed
 from dfx_engine.session import SessionSpec
 
 ray = pytest.importorskip("ray")
@@ -161,6 +161,43 @@ def gated_udf(port: int, kind: pa.DataType | None = None, pause: float = 0.0) ->
     return udf(check, [kind], kind, "immutable", name="py_check")
 
 
+def run_losing_the_victim(
+    cluster: ray_cluster.Cluster,
+    gate: Gate,
+    spec: SessionSpec,
+    executor: RayExecutor,
+    max_attempts: int = 3,
+) -> tuple[DistributedResult, list[int]]:
+    """Run :data:`QTY_SQL` while the node the gate hangs is killed.
+
+    Returns the result and what :meth:`Cluster.kill` answered for the
+    victim (empty when none hung).
+    """
+    nodes = {node.name: node for node in cluster.workers}
+    killed: list[int] = []
+
+    def kill_the_victim() -> None:
+        if gate.hanging.wait(timeout=120) and gate.victim:
+            killed.append(cluster.kill(nodes[gate.victim]))
+
+    killer = threading.Thread(target=kill_the_victim, daemon=True)
+    killer.start()
+    try:
+        result = run_distributed(
+            QTY_SQL,
+            spec,
+            [gated_udf(gate.port)],
+            executor=executor,
+            task_timeout=60,
+            max_attempts=max_attempts,
+        )
+    finally:
+        gate.hanging.set()
+        killer.join(timeout=60)
+        gate.close()
+    return result, killed
+
+
 @pytest.fixture
 def cluster() -> Iterator[ray_cluster.Cluster]:
     """A head and two one-CPU worker nodes, killed after the test."""
@@ -182,23 +219,8 @@ def test_a_node_lost_mid_stage_has_its_running_map_rerun_on_the_other(
     executor = RayExecutor(options={"runtime_env": {"env_vars": dict(S3_CREDENTIALS)}})
     assert executor.max_workers == 2
     nodes = {node.name: node for node in cluster.workers}
-    killed: list[int] = []
-
-    def kill_the_victim() -> None:
-        if gate.hanging.wait(timeout=120) and gate.victim:
-            killed.append(cluster.kill(nodes[gate.victim]))
-
-    killer = threading.Thread(target=kill_the_victim, daemon=True)
-    killer.start()
     started = time.monotonic()
-    try:
-        result = run_distributed(
-            QTY_SQL, spec, [gated_udf(gate.port)], executor=executor, task_timeout=60
-        )
-    finally:
-        gate.hanging.set()
-        killer.join(timeout=60)
-        gate.close()
+    result, killed = run_losing_the_victim(cluster, gate, spec, executor)
     took = time.monotonic() - started
 
     # The answer worked out by hand.
@@ -384,27 +406,9 @@ def test_a_node_lost_with_its_maps_on_its_disk(
         options={"runtime_env": {"env_vars": dict(S3_CREDENTIALS)}}, serve_maps=True
     )
     nodes = {node.name: node for node in cluster.workers}
-    killed: list[int] = []
-
-    def kill_the_victim() -> None:
-        if gate.hanging.wait(timeout=120) and gate.victim:
-            killed.append(cluster.kill(nodes[gate.victim]))
-
-    killer = threading.Thread(target=kill_the_victim, daemon=True)
-    killer.start()
-    try:
-        result = run_distributed(
-            QTY_SQL,
-            spec,
-            [gated_udf(gate.port)],
-            executor=executor,
-            task_timeout=60,
-            max_attempts=5,
-        )
-    finally:
-        gate.hanging.set()
-        killer.join(timeout=60)
-        gate.close()
+    result, killed = run_losing_the_victim(
+        cluster, gate, spec, executor, max_attempts=5
+    )
 
     assert as_rows(result.batches) == EXPECTED
     assert killed, gate.calls

@@ -338,6 +338,18 @@ impl Fixture {
     }
 }
 
+/// The stage of `BY_FLAG`'s plan over the table (it reads no other stage),
+/// and one stage that reads it.
+pub async fn leaf_and_reader(spec: &SessionSpec) -> (u64, u64) {
+    let (_, stages) = planned(spec, BY_FLAG).await;
+    let leaf = stages.iter().find(|s| s.info.deps.is_empty()).unwrap();
+    let reader = stages
+        .iter()
+        .find(|s| s.info.deps.contains(&leaf.stage_id()))
+        .unwrap();
+    (leaf.stage_id(), reader.stage_id())
+}
+
 /// `spec` with adaptive coalescing off: every map of every stage runs as a
 /// task of its own, for tests about the tasks themselves.
 pub fn one_task_per_partition(mut spec: SessionSpec) -> SessionSpec {

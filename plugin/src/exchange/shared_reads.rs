@@ -19,9 +19,11 @@
 //! and one whose fetch failed is dropped at once, so a retry fetches anew.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
+use dfx_abi::MapLayout;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use object_store::ObjectStore;
@@ -43,6 +45,36 @@ pub(crate) struct Cover {
     pub(crate) len: u64,
     /// The slice's partitions with rows in this map.
     pub(crate) takers: usize,
+}
+
+impl Cover {
+    /// For each map of `maps`, the range holding buckets `slice` (a task's
+    /// partitions), when at least two of them have rows there and it is no
+    /// larger than `budget`: the one read the task's partitions share.
+    pub(crate) fn of_slice(
+        maps: &[MapLayout],
+        slice: Range<usize>,
+        budget: u64,
+    ) -> Vec<Option<Self>> {
+        maps.iter()
+            .map(|layout| {
+                let held: Vec<usize> = slice
+                    .clone()
+                    .filter(|&b| layout.rows.get(b).is_some_and(|&rows| rows > 0))
+                    .collect();
+                let offset = held.iter().map(|&b| layout.offsets[b]).min()?;
+                let end = held
+                    .iter()
+                    .map(|&b| layout.offsets[b] + layout.bytes[b])
+                    .max()?;
+                (held.len() >= 2 && end - offset <= budget).then_some(Self {
+                    offset,
+                    len: end - offset,
+                    takers: held.len(),
+                })
+            })
+            .collect()
+    }
 }
 
 /// Why a shared range could not be had.

@@ -31,7 +31,6 @@
 //! coalesced batch, so the bytes held at once stay small.
 
 use std::fmt;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -45,7 +44,6 @@ use datafusion::physical_plan::execution_plan::{
 use datafusion::physical_plan::proto::ExecutionPlanEncodeCtx;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use datafusion_proto::protobuf::PhysicalPlanNode;
-use dfx_abi::MapLayout;
 use futures::FutureExt;
 use prost::Message;
 
@@ -489,7 +487,7 @@ impl ShuffleReaderExec {
                 layouts
                     .stages
                     .get(&self.stage_id)
-                    .map(|maps| slice_covers(maps, slice, config.read_bytes_in_flight))
+                    .map(|maps| Cover::of_slice(maps, slice, config.read_bytes_in_flight))
             }
             _ => None,
         }
@@ -582,28 +580,4 @@ impl ShuffleReaderExec {
         let stream = BucketStream::local(self.stage_id, root, Arc::clone(&self.schema), located);
         Ok(Box::pin(stream))
     }
-}
-
-/// For each map of `maps`, the range holding buckets `slice` (a task's
-/// partitions), when at least two of them have rows there and it is no
-/// larger than `budget`: the one GET the task's partitions share.
-fn slice_covers(maps: &[MapLayout], slice: Range<usize>, budget: u64) -> Vec<Option<Cover>> {
-    maps.iter()
-        .map(|layout| {
-            let held: Vec<usize> = slice
-                .clone()
-                .filter(|&b| layout.rows.get(b).is_some_and(|&rows| rows > 0))
-                .collect();
-            let offset = held.iter().map(|&b| layout.offsets[b]).min()?;
-            let end = held
-                .iter()
-                .map(|&b| layout.offsets[b] + layout.bytes[b])
-                .max()?;
-            (held.len() >= 2 && end - offset <= budget).then_some(Cover {
-                offset,
-                len: end - offset,
-                takers: held.len(),
-            })
-        })
-        .collect()
 }

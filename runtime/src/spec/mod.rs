@@ -7,6 +7,7 @@
 //! Python package in `dfx_engine.session`, which reads the spec through this
 //! type), so both sides plan, encode and decode with the same settings.
 
+pub mod choices;
 pub mod format;
 pub mod location;
 pub mod script;
@@ -17,6 +18,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+pub use choices::{DEFAULT_MAP_SERVER_BIND, ShuffleCompression, ShuffleDurability, Split};
 pub use format::TableFormat;
 pub use location::{ShuffleLocation, same_location};
 pub use script::Script;
@@ -151,122 +153,6 @@ impl Default for SessionSpec {
             stage_options: BTreeMap::new(),
             datafusion_options: BTreeMap::new(),
         }
-    }
-}
-
-/// How workers compress the map files they publish: the value of
-/// `dfx_engine.shuffle_compression`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "lowercase")]
-pub enum ShuffleCompression {
-    /// By location: none for a local directory, LZ4 for S3.
-    #[default]
-    Auto,
-    /// LZ4 frames, per Arrow IPC buffer.
-    Lz4,
-    /// Uncompressed Arrow IPC: more bytes, no codec time.
-    None,
-}
-
-impl ShuffleCompression {
-    /// The config value (`auto`, `lz4`, `none`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ShuffleCompression::Auto => "auto",
-            ShuffleCompression::Lz4 => "lz4",
-            ShuffleCompression::None => "none",
-        }
-    }
-
-    fn is_default(&self) -> bool {
-        *self == Self::default()
-    }
-}
-
-impl std::fmt::Display for ShuffleCompression {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Where map files live between stages: the spec's `shuffle_durability`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "snake_case")]
-pub enum ShuffleDurability {
-    /// In the location (a directory every worker shares, or S3): a map
-    /// outlives its worker.
-    #[default]
-    #[cfg_attr(feature = "clap", value(name = "object_store"))]
-    ObjectStore,
-    /// On the disk of the worker that wrote each map, in the location's
-    /// directory there, served over Arrow Flight: a lost worker's maps are
-    /// lost, and run again.
-    Local,
-    /// Both: each map in the location, and a copy on the disk of the
-    /// worker that wrote it, served over Arrow Flight. Readers stream from
-    /// the worker, and read the location's file when it cannot be reached:
-    /// a lost worker costs no rerun.
-    Both,
-}
-
-impl ShuffleDurability {
-    /// The spec's spelling (`object_store`, `local`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ShuffleDurability::ObjectStore => "object_store",
-            ShuffleDurability::Local => "local",
-            ShuffleDurability::Both => "both",
-        }
-    }
-
-    fn is_default(&self) -> bool {
-        *self == Self::default()
-    }
-}
-
-impl std::fmt::Display for ShuffleDurability {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The map server's address when the spec names none: this host only.
-pub const DEFAULT_MAP_SERVER_BIND: &str = "127.0.0.1:0";
-
-/// Where the plugin's planner cuts a plan into stages: the value of
-/// `dfx_engine.split`, spelled in JSON and on the command line as the
-/// plugin spells it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-#[serde(rename_all = "lowercase")]
-pub enum Split {
-    /// At every exchange: hash repartitions, merges, broadcast build sides,
-    /// and single-task stages for operators that need all of an input.
-    #[default]
-    Exchange,
-    /// The aggregate split: every topmost partial aggregate is a stage, and
-    /// a plan without one is one stage.
-    Aggregate,
-}
-
-impl Split {
-    /// Both modes, for callers that check every one.
-    pub const ALL: [Split; 2] = [Split::Exchange, Split::Aggregate];
-
-    /// The config value (`exchange`, `aggregate`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Split::Exchange => "exchange",
-            Split::Aggregate => "aggregate",
-        }
-    }
-}
-
-impl std::fmt::Display for Split {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
