@@ -509,3 +509,39 @@ async fn all_22_queries_agree_with_maps_also_copied_to_their_workers_split_at_ev
     let both = ShuffleDurability::Both;
     all_queries_agree_kept(Split::Exchange, PARTITIONS, &[], &[], both).await;
 }
+
+/// Maps on the workers' disks with every decision forced on: joins
+/// switched to broadcasts, stages coalesced, filters on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_with_maps_served_and_every_decision_forced_on() {
+    let local = ShuffleDurability::Local;
+    let reports =
+        all_queries_agree_kept(Split::Exchange, 4, &DECISIONS_ON, &PARTITIONED_JOINS, local).await;
+    assert!(
+        decided(&reports, "switched to broadcast") >= 1,
+        "{reports:?}"
+    );
+}
+
+/// The skew split forced on, the switch off: no partition is split (its
+/// parts would find their companions by the maps' markers, which only the
+/// workers holding them can read), and each stage says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_with_maps_served_and_the_skew_split_forced_on() {
+    let local = ShuffleDurability::Local;
+    let options = [
+        ("join_filters", "on"),
+        ("coalesce", "on"),
+        ("skew_split", "on"),
+        ("broadcast_switch", "off"),
+    ];
+    let reports =
+        all_queries_agree_kept(Split::Exchange, 4, &options, &PARTITIONED_JOINS, local).await;
+    assert_eq!(decided(&reports, "split partition"), 0);
+    let said = reports
+        .iter()
+        .flat_map(|r| &r.decisions)
+        .filter(|d| d.contains("no partition is split: the maps stay on the disks"))
+        .count();
+    assert!(said >= 1, "{reports:?}");
+}

@@ -138,7 +138,15 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
             None => {}
         }
     }
-    if skew != SkewSplit::Off {
+    if skew != SkewSplit::Off && config.maps_only_on_workers() {
+        // The parts of a split partition find their companions by the
+        // maps' markers, which only the workers holding them can read.
+        reasons.push(
+            "no partition is split: the maps stay on the disks of the workers that wrote them \
+             (shuffle durability local)"
+                .to_string(),
+        );
+    } else if skew != SkewSplit::Off {
         match split_stage(&root, stage_id, &reads, &config, skew, request.slots)? {
             Some(Ok(adaptation)) => return Ok(adaptation),
             Some(Err(why)) => reasons.push(why),

@@ -271,12 +271,14 @@ impl SessionSpec {
                 "shuffle_compression".to_string(),
                 self.shuffle_compression.as_str().to_string(),
             ));
-            if self.shuffle_durability != ShuffleDurability::default() {
-                settings.push((
-                    dfx_abi::SHUFFLE_DURABILITY.to_string(),
-                    self.shuffle_durability.as_str().to_string(),
-                ));
-            }
+        }
+        // Whatever the location (a root's query gets its own later): the
+        // adaptive step and every reader ask it.
+        if self.shuffle_durability != ShuffleDurability::default() {
+            settings.push((
+                dfx_abi::SHUFFLE_DURABILITY.to_string(),
+                self.shuffle_durability.as_str().to_string(),
+            ));
         }
         if let Some(limit) = self.memory_limit {
             settings.push(("memory_limit".to_string(), limit.to_string()));
