@@ -119,8 +119,11 @@ impl MapServer {
             .as_ref()
             .map_err(|e| format!("cannot start the map server's runtime: {e}"))?;
         let _entered = runtime.enter();
+        // No Nagle: an answer's first message is small, and waiting for its
+        // acknowledgement would hold each stream a delayed ACK (40 ms).
         let incoming = TcpIncoming::bind(addr)
-            .map_err(|e| format!("the map server cannot listen on {bind}: {e}"))?;
+            .map_err(|e| format!("the map server cannot listen on {bind}: {e}"))?
+            .with_nodelay(Some(true));
         let local = incoming
             .local_addr()
             .map_err(|e| format!("the map server's listener on {bind} has no address: {e}"))?;
