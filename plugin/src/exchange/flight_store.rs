@@ -44,6 +44,19 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest message a reader takes: a chunk of the server's, with room.
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
+/// Whether `status` says the owner is gone rather than refusing the
+/// ticket: it holds no such map, cannot be reached, or its connection
+/// broke (a status made from a transport error carries that error as its
+/// source; one the server answered with does not).
+fn owner_gone(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    match status.code() {
+        Code::NotFound | Code::Unavailable | Code::Cancelled | Code::Aborted => true,
+        Code::Unknown | Code::Internal => std::error::Error::source(status).is_some(),
+        _ => false,
+    }
+}
+
 /// The store of the map files `owner` (`http://host:port`) serves of the
 /// location `location` (canonical), one per process for each pair.
 pub(crate) fn owner_store(owner: &str, location: &str) -> Arc<dyn ObjectStore> {
@@ -136,35 +149,26 @@ impl OwnerStore {
                 ticket: ticket.encode().into(),
             })
             .await
-            .map_err(|status| match status.code() {
-                tonic::Code::NotFound | tonic::Code::Unavailable => {
-                    lost(format!("{place}: {}", status.message()))
-                }
-                _ => generic(format!("{place}: {}", status.message())),
+            .map_err(|status| match owner_gone(&status) {
+                true => lost(format!("{place}: {}", status.message())),
+                false => generic(format!("{place}: {}", status.message())),
             })?;
+        // A stream that breaks is an owner lost mid-answer.
+        let broke = |status: tonic::Status| match owner_gone(&status) {
+            true => lost(format!("{place}: the stream broke: {}", status.message())),
+            false => generic(format!("{place}: the stream broke: {}", status.message())),
+        };
         let mut stream = answer.into_inner();
-        let first = stream
-            .try_next()
-            .await
-            .map_err(|s| generic(format!("{place}: {}", s.message())))?
-            .ok_or_else(|| {
-                generic(format!(
-                    "{place}: the answer ended before its first message"
-                ))
-            })?;
-        let size = serde_json::from_slice::<MapTicketAnswer>(&first.app_metadata)
-            .map_err(|e| {
-                generic(format!(
-                    "{place}: the answer's first message is not one: {e}"
-                ))
-            })?
+        let first = stream.try_next().await.map_err(broke)?.ok_or_else(|| {
+            generic(format!(
+                "{place}: the answer ended before its first message"
+            ))
+        })?;
+        let size = MapTicketAnswer::decode(&first.app_metadata)
+            .map_err(|e| generic(format!("{place}: {e}")))?
             .size;
         let mut bytes = Vec::with_capacity(len as usize);
-        while let Some(data) = stream
-            .try_next()
-            .await
-            .map_err(|s| generic(format!("{place}: the stream broke: {}", s.message())))?
-        {
+        while let Some(data) = stream.try_next().await.map_err(broke)? {
             bytes.extend_from_slice(&data.data_body);
         }
         if bytes.len() as u64 != len {
