@@ -138,7 +138,7 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
             None => {}
         }
     }
-    if skew != SkewSplit::Off && config.maps_only_on_workers() {
+    if skew != SkewSplit::Off && config.maps_only_on_workers()? {
         // The parts of a split partition find their companions by the
         // maps' markers, which only the workers holding them can read.
         reasons.push(

@@ -174,6 +174,19 @@ pub enum SkewSplit {
     Off,
 }
 
+/// Where map files live between stages: `dfx_engine.shuffle_durability`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShuffleDurability {
+    /// In the location: a map outlives its worker.
+    ObjectStore,
+    /// Only on the disk of the worker that wrote it, read from its map
+    /// server: never from the location by its marker.
+    Local,
+    /// On the worker's disk and in the location, which a reader falls back
+    /// to when the worker cannot be reached.
+    Both,
+}
+
 /// Whether ready stages' small partitions share tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Coalesce {
@@ -523,11 +536,32 @@ impl DfxConfig {
         Some(self.map_server.trim()).filter(|server| !server.is_empty())
     }
 
+    /// Where map files live between stages.
+    ///
+    /// # Errors
+    ///
+    /// A durability other than `object_store`, `local` or `both`.
+    pub fn shuffle_durability(&self) -> Result<ShuffleDurability> {
+        match self.shuffle_durability.trim() {
+            "object_store" => Ok(ShuffleDurability::ObjectStore),
+            "local" => Ok(ShuffleDurability::Local),
+            "both" => Ok(ShuffleDurability::Both),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{CONFIG_PREFIX}.shuffle_durability` is {other:?}; expected \
+                 object_store, local or both"
+            ))),
+        }
+    }
+
     /// Whether map files stay only on the disks of the workers that wrote
     /// them (`shuffle_durability` `local`): a map is then read only from
     /// its owner, never from the location by its marker.
-    pub fn maps_only_on_workers(&self) -> bool {
-        self.shuffle_durability.trim() == "local"
+    ///
+    /// # Errors
+    ///
+    /// An unknown durability (see [`Self::shuffle_durability`]).
+    pub fn maps_only_on_workers(&self) -> Result<bool> {
+        Ok(self.shuffle_durability()? == ShuffleDurability::Local)
     }
 
     /// Whether a reader reads the location's file of a map whose worker
@@ -536,16 +570,9 @@ impl DfxConfig {
     ///
     /// # Errors
     ///
-    /// A durability other than `object_store`, `local` or `both`.
+    /// An unknown durability (see [`Self::shuffle_durability`]).
     pub fn reads_location_when_owner_lost(&self) -> Result<bool> {
-        match self.shuffle_durability.trim() {
-            "object_store" | "local" => Ok(false),
-            "both" => Ok(true),
-            other => Err(DataFusionError::Configuration(format!(
-                "dfx config: `{CONFIG_PREFIX}.shuffle_durability` is {other:?}; expected \
-                 object_store, local or both"
-            ))),
-        }
+        Ok(self.shuffle_durability()? == ShuffleDurability::Both)
     }
 
     /// Partitions of a stage each task runs (at least one).

@@ -153,3 +153,41 @@ fn other_extensions_are_ignored() -> Result<()> {
     assert_eq!(DfxConfig::from_config(&options)?.shuffle_dir(), None);
     Ok(())
 }
+
+#[test]
+fn shuffle_durability_is_read_once_and_refused_by_name() -> Result<()> {
+    let config = DfxConfig::from_config(&ConfigOptions::default())?;
+    assert_eq!(config.shuffle_durability()?, ShuffleDurability::ObjectStore);
+    assert!(!config.maps_only_on_workers()?);
+    assert!(!config.reads_location_when_owner_lost()?);
+    let key = format!("{CONFIG_PREFIX}.shuffle_durability");
+    for (value, expected, only_on_workers, falls_back) in [
+        ("local", ShuffleDurability::Local, true, false),
+        (" both ", ShuffleDurability::Both, false, true),
+        ("object_store", ShuffleDurability::ObjectStore, false, false),
+    ] {
+        let config = DfxConfig::from_config(&options_with_ffi(&key, value)?)?;
+        assert_eq!(config.shuffle_durability()?, expected, "{value}");
+        assert_eq!(config.maps_only_on_workers()?, only_on_workers, "{value}");
+        assert_eq!(
+            config.reads_location_when_owner_lost()?,
+            falls_back,
+            "{value}"
+        );
+    }
+    let config = DfxConfig::from_config(&options_with_ffi(&key, "disk")?)?;
+    for err in [
+        config.shuffle_durability().unwrap_err(),
+        config.maps_only_on_workers().unwrap_err(),
+        config.reads_location_when_owner_lost().unwrap_err(),
+    ] {
+        let err = err.to_string();
+        assert!(
+            err.contains(&key)
+                && err.contains("\"disk\"")
+                && err.contains("object_store, local or both"),
+            "{err}"
+        );
+    }
+    Ok(())
+}

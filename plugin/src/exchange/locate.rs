@@ -175,7 +175,7 @@ pub(crate) async fn read_map_keys(
         ShuffleLocation::Local(_) => {
             let ((offset, length), size) = match known {
                 Some((keys, size, _)) => (keys, Some(size)),
-                None if config.maps_only_on_workers() => {
+                None if config.maps_only_on_workers()? => {
                     return Err(fail(
                         "the map stays on the disk of the worker that wrote it (shuffle \
                          durability local), but no layout naming its owner and the summary's \

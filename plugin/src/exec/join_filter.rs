@@ -302,7 +302,7 @@ async fn read_summaries(build: &BuildStage, config: &DfxConfig) -> Result<Option
         .as_ref()
         .and_then(|handed| handed.stages.get(&build.stage_id))
         .filter(|maps| maps.len() == build.maps);
-    if layouts.is_none() && config.maps_only_on_workers() {
+    if layouts.is_none() && config.maps_only_on_workers()? {
         let handed: Vec<String> = handed
             .iter()
             .flat_map(|h| &h.stages)

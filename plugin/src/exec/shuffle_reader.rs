@@ -564,7 +564,7 @@ impl ShuffleReaderExec {
             Some(located) => located,
             // Under `local`, this node's copy of the location need not hold
             // the map: it is read only from its owner, by its layout.
-            None if config.maps_only_on_workers() => {
+            None if config.maps_only_on_workers()? => {
                 return Err(self.error(
                     partition,
                     format!(
