@@ -11,11 +11,11 @@ use std::collections::BTreeSet;
 use arrow_flight::Ticket;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use common::*;
-use dfx_abi::MapTicket;
+use dfx_abi::{MapTicket, MapTicketAnswer};
 use dfx_host::{Host, SessionSpec, WorkerCommand, WorkerMode};
 use dfx_runtime::ShuffleDurability;
 use dfx_runtime::flight::MapServer;
-use dfx_runtime::flight::map_server::read_answer;
+use futures::TryStreamExt;
 
 /// `spec` with its map files on the disks of the workers that wrote them.
 fn served(mut spec: SessionSpec) -> SessionSpec {
@@ -32,7 +32,17 @@ async fn ask(
             ticket: ticket.into(),
         })
         .await?;
-    read_answer(answer.into_inner()).await
+    let mut stream = answer.into_inner();
+    let first = stream
+        .try_next()
+        .await?
+        .ok_or_else(|| tonic::Status::data_loss("the answer ended before its first message"))?;
+    let answer = MapTicketAnswer::decode(&first.app_metadata).map_err(tonic::Status::data_loss)?;
+    let mut bytes = Vec::new();
+    while let Some(data) = stream.try_next().await? {
+        bytes.extend_from_slice(&data.data_body);
+    }
+    Ok((answer.size, bytes))
 }
 
 #[tokio::test]

@@ -109,6 +109,25 @@ impl MapTicket {
     }
 }
 
+impl MapTicketAnswer {
+    /// The first message's metadata.
+    pub fn encode(&self) -> Vec<u8> {
+        // Cannot fail: a number.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The answer from the first message's metadata.
+    ///
+    /// # Errors
+    ///
+    /// Metadata that is not an answer, said with what an answer holds.
+    pub fn decode(metadata: &[u8]) -> Result<Self, String> {
+        serde_json::from_slice(metadata).map_err(|e| {
+            format!("the answer's first message is not one ({e}); expected {{\"size\": n}}")
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,8 +26,8 @@ use arrow_flight::{
 };
 use dfx_abi::location::canonical_location;
 use dfx_abi::{MapTicket, MapTicketAnswer, Plugin, ShuffleLocation};
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use futures::{StreamExt, TryStreamExt};
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
@@ -348,9 +348,7 @@ impl FlightService for MapService {
         let (file, size, path) = self.open(&ticket).map_err(|s| self.refuse(s))?;
         self.counters.streams.fetch_add(1, Ordering::Relaxed);
         let first = FlightData {
-            app_metadata: serde_json::to_vec(&MapTicketAnswer { size })
-                .unwrap_or_default()
-                .into(),
+            app_metadata: MapTicketAnswer { size }.encode().into(),
             ..FlightData::default()
         };
         let file = Arc::new(file);
@@ -454,29 +452,4 @@ fn only_do_get(method: &str) -> Status {
     Status::unimplemented(format!(
         "a map server answers do_get of a map ticket only, not {method}"
     ))
-}
-
-/// The bytes `do_get` answered: the file's size from the first message,
-/// then every body, in order (for the runtime's own tests and tools; the
-/// plugin has its own client).
-///
-/// # Errors
-///
-/// The status the server refused with, or an answer without its first
-/// message.
-pub async fn read_answer(
-    stream: impl futures::Stream<Item = Result<FlightData, Status>> + Unpin,
-) -> Result<(u64, Vec<u8>), Status> {
-    let mut stream = stream;
-    let first = stream
-        .try_next()
-        .await?
-        .ok_or_else(|| Status::data_loss("the answer ended before its first message"))?;
-    let answer: MapTicketAnswer = serde_json::from_slice(&first.app_metadata)
-        .map_err(|e| Status::data_loss(format!("the answer's first message is not one: {e}")))?;
-    let mut bytes = Vec::new();
-    while let Some(data) = stream.try_next().await? {
-        bytes.extend_from_slice(&data.data_body);
-    }
-    Ok((answer.size, bytes))
 }
