@@ -1,20 +1,26 @@
 """A Ray cluster of several nodes on one machine, each node a world of its own.
 
 A head node and ``--workers`` worker nodes, each a ``ray start --block`` in
-a mount namespace of its own (``unshare --mount --propagation private``; run
-as root)::
+a mount namespace of its own (``unshare --mount --propagation private``),
+and each worker node in a network namespace of its own too (:mod:`network`;
+run as root)::
 
     node      address     CPUs  sees
     ----      -------     ----  ----
-    head      127.0.0.2   0     the driver's filesystem (no task runs on it)
-    worker-1  127.0.0.3   1     a private empty /tmp; the repository, the
-    worker-2  127.0.0.4   1     driver's scratch and the build tree hidden
+    head      10.213.X.1  0     the driver's filesystem and network (no
+                                task runs on it)
+    worker-1  10.213.X.2  1     a private empty /tmp; the repository, the
+    worker-2  10.213.X.3  1     driver's scratch and the build tree hidden
     ...                         (tmpfs over each); the Python environment
-                                read-only at /srv/dfx-venv
+                                read-only at /srv/dfx-venv; its own
+                                network stack, one link to the bridge
 
 A worker node reaches only what a node of a real cluster has: the
 installed ``dfx-engine`` wheel (in the Python environment), what Ray ships,
-and the network (an S3 endpoint on 127.0.0.1). The Python environment is the
+and the network: the other nodes, and the services the driver relays to
+it (:meth:`Cluster.relay`, an S3 endpoint say, with the latency of a
+distant one). Each node's link is capped (``--link-rate``, 1 Gbit/s by
+default) in each direction. The Python environment is the
 driver's own (``sys.prefix``), bind-mounted read-only at a path outside
 everything hidden, rather than a second environment built for the nodes: a
 Ray node must run the driver's Python and Ray versions, and the bind costs
@@ -24,9 +30,10 @@ never the source tree (which it cannot see).
 
 Each node's processes are found by its mount namespace, never by name: a
 node is killed (:meth:`Cluster.kill`), as a machine is lost, by SIGKILL to
-every process in its namespace, and :meth:`Cluster.stop` does that to each
-node, so nothing of the cluster outlives it. The head's namespace hides
-nothing; it is there to name the head's processes.
+every process in its namespace, and its link is taken down, so its
+address answers nothing more. :meth:`Cluster.stop` kills each node and
+relay and removes the network, so nothing of the cluster outlives it. The
+head's namespace hides nothing; it is there to name the head's processes.
 
 The nodes and the driver share a token of their own (``RAY_AUTH_TOKEN``),
 and a node's environment is only ``PATH``, ``HOME``, the locale, the token
@@ -57,6 +64,8 @@ import sys
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
+
+from network import Network, can_make_networks, remove_recorded
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -93,9 +102,8 @@ node's mounts in its fresh namespace, then becomes ``command``."""
 UNSHARE = shutil.which("unshare") or "unshare"
 """util-linux's unshare(1), by its whole path where there is one."""
 
-HEAD_IP = "127.0.0.2"
-"""The head's address, and the driver's: a loopback address, but not
-127.0.0.1, which Ray replaces by the machine's outward address."""
+RELAY = pathlib.Path(__file__).resolve().with_name("relay.py")
+"""The relay that brings a service of this machine to the nodes' network."""
 
 SHOWN_IN_TMP = 8
 """Entries of a node's /tmp printed; the head's is the driver's, and long."""
@@ -151,7 +159,7 @@ def can_make_namespaces() -> str | None:
     )
     if probe.returncode != 0:
         return f"cannot make a mount namespace with a tmpfs: {probe.stderr.strip()}"
-    return None
+    return can_make_networks()
 
 
 def namespace_of(pid: int | str) -> str | None:
@@ -270,8 +278,13 @@ class Cluster:
         object_store_bytes: int = 100 * 1024 * 1024,
         state: pathlib.Path | None = None,
         head_env: dict[str, str] | None = None,
+        link_rate: str | None = "1gbit",
     ) -> None:
-        """A cluster not started yet; ``head_env`` adds to the head's settings."""
+        """A cluster not started yet; ``head_env`` adds to the head's settings.
+
+        ``link_rate`` caps each worker node's link (a ``tc`` rate; ``None``:
+        uncapped).
+        """
         if workers < 1:
             message = f"a cluster needs at least one worker node, got {workers}"
             raise ValueError(message)
@@ -286,6 +299,8 @@ class Cluster:
         self.port = 0
         self.head: Node | None = None
         self.workers: list[Node] = []
+        self.network = Network(workers, rate=link_rate)
+        self.relays: list[subprocess.Popen[str]] = []
         self._scratch = pathlib.Path(tempfile.mkdtemp(prefix="dfx-ray-"))
         self._saved_env: dict[str, str | None] = {}
         self._connected = False
@@ -296,9 +311,14 @@ class Cluster:
         return ([self.head] if self.head else []) + self.workers
 
     @property
+    def head_ip(self) -> str:
+        """The head's address, the driver's, and its relays': the bridge's."""
+        return self.network.host_ip
+
+    @property
     def address(self) -> str:
         """The head's GCS address, what ``ray start --address`` takes."""
-        return f"{HEAD_IP}:{self.port}"
+        return f"{self.head_ip}:{self.port}"
 
     @property
     def auth_env(self) -> dict[str, str]:
@@ -357,12 +377,22 @@ class Cluster:
             "false",
         ]
 
-    def _spawn(self, name: str, ip: str, shell: list[str], env: dict[str, str]) -> Node:
-        """Start ``shell`` in a new mount namespace (and session) as node ``name``."""
+    def _spawn(
+        self,
+        name: str,
+        ip: str,
+        shell: list[str],
+        env: dict[str, str],
+        enter: Sequence[str] = (),
+    ) -> Node:
+        """Start ``shell`` in a new mount namespace (and session) as node ``name``.
+
+        ``enter`` prefixes the command: a network namespace to run it in.
+        """
         log = self._scratch / f"{name}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(  # noqa: S603 - our own command line
-                [UNSHARE, "--mount", "--propagation", "private", "--", *shell],
+                [*enter, UNSHARE, "--mount", "--propagation", "private", "--", *shell],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -382,18 +412,26 @@ class Cluster:
         return node
 
     def _record(self) -> None:
-        """Write the nodes' namespaces to the state file, if there is one."""
+        """Write what :func:`stop_recorded` removes to the state file, if any.
+
+        The nodes' namespaces, the relays and the network.
+        """
         if self.state is not None:
-            self.state.write_text(
-                json.dumps([node.namespace for node in self.nodes]) + "\n"
-            )
+            record = {
+                "namespaces": [node.namespace for node in self.nodes],
+                "relays": [relay.pid for relay in self.relays],
+                "network": self.network.record(),
+            }
+            self.state.write_text(json.dumps(record) + "\n")
 
     def start(self) -> None:
         """Start the head, then the worker nodes; wait until Ray has them all."""
         python = str(self.venv / "bin" / "python")
         self.port = free_port()
+        self.network.up()
+        self._record()
         head_cmd = [
-            *self._ray_start(python, "head", HEAD_IP),
+            *self._ray_start(python, "head", self.head_ip),
             "--head",
             "--port",
             str(self.port),
@@ -407,12 +445,12 @@ class Cluster:
             str(self._scratch / "ray"),
         ]
         head_env = {**self._node_env("head"), **self.head_env}
-        self.head = self._spawn("head", HEAD_IP, head_cmd, head_env)
+        self.head = self._spawn("head", self.head_ip, head_cmd, head_env)
         self._record()
         self._wait_for_port()
         for index in range(1, self.worker_count + 1):
             name = f"worker-{index}"
-            ip = f"127.0.0.{index + 2}"
+            ip = self.network.node_ip(index)
             command = [
                 *self._ray_start(f"{VENV_MOUNT}/bin/python", name, ip),
                 "--address",
@@ -423,7 +461,6 @@ class Cluster:
                 "/tmp/ray",  # noqa: S108 - the node's private /tmp
                 "--num-cpus",
                 str(self.cpus_per_worker),
-                # Disjoint worker ports: the nodes share one network.
                 "--min-worker-port",
                 str(10002 + 1000 * index),
                 "--max-worker-port",
@@ -439,7 +476,9 @@ class Cluster:
                 *self.hidden,
                 *command,
             ]
-            self.workers.append(self._spawn(name, ip, shell, self._node_env(name)))
+            enter = self.network.enter(index)
+            node = self._spawn(name, ip, shell, self._node_env(name), enter)
+            self.workers.append(node)
             self._record()
 
     def _wait_for_port(self) -> None:
@@ -452,7 +491,7 @@ class Cluster:
         while True:
             with (
                 contextlib.suppress(OSError),
-                socket.create_connection((HEAD_IP, self.port), timeout=1),
+                socket.create_connection((self.head_ip, self.port), timeout=1),
             ):
                 return
             if head.process.poll() is not None or time.monotonic() > deadline:
@@ -470,7 +509,7 @@ class Cluster:
         refresh_ray_auth()
         ray.init(
             address=self.address,
-            _node_ip_address=HEAD_IP,
+            _node_ip_address=self.head_ip,
             log_to_driver=False,
             logging_level="warning",
         )
@@ -511,13 +550,41 @@ class Cluster:
         return "?"
 
     def kill(self, node: Node) -> int:
-        """Lose ``node`` as a machine is lost: SIGKILL all its processes.
+        """Lose ``node`` as a machine is lost: its processes, then its link.
 
+        SIGKILL to every process of the node, then its link taken down.
         Returns how many processes were killed.
         """
         killed = kill_namespace(node.namespace)
         node.process.wait()
+        self.network.cut(self.workers.index(node) + 1)
         return killed
+
+    def relay(self, target: str, delay_ms: float = 0.0) -> str:
+        """``host:port`` on the bridge that relays to ``target``.
+
+        ``target`` is ``host:port`` of this machine; ``delay_ms`` is added to
+        each round trip. The relay lives as long as the cluster. The nodes
+        reach this machine's services so.
+        """
+        process = subprocess.Popen(  # noqa: S603 - our own relay
+            [sys.executable, str(RELAY), self.head_ip, target, str(delay_ms)],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        self.relays.append(process)
+        self._record()
+        line = process.stdout.readline() if process.stdout else ""
+        if not line.startswith("ready "):
+            message = f"the relay to {target} did not start: {line!r}"
+            raise RuntimeError(message)
+        return f"{self.head_ip}:{int(line.split()[1])}"
+
+    def relay_url(self, url: str, delay_ms: float = 0.0) -> str:
+        """``url`` (``http://host:port``) as the nodes reach it (:meth:`relay`)."""
+        scheme, _, where = url.partition("://")
+        return f"{scheme}://{self.relay(where.rstrip('/'), delay_ms)}"
 
     def stop(self) -> None:
         """Disconnect the driver, kill every node, forget the scratch."""
@@ -530,6 +597,11 @@ class Cluster:
             kill_namespace(node.namespace)
             with contextlib.suppress(ProcessLookupError):
                 node.process.wait(timeout=10)
+        for relay in self.relays:
+            relay.kill()
+            relay.wait()
+        self.relays.clear()
+        self.network.down()
         for name, value in self._saved_env.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -549,12 +621,13 @@ class Cluster:
 # --- What a node sees --------------------------------------------------------
 
 
-def node_view(watched: list[str]) -> dict[str, Any]:
+def node_view(watched: list[str], dialed: Sequence[str] = ()) -> dict[str, Any]:
     """What the calling process sees: run as a Ray task on a node.
 
-    Its node (Ray's id and ``DFX_CLUSTER_NODE``), mount namespace, the
-    entries of /tmp, whether each of ``watched`` exists, and the
-    ``dfx_engine`` it imports, with its plugin.
+    Its node (Ray's id and ``DFX_CLUSTER_NODE``), mount and network
+    namespaces, its address, the entries of /tmp, whether each of
+    ``watched`` exists, whether it reaches each ``host:port`` of
+    ``dialed``, and the ``dfx_engine`` it imports, with its plugin.
     """
     import ray
 
@@ -565,6 +638,9 @@ def node_view(watched: list[str]) -> dict[str, Any]:
         "node": os.environ.get("DFX_CLUSTER_NODE", "driver"),
         "node_id": ray.get_runtime_context().get_node_id(),
         "namespace": namespace_of("self"),
+        "network": str(pathlib.Path("/proc/self/ns/net").readlink()),
+        "ip": ray.util.get_node_ip_address(),
+        "reaches": {where: reaches(where) for where in dialed},
         "pid": os.getpid(),
         "tmp": sorted(p.name for p in pathlib.Path("/tmp").iterdir()),  # noqa: S108
         "exists": {path: seen(path) for path in watched},
@@ -574,6 +650,16 @@ def node_view(watched: list[str]) -> dict[str, Any]:
             k for k in os.environ if k.startswith("AWS_")
         ),
     }
+
+
+def reaches(where: str) -> bool:
+    """Whether a TCP connection to ``host:port`` is accepted within a second."""
+    host, _, port = where.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def seen(path: str) -> str:
@@ -587,7 +673,9 @@ def seen(path: str) -> str:
     return f"{len(entries)} entries" if entries else "empty"
 
 
-def views(cluster: Cluster, watched: list[str]) -> list[dict[str, Any]]:
+def views(
+    cluster: Cluster, watched: list[str], dialed: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     """:func:`node_view` on each node in turn, pinned there (the head too)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -598,7 +686,9 @@ def views(cluster: Cluster, watched: list[str]) -> list[dict[str, Any]]:
     found = []
     for node in cluster.nodes:
         strategy = NodeAffinitySchedulingStrategy(cluster.node_id(node), soft=False)
-        ref = probe.options(num_cpus=0, scheduling_strategy=strategy).remote(watched)
+        ref = probe.options(num_cpus=0, scheduling_strategy=strategy).remote(
+            watched, dialed
+        )
         found.append(ray.get(ref, timeout=120))
     return found
 
@@ -610,7 +700,8 @@ def print_views(cluster: Cluster, watched: list[str]) -> None:
     print(f"Python environment: {cluster.venv} (read-only at {VENV_MOUNT} on workers)")
     for view in views(cluster, watched):
         print(
-            f"-- {view['node']}: ray node {view['node_id'][:12]}, {view['namespace']}"
+            f"-- {view['node']} at {view['ip']}: ray node {view['node_id'][:12]}, "
+            f"{view['namespace']}, {view['network']}"
         )
         shown = " ".join(view["tmp"][:SHOWN_IN_TMP]) or "(nothing)"
         more = len(view["tmp"]) - SHOWN_IN_TMP
@@ -653,11 +744,19 @@ def stopped_on_signals() -> Iterator[None]:
 
 
 def stop_recorded(state: pathlib.Path) -> None:
-    """Kill every process in the namespaces ``state`` names (a backstop)."""
+    """Kill what ``state`` names, and remove its network (a backstop).
+
+    Every process in its namespaces, and its relays.
+    """
     text = state.read_text() if state.is_file() else ""
-    for namespace in json.loads(text) if text.strip() else []:
+    record = json.loads(text) if text.strip() else {}
+    for namespace in record.get("namespaces", []):
         if namespace and namespace != namespace_of("self"):
             kill_namespace(namespace)
+    for pid in record.get("relays", []):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    remove_recorded(record.get("network", {}))
     state.unlink(missing_ok=True)
 
 

@@ -1,16 +1,19 @@
 """A Ray cluster whose worker nodes share nothing with the driver, losing one.
 
 ``python/bench/cluster.py`` starts a head (no CPUs) and two worker nodes of
-one CPU each, every node a ``ray start`` in a mount namespace of its own;
-a worker node has a private /tmp and cannot see the repository, the
-driver's scratch or the build tree, only the installed wheel and the S3
-server. The table (conftest's ``lineitem``, four files of two rows) and the
-shuffle are on conftest's S3 server; envelopes, plans and the UDF reach the
+one CPU each, every node a ``ray start`` in a mount namespace of its own,
+each worker node in a network namespace of its own on a bridge; a worker
+node has a private /tmp and cannot see the repository, the driver's
+scratch or the build tree, only the installed wheel and the S3 server,
+which the cluster relays onto the bridge. The table (conftest's
+``lineitem``, four files of two rows) and the shuffle are on conftest's S3
+server; envelopes, plans and the UDF reach the
 nodes by value, the keys through the tasks' ``runtime_env``.
 
 A node is lost as a machine is: every process in its namespace (raylet,
 agents, Ray workers, ``ray start``) killed at once, while a map it runs is
-inside a UDF. The UDF asks the test, over a socket on 127.0.0.1, whether to
+inside a UDF, and its link is taken down. The UDF asks the test, over a
+socket on the bridge's address, whether to
 go on: the test answers ``go`` to each node's first map and ``hang`` to the
 first second map of a node (its first map has published), then kills that
 node. With one CPU a node, the first two maps run one on each node, so the
@@ -19,8 +22,8 @@ third map is some node's second::
     node A: map a (published) ─► map c: "hang" ─► killed
     node B: map b (published) ─► map d ─► map c again (attempt 1) ─► ...
 
-Needs root and unshare(1) to make mount namespaces; skipped, saying so,
-only where they cannot be made.
+Needs root, unshare(1) and ip(8) to make mount and network namespaces;
+skipped, saying so, only where they cannot be made.
 """
 
 from __future__ import annotations
@@ -90,20 +93,21 @@ def lineitem_on_s3(s3: S3Server, lineitem: pathlib.Path) -> str:
 
 
 class Gate:
-    """The test's side of the UDF's question: a socket server on 127.0.0.1.
+    """The test's side of the UDF's question: a socket server on ``host``.
 
     Each call of the UDF sends its node's name and its quantities, and reads
     ``go`` or ``hang``. The first call from a node that already had a ``go``
     hangs (that node is :attr:`victim`); every other call goes on.
     """
 
-    def __init__(self, *, hang: bool = True) -> None:
-        """Listening on a free port, answering in a thread of its own.
+    def __init__(self, host: str, *, hang: bool = True) -> None:
+        """Listening on a free port of ``host``, answering in its own thread.
 
         With ``hang`` false every call goes on.
         """
         self.hang = hang
-        self.server = socket.create_server(("127.0.0.1", 0))
+        self.host = host
+        self.server = socket.create_server((host, 0))
         self.port = self.server.getsockname()[1]
         self.calls: list[tuple[str, str, str]] = []
         self.victim: str | None = None
@@ -132,8 +136,10 @@ class Gate:
         self.server.close()
 
 
-def gated_udf(port: int, kind: pa.DataType | None = None, pause: float = 0.0) -> object:
-    """``py_check``: its argument unchanged, once the gate on ``port`` says go.
+def gated_udf(
+    gate: Gate, kind: pa.DataType | None = None, pause: float = 0.0
+) -> object:
+    """``py_check``: its argument unchanged, once ``gate`` says go.
 
     Each call asks the gate, then sleeps ``pause`` seconds; ``kind`` is the
     argument's type (int64 unless given). Pickled by value into the plan:
@@ -143,6 +149,7 @@ def gated_udf(port: int, kind: pa.DataType | None = None, pause: float = 0.0) ->
     from datafusion import udf
 
     kind = kind or pa.int64()
+    where = (gate.host, gate.port)
 
     def check(values: pa.Array) -> pa.Array:
         import os
@@ -150,9 +157,9 @@ def gated_udf(port: int, kind: pa.DataType | None = None, pause: float = 0.0) ->
         import time
 
         node = os.environ.get("DFX_CLUSTER_NODE", "?")
-        with socket.create_connection(("127.0.0.1", port), timeout=30) as gate:
-            gate.sendall(f"{node} {values.to_pylist()[:4]}".encode())
-            answer = gate.recv(16).decode()
+        with socket.create_connection(where, timeout=30) as asking:
+            asking.sendall(f"{node} {values.to_pylist()[:4]}".encode())
+            answer = asking.recv(16).decode()
         if answer == "hang":
             time.sleep(600)
         time.sleep(pause)
@@ -186,7 +193,7 @@ def run_losing_the_victim(
         result = run_distributed(
             QTY_SQL,
             spec,
-            [gated_udf(gate.port)],
+            [gated_udf(gate)],
             executor=executor,
             task_timeout=60,
             max_attempts=max_attempts,
@@ -205,16 +212,25 @@ def cluster() -> Iterator[ray_cluster.Cluster]:
         yield started
 
 
+def store_options(cluster: ray_cluster.Cluster, s3: S3Server) -> dict[str, str]:
+    """``s3``'s options with its endpoint relayed onto the cluster's bridge.
+
+    The nodes' network namespaces reach the bridge, not this machine's
+    loopback.
+    """
+    return {**s3.store_options, "s3_endpoint": cluster.relay_url(s3.endpoint)}
+
+
 def test_a_node_lost_mid_stage_has_its_running_map_rerun_on_the_other(
     cluster: ray_cluster.Cluster, s3: S3Server, lineitem_on_s3: str
 ) -> None:
-    gate = Gate()
+    gate = Gate(cluster.head_ip)
     prefix = "cluster/node-lost"
     spec = SessionSpec(
         tables={"lineitem": lineitem_on_s3},
         shuffle_dir=f"s3://{BUCKET}/{prefix}",
         target_partitions=4,
-        store_options=s3.store_options,
+        store_options=store_options(cluster, s3),
     )
     executor = RayExecutor(options={"runtime_env": {"env_vars": dict(S3_CREDENTIALS)}})
     assert executor.max_workers == 2
@@ -266,12 +282,20 @@ def test_a_node_lost_mid_stage_has_its_running_map_rerun_on_the_other(
     assert took < 60, f"took {took:.0f} s"
 
 
-def test_every_node_sees_only_the_wheel_and_its_own_tmp(
+def test_every_node_sees_only_the_wheel_its_own_tmp_and_the_bridge(
     cluster: ray_cluster.Cluster, tmp_path: pathlib.Path
 ) -> None:
     (tmp_path / "driver-scratch").write_text("the driver's")
     watched = [str(ray_cluster.ROOT), str(tmp_path)]
-    views = {view["node"]: view for view in ray_cluster.views(cluster, watched)}
+    # A service of the driver's on this machine's loopback, and the same
+    # relayed onto the bridge: only the relay reaches the worker nodes.
+    with socket.create_server(("127.0.0.1", 0)) as service:
+        service.listen(8)
+        loopback = f"127.0.0.1:{service.getsockname()[1]}"
+        relayed = cluster.relay(loopback)
+        dialed = [loopback, relayed]
+        found = ray_cluster.views(cluster, watched, dialed)
+    views = {view["node"]: view for view in found}
     assert set(views) == {"head", "worker-1", "worker-2"}
     assert views["head"]["exists"][str(tmp_path)] == "1 entries"
     for name in ("worker-1", "worker-2"):
@@ -283,8 +307,15 @@ def test_every_node_sees_only_the_wheel_and_its_own_tmp(
         assert view["tmp"] == ["ray"], view
         assert view["dfx_engine"].startswith(ray_cluster.VENV_MOUNT), view
         assert view["aws_keys_in_environment"] == [], view
+        # Its own network: its address on the bridge, the driver's loopback
+        # out of reach, the relay on the bridge within it.
+        assert view["ip"] == cluster.workers[int(name[-1]) - 1].ip, view
+        assert view["reaches"] == {loopback: False, relayed: True}, view
+    assert views["head"]["reaches"] == {loopback: True, relayed: True}
     namespaces = {view["namespace"] for view in views.values()}
     assert len(namespaces) == 3
+    networks = {view["network"] for view in views.values()}
+    assert len(networks) == 3, networks
 
 
 BIG_ROWS = 240_000
@@ -317,13 +348,13 @@ def test_a_node_lost_mid_upload_publishes_no_partial_object(
     big_on_s3: str,
     tmp_path: pathlib.Path,
 ) -> None:
-    gate = Gate(hang=False)
+    gate = Gate(cluster.head_ip, hang=False)
     prefix = "cluster/mid-upload"
     spec = SessionSpec(
         tables={"big": big_on_s3},
         shuffle_dir=f"s3://{BUCKET}/{prefix}",
         target_partitions=2,
-        store_options=s3.store_options,
+        store_options=store_options(cluster, s3),
     )
     executor = RayExecutor(options={"runtime_env": {"env_vars": dict(S3_CREDENTIALS)}})
     nodes = {node.name: node for node in cluster.workers}
@@ -352,7 +383,7 @@ def test_a_node_lost_mid_upload_publishes_no_partial_object(
         result = run_distributed(
             BIG_SQL,
             spec,
-            [gated_udf(gate.port, pa.binary_view(), pause=0.05)],
+            [gated_udf(gate, pa.binary_view(), pause=0.05)],
             executor=executor,
             task_timeout=60,
         )
@@ -387,7 +418,7 @@ def test_a_node_lost_with_its_maps_on_its_disk(
     survivor; under ``both`` its readers read the S3 copy instead, and only
     the hung map runs again.
     """
-    gate = Gate()
+    gate = Gate(cluster.head_ip)
     prefix = f"cluster/on-disk-{durability}"
     # Under local, a directory of /tmp, which each node has of its own.
     shuffle_dir = (
@@ -399,7 +430,7 @@ def test_a_node_lost_with_its_maps_on_its_disk(
         tables={"lineitem": lineitem_on_s3},
         shuffle_dir=shuffle_dir,
         target_partitions=4,
-        store_options=s3.store_options,
+        store_options=store_options(cluster, s3),
         shuffle_durability=durability,
     )
     executor = RayExecutor(
