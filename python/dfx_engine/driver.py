@@ -31,6 +31,7 @@ such as :class:`dfx_engine.ray.RayExecutor`.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,7 @@ from dfx_engine.executors import (
     WORKER_MODES,
     Executor,
     WorkerPool,
+    durability_for,
     executor_for,
     python_worker,
     stderr_is_terminal,
@@ -315,6 +317,9 @@ def run_distributed(
     executor_of, options = executor_for(
         worker_command, max_workers, worker_mode, pool, executor
     )
+    if spec.shuffle_durability is None:
+        durability = durability_for(executor_of, spec.shuffle_dir or spec.shuffle_root)
+        spec = dataclasses.replace(spec, shuffle_durability=durability)
     own_pool = None
     if executor_of is None:
         executor_of = own_pool = WorkerPool(max_workers, worker_command)
@@ -340,8 +345,14 @@ def run_distributed(
                 if kept is not None:
                     _name_kept(err, kept)
                 raise
-            # The answer is read: a location made under a root goes.
-            claim.finish(answered=True)
+            # The answer is read: a location made under a root goes, on
+            # the driver's machine and on the nodes of an executor whose
+            # workers kept their maps there.
+            location = json.loads(claim.query_spec_json)["shuffle_dir"]
+            if claim.finish(answered=True) is None and spec.shuffle_root:
+                forget = getattr(executor_of, "forget_location", None)
+                if forget is not None and not spec.keep_shuffle:
+                    forget(location)
         return result
     finally:
         if own_pool is not None:

@@ -57,6 +57,21 @@ class Executor(Protocol):
         ...
 
 
+def durability_for(executor: object, location: str) -> str:
+    """The shuffle durability of a spec naming none, run on ``executor``.
+
+    An executor may choose by its ``default_durability(location)`` (the Ray
+    executor on serving actors does); any other runs under the runtime's
+    default, ``object_store``: on one machine the location is a local
+    directory every worker reads.
+    """
+    choose = getattr(executor, "default_durability", None)
+    if choose is None:
+        return _internal.DEFAULT_SHUFFLE_DURABILITY
+    chosen: str = choose(location)
+    return chosen
+
+
 def python_worker() -> list[str]:
     """The command of a Python worker, to which the envelope path is appended.
 

@@ -48,6 +48,7 @@ import collections
 import itertools
 import json
 import re
+import shutil
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -130,6 +131,7 @@ class NodeWorker:
         self.bind = bind
         self.address = _internal.start_map_server(bind)
         self.node_id = ray.get_runtime_context().get_node_id()
+        self.locations: set[str] = set()
 
     def where(self) -> tuple[str, str]:
         """Its map server's address and its Ray node."""
@@ -141,8 +143,37 @@ class NodeWorker:
 
     def run(self, envelope_json: str, plan: bytes) -> tuple[str, str]:
         """One task, its map file served here: its response line, and the node."""
+        location = location_of(envelope_json)
+        if location:
+            self.locations.add(location)
         line = _internal.run_task_value(envelope_json, plan, run_task, self.bind)
         return line, self.node_id
+
+    def forget(self, location: str) -> bool:
+        """Remove this node's directory of ``location``, once its query is done.
+
+        Only a location some task here wrote under, and only a directory
+        (an object store's copy is the driver's to remove): whether one was
+        removed.
+        """
+        if location not in self.locations:
+            return False
+        self.locations.discard(location)
+        scheme, found, rest = location.partition("://")
+        if found and scheme != "file":
+            return False
+        path = rest if found else location
+        shutil.rmtree(path, ignore_errors=True)
+        return True
+
+
+def location_of(envelope_json: str) -> str:
+    """The shuffle location a task's envelope names, or empty."""
+    try:
+        location = json.loads(envelope_json)["spec"]["shuffle_dir"]
+    except (KeyError, TypeError, ValueError):
+        return ""
+    return location if isinstance(location, str) else ""
 
 
 def input_bytes_by_owner(envelope_json: str) -> dict[str, int]:
@@ -356,6 +387,37 @@ class RayExecutor:
             self._short = True
         if gone is not None:
             ray.kill(gone[0])
+
+    def forget_location(self, location: str) -> int:
+        """Remove each node's directory of ``location``: its query is done.
+
+        The driver calls it once it has removed its own; under ``local`` a
+        node's maps are only there. An actor lost meanwhile has nothing to
+        remove. Returns how many nodes' directories went.
+        """
+        if not self.serves_map_files:
+            return 0
+        refs = [actor.forget.remote(location) for actor in self.actors().values()]
+        removed = 0
+        for ref in refs:
+            try:
+                removed += bool(ray.get(ref, timeout=PLACE_WAIT))
+            except (*_LOST, ray.exceptions.GetTimeoutError):
+                continue
+        return removed
+
+    def default_durability(self, location: str) -> str:
+        """The shuffle durability of a spec naming none, under ``location``.
+
+        On serving actors: ``local`` under a directory (each node keeps its
+        maps; a lost node's run again), ``both`` under an object store URL
+        (a lost node's are read from there). Ray tasks, whose processes do
+        not outlive them: ``object_store``.
+        """
+        if not self.serves_map_files:
+            return "object_store"
+        scheme, found, _ = location.partition("://")
+        return "both" if found and scheme != "file" else "local"
 
     def _submit(
         self, envelope_json: str, plan: bytes, name: str

@@ -182,9 +182,12 @@ class SessionSpec:
             publish: ``auto`` (none locally, LZ4 on S3), ``lz4`` or ``none``.
         shuffle_durability: Where map files live between stages:
             ``object_store`` (the shuffle location, read by every worker
-            from there) or ``local`` (each on the disk of the pooled worker
-            that wrote it, streamed to the others over Arrow Flight; a lost
-            worker's maps run again). ``local`` needs a directory.
+            from there), ``local`` (each on the disk of the worker that
+            wrote it, streamed to the others over Arrow Flight; a lost
+            worker's maps run again; needs a directory) or ``both`` (also
+            in the location, which readers fall back to). ``None``: the
+            executor's choice (:func:`dfx_engine.executors.durability_for`),
+            ``object_store`` but on Ray actors that serve their maps.
         map_server_bind: Where each worker's map server listens under
             ``local`` durability, ``host:port`` (port 0: any free one).
             ``None``: ``127.0.0.1:0``, this host only.
@@ -215,7 +218,7 @@ class SessionSpec:
     split: str = _internal.DEFAULT_SPLIT
     store_options: dict[str, str] = field(default_factory=dict)
     shuffle_compression: str = _internal.DEFAULT_SHUFFLE_COMPRESSION
-    shuffle_durability: str = _internal.DEFAULT_SHUFFLE_DURABILITY
+    shuffle_durability: str | None = None
     map_server_bind: str | None = None
     memory_limit: int | None = None
     engine_options: dict[str, str] = field(default_factory=dict)
@@ -243,6 +246,9 @@ class SessionSpec:
             ValueError: If the runtime refuses the spec.
         """
         fields = dataclasses.asdict(self) | {"codec_ids": expected_codec_ids()}
+        if fields["shuffle_durability"] is None:
+            # The runtime's default, until an executor chooses.
+            del fields["shuffle_durability"]
         fields["tables"] = {
             name: _table_json(table) for name, table in self.tables.items()
         }

@@ -15,6 +15,7 @@ import collections
 import dataclasses
 import json
 import os
+import pathlib
 import re
 import time
 from typing import TYPE_CHECKING, Any
@@ -48,7 +49,6 @@ ray = pytest.importorskip("ray")
 from dfx_engine.ray import RayExecutor  # noqa: E402 - only once Ray is importable
 
 if TYPE_CHECKING:
-    import pathlib
     from collections.abc import Callable, Iterator
 
 
@@ -305,6 +305,39 @@ def test_tpch_on_ray_actors_serving_their_maps_agrees_with_local(
     assert serving.served()["streams"] > 0
     assert_same_columns(result.batches, local, f"q{number}")
     assert_same_rows(tpch_rows(result.batches), tpch_rows(local), f"q{number}")
+
+
+def test_serving_actors_choose_the_durability_a_spec_leaves_open(
+    serving: RayExecutor,
+    executor: RayExecutor,
+    make_spec: Callable[..., SessionSpec],
+) -> None:
+    # A directory: each node keeps its own maps; a bucket: a copy there too.
+    assert serving.default_durability("/mnt/dfx/q1") == "local"
+    assert serving.default_durability("file:///mnt/dfx/q1") == "local"
+    assert serving.default_durability("s3://dfx/q1") == "both"
+    # Ray tasks serve nothing: the location alone.
+    assert executor.default_durability("/mnt/dfx/q1") == "object_store"
+    assert executor.default_durability("s3://dfx/q1") == "object_store"
+
+    spec = make_spec()
+    assert spec.shuffle_durability is None
+    before = serving.served()["streams"]
+    result = run_distributed(REVENUE_SQL, spec, executor=serving)
+    assert_revenue(as_rows(result.batches))
+    # Streamed between the actors: the spec ran under local.
+    assert serving.served()["streams"] > before
+
+    # Once the query is done, each actor removes its node's directory of a
+    # location it wrote under, and nothing else.
+    location = pathlib.Path(spec.shuffle_dir)
+    assert any(location.glob("stage-*/map-*.arrow"))
+    stranger = location.parent / "not-a-location"
+    stranger.mkdir()
+    assert serving.forget_location(str(stranger)) == 0
+    assert stranger.is_dir()
+    assert serving.forget_location(spec.shuffle_dir) >= 1
+    assert not location.exists()
 
 
 def test_maps_on_worker_disks_need_ray_actors(
