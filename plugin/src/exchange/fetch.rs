@@ -54,6 +54,10 @@ pub(crate) struct Route {
     pub(crate) store: Arc<dyn ObjectStore>,
     pub(crate) key: ObjectPath,
     pub(crate) fallback: Option<(Arc<dyn ObjectStore>, ObjectPath)>,
+    /// `store` holds a copy of the map's file (a worker's, of a map also in
+    /// the location): the entity tag its map reported is the location's
+    /// object's, so a read there is not pinned to it.
+    pub(crate) copy: bool,
 }
 
 /// A piece's [`Route`], or why it has none.
@@ -99,15 +103,21 @@ pub(crate) fn s3_source(store: Arc<dyn ObjectStore>, s3: S3Location) -> impl Fn(
             store: Arc::clone(&store),
             key: s3.key(&piece.path)?,
             fallback: None,
+            copy: false,
         })
     }
 }
 
 /// Each piece of the location `root` read from the map server of the
-/// worker that wrote it (its owner), by its name under `root`; a piece
-/// with no owner, and with `location` (the location's own source) each
-/// piece its owner lost, read from `location`.
-pub(crate) fn served_source(root: PathBuf, location: Option<Sources>) -> impl Fn(&Piece) -> Source {
+/// worker that wrote it (its owner), by its name under `root`; with
+/// `location` (the location's own source) each piece its owner lost read
+/// from `location`. A piece with no owner (one this process wrote) is read
+/// from `own` (this process's copies), else from `location`.
+pub(crate) fn served_source(
+    root: PathBuf,
+    location: Option<Sources>,
+    own: Option<Sources>,
+) -> impl Fn(&Piece) -> Source {
     let canonical = canonical_location(&root.to_string_lossy());
     move |piece| {
         let direct =
@@ -120,7 +130,10 @@ pub(crate) fn served_source(root: PathBuf, location: Option<Sources>) -> impl Fn
             })
             };
         let Some(owner) = piece.owner.as_deref() else {
-            return direct();
+            return match own.as_ref() {
+                Some(read) => read(piece),
+                None => direct(),
+            };
         };
         let name = piece
             .path
@@ -142,8 +155,37 @@ pub(crate) fn served_source(root: PathBuf, location: Option<Sources>) -> impl Fn
             store: owner_store(owner, &canonical),
             key,
             fallback,
+            copy: true,
         })
     }
+}
+
+/// Each piece read from this process's copy of its file in `copies` (the
+/// map copy directory of a query whose maps are also in the location), by
+/// its name under `root`, and from `location` when the copy is missing
+/// (another process's map, or a copy its attempt did not publish).
+///
+/// # Errors
+///
+/// A directory object_store cannot root a store at.
+pub(crate) fn copy_source(
+    copies: PathBuf,
+    root: PathBuf,
+    location: Sources,
+) -> Result<impl Fn(&Piece) -> Source + Send, String> {
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        LocalFileSystem::new_with_prefix(&copies)
+            .map_err(|e| format!("cannot read {} as a store: {e}", copies.display()))?,
+    );
+    Ok(move |piece: &Piece| {
+        let there = location(piece)?;
+        Ok(Route {
+            store: Arc::clone(&store),
+            key: name_under(&root, piece)?,
+            fallback: Some((there.store, there.key)),
+            copy: true,
+        })
+    })
 }
 
 /// Each piece of the local directory `root` read from its file there, as
@@ -162,6 +204,7 @@ pub(crate) fn file_source(root: PathBuf) -> Result<impl Fn(&Piece) -> Source + S
             store: Arc::clone(&store),
             key: name_under(&root, piece)?,
             fallback: None,
+            copy: false,
         })
     })
 }
@@ -262,10 +305,15 @@ impl RangeFetcher {
             store,
             key,
             fallback,
+            copy,
         } = match source {
             Ok(route) => route,
             Err(e) => return Box::pin(async move { Err(FetchError::Failed(e)) }),
         };
+        let pinned = request.e_tag.clone();
+        if copy {
+            request.e_tag = None;
+        }
         let Some((other, other_key)) = fallback else {
             return Self::get(store, key, request);
         };
@@ -276,7 +324,7 @@ impl RangeFetcher {
             source: Err(String::new()),
             cover: None,
             parts: request.parts.clone(),
-            e_tag: request.e_tag.clone(),
+            e_tag: pinned,
             ..request
         };
         let first = Self::get(store, key, request);

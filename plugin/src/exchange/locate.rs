@@ -168,6 +168,19 @@ pub(crate) async fn read_map_keys(
             None => {}
         }
     }
+    // A map this process wrote under `both`: from its own copy, when it
+    // kept one of the file its map reported, rather than the location.
+    let copies = config.map_copy_dir.trim();
+    if let Some(layout) = laid_out
+        && let Some((offset, length)) = layout.keys
+        && layout.owner.is_some()
+        && layout.owner.as_deref() == config.own_map_server()
+        && !copies.is_empty()
+        && let Ok(file) = File::open(map_path(Path::new(copies), stage_id, map))
+        && file.metadata().is_ok_and(|meta| meta.len() == layout.size)
+    {
+        return parse(read_range(&file, offset, length).map_err(|e| fail(e.to_string()))?);
+    }
     // Where the layout says, without the marker; a layout without the
     // region (a worker that did not say) leaves the marker to tell.
     let known = laid_out.and_then(|l| l.keys.map(|keys| (keys, l.size, l.e_tag.clone())));

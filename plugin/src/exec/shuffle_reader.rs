@@ -49,7 +49,7 @@ use prost::Message;
 
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
-use crate::exchange::fetch::{Sources, file_source, s3_source, served_source};
+use crate::exchange::fetch::{Sources, copy_source, file_source, s3_source, served_source};
 use crate::exchange::locate::{locate_by_layouts, locate_local, read_markers};
 use crate::exchange::shared_reads::Cover;
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
@@ -504,10 +504,23 @@ impl ShuffleReaderExec {
                 .map_err(|e| self.error(partition, e))?;
             if let Some(located) = laid_out {
                 // Maps served by their workers (`both`: each also in the
-                // bucket, read when its worker is gone).
+                // bucket, read when its worker is gone, and this process's
+                // own read from its copies).
                 let source: Sources = if served {
-                    let bucket = Box::new(s3_source(store, s3));
-                    Box::new(served_source(root.clone(), fall_back.then_some(bucket)))
+                    let bucket: Sources = Box::new(s3_source(Arc::clone(&store), s3.clone()));
+                    let own: Option<Sources> = match config.map_copy_dir.trim() {
+                        "" => None,
+                        copies => Some(Box::new(
+                            copy_source(PathBuf::from(copies), root.clone(), bucket)
+                                .map_err(|e| self.error(partition, e))?,
+                        )),
+                    };
+                    let location: Sources = Box::new(s3_source(store, s3));
+                    Box::new(served_source(
+                        root.clone(),
+                        fall_back.then_some(location),
+                        own,
+                    ))
                 } else {
                     Box::new(s3_source(store, s3))
                 };
@@ -555,7 +568,7 @@ impl ShuffleReaderExec {
                 root.clone(),
                 Arc::clone(&self.schema),
                 (located, true),
-                &served_source(root, files),
+                &served_source(root, files, None),
                 budget,
             );
             return Ok(Box::pin(stream));
