@@ -28,12 +28,13 @@ With ``serve_maps=True``, the executor instead places long-lived dfx
 worker actors on every node (``workers_per_node`` each) and runs each task
 on one of them: a query of ``shuffle_durability`` ``local`` or ``both``
 keeps each map file on the disk of the actor that wrote it, served by the
-actor's map server over Arrow Flight, and the task goes to the actor that
-holds most of its input. An actor that dies, or runs a task past its
-timeout (it is killed), is a lost worker; its maps are run again under
-``local``, and read from the location under ``both``. Each actor's map
-server binds the node's address (``ray.util.get_node_ip_address()``)
-unless the spec's ``map_server_bind`` says where.
+actor's map server over Arrow Flight, and the task goes to the least busy
+actor, of those the one holding most of its input. An actor that dies, or
+runs a task past its timeout (it is killed), is a lost worker; its maps
+are run again under ``local``, and read from the location under ``both``.
+Each actor's map server binds the node's address
+(``ray.util.get_node_ip_address()``) unless the spec's ``map_server_bind``
+says where.
 
 Ray's own retries are off: the runtime classes a failure as it does any
 worker's. A failure the worker reports comes back in its response, classed
@@ -363,20 +364,26 @@ class RayExecutor:
         return dict(total)
 
     def _choose(self, envelope_json: str) -> tuple[str, Any]:
-        """The actor holding most of the task's input, else the least busy."""
+        """The least busy actor, preferring the one holding the task's input.
+
+        Of the least busy, the one holding most of the task's input (its
+        maps on that node's disk), then each in turn. Load first: a task
+        queued behind another on the node with its input waits while a node
+        sits idle, which costs more than streaming it.
+        """
         actors = self.actors()
         held = input_bytes_by_owner(envelope_json)
         with self._lock:
-            live = [a for a in held if a in actors]
-            if live:
-                address = max(live, key=lambda a: (held[a], -self._busy[a]))
-            else:
-                turn = next(self._turn)
-                order = sorted(actors)
-                address = min(
-                    order,
-                    key=lambda a: (self._busy[a], (order.index(a) - turn) % len(order)),
-                )
+            turn = next(self._turn)
+            order = sorted(actors)
+            address = min(
+                order,
+                key=lambda a: (
+                    self._busy[a],
+                    -held.get(a, 0),
+                    (order.index(a) - turn) % len(order),
+                ),
+            )
             self._busy[address] += 1
             return address, actors[address]
 
