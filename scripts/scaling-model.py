@@ -3,6 +3,7 @@
 
     scripts/scaling-model.py model [FILE] [--cores C] [--ray-task-ms MS] [--parse-mb-s R]
     scripts/scaling-model.py check
+    scripts/scaling-model.py cluster RECORD...
     scripts/scaling-model.py measure --dfx DIR/dfx --data D/sf0.1-p2 D/sf1-p2 ...
         [--runs 5] [--overhead] [--shuffle-dir s3://B/P --suffix=-s3
         --request-log MOTO_LOG] [--out FILE]
@@ -13,7 +14,9 @@ data set in turn and keeps every stage (maps, buckets, deps) with its
 tasks' times, rows and bytes, the final read and the wall time;
 `measure-s3` times an S3 endpoint (boto3); `model` reads the figures back
 (FILE: scripts/scaling-measurements.json by default) and prints the check
-against the measured runs and the predictions for k machines. `model`
+against the measured runs and the predictions for k machines; `cluster`
+sets the requests and bytes the simulated cluster counted (the files
+`python/bench/cluster.sh tpch --record` appends to) beside the model's. `model`
 needs only the standard library. docs/SCALING.md explains the model.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from scaling_model.cluster import cluster_check
 from scaling_model.costs import PARSE_MB_S, RAY_TASK_MS
 from scaling_model.measure import measure, measure_s3
 from scaling_model.predictions import Options
@@ -69,9 +73,13 @@ def main() -> None:
         help="serde_json's rate on a marker, MB/s (default: %(default)s)",
     )
     sub.add_parser("check", help="the model's request count against a hand count")
+    c = sub.add_parser("cluster", help="the simulated cluster's counts beside the model's")
+    c.add_argument("records", nargs="+", type=Path, help="cluster_tpch.py --record files")
     args = parser.parse_args()
     if args.command == "check":
         self_check()
+    elif args.command == "cluster":
+        cluster_check(args.records)
     elif args.command == "measure":
         measure(args)
     elif args.command == "measure-s3":

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # A Ray cluster of a head and worker nodes on this machine, each worker node
-# in a mount namespace of its own that sees only the installed wheel, its
-# own /tmp and the network (python/bench/cluster.py says how):
+# in mount and network namespaces of its own: it sees only the installed
+# wheel, its own /tmp, and a bridge to the other nodes and the driver
+# (python/bench/cluster.py says how):
 #
 #   python/bench/cluster.sh [show] [--workers N]
 #       start it, print what each node sees, stop it
 #   python/bench/cluster.sh tpch [--scale 0.1] [--queries all] [--workers N]
-#       [--durability object_store|local|both]
-#       TPC-H with the tables and the shuffle on a local S3 (moto_server),
-#       or the shuffle streamed between the nodes over Arrow Flight (local,
-#       both), every task on a worker node, each answer against stock
-#       DataFusion; prints what each node saw and ran (cluster_tpch.py)
+#       [--durability object_store|local|both] [--s3-latency-ms MS]
+#       [--link-rate 1gbit] [--set KEY=VALUE] [--record FILE]
+#       TPC-H with the tables and the shuffle on a local S3 (moto_server,
+#       MS further away), or the shuffle streamed between the nodes over
+#       Arrow Flight (local, both), every task on a worker node, each answer
+#       against stock DataFusion; prints what each node saw and ran, and the
+#       shuffle's requests by path (cluster_tpch.py)
 #
-# Run as root (mount namespaces) after python/run-tests.sh, whose
+# Run as root (mount and network namespaces) after python/run-tests.sh, whose
 # python/.venv holds Ray, moto and the dfx-engine wheel (or PYTHON=... an
 # interpreter with them). Nothing of the cluster outlives the script: its
 # nodes' processes are killed by namespace on any exit, Ctrl-C included.
@@ -29,7 +32,7 @@ case "$command" in
 show) script=("$here/cluster.py" show) ;;
 tpch) script=("$here/cluster_tpch.py") ;;
 -h | --help)
-    sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
 *)

@@ -194,10 +194,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def moto_server() -> Iterator[str]:
+def moto_server(log: pathlib.Path | None = None) -> Iterator[str]:
     """``moto_server`` on 127.0.0.1 and a free port: its URL; killed after.
 
-    The executable is the one installed beside this interpreter.
+    The executable is the one installed beside this interpreter. With
+    ``log``, its request log (a line per request) is written there.
     """
     server = pathlib.Path(sys.executable).parent / "moto_server"
     if not server.is_file():
@@ -207,11 +208,12 @@ def moto_server() -> Iterator[str]:
         )
         raise SystemExit(message)
     port = free_port()
-    process = subprocess.Popen(  # noqa: S603 - our own interpreter's moto
-        [str(server), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with log.open("wb") if log else contextlib.nullcontext() as written:
+        process = subprocess.Popen(  # noqa: S603 - our own interpreter's moto
+            [str(server), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=written or subprocess.DEVNULL,
+        )
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -52,6 +52,11 @@ class Design:
     # Where map files are uploaded, when not to the shuffle's store: S3 as
     # the durable copy beside Flight (shuffle durability `both`).
     put_store: Store | None = None
+    # Flight: a reader on the machine that wrote a map reads its file from
+    # disk (BucketStream, a map of its own process's server), so only the
+    # other machines' maps are requests: (k - 1) / k of them, the tasks
+    # spread evenly.
+    owner_reads_disk: bool = False
     # Partitioned prefixes the query's objects are spread over.
     prefixes: int = 1
     # Machine-sized tasks whose partitions each request their own bucket of
@@ -160,8 +165,14 @@ def task_times(
     shuffle = d.shuffle_store or store
     p = target.parts
     if d.machine_tasks:
+        # A task per machine's worth of the stage's maps at P partitions: one
+        # per machine, or more where the stage had more maps than partitions
+        # (a union's inputs side by side).
         maps = {
-            sid: 1 if f.stage.maps == 1 else target.machines for sid, f in fits.items()
+            sid: max(
+                1, math.ceil(target_maps(f.stage.maps, at_partitions, p) / target.cores)
+            )
+            for sid, f in fits.items()
         }
     else:
         maps = {
@@ -189,7 +200,11 @@ def task_times(
     )
     parse_per_byte = 1 / (target.parse_mb_s * MB) if terms.parse else 0.0
     keys = ("get", "table_get", "shuffle_get", "driver_get", "put", "bytes", "tasks")
+    keys += ("read_bytes", "remote_bytes", "written_bytes", "disk_reads")
     totals = dict.fromkeys(keys + ("io", "parse", "given_up"), 0.0)
+    remote = 1.0
+    if d.owner_reads_disk:
+        remote = (target.machines - 1) / target.machines
     scans_beta = sum(f.beta_ms for f in fits.values() if f.stage.maps > 1)
     files: dict[int, MapFile] = {}
     for sid, f in fits.items():
@@ -248,6 +263,9 @@ def task_times(
             u = fits[dep].stage
             um = maps[dep]
             rows = u.rows * grow
+            if u.rows == 0 and d.ranges:
+                # Its layouts say every bucket is empty: nothing is read.
+                continue
             obj = u.bytes * grow / um  # one upstream map's file
             moto = obj / MB * shuffle.per_object_mb_s
             if dep in filtered[sid] and terms.filter_summaries:
@@ -287,7 +305,12 @@ def task_times(
                 # buckets side by side, else the task's one bucket), cut at
                 # REQUEST_CUT; or one per partition of the slice.
                 least = cores if d.request_per_partition and not whole else 1
-                gets += um * max(least, math.ceil(share / um / REQUEST_CUT))
+                # An empty range is not requested: of the (upstream map,
+                # reader task) cells, those holding a row, the rows spread
+                # evenly at random (all of them, past a few rows a cell).
+                cells = um if whole else um * m
+                held = 1 - (1 - 1 / cells) ** rows if cells > 1 else 1.0
+                gets += um * max(least, math.ceil(share / um / REQUEST_CUT)) * held
                 continue
             # shuffle_reader -> read_markers (exchange/locate.rs): each
             # upstream map's marker, awaited in turn before the first row;
@@ -333,16 +356,23 @@ def task_times(
                 per = marker_gets(dep) * shuffle.latency_s
                 per += files[dep].index_bytes * parse_per_byte
                 adapt_s[sid] += n * per
-        totals["shuffle_get"] += gets * m
+        totals["shuffle_get"] += gets * m * remote
+        totals["disk_reads"] += gets * m * (1 - remote)
         totals["given_up"] += gets * m * sh_give_up
-        totals["get"] += (gets + table_gets) * m
+        totals["get"] += (gets * remote + table_gets) * m
         totals["put"] += puts * m
         totals["bytes"] += (in_bytes + out_bytes) * m
+        totals["read_bytes"] += in_bytes * m
+        totals["remote_bytes"] += in_bytes * m * remote
+        totals["written_bytes"] += out_bytes * m
         totals["tasks"] += m
         totals["io"] += io * m
         totals["parse"] += parse_s * m
         out[sid] = [compute + io + parse_s] * m
     totals["root_maps"] = maps[min(fits)]
+    root = fits[min(fits)]
+    totals["root_bytes"] = root.stage.bytes * target.scale / root.scale
+    totals["root_rows"] = root.stage.rows
     totals["root_segments"] = files[min(fits)].segments
     totals["root_marker_gets"] = marker_gets(min(fits))
     totals["adapt_s"] = sum(adapt_s.values())
@@ -392,8 +422,10 @@ def predict(
     roots = totals["root_maps"]
     if target.store is not LOCAL:
         if target.design.ranges:
-            final += shuffle.latency_s
-            totals["shuffle_get"] += roots
+            # Each root map's range, none of an empty root.
+            if totals["root_rows"] > 0:
+                final += shuffle.latency_s
+                totals["shuffle_get"] += roots
         elif terms.final_concurrent:
             chain = totals["root_marker_gets"] + totals["root_segments"]
             final += chain * shuffle.latency_s
@@ -403,6 +435,11 @@ def predict(
             totals["shuffle_get"] += 2 * roots
     totals["shuffle_get"] += totals["driver_get"]
     totals["get"] += totals["driver_get"]
+    # The driver's lock on an S3 location: one conditional PUT of
+    # `_dfx-driver.lock` (abi lock.rs) before any task.
+    design = target.design
+    if target.store is not LOCAL and (design.shuffle_store is None or design.put_store):
+        totals["put"] += 1
     if terms.driver_in_loop:
         wall = driver + replay.makespan + final
     else:

@@ -132,18 +132,23 @@ def predictions(
         "machine-sized, Flight, wide",
         machine_tasks=True,
         shuffle_store=FLIGHT,
+        owner_reads_disk=True,
         bytes_in_flight=40 * REQUEST_CUT,
         parts_in_flight=40,
         prefixes=16,
     )
     # As built: read_bytes_in_flight's 64 MiB, two parts of an upload.
     served = Design(
-        "machine-sized, Flight (local)", machine_tasks=True, shuffle_store=FLIGHT
+        "machine-sized, Flight (local)",
+        machine_tasks=True,
+        shuffle_store=FLIGHT,
+        owner_reads_disk=True,
     )
     copied = Design(
         "machine-sized, Flight with an S3 copy (both)",
         machine_tasks=True,
         shuffle_store=FLIGHT,
+        owner_reads_disk=True,
         put_store=S3_TYPICAL,
     )
     ray = options.ray_task_ms

@@ -1,0 +1,195 @@
+"""`cluster`: the model's request and byte counts beside the simulated
+cluster's (python/bench/cluster_tpch.py --record).
+
+Each recorded query is run through the model's own counting
+(`designs.predict`) with its stages as the cluster ran them (maps, buckets,
+deps, bytes and rows published), on k machines of one core, the design the
+run's durability is: S3 for `object_store`; Flight, each machine reading its
+own maps from disk, for `local`; and Flight with each map also put to S3
+for `both`. So what is checked is the model's counting of requests and
+bytes per exchange against the counts made on the network: moto's request
+log for S3, the map servers' own counts for Flight.
+
+Then its latency terms: with no compute in the fits, the model's wall time
+of a query is its shuffle's requests on the critical path. The difference
+between a query's wall under `object_store` and under `local`, at the same
+k and the same S3 latency, is what S3's latency costs the shuffle (the
+tables are read from S3 alike under both): measured, and as the model has
+it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .costs import Costs, Store
+from .designs import Design, Target, predict
+from .fit import StageFit
+from .profile import Stage
+
+FLIGHT_ON_THE_BRIDGE = Store(
+    "Flight", 0.0, 1e9 / 8, 1e9 / 8, float("inf"), float("inf")
+)
+"""Flight between the cluster's nodes: their links' 1 Gbit/s, no request rate."""
+
+WITHIN = 0.2
+"""How close a count must be to the model's: 20 %."""
+
+
+def runs_of(paths: list[Path]) -> list[tuple[dict, list[dict]]]:
+    """Every recorded run: its settings, then its queries."""
+    out = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                settings, *queries = json.loads(line)["run"]
+                out.append((settings, queries))
+    return out
+
+
+def fits_of(query: dict, scale: float) -> dict[int, StageFit]:
+    """The query's stages as ran, as the model's fits (no time: counts only)."""
+    return {
+        s["stage_id"]: StageFit(
+            stage=Stage(
+                id=s["stage_id"],
+                maps=s["maps"],
+                buckets=s["buckets"],
+                deps=list(s["deps"]),
+                task_ms=[0.0] * s["maps"],
+                bytes=float(s["bytes"]),
+                rows=float(s.get("rows", 0)),
+            ),
+            scale=scale,
+            alpha_ms=0.0,
+            beta_ms=0.0,
+        )
+        for s in query["stages"]
+    }
+
+
+def design_of(settings: dict) -> tuple[Store, Design]:
+    """The store and design a run's durability is."""
+    latency = settings["s3_latency_ms"] / 1e3
+    s3 = Store("S3 (moto)", latency, 1e9 / 8, 1e9 / 8, 5500, 3500)
+    durability = settings["durability"]
+    if durability == "object_store":
+        return s3, Design("machine-sized, S3", machine_tasks=True)
+    return s3, Design(
+        f"machine-sized, Flight ({durability})",
+        machine_tasks=True,
+        shuffle_store=FLIGHT_ON_THE_BRIDGE,
+        owner_reads_disk=True,
+        put_store=s3 if durability == "both" else None,
+    )
+
+
+def predicted(settings: dict, query: dict) -> dict[str, float]:
+    """The model's counts for one recorded query, by path."""
+    store, design = design_of(settings)
+    k = settings["workers"]
+    target = Target(
+        machines=k,
+        cores=settings["cpus_per_worker"],
+        scale=settings["scale"],
+        store=store,
+        partitions=settings["partitions"],
+        design=design,
+    )
+    costs = Costs(
+        task_fixed_ms=0.0, dispatch_ms=0.0, driver_ms=0.0, driver_per_stage_ms=0.0
+    )
+    fits = fits_of(query, settings["scale"])
+    totals = predict(fits, 0.0, settings["partitions"], target, costs)
+    flight = design.shuffle_store is not None
+    # The driver reads the last stage whole, from S3 or from its owners.
+    read = totals["remote_bytes"] + totals["root_bytes"]
+    return {
+        "wall_s": totals["wall"],
+        "s3_get": 0.0 if flight else totals["shuffle_get"],
+        "s3_put": totals["put"] if settings["durability"] != "local" else 0.0,
+        "flight_streams": totals["shuffle_get"] if flight else 0.0,
+        "flight_bytes": read if flight else 0.0,
+    }
+
+
+COUNTS = ("s3_get", "s3_put", "flight_streams", "flight_bytes")
+
+
+def close(measured: float, model: float) -> bool:
+    """Within :data:`WITHIN` of each other (both nothing counts as close)."""
+    if measured == model:
+        return True
+    return abs(measured - model) <= WITHIN * max(measured, model)
+
+
+def cluster_check(paths: list[Path]) -> None:
+    """Print, per durability and k, the counts measured beside the model's."""
+    runs = sorted(runs_of(paths), key=lambda r: (r[0]["durability"], r[0]["workers"]))
+    print(
+        "| durability | k | queries | S3 GETs | model | S3 PUTs | model | "
+        "Flight streams | model | Flight MB | model | queries within 20 % |"
+    )
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for settings, queries in runs:
+        got = dict.fromkeys(COUNTS, 0.0)
+        want = dict.fromkeys(COUNTS, 0.0)
+        within = 0
+        for query in queries:
+            model = predicted(settings, query)
+            within += all(close(query[c], model[c]) for c in COUNTS)
+            for count in COUNTS:
+                got[count] += query[count]
+                want[count] += model[count]
+        cells = []
+        for count in COUNTS:
+            scale = 1e6 if count == "flight_bytes" else 1
+            digits = 1 if count == "flight_bytes" else 0
+            cells += [
+                f"{got[count] / scale:.{digits}f}",
+                f"{want[count] / scale:.{digits}f}",
+            ]
+        print(
+            f"| {settings['durability']} | {settings['workers']} | {len(queries)} | "
+            + " | ".join(cells)
+            + f" | {within} of {len(queries)} |"
+        )
+    print(
+        "\nEach query's counts run through the model with its stages as the "
+        "cluster ran them; a query is within 20 % when each of its four counts is."
+    )
+    latency_check(runs)
+
+
+def latency_check(runs: list[tuple[dict, list[dict]]]) -> None:
+    """What S3's latency costs the shuffle: measured and modelled, per k."""
+    by = {(r[0]["durability"], r[0]["workers"], r[0]["s3_latency_ms"]): r for r in runs}
+    pairs = sorted(
+        (k, latency)
+        for (durability, k, latency) in by
+        if durability == "object_store" and ("local", k, latency) in by
+    )
+    if not pairs:
+        return
+    print(
+        "\n| k | S3 latency | queries | wall, object_store | wall, local | "
+        "difference | the model's difference |"
+    )
+    print("|--:|--:|--:|--:|--:|--:|--:|")
+    for k, latency in pairs:
+        s3_settings, s3_queries = by[("object_store", k, latency)]
+        flight_settings, flight_queries = by[("local", k, latency)]
+        flight_by = {q["query"]: q for q in flight_queries}
+        both = [q for q in s3_queries if q["query"] in flight_by]
+        s3_wall = sum(q["wall_s"] for q in both)
+        flight_wall = sum(flight_by[q["query"]]["wall_s"] for q in both)
+        model = sum(
+            predicted(s3_settings, q)["wall_s"]
+            - predicted(flight_settings, flight_by[q["query"]])["wall_s"]
+            for q in both
+        )
+        print(
+            f"| {k} | {latency:g} ms | {len(both)} | {s3_wall:.1f} s | "
+            f"{flight_wall:.1f} s | {s3_wall - flight_wall:.1f} s | {model:.1f} s |"
+        )
