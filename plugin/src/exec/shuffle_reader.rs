@@ -496,9 +496,13 @@ impl ShuffleReaderExec {
         let fall_back = config
             .reads_location_when_owner_lost()
             .map_err(|e| self.error(partition, e))?;
-        let served = laid_out
-            .as_ref()
-            .is_some_and(|located| located.iter().any(|piece| piece.owner.is_some()));
+        // Whether the stage's maps are served by their workers: its layouts
+        // name owners (this process among them, whose own pieces have none).
+        let served = laid_out.is_some()
+            && layouts
+                .as_ref()
+                .and_then(|l| l.stages.get(&self.stage_id))
+                .is_some_and(|maps| maps.iter().any(|map| map.owner.is_some()));
         if let ShuffleLocation::S3(s3) = location {
             let store = s3_store(&s3.bucket, &S3Options::from_config(&config))
                 .map_err(|e| self.error(partition, e))?;
