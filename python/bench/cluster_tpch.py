@@ -18,8 +18,10 @@ adds ``--s3-latency-ms`` to each request's round trip. ``--partitions`` is
 the plan's partitions, one per worker node unless given; each task runs one
 (a node's worth: a node has one CPU). ``--set`` passes an engine option
 (``coalesce=off``, say) to every query.
-Each query runs through :class:`~dfx_engine.ray.RayExecutor`, whose tasks
-carry the S3 keys in their ``runtime_env``; its answer is compared with
+Each query runs through :class:`~dfx_engine.ray.RayExecutor` on its dfx
+actors (one a node, ``serve_maps=True``) whatever the transport, so that the
+transport is all that differs between runs; the actors carry the S3 keys in
+their ``runtime_env``. Each answer is compared with
 stock DataFusion's (a plain ``SessionContext`` reading the same objects):
 the same columns and types, the same rows in the same order, floats to
 1e-6 relative and all else exactly.
@@ -27,8 +29,7 @@ the same columns and types, the same rows in the same order, floats to
 ``--durability`` is the shuffle's transport: ``object_store`` (the
 default) through S3; ``local`` each map file on its node's own /tmp,
 streamed between the nodes' dfx actors over Arrow Flight; ``both`` the
-same, with each map file also in S3. Under ``local`` and ``both`` each
-query's line also says what the actors' map servers sent.
+same, with each map file also in S3.
 
 Printed: what each node sees (its /tmp, whether the repository, the
 driver's scratch and the tables' local copy exist there, the ``dfx_engine``
@@ -284,9 +285,10 @@ def main() -> int:
             f"{endpoint.location(TABLE_PREFIX)}/; links {args.link_rate}"
         )
         print_views(cluster, [str(cluster_root()), str(scratch), str(data)])
-        serve = args.durability != "object_store"
+        # The same executor for every transport (dfx actors, one a node),
+        # so that the transport is all that differs between runs.
         executor = RayExecutor(
-            options={"runtime_env": {"env_vars": keys}}, serve_maps=serve
+            options={"runtime_env": {"env_vars": keys}}, serve_maps=True
         )
         print(f"executor: at most {executor.max_workers} tasks at once\n")
         recorded = [settings_of(args)]
@@ -308,7 +310,7 @@ def main() -> int:
                 engine_options=dict(args.options),
             )
             executor.placements.clear()
-            served_before = executor.served() if serve else {}
+            served_before = executor.served()
             log.since("")
             started = time.perf_counter()
             try:
@@ -329,7 +331,7 @@ def main() -> int:
             for node, tasks in placed.items():
                 totals[node]["tasks"] += len(tasks)
                 totals[node]["queries"] += 1
-            after = executor.served() if serve else {}
+            after = executor.served()
             flight = {
                 what: after.get(what, 0) - served_before.get(what, 0)
                 for what in ("streams", "bytes")

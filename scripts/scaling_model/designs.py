@@ -435,11 +435,13 @@ def predict(
             totals["shuffle_get"] += 2 * roots
     totals["shuffle_get"] += totals["driver_get"]
     totals["get"] += totals["driver_get"]
-    # The driver's lock on an S3 location: one conditional PUT of
-    # `_dfx-driver.lock` (abi lock.rs) before any task.
+    # The driver's lock on an S3 location (exchange/probe.rs): a LIST and a
+    # conditional PUT of `_dfx-driver.lock` before any task, its DELETE
+    # after the answer; three round trips of the query's own.
     design = target.design
     if target.store is not LOCAL and (design.shuffle_store is None or design.put_store):
         totals["put"] += 1
+        final += 3 * target.store.latency_s
     if terms.driver_in_loop:
         wall = driver + replay.makespan + final
     else:
