@@ -3,7 +3,7 @@
 
     scripts/scaling-model.py model [FILE] [--cores C] [--ray-task-ms MS] [--parse-mb-s R]
     scripts/scaling-model.py check
-    scripts/scaling-model.py cluster RECORD...
+    scripts/scaling-model.py cluster [--per-query] RECORD...
     scripts/scaling-model.py measure --dfx DIR/dfx --data D/sf0.1-p2 D/sf1-p2 ...
         [--runs 5] [--overhead] [--shuffle-dir s3://B/P --suffix=-s3
         --request-log MOTO_LOG] [--out FILE]
@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from scaling_model.cluster import cluster_check
+from scaling_model.cluster import cluster_check, per_query
 from scaling_model.costs import PARSE_MB_S, RAY_TASK_MS
 from scaling_model.measure import measure, measure_s3
 from scaling_model.predictions import Options
@@ -73,11 +73,22 @@ def main() -> None:
         help="serde_json's rate on a marker, MB/s (default: %(default)s)",
     )
     sub.add_parser("check", help="the model's request count against a hand count")
-    c = sub.add_parser("cluster", help="the simulated cluster's counts beside the model's")
-    c.add_argument("records", nargs="+", type=Path, help="cluster_tpch.py --record files")
+    c = sub.add_parser(
+        "cluster", help="the simulated cluster's counts beside the model's"
+    )
+    c.add_argument(
+        "records", nargs="+", type=Path, help="cluster_tpch.py --record files"
+    )
+    c.add_argument(
+        "--per-query",
+        action="store_true",
+        help="each query's wall under object_store and local instead",
+    )
     args = parser.parse_args()
     if args.command == "check":
         self_check()
+    elif args.command == "cluster" and args.per_query:
+        per_query(args.records)
     elif args.command == "cluster":
         cluster_check(args.records)
     elif args.command == "measure":

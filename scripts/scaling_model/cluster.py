@@ -21,6 +21,7 @@ it.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from .costs import Costs, Store
@@ -163,7 +164,14 @@ def cluster_check(paths: list[Path]) -> None:
 
 
 def latency_check(runs: list[tuple[dict, list[dict]]]) -> None:
-    """What S3's latency costs the shuffle: measured and modelled, per k."""
+    """What S3's latency costs the shuffle: measured and modelled, per k.
+
+    The wall under `object_store` less that under `local`, at each k and
+    S3 latency; where both were also run with no added latency, the part
+    the latency adds (the difference at the latency less the difference
+    at none): what the relay's round trips cost, without moto's own time
+    per request or the codec S3's map files are written with.
+    """
     by = {(r[0]["durability"], r[0]["workers"], r[0]["s3_latency_ms"]): r for r in runs}
     pairs = sorted(
         (k, latency)
@@ -172,12 +180,8 @@ def latency_check(runs: list[tuple[dict, list[dict]]]) -> None:
     )
     if not pairs:
         return
-    print(
-        "\n| k | S3 latency | queries | wall, object_store | wall, local | "
-        "difference | the model's difference |"
-    )
-    print("|--:|--:|--:|--:|--:|--:|--:|")
-    for k, latency in pairs:
+
+    def difference(k: int, latency: float) -> tuple[int, float, float, float, float]:
         s3_settings, s3_queries = by[("object_store", k, latency)]
         flight_settings, flight_queries = by[("local", k, latency)]
         flight_by = {q["query"]: q for q in flight_queries}
@@ -189,7 +193,61 @@ def latency_check(runs: list[tuple[dict, list[dict]]]) -> None:
             - predicted(flight_settings, flight_by[q["query"]])["wall_s"]
             for q in both
         )
+        return len(both), s3_wall, flight_wall, s3_wall - flight_wall, model
+
+    print(
+        "\n| k | S3 latency | queries | wall, object_store | wall, local | "
+        "difference | the model's | the latency's part | the model's |"
+    )
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for k, latency in pairs:
+        count, s3_wall, flight_wall, measured, model = difference(k, latency)
+        part = ["", ""]
+        if latency and (k, 0.0) in pairs:
+            _, _, _, measured_0, model_0 = difference(k, 0.0)
+            part = [f"{measured - measured_0:.1f} s", f"{model - model_0:.1f} s"]
         print(
-            f"| {k} | {latency:g} ms | {len(both)} | {s3_wall:.1f} s | "
-            f"{flight_wall:.1f} s | {s3_wall - flight_wall:.1f} s | {model:.1f} s |"
+            f"| {k} | {latency:g} ms | {count} | {s3_wall:.1f} s | "
+            f"{flight_wall:.1f} s | {measured:.1f} s | {model:.1f} s | "
+            f"{part[0]} | {part[1]} |"
         )
+
+
+def per_query(paths: list[Path]) -> None:
+    """Each query's wall under `object_store` and under `local`, side by side.
+
+    For every k, latency and scale run under both: the ratio S3 / Flight
+    per query, and its geometric mean over the queries with an exchange
+    (a stage reading another's maps).
+    """
+    runs = runs_of(paths)
+    by = {
+        (r[0]["durability"], r[0]["workers"], r[0]["s3_latency_ms"], r[0]["scale"]): r
+        for r in runs
+    }
+    for durability, k, latency, scale in sorted(by):
+        if durability != "object_store" or ("local", k, latency, scale) not in by:
+            continue
+        s3 = {q["query"]: q for q in by[(durability, k, latency, scale)][1]}
+        flight = {q["query"]: q for q in by[("local", k, latency, scale)][1]}
+        print(f"\n#### Scale {scale:g}, k = {k}, S3 at {latency:g} ms\n")
+        print("| query | exchanges | object_store | local (Flight) | S3 / Flight |")
+        print("|---|--:|--:|--:|--:|")
+        ratios = []
+        for query in sorted(s3, key=lambda q: int(q[1:])):
+            if query not in flight:
+                continue
+            exchanges = sum(len(s["deps"]) for s in s3[query]["stages"])
+            ratio = s3[query]["wall_s"] / flight[query]["wall_s"]
+            if exchanges:
+                ratios.append(ratio)
+            print(
+                f"| {query} | {exchanges} | {s3[query]['wall_s']:.2f} s | "
+                f"{flight[query]['wall_s']:.2f} s | {ratio:.2f} |"
+            )
+        if ratios:
+            print(
+                f"\n{sum(r > 1 for r in ratios)} of {len(ratios)} queries with an "
+                f"exchange faster over Flight; geometric mean S3 / Flight "
+                f"{statistics.geometric_mean(ratios):.2f}, least {min(ratios):.2f}"
+            )
