@@ -224,6 +224,17 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// The keys under `prefix` of [`BUCKET`], having checked that each of the 4
+/// maps of stages 1 and 2 has its object there.
+fn every_map_object(moto: &Moto, prefix: &str) -> Vec<String> {
+    let keys = moto.keys(BUCKET, &format!("{prefix}/"));
+    for (stage, map) in [1, 2].into_iter().flat_map(|s| (0..4).map(move |m| (s, m))) {
+        let object = format!("{prefix}/stage-{stage}/map-{map}.arrow");
+        assert!(keys.contains(&object), "{object} missing in {keys:#?}");
+    }
+    keys
+}
+
 #[test]
 fn stage_files_and_markers_land_as_objects_and_the_answer_is_the_local_one() {
     let moto = Moto::start(false);
@@ -259,11 +270,7 @@ fn stage_files_and_markers_land_as_objects_and_the_answer_is_the_local_one() {
     // Four files, so four maps in stage 2, the stage over the table, and
     // four in stage 1, which reads it: every map of both has its object
     // (a map of stage 1 with no flag to aggregate too: its marker alone).
-    let keys = moto.keys(BUCKET, "queries/by-flag/");
-    for (stage, map) in [1, 2].into_iter().flat_map(|s| (0..4).map(move |m| (s, m))) {
-        let object = format!("queries/by-flag/stage-{stage}/map-{map}.arrow");
-        assert!(keys.contains(&object), "{object} missing in {keys:#?}");
-    }
+    let keys = every_map_object(&moto, "queries/by-flag");
     // Envelopes and plans stay on this machine, where its workers run;
     // nothing half-written is left behind. Besides stage output there is
     // only the driver's lock object.
@@ -748,11 +755,7 @@ fn under_both_readers_stream_or_read_their_copies_and_no_map_object_is_read() {
         assert!(run.status.success(), "{}", text(&run.stderr));
         assert_eq!(text(&run.stdout), text(&local.stdout));
         // Every map of both stages was put in the bucket...
-        let keys = moto.keys(BUCKET, &format!("{prefix}/"));
-        for (stage, map) in [1, 2].into_iter().flat_map(|s| (0..4).map(move |m| (s, m))) {
-            let object = format!("{prefix}/stage-{stage}/map-{map}.arrow");
-            assert!(keys.contains(&object), "{object} missing in {keys:#?}");
-        }
+        every_map_object(&moto, &prefix);
         // ...and none was read from there.
         assert_eq!(
             moto.map_gets(&prefix),
