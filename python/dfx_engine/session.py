@@ -180,17 +180,12 @@ class SessionSpec:
             :data:`STORE_OPTION_KEYS` to their values. Never credentials.
         shuffle_compression: How workers compress the map files they
             publish: ``auto`` (none locally, LZ4 on S3), ``lz4`` or ``none``.
-        shuffle_durability: Where map files live between stages:
-            ``object_store`` (the shuffle location, read by every worker
-            from there), ``local`` (each on the disk of the worker that
-            wrote it, streamed to the others over Arrow Flight; a lost
-            worker's maps run again; needs a directory) or ``both`` (also
-            in the location, which readers fall back to). ``None``: the
-            executor's choice (:func:`dfx_engine.executors.durability_for`),
-            ``object_store`` but on Ray actors that serve their maps.
-        map_server_bind: Where each worker's map server listens under
-            ``local`` durability, ``host:port`` (port 0: any free one).
-            ``None``: ``127.0.0.1:0``, this host only.
+        shuffle_durability: ``object_store`` (map files in the location),
+            ``local`` (each on its writer's disk, streamed over Arrow
+            Flight; needs a directory) or ``both`` (also in the location);
+            ``None``: :func:`dfx_engine.executors.durability_for` chooses.
+        map_server_bind: Where map servers listen, ``host:port`` (port 0:
+            any). ``None``: ``127.0.0.1:0``, this host only.
         memory_limit: The most memory, in bytes, each map task's operators
             may hold, in every worker: sorts and aggregations spill past it,
             other operators fail with "Resources exhausted".
@@ -246,8 +241,7 @@ class SessionSpec:
             ValueError: If the runtime refuses the spec.
         """
         fields = dataclasses.asdict(self) | {"codec_ids": expected_codec_ids()}
-        if fields["shuffle_durability"] is None:
-            # The runtime's default, until an executor chooses.
+        if fields["shuffle_durability"] is None:  # the executor chooses later
             del fields["shuffle_durability"]
         fields["tables"] = {
             name: _table_json(table) for name, table in self.tables.items()

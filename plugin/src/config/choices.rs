@@ -1,0 +1,98 @@
+//! The config's choices among a few values, as the accessors of
+//! [`super::DfxConfig`] answer them: each decision's setting, where map
+//! files live, how they are compressed, where a plan is cut.
+
+/// Whether a ready stage's partitioned joins run as broadcast joins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BroadcastSwitch {
+    /// When the build stages published at most `bytes`.
+    Auto {
+        /// The most bytes.
+        bytes: u64,
+    },
+    /// Every join that can switch, whatever its build side's bytes.
+    On,
+    /// Never.
+    Off,
+}
+
+/// Whether a ready stage's skewed partitions are read by several tasks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SkewSplit {
+    /// A partition past `factor` times the median and past `bytes`.
+    Auto {
+        /// The factor over the median.
+        factor: f64,
+        /// The fewest bytes.
+        bytes: u64,
+    },
+    /// Every partition that can be split, one task per map it reads.
+    On,
+    /// Never.
+    Off,
+}
+
+/// Where map files live between stages: `dfx_engine.shuffle_durability`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShuffleDurability {
+    /// In the location: a map outlives its worker.
+    ObjectStore,
+    /// Only on the disk of the worker that wrote it, read from its map
+    /// server: never from the location by its marker.
+    Local,
+    /// On the worker's disk and in the location, which a reader falls back
+    /// to when the worker cannot be reached.
+    Both,
+}
+
+/// Whether ready stages' small partitions share tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Coalesce {
+    /// Up to the target bytes a task.
+    Auto,
+    /// At least two partitions a task, whatever their bytes.
+    On,
+    /// One task per partition, as planned.
+    Off,
+}
+
+/// Whether the planner adds filters that cross stages.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum JoinFilters {
+    /// When the build stage published at most this many times the probe
+    /// table's rows.
+    Auto(f64),
+    /// Whatever the sizes.
+    On,
+    /// Never.
+    Off,
+}
+
+/// How a writer compresses the segments of its map files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShuffleCompression {
+    /// Arrow IPC with LZ4 frame compression per buffer.
+    Lz4,
+    /// Uncompressed Arrow IPC.
+    None,
+}
+
+/// Where the planner cuts a plan into stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitMode {
+    /// At every exchange: hash repartitions, below merges, broadcast builds,
+    /// and around operators that need every partition of an input.
+    Exchange,
+    /// At each topmost partial aggregate (a plan with none is one stage).
+    Aggregate,
+}
+
+impl SplitMode {
+    /// The config value naming this mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SplitMode::Exchange => "exchange",
+            SplitMode::Aggregate => "aggregate",
+        }
+    }
+}
