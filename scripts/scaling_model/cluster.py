@@ -193,7 +193,14 @@ def latency_check(runs: list[tuple[dict, list[dict]]]) -> None:
             - predicted(flight_settings, flight_by[q["query"]])["wall_s"]
             for q in both
         )
-        return len(both), s3_wall, flight_wall, s3_wall - flight_wall, model
+        # (A model difference of a few microseconds prints as 0.0, not -0.0.)
+        return (
+            len(both),
+            s3_wall,
+            flight_wall,
+            s3_wall - flight_wall,
+            round(model, 3) + 0.0,
+        )
 
     print(
         "\n| k | S3 latency | queries | wall, object_store | wall, local | "
