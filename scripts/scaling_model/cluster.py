@@ -193,14 +193,7 @@ def latency_check(runs: list[tuple[dict, list[dict]]]) -> None:
             - predicted(flight_settings, flight_by[q["query"]])["wall_s"]
             for q in both
         )
-        # (A model difference of a few microseconds prints as 0.0, not -0.0.)
-        return (
-            len(both),
-            s3_wall,
-            flight_wall,
-            s3_wall - flight_wall,
-            round(model, 3) + 0.0,
-        )
+        return len(both), s3_wall, flight_wall, s3_wall - flight_wall, model
 
     print(
         "\n| k | S3 latency | queries | wall, object_store | wall, local | "
@@ -212,10 +205,10 @@ def latency_check(runs: list[tuple[dict, list[dict]]]) -> None:
         part = ["", ""]
         if latency and (k, 0.0) in pairs:
             _, _, _, measured_0, model_0 = difference(k, 0.0)
-            part = [f"{measured - measured_0:.1f} s", f"{model - model_0:.1f} s"]
+            part = [f"{measured - measured_0:.1f} s", f"{model - model_0:.2f} s"]
         print(
             f"| {k} | {latency:g} ms | {count} | {s3_wall:.1f} s | "
-            f"{flight_wall:.1f} s | {measured:.1f} s | {model:.1f} s | "
+            f"{flight_wall:.1f} s | {measured:.1f} s | {model:.2f} s | "
             f"{part[0]} | {part[1]} |"
         )
 
