@@ -58,28 +58,52 @@ fn owner_gone(status: &tonic::Status) -> bool {
 }
 
 /// The store of the map files `owner` (`http://host:port`) serves of the
-/// location `location` (canonical), one per process for each pair.
+/// location `location` (canonical): one per pair while any reader holds it,
+/// so a slice's partitions share its reads (a shared read is keyed by its
+/// store). A pair no reader holds any more is dropped when another is made;
+/// its owner's connection stays (see [`client_of`]).
 pub(crate) fn owner_store(owner: &str, location: &str) -> Arc<dyn ObjectStore> {
     type Stores = Mutex<HashMap<(String, String), Arc<dyn ObjectStore>>>;
     static STORES: LazyLock<Stores> = LazyLock::new(|| Mutex::new(HashMap::new()));
     let key = (owner.to_string(), location.to_string());
     let mut stores = STORES.lock().unwrap_or_else(|p| p.into_inner());
+    if !stores.contains_key(&key) {
+        stores.retain(|_, store| Arc::strong_count(store) > 1);
+    }
     let store = stores.entry(key).or_insert_with(|| {
         Arc::new(OwnerStore {
             owner: owner.to_string(),
             location: location.to_string(),
-            client: Mutex::new(None),
         })
     });
     Arc::clone(store)
+}
+
+/// The client of `owner`'s map server: one per owner for the process's
+/// life, connected on its first request (on the plugin's I/O runtime), so
+/// each query's stores of that owner share one connection rather than
+/// opening their own.
+fn client_of(owner: &str) -> object_store::Result<FlightServiceClient<Channel>> {
+    type Clients = Mutex<HashMap<String, FlightServiceClient<Channel>>>;
+    static CLIENTS: LazyLock<Clients> = LazyLock::new(|| Mutex::new(HashMap::new()));
+    let mut clients = CLIENTS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(client) = clients.get(owner) {
+        return Ok(client.clone());
+    }
+    let endpoint = Endpoint::from_shared(owner.to_string())
+        .map_err(|e| generic(format!("the owner {owner:?} is not an address: {e}")))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true);
+    let made = FlightServiceClient::new(endpoint.connect_lazy())
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    clients.insert(owner.to_string(), made.clone());
+    Ok(made)
 }
 
 /// Map files of one location on one worker (see the module doc).
 struct OwnerStore {
     owner: String,
     location: String,
-    /// Connected on the first request, on the plugin's I/O runtime.
-    client: Mutex<Option<FlightServiceClient<Channel>>>,
 }
 
 impl fmt::Debug for OwnerStore {
@@ -112,21 +136,6 @@ fn not_supported(what: &str) -> object_store::Error {
 }
 
 impl OwnerStore {
-    fn client(&self) -> object_store::Result<FlightServiceClient<Channel>> {
-        let mut client = self.client.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(client) = client.as_ref() {
-            return Ok(client.clone());
-        }
-        let endpoint = Endpoint::from_shared(self.owner.clone())
-            .map_err(|e| generic(format!("the owner {:?} is not an address: {e}", self.owner)))?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
-        let made = FlightServiceClient::new(endpoint.connect_lazy())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        *client = Some(made.clone());
-        Ok(made)
-    }
-
     /// Bytes `offset..offset + len` of `name` and the file's size.
     async fn fetch(&self, name: &str, offset: u64, len: u64) -> object_store::Result<(Bytes, u64)> {
         let Some((stage, map)) = parse_map_name(name) else {
@@ -143,8 +152,7 @@ impl OwnerStore {
             path: name.to_string(),
             source: why.into(),
         };
-        let answer = self
-            .client()?
+        let answer = client_of(&self.owner)?
             .do_get(Ticket {
                 ticket: ticket.encode().into(),
             })
