@@ -75,6 +75,11 @@ step "layout: no import circle, no file over 600 lines"
 python3 scripts/check-layout.py --self-test
 python3 scripts/check-layout.py
 
+step "features: one feature set per dependency across the builds below"
+# A crate with two feature sets compiles, with everything above it, twice:
+# for libc or tokio that is all of DataFusion.
+python3 scripts/check-features.py
+
 step "build the plugin files and the host binary (debug, linted)"
 # The test-hooks plugin first (the host's fault-injection tests load it as
 # well as the ABI suite), then the shipped one and everything else.
