@@ -279,11 +279,14 @@ class Cluster:
         state: pathlib.Path | None = None,
         head_env: dict[str, str] | None = None,
         link_rate: str | None = "1gbit",
+        node_latency_ms: float = 0.0,
     ) -> None:
         """A cluster not started yet; ``head_env`` adds to the head's settings.
 
         ``link_rate`` caps each worker node's link (a ``tc`` rate; ``None``:
-        uncapped).
+        uncapped); ``node_latency_ms`` is added to the round trip of every
+        connection into a worker node, from another or from the head
+        (:class:`network.Network`).
         """
         if workers < 1:
             message = f"a cluster needs at least one worker node, got {workers}"
@@ -299,7 +302,7 @@ class Cluster:
         self.port = 0
         self.head: Node | None = None
         self.workers: list[Node] = []
-        self.network = Network(workers, rate=link_rate)
+        self.network = Network(workers, rate=link_rate, latency_ms=node_latency_ms)
         self.relays: list[subprocess.Popen[str]] = []
         self._scratch = pathlib.Path(tempfile.mkdtemp(prefix="dfx-ray-"))
         self._saved_env: dict[str, str | None] = {}

@@ -8,12 +8,14 @@
 #       start it, print what each node sees, stop it
 #   python/bench/cluster.sh tpch [--scale 0.1] [--queries all] [--workers N]
 #       [--durability object_store|local|both] [--s3-latency-ms MS]
-#       [--link-rate 1gbit] [--set KEY=VALUE] [--record FILE]
+#       [--node-latency-ms MS] [--link-rate 1gbit] [--set KEY=VALUE]
+#       [--record FILE]
 #       TPC-H with the tables and the shuffle on a local S3 (moto_server,
 #       MS further away), or the shuffle streamed between the nodes over
-#       Arrow Flight (local, both), every task on a worker node, each answer
-#       against stock DataFusion; prints what each node saw and ran, and the
-#       shuffle's requests by path (cluster_tpch.py)
+#       Arrow Flight (local, both; the nodes MS apart, which needs nft(8)),
+#       every task on a worker node, each answer against stock DataFusion;
+#       prints what each node saw and ran, and the shuffle's requests by
+#       path (cluster_tpch.py)
 #
 # Run as root (mount and network namespaces) after python/run-tests.sh, whose
 # python/.venv holds Ray, moto and the dfx-engine wheel (or PYTHON=... an
@@ -32,7 +34,7 @@ case "$command" in
 show) script=("$here/cluster.py" show) ;;
 tpch) script=("$here/cluster_tpch.py") ;;
 -h | --help)
-    sed -n '2,21p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+    sed -n '2,23p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit 0
     ;;
 *)

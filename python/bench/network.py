@@ -10,11 +10,24 @@ holds address ``i + 1``::
                                           │          └─ eth0 10.213.X.3  worker-2
                                           └─ ...
 
-Nothing is routed beyond the subnet: no forwarding, no address translation,
-so all traffic stays on this machine. Each end of a node's veth pair may
-carry a token bucket (``tc qdisc ... tbf``), which caps the bandwidth in
-each direction. Latency is added by :mod:`relay` in front of a service, not
-by ``netem``, which not every kernel has.
+Nothing is routed beyond the subnet: no forwarding, so all traffic stays on
+this machine. Each end of a node's veth pair may carry a token bucket
+(``tc qdisc ... tbf``), which caps the bandwidth in each direction.
+
+Latency is added by :mod:`relay`, not by ``netem``, which not every kernel
+has: in front of a service of this machine (:meth:`cluster.Cluster.relay`),
+and, with ``latency_ms``, in front of every node. There a firewall rule
+(nft(8)) redirects each TCP connection that arrives on the node's link to
+an inbound relay in the node's namespace, which forwards it to where it was
+addressed, ``latency_ms`` later per round trip::
+
+    worker-1 ── bridge ── eth0 of worker-2 ─► nft redirect ─► relay ─► service
+                                              (any port)      (held)   (its port)
+
+A connection between two nodes, or from the head to a node, then takes
+``latency_ms`` longer per round trip; one from a node to the head takes the
+head's relay's, if any. A node's connections to itself do not cross its
+link and are not delayed.
 
 Interfaces and namespaces are named after a short random tag (``dfx<tag>``),
 so two networks never collide and a state file can remove one a killed
@@ -26,10 +39,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import ipaddress
+import os
+import pathlib
 import re
 import secrets
 import shutil
+import signal
 import subprocess
+import sys
 from typing import Any
 
 IP = shutil.which("ip") or "/usr/sbin/ip"
@@ -40,6 +57,16 @@ TC = shutil.which("tc") or "/usr/sbin/tc"
 
 NSENTER = shutil.which("nsenter") or "nsenter"
 """util-linux's nsenter(1): runs a node's command in its network namespace."""
+
+NFT = shutil.which("nft") or "/usr/sbin/nft"
+"""nftables' nft(8): redirects a node's inbound connections to its relay."""
+
+RELAY = pathlib.Path(__file__).resolve().with_name("relay.py")
+"""The relay that holds a node's inbound traffic (``--inbound``)."""
+
+INBOUND_PORT = 4999
+"""Where a node's inbound relay listens, in the node's namespace. Taken
+before any service of the node starts, so none is given it."""
 
 SUBNETS = ipaddress.ip_network("10.213.0.0/16")
 """Where a network's /24 is chosen: one not on any interface already."""
@@ -95,12 +122,15 @@ class Network:
     """A bridge and ``nodes`` network namespaces on it (module doc).
 
     ``rate`` caps each node's link in each direction (a ``tc`` rate such as
-    ``1gbit``); ``None`` leaves it as fast as the machine. Use as a context
-    manager, or :meth:`up` then :meth:`down`.
+    ``1gbit``); ``None`` leaves it as fast as the machine. ``latency_ms``
+    is added to each round trip of a connection into a node (0: none).
+    Use as a context manager, or :meth:`up` then :meth:`down`.
     """
 
     nodes: int
     rate: str | None = "1gbit"
+    latency_ms: float = 0.0
+    relays: list[subprocess.Popen[str]] = dataclasses.field(default_factory=list)
     tag: str = dataclasses.field(default_factory=lambda: secrets.token_hex(2))
     subnet: ipaddress.IPv4Network | None = None
     made: list[str] = dataclasses.field(default_factory=list)
@@ -185,19 +215,61 @@ class Network:
                 device = host_end if where == [TC] else "eth0"
                 run(*where, "qdisc", "add", "dev", device, "root", "tbf", "rate",
                     self.rate, "burst", TBF_BURST, "latency", TBF_LATENCY)  # fmt: skip
+        if self.latency_ms > 0:
+            self._delay_inbound(node)
+
+    def _delay_inbound(self, node: int) -> None:
+        """Start node ``node``'s inbound relay, then redirect to it.
+
+        Every connection arriving on the node's link (module doc).
+        """
+        if shutil.which(NFT) is None:
+            message = "latency between nodes needs nft(8) (nftables)"
+            raise RuntimeError(message)
+        inside = [IP, "netns", "exec", self.namespace(node)]
+        # On the node's address: a redirect sends there (to the address of
+        # the link the connection came in on).
+        listen = self.node_ip(node)
+        command = [sys.executable, str(RELAY), "--inbound", listen, str(INBOUND_PORT)]
+        process = subprocess.Popen(  # noqa: S603 - our own relay
+            [*inside, *command, str(self.latency_ms)],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        self.relays.append(process)
+        line = process.stdout.readline() if process.stdout else ""
+        if not line.startswith("ready "):
+            message = f"node {node}'s inbound relay did not start: {line!r}"
+            raise RuntimeError(message)
+        # The nat table sees a connection's first packet only: replies to a
+        # connection the node opened are not redirected.
+        rule = (
+            "table ip dfx { chain inbound { type nat hook prerouting priority dstnat; "
+            f'policy accept; iifname "eth0" tcp dport != {INBOUND_PORT} '
+            f"redirect to :{INBOUND_PORT}; }}; }}"
+        )
+        run(*inside, NFT, rule)
 
     def cut(self, node: int) -> None:
         """Take node ``node``'s link down: its address answers nothing more."""
         run(IP, "link", "set", self.host_end(node), "down")
 
     def down(self) -> None:
-        """Remove what :meth:`up` made, newest first; missing parts are fine."""
+        """Remove what :meth:`up` made; missing parts are fine.
+
+        The inbound relays first, then the rest newest first.
+        """
+        for process in self.relays:
+            process.kill()
+            process.wait()
+        self.relays.clear()
         remove(self.made)
         self.made.clear()
 
     def record(self) -> dict[str, Any]:
         """What :func:`remove_recorded` needs to remove this network."""
-        return {"made": list(self.made)}
+        return {"made": list(self.made), "relays": [p.pid for p in self.relays]}
 
 
 def remove(made: list[str]) -> None:
@@ -210,4 +282,7 @@ def remove(made: list[str]) -> None:
 
 def remove_recorded(record: dict[str, Any]) -> None:
     """Remove a network from what :meth:`Network.record` wrote."""
+    for pid in record.get("relays", []):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
     remove(list(record.get("made", [])))

@@ -1,6 +1,7 @@
 """A TCP relay that adds latency: a service as if it were far away.
 
     python relay.py LISTEN_HOST TARGET_HOST:PORT DELAY_MS
+    python relay.py --inbound LISTEN_HOST PORT DELAY_MS
 
 Listens on a free port of ``LISTEN_HOST``, prints ``ready PORT`` once it
 does, and forwards each connection to ``TARGET``. Every chunk is held for
@@ -9,20 +10,33 @@ answer take ``DELAY_MS`` longer than they would: the first byte of an S3
 GET arrives a round trip later, as from an endpoint ``DELAY_MS`` away.
 Bandwidth is not limited here (the nodes' links are, by ``tc``).
 
+With ``--inbound`` it listens on ``PORT`` and forwards each connection to
+where it was first addressed (``SO_ORIGINAL_DST``): a node's firewall
+redirects every connection arriving on its link here
+(:meth:`network.Network.up`), so each reaches its service a round trip of
+``DELAY_MS`` later, as from a machine that far away.
+
 The simulated cluster (:mod:`cluster`) starts one per service its nodes
-reach: its namespaces cannot see this machine's loopback, and ``netem``,
-which would add the delay in the kernel, is missing from some kernels.
-Runs until killed; needs only the standard library.
+reach, and one inbound relay per node: its namespaces cannot see this
+machine's loopback, and ``netem``, which would add the delay in the kernel,
+is missing from some kernels. Runs until killed; needs only the standard
+library.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 import sys
 
 CHUNK = 256 * 1024
 """Bytes read at once from either side."""
+
+SO_ORIGINAL_DST = 80
+"""Linux's socket option (``SOL_IP``) for a redirected connection's first
+destination, as ``struct sockaddr_in``."""
 
 
 async def pipe(
@@ -85,16 +99,30 @@ async def relay(
                 await writer.wait_closed()
 
 
-async def serve(listen_host: str, target: tuple[str, int], delay_ms: float) -> None:
-    """Listen, say where, relay until killed."""
+def original_destination(writer: asyncio.StreamWriter) -> tuple[str, int]:
+    """Where the connection of ``writer`` was addressed before a redirect."""
+    sock = writer.get_extra_info("socket")
+    raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+    (port,) = struct.unpack_from("!H", raw, 2)
+    return socket.inet_ntoa(raw[4:8]), port
+
+
+async def serve(
+    listen_host: str, target: tuple[str, int] | None, delay_ms: float, port: int = 0
+) -> None:
+    """Listen, say where, relay until killed.
+
+    With no ``target``, each connection goes to its original destination.
+    """
     one_way = delay_ms / 2000
 
     async def accept(
         reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        await relay(reader, writer, target, one_way)
+        to = target if target is not None else original_destination(writer)
+        await relay(reader, writer, to, one_way)
 
-    server = await asyncio.start_server(accept, listen_host, 0)
+    server = await asyncio.start_server(accept, listen_host, port)
     port = server.sockets[0].getsockname()[1]
     print(f"ready {port}", flush=True)
     async with server:
@@ -102,11 +130,16 @@ async def serve(listen_host: str, target: tuple[str, int], delay_ms: float) -> N
 
 
 def main() -> None:
-    """``relay.py LISTEN_HOST TARGET_HOST:PORT DELAY_MS``."""
+    """``relay.py LISTEN_HOST TARGET_HOST:PORT DELAY_MS``, or ``--inbound``."""
+    args = sys.argv[1:]
     try:
-        listen_host, target, delay = sys.argv[1:]
+        if args[:1] == ["--inbound"]:
+            listen_host, port, delay = args[1:]
+            asyncio.run(serve(listen_host, None, float(delay), int(port)))
+            return
+        listen_host, target, delay = args
     except ValueError:
-        sys.exit(__doc__.splitlines()[2].strip())
+        sys.exit("\n".join(line.strip() for line in __doc__.splitlines()[2:4]))
     host, _, port = target.rpartition(":")
     asyncio.run(serve(listen_host, (host, int(port)), float(delay)))
 

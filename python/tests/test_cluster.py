@@ -2,7 +2,8 @@
 
 ``python/bench/cluster.py`` starts a head (no CPUs) and two worker nodes of
 one CPU each, every node a ``ray start`` in a mount namespace of its own,
-each worker node in a network namespace of its own on a bridge; a worker
+each worker node in a network namespace of its own on a bridge, a round
+trip into it 1 ms longer (``NODE_LATENCY_MS``); a worker
 node has a private /tmp and cannot see the repository, the driver's
 scratch or the build tree, only the installed wheel and the S3 server,
 which the cluster relays onto the bridge. The table (conftest's
@@ -205,10 +206,17 @@ def run_losing_the_victim(
     return result, killed
 
 
+NODE_LATENCY_MS = 1.0
+"""Added to each round trip into a worker node: every connection between the
+nodes, Ray's and the Flight streams, crosses a relay as it would a network."""
+
+
 @pytest.fixture
 def cluster() -> Iterator[ray_cluster.Cluster]:
     """A head and two one-CPU worker nodes, killed after the test."""
-    with ray_cluster.Cluster(workers=2, head_env=FAST_NODE_DEATH) as started:
+    with ray_cluster.Cluster(
+        workers=2, head_env=FAST_NODE_DEATH, node_latency_ms=NODE_LATENCY_MS
+    ) as started:
         yield started
 
 
