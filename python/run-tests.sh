@@ -55,4 +55,4 @@ export DFX_WHEEL
 # worker processes import the installed wheel, not the source tree (which has
 # no native module), and a test module is not importable by a worker.
 cd "$root"
-exec "$venv/bin/pytest" -c "$here/pyproject.toml" -p no:cacheprovider "$here/tests" "$@"
+exec "$venv/bin/pytest" -c "$here/pyproject.toml" -p no:cacheprovider --durations=15 "$here/tests" "$@"

@@ -168,6 +168,9 @@ MEMORY_TABLE_TOO_LARGE: str
 def normalize_spec(json: str) -> str:
     """The spec checked and written by the runtime; ValueError naming the fault."""
 
+def serving_cluster_durability(location: str) -> str:
+    """A spec's durability on serving workers of their own machines: local or both."""
+
 def table_statement(name: str, json: str) -> str:
     """The CREATE EXTERNAL TABLE statement registering the table ``json`` defines."""
 
@@ -332,3 +335,20 @@ def run_task_value(
 ) -> str: ...
 def start_map_server(bind: str) -> str: ...
 def map_server_counts() -> tuple[int, int, int] | None: ...
+
+class TaskPlacement:
+    """Which task an envelope names, where it writes and its input lies."""
+
+    @property
+    def stage_id(self) -> int: ...
+    @property
+    def map(self) -> int: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def location(self) -> str: ...
+    @property
+    def input_by_owner(self) -> dict[str, int]: ...
+
+def task_placement(envelope_json: str) -> TaskPlacement:
+    """The placement of a task by its envelope; ValueError if it has none."""

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import re
 import shutil
 import threading
@@ -70,7 +69,6 @@ __all__ = [
     "NodeWorker",
     "Placement",
     "RayExecutor",
-    "input_bytes_by_owner",
     "run_in_ray_worker",
 ]
 
@@ -144,7 +142,7 @@ class NodeWorker:
 
     def run(self, envelope_json: str, plan: bytes) -> tuple[str, str]:
         """One task, its map file served here: its response line, and the node."""
-        location = location_of(envelope_json)
+        location = _internal.task_placement(envelope_json).location
         if location:
             self.locations.add(location)
         line = _internal.run_task_value(envelope_json, plan, run_task, self.bind)
@@ -166,36 +164,6 @@ class NodeWorker:
         path = rest if found else location
         shutil.rmtree(path, ignore_errors=True)
         return True
-
-
-def location_of(envelope_json: str) -> str:
-    """The shuffle location a task's envelope names, or empty."""
-    try:
-        location = json.loads(envelope_json)["spec"]["shuffle_dir"]
-    except (KeyError, TypeError, ValueError):
-        return ""
-    return location if isinstance(location, str) else ""
-
-
-def input_bytes_by_owner(envelope_json: str) -> dict[str, int]:
-    """Bytes of the task's input each map server holds.
-
-    Read from the layouts the driver handed the task, its spec's
-    ``stage_options["shuffle_ranges"]``.
-    """
-    try:
-        task = json.loads(envelope_json)
-        ranges = task["spec"].get("stage_options", {}).get("shuffle_ranges")
-        stages = json.loads(ranges)["stages"] if ranges else {}
-    except (KeyError, TypeError, ValueError):
-        return {}
-    held: dict[str, int] = collections.Counter()
-    for layouts in stages.values():
-        for layout in layouts:
-            owner = layout.get("owner")
-            if owner:
-                held[owner] += int(sum(layout.get("bytes", [])))
-    return dict(held)
 
 
 _LOST = (
@@ -363,7 +331,7 @@ class RayExecutor:
             total.update({"streams": streams, "bytes": sent, "refused": refused})
         return dict(total)
 
-    def _choose(self, envelope_json: str) -> tuple[str, Any]:
+    def _choose(self, task: _internal.TaskPlacement) -> tuple[str, Any]:
         """The least busy actor, preferring the one holding the task's input.
 
         Of the least busy, the one holding most of the task's input (its
@@ -372,7 +340,7 @@ class RayExecutor:
         sits idle, which costs more than streaming it.
         """
         actors = self.actors()
-        held = input_bytes_by_owner(envelope_json)
+        held = task.input_by_owner
         with self._lock:
             turn = next(self._turn)
             order = sorted(actors)
@@ -422,12 +390,15 @@ class RayExecutor:
         not outlive them: ``object_store``.
         """
         if not self.serves_map_files:
-            return "object_store"
-        scheme, found, _ = location.partition("://")
-        return "both" if found and scheme != "file" else "local"
+            return _internal.DEFAULT_SHUFFLE_DURABILITY
+        return _internal.serving_cluster_durability(location)
 
     def _submit(
-        self, envelope_json: str, plan: bytes, name: str
+        self,
+        envelope_json: str,
+        plan: bytes,
+        task: _internal.TaskPlacement,
+        name: str,
     ) -> tuple[ray.ObjectRef[tuple[str, str]], str]:
         if not self.serves_map_files:
             options = {
@@ -439,7 +410,7 @@ class RayExecutor:
                 "max_retries": 0,
             }
             return self._remote.options(**options).remote(envelope_json, plan), ""
-        address, actor = self._choose(envelope_json)
+        address, actor = self._choose(task)
         return actor.run.options(name=name).remote(envelope_json, plan), address
 
     def run(self, envelope_json: str, plan: bytes, timeout: float | None) -> str:
@@ -450,9 +421,9 @@ class RayExecutor:
                 ``timeout`` seconds (cancelled, its worker killed).
             RuntimeError: Ray could not run the task's code at all.
         """
-        task = json.loads(envelope_json)
-        name = f"dfx stage {task.get('stage_id')} map {task.get('partition')}"
-        ref, address = self._submit(envelope_json, plan, name)
+        task = _internal.task_placement(envelope_json)
+        name = f"dfx stage {task.stage_id} map {task.map}"
+        ref, address = self._submit(envelope_json, plan, task, name)
         try:
             return self._wait(task, ref, address, timeout)
         finally:
@@ -462,7 +433,7 @@ class RayExecutor:
 
     def _wait(
         self,
-        task: dict[str, Any],
+        task: _internal.TaskPlacement,
         ref: ray.ObjectRef[tuple[str, str]],
         address: str,
         timeout: float | None,
@@ -495,9 +466,9 @@ class RayExecutor:
             raise _internal.WorkerLost(message) from err
         self.placements.append(
             Placement(
-                int(task.get("stage_id", -1)),
-                int(task.get("partition", -1)),
-                int(task.get("attempt", 0)),
+                task.stage_id,
+                task.map,
+                task.attempt,
                 str(node_id),
             )
         )

@@ -85,6 +85,7 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(location::remove_temporary_root, m)?)?;
     m.add_class::<location::DriverLock>()?;
     m.add_function(wrap_pyfunction!(spec::normalize_spec, m)?)?;
+    m.add_function(wrap_pyfunction!(spec::serving_cluster_durability, m)?)?;
     m.add_function(wrap_pyfunction!(spec::table_statement, m)?)?;
     m.add_function(wrap_pyfunction!(spec::effective_target_partitions, m)?)?;
     m.add_function(wrap_pyfunction!(spec::parse_script, m)?)?;
@@ -116,6 +117,8 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::run_task_value, m)?)?;
     m.add_function(wrap_pyfunction!(worker::start_map_server, m)?)?;
     m.add_function(wrap_pyfunction!(worker::map_server_counts, m)?)?;
+    m.add_class::<worker::TaskPlacement>()?;
+    m.add_function(wrap_pyfunction!(worker::task_placement, m)?)?;
     m.add("MEMORY_TABLE_LIMIT", dfx_abi::MEMORY_TABLE_LIMIT)?;
     m.add("SHUFFLE_RANGES", dfx_abi::SHUFFLE_RANGES)?;
     m.add("MEMORY_TABLE_TOO_LARGE", dfx_abi::MEMORY_TABLE_TOO_LARGE)?;

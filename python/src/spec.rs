@@ -129,6 +129,15 @@ pub fn parse_script(sql: &str) -> PyResult<(String, Vec<String>)> {
     Ok((tables, script.queries))
 }
 
+/// The shuffle durability of a spec naming none, for workers on machines
+/// of their own that serve their map files: `local` under a directory,
+/// `both` under an object store URL (the runtime's
+/// `ShuffleDurability::for_serving_cluster`).
+#[pyfunction]
+pub fn serving_cluster_durability(location: &str) -> &'static str {
+    ShuffleDurability::for_serving_cluster(location).as_str()
+}
+
 /// Add the spec's constants to the module: the defaults of the fields that
 /// have one, the split modes and the store option keys.
 pub fn add_constants(m: &Bound<'_, PyModule>) -> PyResult<()> {

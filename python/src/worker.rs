@@ -18,6 +18,7 @@
 //! of a response line), its checks and the classification of failures are
 //! the runtime's (`dfx_runtime::protocol`); the handler only runs the task.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::os::fd::{BorrowedFd, RawFd};
 use std::path::Path;
@@ -27,7 +28,9 @@ use dfx_abi::{FailureClass, MapLayout};
 use dfx_runtime::flight::{MapServer, serving};
 use dfx_runtime::protocol::report::clear_recorded;
 use dfx_runtime::protocol::serve::{read_task_file, serve_blocking, write_response};
-use dfx_runtime::protocol::{Envelope, Published, Response, TaskError, TaskInput, check_task};
+use dfx_runtime::protocol::{
+    Envelope, Placement, Published, Response, TaskError, TaskInput, check_task,
+};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -414,4 +417,43 @@ pub fn start_map_server(py: Python<'_>, bind: &str) -> PyResult<String> {
     MapServer::running(plugin, bind)
         .map(|server| server.address().to_string())
         .map_err(PyValueError::new_err)
+}
+
+/// Which task an envelope names, where it writes and where its input lies
+/// (the runtime's `Placement`): what a foreign executor places it by,
+/// without decoding the rest of the envelope.
+#[pyclass(frozen, module = "dfx_engine._internal")]
+pub struct TaskPlacement {
+    /// The task's stage.
+    #[pyo3(get)]
+    stage_id: u64,
+    /// The task's map.
+    #[pyo3(get)]
+    map: usize,
+    /// The attempt (0 for the first).
+    #[pyo3(get)]
+    attempt: u32,
+    /// The shuffle location the spec names, or empty.
+    #[pyo3(get)]
+    location: String,
+    /// Bytes of the task's input each map server holds, by address.
+    #[pyo3(get)]
+    input_by_owner: BTreeMap<String, u64>,
+}
+
+/// The placement of the task whose envelope is `envelope_json`.
+///
+/// Raises:
+///     ValueError: An envelope without a spec, stage or map, or layouts that
+///         are not the driver's.
+#[pyfunction]
+pub fn task_placement(envelope_json: &str) -> PyResult<TaskPlacement> {
+    let placement = Placement::of(envelope_json).map_err(from_runtime)?;
+    Ok(TaskPlacement {
+        stage_id: placement.stage_id,
+        map: placement.map,
+        attempt: placement.attempt,
+        location: placement.location,
+        input_by_owner: placement.input_by_owner,
+    })
 }

@@ -40,7 +40,7 @@ from conftest import (
 from datafusion import udf
 from test_retries import stage_infos
 
-from dfx_engine import last_run, session_for
+from dfx_engine import _internal, last_run, session_for
 from dfx_engine.driver import run_distributed, run_local
 from dfx_engine.session import SessionSpec
 
@@ -372,11 +372,10 @@ class LosingExecutor(RayExecutor):
             # Its death is found as its maps are read, as a node's would be.
         return super().run(envelope_json, plan, timeout)
 
-    def _choose(self, envelope_json: str) -> tuple[str, Any]:
-        address, actor = super()._choose(envelope_json)
-        task = json.loads(envelope_json)
-        if task["stage_id"] == self.upstream:
-            self.ran[int(task["partition"])] = address
+    def _choose(self, task: _internal.TaskPlacement) -> tuple[str, Any]:
+        address, actor = super()._choose(task)
+        if task.stage_id == self.upstream:
+            self.ran[task.map] = address
         return address, actor
 
 

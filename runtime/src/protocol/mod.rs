@@ -57,11 +57,13 @@
 
 pub mod checks;
 pub mod envelope;
+pub mod placement;
 pub mod report;
 pub mod serve;
 pub mod stage_file;
 
 pub use checks::{TaskInput, check_task};
 pub use envelope::{Envelope, TASK_DIR, attempt_path, envelope_path, plan_path};
+pub use placement::Placement;
 pub use report::{Published, Response, TaskError, WorkerReport};
 pub use serve::Request;

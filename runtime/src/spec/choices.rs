@@ -3,6 +3,9 @@
 //! Each is spelled in JSON and on the command line as the plugin's config
 //! spells it.
 
+use std::path::Path;
+
+use dfx_abi::location::ShuffleLocation;
 use serde::{Deserialize, Serialize};
 
 /// How workers compress the map files they publish: the value of
@@ -75,6 +78,21 @@ impl ShuffleDurability {
     pub(crate) fn is_default(&self) -> bool {
         *self == Self::default()
     }
+
+    /// The durability of a spec naming none, for workers on machines of
+    /// their own that serve their map files (a Ray cluster of dfx actors):
+    /// `local` under a directory, which each machine has one of (a lost
+    /// machine's maps run again); `both` under an object store (a lost
+    /// machine's maps are read from there). Workers that share one
+    /// machine's directory, or do not outlive their tasks, keep the
+    /// default. A location no spec accepts gets `local`, and is refused by
+    /// name where the spec is checked.
+    pub fn for_serving_cluster(location: &str) -> Self {
+        match ShuffleLocation::parse(Path::new(location)) {
+            Ok(ShuffleLocation::S3(_)) => Self::Both,
+            _ => Self::Local,
+        }
+    }
 }
 
 impl std::fmt::Display for ShuffleDurability {
@@ -118,5 +136,26 @@ impl Split {
 impl std::fmt::Display for Split {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_serving_cluster_keeps_maps_on_its_disks_and_copies_them_to_an_object_store() {
+        for dir in ["/mnt/dfx/q1", "file:///mnt/dfx/q1", "relative/q1", ""] {
+            assert_eq!(
+                ShuffleDurability::for_serving_cluster(dir),
+                ShuffleDurability::Local
+            );
+        }
+        for url in ["s3://dfx/q1", "s3://dfx"] {
+            assert_eq!(
+                ShuffleDurability::for_serving_cluster(url),
+                ShuffleDurability::Both
+            );
+        }
     }
 }
