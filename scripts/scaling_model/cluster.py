@@ -29,10 +29,12 @@ from .designs import Design, Target, predict
 from .fit import StageFit
 from .profile import Stage
 
-FLIGHT_ON_THE_BRIDGE = Store(
-    "Flight", 0.0, 1e9 / 8, 1e9 / 8, float("inf"), float("inf")
-)
-"""Flight between the cluster's nodes: their links' 1 Gbit/s, no request rate."""
+
+def flight_on_the_bridge(latency_s: float) -> Store:
+    """Flight between the cluster's nodes: their links' 1 Gbit/s, the round
+    trip the run added into each node, no request rate."""
+    return Store("Flight", latency_s, 1e9 / 8, 1e9 / 8, float("inf"), float("inf"))
+
 
 WITHIN = 0.2
 """How close a count must be to the model's: 20 %."""
@@ -80,7 +82,7 @@ def design_of(settings: dict) -> tuple[Store, Design]:
     return s3, Design(
         f"machine-sized, Flight ({durability})",
         machine_tasks=True,
-        shuffle_store=FLIGHT_ON_THE_BRIDGE,
+        shuffle_store=flight_on_the_bridge(settings.get("node_latency_ms", 0.0) / 1e3),
         owner_reads_disk=True,
         put_store=s3 if durability == "both" else None,
     )
