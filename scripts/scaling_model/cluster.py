@@ -100,9 +100,7 @@ def predicted(settings: dict, query: dict) -> dict[str, float]:
         partitions=settings["partitions"],
         design=design,
     )
-    costs = Costs(
-        task_fixed_ms=0.0, dispatch_ms=0.0, driver_ms=0.0, driver_per_stage_ms=0.0
-    )
+    costs = Costs(task_fixed_ms=0.0, dispatch_ms=0.0, driver_ms=0.0, driver_per_stage_ms=0.0)
     fits = fits_of(query, settings["scale"])
     totals = predict(fits, 0.0, settings["partitions"], target, costs)
     flight = design.shuffle_store is not None
@@ -220,36 +218,78 @@ def per_query(paths: list[Path]) -> None:
 
     For every k, latency and scale run under both: the ratio S3 / Flight
     per query, and its geometric mean over the queries with an exchange
-    (a stage reading another's maps).
+    (a stage reading another's maps). Runs of one setting pair up in the
+    order recorded (the first `object_store` with the first `local`...),
+    and a query's ratio is the median of its pairs'; S3 / `both` likewise
+    where `both` was run.
     """
-    runs = runs_of(paths)
-    by = {
-        (r[0]["durability"], r[0]["workers"], r[0]["s3_latency_ms"], r[0]["scale"]): r
-        for r in runs
-    }
-    for durability, k, latency, scale in sorted(by):
-        if durability != "object_store" or ("local", k, latency, scale) not in by:
+    groups: dict[tuple, dict[str, list[dict]]] = {}
+    for settings, queries in runs_of(paths):
+        key = (
+            settings["workers"],
+            settings["s3_latency_ms"],
+            settings.get("node_latency_ms", 0.0),
+            settings["scale"],
+        )
+        by_query = {q["query"]: q for q in queries}
+        groups.setdefault(key, {}).setdefault(settings["durability"], []).append(by_query)
+    for (k, latency, node_latency, scale), runs in sorted(groups.items()):
+        s3_runs, flight_runs = runs.get("object_store", []), runs.get("local", [])
+        if s3_runs and flight_runs:
+            print_pairs(
+                f"Scale {scale:g}, k = {k}, S3 at {latency:g} ms, nodes {node_latency:g} ms apart",
+                s3_runs,
+                flight_runs,
+                runs.get("both", []),
+            )
+
+
+def print_pairs(
+    title: str, s3_runs: list[dict], flight_runs: list[dict], both_runs: list[dict]
+) -> None:
+    """One setting's table of :func:`per_query`."""
+
+    def ratios(query: str, others: list[dict]) -> list[float]:
+        return [
+            s3[query]["wall_s"] / other[query]["wall_s"]
+            for s3, other in zip(s3_runs, others)
+            if query in s3 and query in other
+        ]
+
+    print(
+        f"\n#### {title}: {len(s3_runs)} object_store, {len(flight_runs)} local, "
+        f"{len(both_runs)} both\n"
+    )
+    print(
+        "| query | exchanges | object_store, run 1 | local, run 1 "
+        "| S3 / Flight, each pair | median | S3 / both |"
+    )
+    print("|---|--:|--:|--:|--:|--:|--:|")
+    medians, both_medians = [], []
+    first_s3, first_flight = s3_runs[0], flight_runs[0]
+    for query in sorted(first_s3, key=lambda q: int(q[1:])):
+        pairs = ratios(query, flight_runs)
+        if not pairs:
             continue
-        s3 = {q["query"]: q for q in by[(durability, k, latency, scale)][1]}
-        flight = {q["query"]: q for q in by[("local", k, latency, scale)][1]}
-        print(f"\n#### Scale {scale:g}, k = {k}, S3 at {latency:g} ms\n")
-        print("| query | exchanges | object_store | local (Flight) | S3 / Flight |")
-        print("|---|--:|--:|--:|--:|")
-        ratios = []
-        for query in sorted(s3, key=lambda q: int(q[1:])):
-            if query not in flight:
-                continue
-            exchanges = sum(len(s["deps"]) for s in s3[query]["stages"])
-            ratio = s3[query]["wall_s"] / flight[query]["wall_s"]
-            if exchanges:
-                ratios.append(ratio)
-            print(
-                f"| {query} | {exchanges} | {s3[query]['wall_s']:.2f} s | "
-                f"{flight[query]['wall_s']:.2f} s | {ratio:.2f} |"
-            )
-        if ratios:
-            print(
-                f"\n{sum(r > 1 for r in ratios)} of {len(ratios)} queries with an "
-                f"exchange faster over Flight; geometric mean S3 / Flight "
-                f"{statistics.geometric_mean(ratios):.2f}, least {min(ratios):.2f}"
-            )
+        exchanges = sum(len(stage["deps"]) for stage in first_s3[query]["stages"])
+        median = statistics.median(pairs)
+        both = ratios(query, both_runs)
+        both_text = f"{statistics.median(both):.2f}" if both else ""
+        if exchanges:
+            medians.append(median)
+            if both:
+                both_medians.append(statistics.median(both))
+        print(
+            f"| {query} | {exchanges} | {first_s3[query]['wall_s']:.2f} s "
+            f"| {first_flight[query]['wall_s']:.2f} s "
+            f"| {', '.join(f'{r:.2f}' for r in pairs)} | {median:.2f} | {both_text} |"
+        )
+    if medians:
+        both_text = (
+            f"; S3 / both {statistics.geometric_mean(both_medians):.2f}" if both_medians else ""
+        )
+        print(
+            f"\n{sum(r > 1 for r in medians)} of {len(medians)} queries with an exchange "
+            f"faster over Flight (median of pairs); geometric mean S3 / Flight "
+            f"{statistics.geometric_mean(medians):.2f}, least {min(medians):.2f}{both_text}"
+        )
