@@ -13,16 +13,21 @@ cannot be made) and nft(8), which the test command installs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 import pytest
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
 import network  # noqa: E402 - python/bench is on the path now
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 NOT_POSSIBLE = network.can_make_networks()
 pytestmark = pytest.mark.skipif(
@@ -82,26 +87,31 @@ def echo(command: list[str], host: str, port: int) -> dict[str, object]:
     return found
 
 
+@contextlib.contextmanager
+def echo_server(net: network.Network, node: int) -> Iterator[int]:
+    """An echo server on node ``node``'s address; its port."""
+    server = subprocess.Popen(
+        [*net.enter(node), sys.executable, "-c", ECHO_SERVER, net.node_ip(node)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        ready = server.stdout.readline().split()
+        assert ready[:1] == ["ready"], ready
+        yield int(ready[1])
+    finally:
+        server.kill()
+        server.wait()
+
+
 def test_a_connection_into_a_node_takes_the_latency_and_keeps_its_bytes() -> None:
     with network.Network(nodes=2, rate=None, latency_ms=DELAY_MS) as net:
         server_ip = net.node_ip(2)
-        server = subprocess.Popen(
-            [*net.enter(2), sys.executable, "-c", ECHO_SERVER, server_ip],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert server.stdout is not None
-            ready = server.stdout.readline().split()
-            assert ready[:1] == ["ready"], ready
-            port = int(ready[1])
-
+        with echo_server(net, 2) as port:
             from_node = echo(net.enter(1), server_ip, port)
             from_bridge = echo([], server_ip, port)
             from_itself = echo(net.enter(2), server_ip, port)
-        finally:
-            server.kill()
-            server.wait()
 
     for found in (from_node, from_bridge):
         # The server saw the node's own relay, not the client: redirected.
@@ -117,19 +127,8 @@ def test_a_connection_into_a_node_takes_the_latency_and_keeps_its_bytes() -> Non
 
 def test_a_network_without_latency_redirects_nothing() -> None:
     with network.Network(nodes=2, rate=None) as net:
-        server_ip = net.node_ip(2)
-        server = subprocess.Popen(
-            [*net.enter(2), sys.executable, "-c", ECHO_SERVER, server_ip],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert server.stdout is not None
-            port = int(server.stdout.readline().split()[1])
-            from_node = echo(net.enter(1), server_ip, port)
-        finally:
-            server.kill()
-            server.wait()
+        with echo_server(net, 2) as port:
+            from_node = echo(net.enter(1), net.node_ip(2), port)
         assert net.relays == []
     # The server saw the client itself.
     assert from_node["peer"] == net.node_ip(1)

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::error::{Result, RuntimeError};
@@ -38,18 +39,19 @@ pub struct Envelope {
     pub added_from: Option<usize>,
 }
 
-// The spec may arrive as an object or as a JSON string holding one (a
-// driver that serialized the spec first and embedded the text).
-fn spec_object_or_string<'de, D: Deserializer<'de>>(
+/// The spec may arrive as an object or as a JSON string holding one (a
+/// driver that serialized the spec first and embedded the text): `T` read
+/// from either, a whole [`SessionSpec`] or only some of its fields.
+pub(crate) fn spec_object_or_string<'de, D: Deserializer<'de>, T: DeserializeOwned>(
     d: D,
-) -> std::result::Result<SessionSpec, D::Error> {
+) -> std::result::Result<T, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
-    enum Either {
-        Object(Box<SessionSpec>),
+    enum Either<T> {
+        Object(Box<T>),
         Text(String),
     }
-    match Either::deserialize(d)? {
+    match Either::<T>::deserialize(d)? {
         Either::Object(spec) => Ok(*spec),
         Either::Text(text) => serde_json::from_str(&text).map_err(serde::de::Error::custom),
     }

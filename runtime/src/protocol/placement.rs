@@ -12,9 +12,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use dfx_abi::{SHUFFLE_RANGES, StageLayouts};
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
 use crate::error::{Result, RuntimeError};
+use crate::protocol::envelope::spec_object_or_string;
 
 /// Where a task writes, and where its input lies (module doc).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -85,22 +86,6 @@ struct PlacedSpec {
     shuffle_dir: Option<PathBuf>,
     #[serde(default)]
     stage_options: HashMap<String, String>,
-}
-
-// As the envelope's own: the spec is an object, or a string holding one.
-fn spec_object_or_string<'de, D: Deserializer<'de>>(
-    d: D,
-) -> std::result::Result<PlacedSpec, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Either {
-        Object(PlacedSpec),
-        Text(String),
-    }
-    match Either::deserialize(d)? {
-        Either::Object(spec) => Ok(spec),
-        Either::Text(text) => serde_json::from_str(&text).map_err(serde::de::Error::custom),
-    }
 }
 
 #[cfg(test)]
