@@ -3,7 +3,8 @@
 //!
 //! - [`files`]: a map's file, its segments (Arrow IPC) and their checks;
 //! - [`marker`]: the commit marker closing each map's file;
-//! - [`publish`]: a map's rows cut into buckets and published;
+//! - [`cutter`]: a partition's rows cut into buckets and encoded;
+//! - [`publish`]: a map's segments written into its file and published;
 //! - [`staging`]: a map's segments held by bucket until it publishes;
 //! - [`locate`]: a map's marker (and key summary) found and checked;
 //! - [`stream`]: one reader partition's segments, read and decoded;
@@ -18,6 +19,7 @@
 //! The nodes that drive them are [`crate::exec::ShuffleWriterExec`] and
 //! [`crate::exec::ShuffleReaderExec`]; files are named in [`crate::paths`].
 
+pub(crate) mod cutter;
 pub mod dirs;
 pub mod fetch;
 pub mod files;

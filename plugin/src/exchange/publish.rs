@@ -1,30 +1,29 @@
-//! Publishing one map: its rows cut into buckets, each bucket's segments
-//! held until the map's input ends (see [`super::staging`]), then written
-//! bucket by bucket into the map's file (local, or uploaded to S3), so each
-//! bucket is one contiguous byte range; then the commit marker that closes
-//! it, and the summary the writer answers with: per bucket its offset,
-//! bytes and rows, with the file's size and entity tag, the figures the
-//! driver hands the stage's readers. A map that publishes nothing still
-//! closes an empty file, so its readers find every map they expect.
+//! Publishing one map: the segments its cutters encode (see
+//! [`super::cutter`]) are held by bucket until the map's input ends (see
+//! [`super::staging`]), then written bucket by bucket into the map's file
+//! (local, or uploaded to S3), so each bucket is one contiguous byte range;
+//! then the commit marker that closes it, and the summary the writer
+//! answers with: per bucket its offset, bytes and rows, with the file's
+//! size and entity tag, the figures the driver hands the stage's readers. A
+//! map that publishes nothing still closes an empty file, so its readers
+//! find every map they expect.
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
 use datafusion::arrow::array::{ArrayRef, StringArray, UInt64Array};
-use datafusion::arrow::compute::BatchCoalescer;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{DataFusionError, Result};
-use datafusion::physical_plan::repartition::BatchPartitioner;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 
 use object_store::ObjectStore;
 
-use crate::config::ShuffleCompression;
 use crate::counters::LiveObject;
+use crate::exchange::cutter::EncodedSegment;
 use crate::exchange::dirs::prepare_stage_dir;
-use crate::exchange::files::{MapFile, encode_segment};
+use crate::exchange::files::MapFile;
 use crate::exchange::locate::read_published_marker;
 use crate::exchange::marker::{BucketEntry, KeysRegion, MapMarker, Segment};
 use crate::exchange::staging::Staging;
@@ -128,41 +127,6 @@ impl MapSink {
     }
 }
 
-/// The encoded size a segment is cut at: large enough that its IPC framing
-/// (a schema per segment) and a marker's index entry are small beside it,
-/// and a local reader's reads few.
-pub const SEGMENT_BYTES: usize = 1024 * 1024;
-
-/// Bytes all the buckets of one map may hold in batches waiting to make a
-/// segment: with many buckets, each segment is cut smaller.
-pub const PENDING_BYTES: usize = 64 * 1024 * 1024;
-
-/// The size segments of a map of `buckets` buckets are cut at: about
-/// [`SEGMENT_BYTES`], less when the map's buckets together would hold more
-/// than [`PENDING_BYTES`] (a segment is then about one batch).
-pub fn segment_bytes(buckets: usize) -> usize {
-    SEGMENT_BYTES.min(PENDING_BYTES / buckets.max(1))
-}
-
-/// One bucket while its map runs: rows coalesce here into batches, which
-/// wait until they make a segment of about [`segment_bytes`]; the rows of
-/// each segment staged so far.
-pub(crate) struct OpenBucket {
-    coalescer: BatchCoalescer,
-    pending: Vec<RecordBatch>,
-    pending_bytes: usize,
-    segment_rows: Vec<u64>,
-}
-
-/// How a map splits its rows into buckets.
-pub(crate) enum BucketSplit {
-    /// By each row's key (hash), or batch by batch in turn (round-robin).
-    Rows(Box<BatchPartitioner>),
-    /// Each partition of the map's slice into a bucket of its own, so a
-    /// reader sees each partition as the input produced it.
-    Partition,
-}
-
 /// The work of one map task. Dropping it before `run` ends (an error, or the
 /// caller dropping the stream) drops the open map file, which removes its
 /// temp file (or aborts its upload): nothing is published.
@@ -175,15 +139,10 @@ pub(crate) struct MapJob {
     /// Where the worker keeps a copy of each map file it publishes, to
     /// serve it (shuffle durability `both`); `None`: no copy.
     pub(crate) copy_root: Option<PathBuf>,
-    pub(crate) schema: SchemaRef,
-    pub(crate) split: BucketSplit,
-    pub(crate) buckets: Vec<Option<OpenBucket>>,
+    /// The rows of each segment staged so far, by bucket.
+    pub(crate) segment_rows: Vec<Vec<u64>>,
     /// The encoded segments, held by bucket until the map publishes.
     pub(crate) staging: Staging,
-    pub(crate) batch_size: usize,
-    /// Where a bucket's waiting batches are encoded as one segment.
-    pub(crate) segment_bytes: usize,
-    pub(crate) compression: ShuffleCompression,
     /// Batches staged so far (for the test hooks).
     pub(crate) batches_written: u64,
     /// The key summary of a build stage's map, complete once the input ends.
@@ -207,95 +166,29 @@ impl MapJob {
         ))
     }
 
-    /// Split every input batch (tagged with its partition's place in the
-    /// map's slice) into buckets, then publish.
+    /// Stage every segment the map's cutters encode, then publish.
     pub(crate) async fn run(
         mut self,
-        mut input: BoxStream<'static, Result<(usize, RecordBatch)>>,
+        mut segments: BoxStream<'static, Result<EncodedSegment>>,
     ) -> Result<RecordBatch> {
-        while let Some(batch) = input.next().await {
-            let (place, batch) = batch?;
-            if batch.num_rows() == 0 {
-                continue;
-            }
-            let mut pieces = Vec::new();
-            match &mut self.split {
-                BucketSplit::Rows(partitioner) => {
-                    partitioner.partition(batch, |bucket, piece| {
-                        pieces.push((bucket, piece));
-                        Ok(())
-                    })?
-                }
-                BucketSplit::Partition => pieces.push((place, batch)),
-            }
-            for (bucket, piece) in pieces {
-                self.append(bucket, piece).await?;
+        while let Some(segment) = segments.next().await {
+            let segment = segment?;
+            let bucket = segment.bucket;
+            self.segment_rows[bucket].push(segment.rows);
+            self.staging.push(bucket, segment.bytes).map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "dfx stage {} map {} bucket {bucket}: {}",
+                    self.stage_id,
+                    self.map,
+                    crate::error::io_failure(&self.root, e)
+                ))
+            })?;
+            for _ in 0..segment.batches {
+                self.batches_written += 1;
+                crate::test_hooks::batch_written(self.batches_written);
             }
         }
         self.publish().await
-    }
-
-    /// Add `piece` to `bucket`, staging a segment whenever its full batches
-    /// reach the segment size.
-    async fn append(&mut self, bucket: usize, piece: RecordBatch) -> Result<()> {
-        if piece.num_rows() == 0 {
-            return Ok(());
-        }
-        let open = self.buckets[bucket].get_or_insert_with(|| OpenBucket {
-            coalescer: BatchCoalescer::new(Arc::clone(&self.schema), self.batch_size),
-            pending: Vec::new(),
-            pending_bytes: 0,
-            segment_rows: Vec::new(),
-        });
-        open.coalescer.push_batch(piece).map_err(|e| {
-            DataFusionError::Execution(format!(
-                "dfx stage {} map {} bucket {bucket}: cannot coalesce: {e}",
-                self.stage_id, self.map
-            ))
-        })?;
-        self.take_completed(bucket).await
-    }
-
-    /// Move `bucket`'s completed batches to its waiting ones, staging them
-    /// as a segment once they reach the segment size.
-    async fn take_completed(&mut self, bucket: usize) -> Result<()> {
-        while let Some(full) = self.buckets[bucket]
-            .as_mut()
-            .and_then(|open| open.coalescer.next_completed_batch())
-        {
-            let open = self.buckets[bucket].as_mut().expect("opened by append");
-            open.pending_bytes += full.get_array_memory_size();
-            open.pending.push(full);
-            let ready = open.pending_bytes >= self.segment_bytes;
-            self.batches_written += 1;
-            crate::test_hooks::batch_written(self.batches_written);
-            if ready {
-                self.write_segment(bucket).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Encode `bucket`'s waiting batches and stage them as one segment.
-    async fn write_segment(&mut self, bucket: usize) -> Result<()> {
-        let (stage_id, map) = (self.stage_id, self.map);
-        let fail = |e: String| {
-            DataFusionError::Execution(format!(
-                "dfx stage {stage_id} map {map} bucket {bucket}: {e}"
-            ))
-        };
-        let open = self.buckets[bucket].as_mut().expect("opened by append");
-        let batches = std::mem::take(&mut open.pending);
-        open.pending_bytes = 0;
-        if batches.is_empty() {
-            return Ok(());
-        }
-        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        open.segment_rows.push(rows as u64);
-        let segment = encode_segment(&self.schema, &batches, self.compression).map_err(fail)?;
-        self.staging
-            .push(bucket, segment)
-            .map_err(|e| fail(crate::error::io_failure(&self.root, e)))
     }
 
     /// Start map `map`'s file (a temp file, or an upload), and its copy.
@@ -324,33 +217,23 @@ impl MapJob {
         Ok(MapSink { main, copy })
     }
 
-    /// Flush every bucket, close the map's file with its marker, publish it.
+    /// Write every bucket's segments, close the map's file with its marker,
+    /// publish it.
     async fn publish(mut self) -> Result<RecordBatch> {
-        for bucket in 0..self.buckets.len() {
-            let Some(open) = self.buckets[bucket].as_mut() else {
-                continue;
-            };
-            open.coalescer.finish_buffered_batch().map_err(|e| {
-                DataFusionError::Execution(format!(
-                    "dfx stage {} map {} bucket {bucket}: cannot coalesce: {e}",
-                    self.stage_id, self.map
-                ))
-            })?;
-            self.take_completed(bucket).await?;
-            self.write_segment(bucket).await?;
-        }
         // Bucket by bucket, so each is one contiguous range of the file.
         let mut sink = self.create_sink(self.map)?;
         let spill_near = map_path(&self.root, self.stage_id, self.map);
-        let mut buckets = Vec::with_capacity(self.buckets.len());
-        for (bucket, open) in std::mem::take(&mut self.buckets).into_iter().enumerate() {
+        let mut buckets = Vec::with_capacity(self.segment_rows.len());
+        for (bucket, rows) in std::mem::take(&mut self.segment_rows)
+            .into_iter()
+            .enumerate()
+        {
             let mut entry = BucketEntry {
                 bucket: bucket as u64,
                 rows: 0,
                 bytes: 0,
                 segments: Vec::new(),
             };
-            let rows = open.map(|open| open.segment_rows).unwrap_or_default();
             let (stage_id, map) = (self.stage_id, self.map);
             let fail = |e: String| {
                 DataFusionError::Execution(format!(

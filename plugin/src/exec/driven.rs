@@ -1,5 +1,5 @@
-//! A subtree of plugin operators run on the plugin's runtime, its batches
-//! handed back over a channel.
+//! A subtree of plugin operators (or any of the plugin's streams) run on
+//! the plugin's runtime, its batches handed back over a channel.
 //!
 //! Why: operators spawn tasks (a repartition, a coalesce, a sort writing
 //! its spills), and a host polls a plugin node's stream from a runtime of
@@ -11,11 +11,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::{DataFusionError, Result};
-use datafusion::execution::{RecordBatchStream, SendableRecordBatchStream, TaskContext};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -34,51 +34,70 @@ pub(crate) fn drive(
     context: Arc<TaskContext>,
     what: &'static str,
 ) -> Result<SendableRecordBatchStream> {
+    let schema = plan.schema();
+    let batches = drive_stream(move || plan.execute(partition, context), what)?;
+    Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
+}
+
+/// The stream `open` opens, polled on the plugin's runtime (where it is
+/// opened too), its items handed back over a channel; `what` names it in
+/// the error of a task that died.
+///
+/// # Errors
+///
+/// The plugin's runtime cannot start.
+pub(crate) fn drive_stream<T, S, F>(
+    open: F,
+    what: &'static str,
+) -> Result<BoxStream<'static, Result<T>>>
+where
+    T: Send + 'static,
+    S: Stream<Item = Result<T>> + Send + 'static,
+    F: FnOnce() -> Result<S> + Send + 'static,
+{
     let runtime = io_runtime().map_err(DataFusionError::Execution)?;
     let (sender, receiver) = mpsc::channel(2);
-    let schema = plan.schema();
     let task = runtime.spawn(async move {
-        let mut stream = match plan.execute(partition, context) {
+        let stream = match open() {
             Ok(stream) => stream,
             Err(err) => {
                 let _ = sender.send(Err(err)).await;
                 return;
             }
         };
-        while let Some(batch) = stream.next().await {
-            let failed = batch.is_err();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            let failed = item.is_err();
             // A closed channel: the consumer is gone, so stop.
-            if sender.send(batch).await.is_err() || failed {
+            if sender.send(item).await.is_err() || failed {
                 return;
             }
         }
     });
     Ok(Box::pin(DrivenStream {
-        schema,
         receiver,
         task: Some(task),
         what,
     }))
 }
 
-/// The batches of a plan running on the plugin's runtime.
-struct DrivenStream {
-    schema: SchemaRef,
-    receiver: mpsc::Receiver<Result<RecordBatch>>,
-    /// The task running the plan, until it is seen to end.
+/// The items of a stream polled on the plugin's runtime.
+struct DrivenStream<T> {
+    receiver: mpsc::Receiver<Result<T>>,
+    /// The task polling the stream, until it is seen to end.
     task: Option<JoinHandle<()>>,
     /// What runs, for the error of a task that died.
     what: &'static str,
 }
 
-impl Stream for DrivenStream {
-    type Item = Result<RecordBatch>;
+impl<T> Stream for DrivenStream<T> {
+    type Item = Result<T>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if let Some(batch) = ready!(self.receiver.poll_recv(cx)) {
-            return Poll::Ready(Some(batch));
+        if let Some(item) = ready!(self.receiver.poll_recv(cx)) {
+            return Poll::Ready(Some(item));
         }
-        // The channel closed: the end of the plan, unless its task died
+        // The channel closed: the end of the stream, unless its task died
         // (a panic), which must not pass for a complete answer.
         let Some(task) = self.task.as_mut() else {
             return Poll::Ready(None);
@@ -95,13 +114,7 @@ impl Stream for DrivenStream {
     }
 }
 
-impl RecordBatchStream for DrivenStream {
-    fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.schema)
-    }
-}
-
-impl Drop for DrivenStream {
+impl<T> Drop for DrivenStream<T> {
     fn drop(&mut self) {
         if let Some(task) = &self.task {
             task.abort();

@@ -3,9 +3,11 @@
 //! ```text
 //!   execute(map m)
 //!        │
-//!   input.execute(m) ──► each batch: split into buckets with DataFusion's own
+//!   each partition of m's slice, at once:
+//!   input.execute(p) ──► each batch: split into buckets with DataFusion's own
 //!                        partitioner, coalesce per bucket; full batches
 //!                        make a segment of about 1 MiB (`segment_bytes`),
+//!                        encoded on the partition's own task (`cutter`),
 //!                        staged until the map's input ends
 //!   end of input: the rest of each bucket as a last segment, then the
 //!   key summary when the input is a `KeySummaryExec`, then the commit
@@ -23,9 +25,9 @@
 //! so bucket `b` of every map together hold exactly what partition `b` of
 //! the repartition it replaces would: a join or aggregate above the exchange
 //! sees the partitions it was planned for. Memory stays bounded: each bucket
-//! holds one batch being coalesced and the batches of its next segment (all
-//! buckets together about `PENDING_BYTES`), and staged segments spill to
-//! disk past their own bound.
+//! of each partition holds one batch being coalesced and the batches of its
+//! next segment (a partition's buckets together about `PENDING_BYTES`), and
+//! staged segments spill to disk past their own bound.
 
 use std::fmt;
 use std::ops::Range;
@@ -34,8 +36,9 @@ use std::sync::Arc;
 
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
+use crate::exchange::cutter::{BucketCutter, BucketSplit};
 use crate::exchange::dirs::prepare_stage_dir;
-use crate::exchange::publish::{BucketSplit, MapJob, SUMMARY_SCHEMA, Target, segment_bytes};
+use crate::exchange::publish::{MapJob, SUMMARY_SCHEMA, Target};
 use crate::exchange::staging::Staging;
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
 use crate::exec::common::exec_defaults;
@@ -226,18 +229,26 @@ impl ShuffleWriterExec {
         DataFusionError::Execution(format!("dfx stage {} map {map}: {message}", self.stage_id))
     }
 
-    /// How map `map` splits its rows into buckets.
-    fn bucket_split(&self, map: usize) -> Result<BucketSplit> {
+    /// How input partition `partition`, at `place` in its map's slice,
+    /// splits its rows into buckets.
+    fn bucket_split(&self, partition: usize, place: usize) -> Result<BucketSplit> {
         let timer = metrics::Time::new();
         Ok(match &self.partitioning {
             Partitioning::Hash(exprs, n) => BucketSplit::Rows(Box::new(
                 BatchPartitioner::new_hash_partitioner(exprs.clone(), *n, timer)?,
             )),
-            Partitioning::RoundRobinBatch(n) => BucketSplit::Rows(Box::new(
-                BatchPartitioner::new_round_robin_partitioner(*n, timer, map, self.maps().max(1)),
-            )),
+            // Each partition starts its turns at a bucket of its own.
+            Partitioning::RoundRobinBatch(n) => {
+                let partitions = self.input.output_partitioning().partition_count();
+                BucketSplit::Rows(Box::new(BatchPartitioner::new_round_robin_partitioner(
+                    *n,
+                    timer,
+                    partition,
+                    partitions.max(1),
+                )))
+            }
             // One bucket per partition of the slice, without hashing.
-            _ => BucketSplit::Partition,
+            _ => BucketSplit::Whole(place),
         })
     }
 
@@ -439,16 +450,8 @@ impl ShuffleWriterExec {
         if slice.len() > 1 {
             task_context = slice_context(&task_context, &slice)?;
         }
+        let first = slice.start;
         let (streams, summary) = self.open_slice(slice, &task_context)?;
-        // Each batch tagged with its partition's place in the slice, which
-        // is its bucket under one bucket per partition.
-        let input = futures::stream::select_all(
-            streams
-                .into_iter()
-                .enumerate()
-                .map(|(place, stream)| stream.map(move |batch| batch.map(|batch| (place, batch)))),
-        )
-        .boxed();
         let batch_size = context.session_config().batch_size();
         // The worker's session decides (readers detect it per message).
         let compression = config
@@ -462,6 +465,26 @@ impl ShuffleWriterExec {
                 std::env::temp_dir().join(format!("dfx-stage-{}-map-{map}.spill", self.stage_id))
             }
         };
+        // One cutter per partition, each on a task of its own when the
+        // slice has several, so they split and encode on every core.
+        let at_once = streams.len() > 1;
+        let mut cut = Vec::with_capacity(streams.len());
+        for (place, stream) in streams.into_iter().enumerate() {
+            let cutter = BucketCutter::new(
+                self.stage_id,
+                map,
+                self.data_schema(),
+                self.bucket_split(first + place, place)?,
+                self.buckets(),
+                batch_size,
+                compression,
+            );
+            cut.push(if at_once {
+                driven::drive_stream(move || Ok(cutter.segments(stream)), "a partition's cutter")?
+            } else {
+                cutter.segments(stream)
+            });
+        }
         let job = MapJob {
             stage_id: self.stage_id,
             map,
@@ -470,13 +493,8 @@ impl ShuffleWriterExec {
             copy_root: Some(config.map_copy_dir.trim())
                 .filter(|dir| !dir.is_empty())
                 .map(PathBuf::from),
-            schema: self.data_schema(),
-            split: self.bucket_split(partition)?,
-            buckets: (0..self.buckets()).map(|_| None).collect(),
+            segment_rows: vec![Vec::new(); self.buckets()],
             staging: Staging::new(self.buckets(), spill_near),
-            batch_size,
-            segment_bytes: segment_bytes(self.buckets()),
-            compression,
             batches_written: 0,
             summary,
             members,
@@ -484,6 +502,7 @@ impl ShuffleWriterExec {
             companions,
             _live: LiveObject::new(),
         };
+        let input = futures::stream::select_all(cut).boxed();
         let summary = futures::stream::once(job.run(input));
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&SUMMARY_SCHEMA),
