@@ -140,9 +140,12 @@ class NodeWorker:
         """What its map server sent: streams, bytes, tickets refused."""
         return _internal.map_server_counts() or (0, 0, 0)
 
-    def run(self, envelope_json: str, plan: bytes) -> tuple[str, str]:
-        """One task, its map file served here: its response line, and the node."""
-        location = _internal.task_placement(envelope_json).location
+    def run(self, envelope_json: str, plan: bytes, location: str) -> tuple[str, str]:
+        """One task, its map file served here: its response line, and the node.
+
+        ``location`` is the task's shuffle location, as the driver read it
+        from the envelope, so the envelope is parsed once here, to run.
+        """
         if location:
             self.locations.add(location)
         line = _internal.run_task_value(envelope_json, plan, run_task, self.bind)
@@ -411,7 +414,8 @@ class RayExecutor:
             }
             return self._remote.options(**options).remote(envelope_json, plan), ""
         address, actor = self._choose(task)
-        return actor.run.options(name=name).remote(envelope_json, plan), address
+        ref = actor.run.options(name=name).remote(envelope_json, plan, task.location)
+        return ref, address
 
     def run(self, envelope_json: str, plan: bytes, timeout: float | None) -> str:
         """Run one attempt as a Ray task; its worker's response line.
