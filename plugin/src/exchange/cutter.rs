@@ -51,6 +51,9 @@ pub(crate) enum BucketSplit {
     Whole(usize),
 }
 
+/// A partition's segments, in the order its cutter encoded them.
+pub(crate) type SegmentStream = BoxStream<'static, Result<EncodedSegment>>;
+
 /// One segment a cutter encoded: a bucket's next rows.
 pub(crate) struct EncodedSegment {
     pub(crate) bucket: usize,
@@ -115,10 +118,7 @@ impl BucketCutter {
 
     /// The segments `input` makes, in the order each bucket's rows came;
     /// after its last batch, the rest of each bucket.
-    pub(crate) fn segments(
-        self,
-        input: SendableRecordBatchStream,
-    ) -> BoxStream<'static, Result<EncodedSegment>> {
+    pub(crate) fn segments(self, input: SendableRecordBatchStream) -> SegmentStream {
         let state = (self, input, VecDeque::new(), false);
         futures::stream::try_unfold(
             state,

@@ -99,10 +99,20 @@ pub(crate) fn drive_sealed(
     partition: usize,
     context: Arc<TaskContext>,
 ) -> Result<SendableRecordBatchStream> {
+    let context = sealed_context(context)?;
+    driven::drive(plan, partition, context, "the stage's sealed input")
+}
+
+/// The context a partition of the sealed input runs with: `context` under
+/// the session's memory limit when it sets one.
+///
+/// # Errors
+///
+/// The session's dfx settings, or the limited runtime, cannot be built.
+pub(crate) fn sealed_context(context: Arc<TaskContext>) -> Result<Arc<TaskContext>> {
     let config = DfxConfig::from_config(context.session_config().options())?;
-    let context = match config.memory_limit() {
+    Ok(match config.memory_limit() {
         Some(limit) => Arc::new(limited_task_context(&context, limit)?),
         None => context,
-    };
-    driven::drive(plan, partition, context, "the stage's sealed input")
+    })
 }

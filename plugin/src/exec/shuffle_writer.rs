@@ -34,9 +34,9 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::config::DfxConfig;
+use crate::config::{DfxConfig, ShuffleCompression};
 use crate::counters::LiveObject;
-use crate::exchange::cutter::{BucketCutter, BucketSplit};
+use crate::exchange::cutter::{BucketCutter, BucketSplit, SegmentStream};
 use crate::exchange::dirs::prepare_stage_dir;
 use crate::exchange::publish::{MapJob, SUMMARY_SCHEMA, Target};
 use crate::exchange::staging::Staging;
@@ -57,7 +57,7 @@ use datafusion::physical_plan::{
 };
 
 use crate::exec::driven;
-use crate::exec::sealed_input::drive_sealed;
+use crate::exec::sealed_input::sealed_context;
 use crate::exec::{KeySummaryExec, SealedInputExec};
 use crate::filters::slot::SummarySlot;
 use crate::isolation::{isolated_task_context, rebuilt_task_context};
@@ -252,16 +252,30 @@ impl ShuffleWriterExec {
         })
     }
 
-    /// The input partitions of `slice`, each as a stream, and the slot of
-    /// the map's key summary when the stage sums up its keys (see
-    /// `crate::filters`). Several partitions run at once on the plugin's
-    /// runtime, which a worker makes possible by sealing the stage's input
-    /// (every operator is then the plugin's; see `crate::exec::sealed_input`).
-    fn open_slice(
+    /// Whether the partitions of `slice` run at once, each on a task of its
+    /// own, rather than in turn on the task that polls the map.
+    fn runs_at_once(slice: &Range<usize>) -> bool {
+        slice.len() > 1
+    }
+
+    /// The input partitions of map `map`'s `slice`, each cut into its
+    /// buckets' segments (see `crate::exchange::cutter`), and the slot of the
+    /// map's key summary when the stage sums up its keys (see
+    /// `crate::filters`).
+    ///
+    /// A partition, its key summary and its cutter are opened and polled
+    /// together, on a task of the plugin's runtime when the slice's
+    /// partitions run at once or the worker sealed the stage's input (every
+    /// operator is then the plugin's; see `crate::exec::sealed_input`). So a
+    /// slice splits and encodes on every core, and each batch crosses one
+    /// channel.
+    fn cut_slice(
         &self,
+        map: usize,
         slice: Range<usize>,
         context: &Arc<TaskContext>,
-    ) -> Result<(Vec<SendableRecordBatchStream>, Option<SummarySlot>)> {
+        compression: ShuffleCompression,
+    ) -> Result<(Vec<SegmentStream>, Option<SummarySlot>)> {
         let sealed = self.input.downcast_ref::<SealedInputExec>();
         let below = sealed.map_or(&self.input, |sealed| sealed.input());
         let summarize = below.downcast_ref::<KeySummaryExec>();
@@ -269,29 +283,38 @@ impl ShuffleWriterExec {
         let slot = summarize
             .map(|summarize| summarize.new_slot(self.maps()))
             .transpose()?;
-        let at_once = slice.len() > 1;
-        let streams = slice
-            .map(|partition| {
-                let context = Arc::clone(context);
-                let stream = if sealed.is_some() {
-                    drive_sealed(Arc::clone(plan), partition, context)?
-                } else if at_once {
-                    driven::drive(
-                        Arc::clone(plan),
-                        partition,
-                        context,
-                        "a partition of a slice",
-                    )?
-                } else {
-                    plan.execute(partition, context)?
-                };
-                Ok(match (summarize, &slot) {
+        let on_runtime = sealed.is_some() || Self::runs_at_once(&slice);
+        let batch_size = context.session_config().batch_size();
+        let mut cut = Vec::with_capacity(slice.len());
+        for (place, partition) in slice.enumerate() {
+            let cutter = BucketCutter::new(
+                self.stage_id,
+                map,
+                self.data_schema(),
+                self.bucket_split(partition, place)?,
+                self.buckets(),
+                batch_size,
+                compression,
+            );
+            let (plan, below, slot) = (Arc::clone(plan), Arc::clone(below), slot.clone());
+            let context = match sealed {
+                Some(_) => sealed_context(Arc::clone(context))?,
+                None => Arc::clone(context),
+            };
+            let open = move || {
+                let stream = plan.execute(partition, context)?;
+                let stream = match (below.downcast_ref::<KeySummaryExec>(), &slot) {
                     (Some(summarize), Some(slot)) => summarize.summarized(stream, slot),
                     _ => stream,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok((streams, slot))
+                };
+                Ok(cutter.segments(stream))
+            };
+            cut.push(match on_runtime {
+                true => driven::drive_stream(open, "a partition and its cutter")?,
+                false => open()?,
+            });
+        }
+        Ok((cut, slot))
     }
 }
 
@@ -447,16 +470,14 @@ impl ShuffleWriterExec {
             _ => None,
         };
         let mut task_context = isolated_task_context(&context);
-        if slice.len() > 1 {
+        if Self::runs_at_once(&slice) {
             task_context = slice_context(&task_context, &slice)?;
         }
-        let first = slice.start;
-        let (streams, summary) = self.open_slice(slice, &task_context)?;
-        let batch_size = context.session_config().batch_size();
         // The worker's session decides (readers detect it per message).
         let compression = config
             .shuffle_compression(matches!(location, ShuffleLocation::Local(_)))
             .map_err(|e| self.error(map, e.to_string()))?;
+        let (cut, summary) = self.cut_slice(map, slice, &task_context, compression)?;
         // The spill file of a large map: beside its file for a local
         // location, in the system's temp directory for S3.
         let spill_near = match &location {
@@ -465,26 +486,6 @@ impl ShuffleWriterExec {
                 std::env::temp_dir().join(format!("dfx-stage-{}-map-{map}.spill", self.stage_id))
             }
         };
-        // One cutter per partition, each on a task of its own when the
-        // slice has several, so they split and encode on every core.
-        let at_once = streams.len() > 1;
-        let mut cut = Vec::with_capacity(streams.len());
-        for (place, stream) in streams.into_iter().enumerate() {
-            let cutter = BucketCutter::new(
-                self.stage_id,
-                map,
-                self.data_schema(),
-                self.bucket_split(first + place, place)?,
-                self.buckets(),
-                batch_size,
-                compression,
-            );
-            cut.push(if at_once {
-                driven::drive_stream(move || Ok(cutter.segments(stream)), "a partition's cutter")?
-            } else {
-                cutter.segments(stream)
-            });
-        }
         let job = MapJob {
             stage_id: self.stage_id,
             map,
