@@ -11,6 +11,7 @@ use common::*;
 use datafusion::arrow::array::UInt64Array;
 use datafusion::common::Result;
 use datafusion::execution::SendableRecordBatchStream;
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::physical_expr::Partitioning;
 use datafusion::physical_expr::expressions::col;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -18,6 +19,7 @@ use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use dfx_plugin::config::DfxConfig;
+use dfx_plugin::exec::SealedInputExec;
 use dfx_plugin::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
 use futures::StreamExt;
 
@@ -588,5 +590,100 @@ async fn a_reader_of_many_maps_holds_one_map_file_open_at_a_time() -> Result<()>
         assert!(open_files_under(dir.path()) <= 1);
     }
     assert!(rows > 0);
+    Ok(())
+}
+
+/// Holds `bytes` of its task's memory pool from its start to its end, and
+/// yields its one batch only once every partition of the slice holds theirs
+/// (`all_held`), so the partitions hold their shares at the same time.
+#[derive(Debug)]
+struct Holding {
+    bytes: usize,
+    all_held: Arc<tokio::sync::Barrier>,
+}
+
+impl PartitionStream for Holding {
+    fn schema(&self) -> &datafusion::arrow::datatypes::SchemaRef {
+        static SCHEMA: std::sync::LazyLock<datafusion::arrow::datatypes::SchemaRef> =
+            std::sync::LazyLock::new(kv_schema);
+        &SCHEMA
+    }
+
+    fn execute(&self, ctx: Arc<datafusion::execution::TaskContext>) -> SendableRecordBatchStream {
+        let reservation = MemoryConsumer::new("Holding").register(ctx.memory_pool());
+        let held = reservation.try_grow(self.bytes);
+        let all_held = Arc::clone(&self.all_held);
+        let batch = futures::stream::once(async move {
+            held?;
+            all_held.wait().await;
+            drop(reservation);
+            Ok(kv_batch(&[1, 2], &[1.0, 2.0]))
+        });
+        Box::pin(RecordBatchStreamAdapter::new(kv_schema(), batch))
+    }
+}
+
+/// Map 0 of a writer whose one map runs a slice of two partitions, each
+/// holding 3 MiB at once, under a memory limit of `limit` bytes (0: none).
+async fn run_slice_holding_3_mib_each(limit: u64) -> Result<u64> {
+    let dir = temp_dir();
+    let all_held = Arc::new(tokio::sync::Barrier::new(2));
+    let partitions = (0..2)
+        .map(|_| {
+            Arc::new(Holding {
+                bytes: 3 << 20,
+                all_held: Arc::clone(&all_held),
+            }) as Arc<dyn PartitionStream>
+        })
+        .collect();
+    let input = StreamingTableExec::try_new(kv_schema(), partitions, None, vec![], false, None)?;
+    // Sealed, as a worker seals a stage whose maps run slices: the plugin
+    // runs the input itself, under the limit.
+    let sealed = Arc::new(SealedInputExec::new(Arc::new(input)));
+    let key = col("k", &kv_schema())?;
+    let writer = Arc::new(ShuffleWriterExec::try_new(
+        6,
+        dir.path().to_path_buf(),
+        sealed,
+        Partitioning::Hash(vec![key], 2),
+        vec![],
+        2,
+    )?);
+    assert_eq!(writer.maps(), 1);
+    let mut config = SessionConfig::new();
+    let mut dfx = DfxConfig::default();
+    dfx.memory_limit = limit;
+    config.options_mut().extensions.insert(dfx);
+    let ctx = SessionContext::new_with_config(config).task_ctx();
+    let run = async {
+        let mut stream = writer.execute(0, ctx)?;
+        let mut rows = 0;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            let column = batch.column_by_name("rows").unwrap();
+            let column = column.as_any().downcast_ref::<UInt64Array>().unwrap();
+            rows += column.iter().flatten().sum::<u64>();
+        }
+        Ok(rows)
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(60), run)
+        .await
+        .expect("the slice's partitions run at once, so neither waits for the other forever")
+}
+
+#[tokio::test]
+async fn a_memory_limit_holds_for_a_map_task_whatever_the_partitions_of_its_slice() -> Result<()> {
+    // Without a limit, and under one both partitions fit in, each publishes
+    // its two rows.
+    assert_eq!(run_slice_holding_3_mib_each(0).await?, 4);
+    assert_eq!(run_slice_holding_3_mib_each(8 << 20).await?, 4);
+    // 4 MiB holds one partition's 3 MiB, not both: the limit is the map
+    // task's, not each partition's.
+    let err = run_slice_holding_3_mib_each(4 << 20)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Resources exhausted"), "{err}");
+    assert!(err.contains("Holding"), "{err}");
     Ok(())
 }

@@ -285,6 +285,13 @@ impl ShuffleWriterExec {
             .transpose()?;
         let on_runtime = sealed.is_some() || Self::runs_at_once(&slice);
         let batch_size = context.session_config().batch_size();
+        // One context for the whole slice, so under a memory limit its
+        // partitions share one pool: the limit is the map task's, however
+        // many partitions it runs.
+        let context = match sealed {
+            Some(_) => sealed_context(Arc::clone(context))?,
+            None => Arc::clone(context),
+        };
         let mut cut = Vec::with_capacity(slice.len());
         for (place, partition) in slice.enumerate() {
             let cutter = BucketCutter::new(
@@ -297,10 +304,7 @@ impl ShuffleWriterExec {
                 compression,
             );
             let (plan, below, slot) = (Arc::clone(plan), Arc::clone(below), slot.clone());
-            let context = match sealed {
-                Some(_) => sealed_context(Arc::clone(context))?,
-                None => Arc::clone(context),
-            };
+            let context = Arc::clone(&context);
             let open = move || {
                 let stream = plan.execute(partition, context)?;
                 let stream = match (below.downcast_ref::<KeySummaryExec>(), &slot) {
