@@ -347,6 +347,87 @@ async fn a_whole_table_build_side_is_not_a_filter_under_auto() -> Result<()> {
     Ok(())
 }
 
+/// Tables whose keys refer to each other, under `dir`: `customers(c)`
+/// holds 0..100; `orders(o_k, o_c)` holds 1,000 orders, order `k` of
+/// customer `k % 50` (customers 50..100 have none); `items(i_o)` 20,000
+/// items, item `i` of order `i % 1000`; `payments(p_c)` 20,000 payments,
+/// payment `i` of customer `i % 100`.
+fn referring_tables(dir: &std::path::Path) {
+    let column = |name: &str, values: Vec<i64>| {
+        let schema = Arc::new(Schema::new(vec![Field::new(name, DataType::Int64, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(values))]).unwrap()
+    };
+    write(dir, "customers", &[column("c", (0..100).collect())]);
+    let orders = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("o_k", DataType::Int64, false),
+            Field::new("o_c", DataType::Int64, false),
+        ])),
+        vec![
+            Arc::new(Int64Array::from((0..1000).collect::<Vec<i64>>())),
+            Arc::new(Int64Array::from(
+                (0..1000).map(|k| k % 50).collect::<Vec<i64>>(),
+            )),
+        ],
+    )
+    .unwrap();
+    write(dir, "orders", &[orders]);
+    write(
+        dir,
+        "items",
+        &[column("i_o", (0..20_000).map(|i| i % 1000).collect())],
+    );
+    write(
+        dir,
+        "payments",
+        &[column("p_c", (0..20_000).map(|i| i % 100).collect())],
+    );
+}
+
+/// Under `auto`, a build side joining whole tables filters nothing when its
+/// keys come from the table that refers to the other (every order has its
+/// customer, so every order key is there), and does filter when they come
+/// from the table referred to (half the customers have no order).
+#[tokio::test]
+async fn a_build_side_joining_whole_tables_filters_by_the_keys_of_the_referred_table_only()
+-> Result<()> {
+    let data = temp_dir();
+    // The module's own tables too: every session here registers them.
+    tables(data.path());
+    referring_tables(data.path());
+    let every_order = "SELECT count(*) AS n FROM items \
+        JOIN (SELECT o_k FROM orders JOIN customers ON o_c = c) oc ON i_o = oc.o_k";
+    let customers_with_orders = "SELECT count(*) AS n FROM payments \
+        WHERE p_c IN (SELECT c FROM orders JOIN customers ON o_c = c)";
+    let cases = [
+        (every_order, false, "20000"),
+        (customers_with_orders, true, "10000"),
+    ];
+    for (sql, filtered, answer) in cases {
+        let shuffle = temp_dir();
+        let ctx = session(data.path(), Some(shuffle.path()), "exchange", "auto", true).await?;
+        for name in ["customers", "orders", "items", "payments"] {
+            ctx.register_parquet(
+                name,
+                &data.path().join(name).to_string_lossy(),
+                ParquetReadOptions::default(),
+            )
+            .await?;
+        }
+        let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+        assert_eq!(
+            text(&plan).contains("JoinFilterExec"),
+            filtered,
+            "{sql}:\n{}",
+            text(&plan)
+        );
+        run_stages(&ctx, &plan).await?;
+        let rows = sorted(&collect(Arc::clone(&plan), ctx.task_ctx()).await?);
+        assert_eq!(rows, vec![format!("| {answer} |")], "{sql}");
+    }
+    Ok(())
+}
+
 /// A worker's checks accept a stage holding a join filter that reads the
 /// spec's shuffle location, and refuse it, naming the filter, when it reads
 /// another.

@@ -11,6 +11,7 @@
 //! | null equal to null (`IS NOT DISTINCT FROM` keys) | no: a null key matches there |
 //! | keys of different types on the two sides | no: equal values of different types hash apart |
 //! | a build stage that reads a whole table (no filter, join, aggregate or limit), under `auto` | no: it holds every key of its table, which a probe side referring to it by a foreign key all has |
+//! | a build stage that joins whole tables (an inner join on keys alone), its keys from the side with at least as many rows, under `auto` | no: that side refers to the other, so each of its rows, and every key of its table, is there |
 //!
 //! The probe keys are followed down through projections, filters, sorts,
 //! merges and repartitions, through a reader into the stage it reads, and
@@ -32,7 +33,8 @@
 //! decides the stage graph (a dependency cannot be taken back once the
 //! scheduler has it): not for a probe scan of fewer than [`MIN_PROBE_ROWS`]
 //! rows (its statistics; Parquet footers give them exactly), which is not
-//! worth making a stage wait, nor for a build side reading a whole table.
+//! worth making a stage wait, nor for a build side holding every key of a
+//! table (reading it whole, or joining it whole with a table it refers to).
 //! At task time, by the rows the build stage published (exact, where a
 //! plan-time estimate of a build side after joins and filters is often
 //! absent or far off): over `join_filter_ratio` times the probe table's
@@ -47,7 +49,7 @@ use datafusion::common::{JoinType, NullEquality, Result};
 use datafusion::datasource::physical_plan::FileScanConfig;
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::expressions::{Column, DynamicFilterPhysicalExpr};
 use datafusion::physical_expr::projection::update_expr;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -137,7 +139,7 @@ fn filter_join(join: &HashJoinExec, filters: JoinFilters) -> Result<Option<Child
     if writer.input().is::<KeySummaryExec>() {
         return Ok(None);
     }
-    if matches!(filters, JoinFilters::Auto(_)) && is_whole_table(writer.input()) {
+    if matches!(filters, JoinFilters::Auto(_)) && holds_every_key(writer.input(), &build_keys) {
         return Ok(None);
     }
     let build = BuildStage {
@@ -158,6 +160,70 @@ fn filter_join(join: &HashJoinExec, filters: JoinFilters) -> Result<Option<Child
     let max_rows = placed.max_build_rows.unwrap_or(u64::MAX);
     let left = with_summary(join.left(), writer.stage_id(), &build_keys, max_rows)?;
     Ok(Some((left, right)))
+}
+
+/// Whether `node`'s rows hold every key of a table in `keys`, so a probe
+/// side referring to that table by a foreign key keeps every row: `node`
+/// reads a whole table ([`is_whole_table`]), or joins whole tables (an
+/// inner join on keys alone) and `keys` come from the side with at least
+/// as many rows, by their statistics. That side is the one referring to the
+/// other, so each of its rows finds its match (TPC-H's orders joined with
+/// customer, summed up by order key: every order is there, and lineitem
+/// would only wait for them).
+fn holds_every_key(node: &Arc<dyn ExecutionPlan>, keys: &[Arc<dyn PhysicalExpr>]) -> bool {
+    if is_whole_table(node) {
+        return true;
+    }
+    if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
+        let keys = keys
+            .iter()
+            .map(|key| update_expr(key, projection.expr(), true).ok().flatten())
+            .collect::<Option<Vec<_>>>();
+        return keys.is_some_and(|keys| holds_every_key(projection.input(), &keys));
+    }
+    if let Some(repartition) = node.downcast_ref::<RepartitionExec>() {
+        return holds_every_key(repartition.input(), keys);
+    }
+    let Some(join) = node.downcast_ref::<HashJoinExec>() else {
+        return false;
+    };
+    if join.filter().is_some() || !is_whole_table(join.left()) || !is_whole_table(join.right()) {
+        return false;
+    }
+    let Some((side, _)) = follow_inner_join(join, keys) else {
+        return false;
+    };
+    let (keys_side, other) = match side {
+        0 => (join.left(), join.right()),
+        _ => (join.right(), join.left()),
+    };
+    match (table_rows(keys_side), table_rows(other)) {
+        (Some(rows), Some(other_rows)) => rows >= other_rows,
+        _ => false,
+    }
+}
+
+/// The row count the statistics give for `node`, seen through a reader into
+/// the stage it reads (the reader's own statistics say nothing). Asked of
+/// whole tables only, whose footers count their rows; a scan with a dynamic
+/// filter calls its count inexact, though the filter keeps every row.
+fn table_rows(node: &Arc<dyn ExecutionPlan>) -> Option<usize> {
+    if let Some(writer) = read_stage(node) {
+        return table_rows(writer.input());
+    }
+    StatisticsContext::new()
+        .compute(node.as_ref(), &StatisticsArgs::new())
+        .ok()?
+        .num_rows
+        .get_value()
+        .copied()
+}
+
+/// The writer of the stage `node` reads, when `node` is a reader.
+fn read_stage(node: &Arc<dyn ExecutionPlan>) -> Option<&ShuffleWriterExec> {
+    node.downcast_ref::<ShuffleReaderExec>()?
+        .writer()?
+        .downcast_ref::<ShuffleWriterExec>()
 }
 
 /// Whether `node` reads a whole table: only scans and nodes that keep every
@@ -181,12 +247,25 @@ fn is_whole_table(node: &Arc<dyn ExecutionPlan>) -> bool {
     if let Some(store) = node.downcast_ref::<StoreScanExec>() {
         return is_whole_table(store.scan());
     }
+    if let Some(writer) = read_stage(node) {
+        return is_whole_table(writer.input());
+    }
     if node.is::<DataSourceExec>() {
+        // A dynamic filter is a join's. Pushed into a scan of another stage,
+        // no process fills it; in the join's own stage it drops only rows
+        // without a match, which a table referring to a whole one has none of.
+        let keeps_every_row = |filter: &Arc<dyn PhysicalExpr>| {
+            filter.downcast_ref::<DynamicFilterPhysicalExpr>().is_some()
+        };
         return node
             .downcast_ref::<DataSourceExec>()
             .and_then(|s| s.data_source().downcast_ref::<FileScanConfig>())
             .is_none_or(|config| {
-                config.file_source().filter().is_none() && config.limit.is_none()
+                config
+                    .file_source()
+                    .filter()
+                    .is_none_or(|f| keeps_every_row(&f))
+                    && config.limit.is_none()
             });
     }
     keeps_rows && node.children().into_iter().all(is_whole_table)
