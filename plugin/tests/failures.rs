@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use abi_stable::std_types::RStr;
 use common::*;
-use datafusion::arrow::array::UInt64Array;
 use datafusion::common::Result;
 use datafusion::physical_expr::Partitioning;
 use datafusion::physical_expr::expressions::col;
@@ -40,15 +39,7 @@ fn hash_writer(dir: &Path, maps: usize) -> Arc<ShuffleWriterExec> {
 
 /// Run map `map` of `writer`; the rows it published.
 async fn run_map(writer: &Arc<ShuffleWriterExec>, map: usize) -> Result<u64> {
-    let mut stream = writer.execute(map, SessionContext::new().task_ctx())?;
-    let mut rows = 0;
-    while let Some(batch) = stream.next().await {
-        let batch = batch?;
-        let column = batch.column_by_name("rows").unwrap();
-        let column = column.as_any().downcast_ref::<UInt64Array>().unwrap();
-        rows += column.iter().flatten().sum::<u64>();
-    }
-    Ok(rows)
+    published_rows(writer, map, SessionContext::new().task_ctx()).await
 }
 
 fn hash_reader(writer: &Arc<ShuffleWriterExec>) -> Arc<ShuffleReaderExec> {

@@ -8,7 +8,6 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
-use datafusion::arrow::array::UInt64Array;
 use datafusion::common::Result;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::memory_pool::MemoryConsumer;
@@ -68,15 +67,7 @@ fn lz4_task_ctx() -> Arc<datafusion::execution::TaskContext> {
 }
 
 async fn run_map(writer: &Arc<ShuffleWriterExec>, map: usize) -> Result<u64> {
-    let mut stream = writer.execute(map, lz4_task_ctx())?;
-    let mut rows = 0;
-    while let Some(batch) = stream.next().await {
-        let batch = batch?;
-        let column = batch.column_by_name("rows").unwrap();
-        let column = column.as_any().downcast_ref::<UInt64Array>().unwrap();
-        rows += column.iter().flatten().sum::<u64>();
-    }
-    Ok(rows)
+    published_rows(writer, map, lz4_task_ctx()).await
 }
 
 /// Every file under `dir`, relative, sorted.
@@ -655,17 +646,7 @@ async fn run_slice_holding_3_mib_each(limit: u64) -> Result<u64> {
     dfx.memory_limit = limit;
     config.options_mut().extensions.insert(dfx);
     let ctx = SessionContext::new_with_config(config).task_ctx();
-    let run = async {
-        let mut stream = writer.execute(0, ctx)?;
-        let mut rows = 0;
-        while let Some(batch) = stream.next().await {
-            let batch = batch?;
-            let column = batch.column_by_name("rows").unwrap();
-            let column = column.as_any().downcast_ref::<UInt64Array>().unwrap();
-            rows += column.iter().flatten().sum::<u64>();
-        }
-        Ok(rows)
-    };
+    let run = published_rows(&writer, 0, ctx);
     tokio::time::timeout(std::time::Duration::from_secs(60), run)
         .await
         .expect("the slice's partitions run at once, so neither waits for the other forever")

@@ -109,6 +109,27 @@ pub fn writer(id: u64, dir: &Path, input: Arc<dyn ExecutionPlan>) -> Arc<Shuffle
     )
 }
 
+/// Run map `map` of `writer` with `ctx` to its end; the rows it published
+/// (the sum of its summary's `rows` column).
+pub async fn published_rows(
+    writer: &Arc<ShuffleWriterExec>,
+    map: usize,
+    ctx: Arc<TaskContext>,
+) -> Result<u64> {
+    use datafusion::arrow::array::UInt64Array;
+    use futures::StreamExt;
+
+    let mut stream = writer.execute(map, ctx)?;
+    let mut rows = 0;
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        let column = batch.column_by_name("rows").unwrap();
+        let column = column.as_any().downcast_ref::<UInt64Array>().unwrap();
+        rows += column.iter().flatten().sum::<u64>();
+    }
+    Ok(rows)
+}
+
 /// Every file in `dir`, sorted by name.
 pub fn files_in(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
