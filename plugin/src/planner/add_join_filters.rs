@@ -174,15 +174,11 @@ fn holds_every_key(node: &Arc<dyn ExecutionPlan>, keys: &[Arc<dyn PhysicalExpr>]
     if is_whole_table(node) {
         return true;
     }
-    if let Some(projection) = node.downcast_ref::<ProjectionExec>() {
-        let keys = keys
-            .iter()
-            .map(|key| update_expr(key, projection.expr(), true).ok().flatten())
-            .collect::<Option<Vec<_>>>();
-        return keys.is_some_and(|keys| holds_every_key(projection.input(), &keys));
-    }
-    if let Some(repartition) = node.downcast_ref::<RepartitionExec>() {
-        return holds_every_key(repartition.input(), keys);
+    // Through the nodes that keep every row (not a filter), the keys
+    // followed as the filters' placement follows them.
+    if node.is::<ProjectionExec>() || node.is::<RepartitionExec>() {
+        return follow_row_by_row(node, keys.to_vec())
+            .is_some_and(|(input, keys)| holds_every_key(input, &keys));
     }
     let Some(join) = node.downcast_ref::<HashJoinExec>() else {
         return false;
