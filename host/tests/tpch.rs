@@ -454,6 +454,13 @@ async fn all_22_queries_agree_with_slices_of_two_partitions_split_at_every_excha
     // final aggregate's four partitions two tasks of two.
     assert_eq!(reports[0].stages, Some(2), "{:?}", reports[0]);
     assert_eq!(reports[0].tasks, Some(3), "{:?}", reports[0]);
+    // Some join stage's two small slices run in one task.
+    let coalesced = reports
+        .iter()
+        .flat_map(|r| &r.decisions)
+        .filter(|d| d.contains("coalesced 2 slices into 1 task(s)"))
+        .count();
+    assert!(coalesced > 0, "{reports:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! dfx_engine.coalesced_partitions  "<stage>:<first>-<last>,<first>-<last>,..."   e.g. "7:0-2,3,4-5"
+//! dfx_engine.coalesced_maps        "<stage>:<first>-<last>,<first>-<last>,..."   e.g. "7:0-1,2"
 //! dfx_engine.split_read            "<stage>:<partition>:<probe stage>:<first>-<last>:<map>:<companion>,..."
 //!                                                                                 e.g. "4:1:2:0-0:1:3"
 //! dfx_engine.broadcast_read        "<stage>:<probe stage>:<build stage>,..."     e.g. "5:3:4"
@@ -15,6 +16,12 @@
 //! the buckets of the whole group, and the writer publishes the other
 //! partitions' maps empty, so the stage still has every map its readers
 //! expect. A partition in no group reads its own bucket, as planned.
+//!
+//! **Coalesced maps.** The same groups, of the maps of a stage whose
+//! tasks run slices of several partitions: the task of a group runs as its
+//! first map and executes the partitions of every slice in the group at
+//! once, each partition reading its own bucket as planned, and the writer
+//! publishes the other maps empty. Only the writer reads this setting.
 //!
 //! **Split reads.** Which partition a part of a split partition reads,
 //! whose probe maps, the map it publishes as and, for the first part, the
@@ -34,6 +41,10 @@ use datafusion::common::{DataFusionError, Result};
 /// The key (without the `dfx_engine.` prefix) by which the driver tells a
 /// coalesced stage's tasks their partitions.
 pub const COALESCED_PARTITIONS: &str = "coalesced_partitions";
+
+/// The key (without the `dfx_engine.` prefix) by which the driver tells a
+/// coalesced stage of slices the maps each of its tasks runs.
+pub const COALESCED_MAPS: &str = "coalesced_maps";
 
 /// The key (without the prefix) by which the driver tells a task of a
 /// split partition which part it reads.
@@ -112,7 +123,8 @@ impl<'a> SettingText<'a> {
     }
 }
 
-/// Parsed `dfx_engine.coalesced_partitions`.
+/// Parsed `dfx_engine.coalesced_partitions` (groups of partitions) or
+/// `dfx_engine.coalesced_maps` (groups of maps, each a slice).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionGroups {
     /// The stage whose tasks were coalesced.
@@ -121,7 +133,8 @@ pub struct PartitionGroups {
     pub groups: Vec<RangeInclusive<usize>>,
 }
 
-/// What a reader or writer does for one partition of a coalesced stage.
+/// What a reader or writer does for one partition (or map) of a coalesced
+/// stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PartitionRole {
     /// Not coalesced: its own bucket.
@@ -155,8 +168,22 @@ impl PartitionGroups {
     /// Text that is not `<stage>:<ranges>`, or ranges that are reversed,
     /// overlap or are out of order; the message quotes the text.
     pub fn parse(text: &str) -> Result<Option<Self>> {
+        Self::parse_setting(COALESCED_PARTITIONS, text)
+    }
+
+    /// The groups of maps `dfx_engine.coalesced_maps` names; `None` for an
+    /// empty setting.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::parse`].
+    pub fn parse_maps(text: &str) -> Result<Option<Self>> {
+        Self::parse_setting(COALESCED_MAPS, text)
+    }
+
+    fn parse_setting(key: &'static str, text: &str) -> Result<Option<Self>> {
         let Some(setting) = SettingText::of(
-            COALESCED_PARTITIONS,
+            key,
             text,
             "\"<stage>:<first>-<last>,...\" with ascending, disjoint groups",
         ) else {
@@ -340,6 +367,9 @@ mod tests {
         for bad in ["0-2", "x:0", "3:2-1", "3:0-2,1-3", "3:4,2", "3:a"] {
             let err = PartitionGroups::parse(bad).unwrap_err().to_string();
             assert!(err.contains(bad), "{bad}: {err}");
+            // Groups of maps are refused alike, under their own key.
+            let err = PartitionGroups::parse_maps(bad).unwrap_err().to_string();
+            assert!(err.contains("dfx_engine.coalesced_maps"), "{bad}: {err}");
         }
     }
 

@@ -17,15 +17,17 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 use datafusion::common::Result;
-use datafusion_proto::protobuf::PhysicalPlanNode;
+use datafusion_proto::protobuf::partitioning::PartitionMethod;
 use datafusion_proto::protobuf::physical_plan_node::PhysicalPlanType;
+use datafusion_proto::protobuf::{self, PhysicalPlanNode};
+use prost::Message;
 
 use crate::config::{Coalesce, DfxConfig};
 use crate::encoded::{Reads, child_reads, children_mut, find_payload, is_file_scan};
 use crate::error::Area;
 use crate::error::fail;
 use crate::exchange::locate::read_map_marker;
-use crate::wire::{Payload, ReadMode};
+use crate::wire::{Payload, ReadMode, WriterPayload};
 
 /// The fewest bytes a task is given when partitions are coalesced to
 /// spread a stage over the workers: below this, a task's fixed cost
@@ -49,9 +51,12 @@ pub struct HashRead {
 /// comes from, or why its partitions cannot be coalesced.
 pub fn hash_reads(root: &PhysicalPlanNode) -> std::result::Result<Vec<HashRead>, String> {
     let mut root = root.clone();
-    let maps = match root.physical_plan_type.as_ref() {
+    let (maps, per_map) = match root.physical_plan_type.as_ref() {
         Some(PhysicalPlanType::Extension(ext)) => match find_payload(&ext.node) {
-            Some((_, Payload::Writer(writer))) => writer.maps as usize,
+            Some((_, Payload::Writer(writer))) => (
+                writer.maps as usize,
+                (writer.partitions_per_map as usize).max(1),
+            ),
             _ => return Err("its root is not a stage writer".into()),
         },
         _ => return Err("its root is not a stage writer".into()),
@@ -61,13 +66,42 @@ pub fn hash_reads(root: &PhysicalPlanNode) -> std::result::Result<Vec<HashRead>,
     if reads.is_empty() {
         return Err("it reads no stage partition by partition".into());
     }
-    if let Some(read) = reads.iter().find(|r| r.buckets != maps) {
+    // Each map runs `per_map` partitions (the last one maybe fewer).
+    if let Some(read) = reads.iter().find(|r| r.buckets.div_ceil(per_map) != maps) {
+        let partitions = match per_map {
+            1 => format!("{maps} partitions"),
+            _ => format!("{maps} slices of {per_map} partitions"),
+        };
         return Err(format!(
-            "its {maps} partitions are not the {} buckets of stage {}",
+            "its {partitions} are not the {} buckets of stage {}",
             read.buckets, read.stage_id
         ));
     }
     Ok(reads)
+}
+
+/// Whether the maps of the stage `writer` keep a bucket for each partition
+/// of their slice (a writer that splits rows by no partitioning), so that
+/// their slices cannot be run by one task.
+///
+/// # Errors
+///
+/// A partitioning that is not encoded protobuf.
+pub fn keeps_partitions(writer: &WriterPayload) -> Result<bool> {
+    let partitioning =
+        protobuf::Partitioning::decode(writer.partitioning.as_slice()).map_err(|e| {
+            fail(
+                Area::Adapt,
+                format!(
+                    "stage {}: partitioning is not valid protobuf: {e}",
+                    writer.stage_id
+                ),
+            )
+        })?;
+    Ok(matches!(
+        partitioning.partition_method,
+        Some(PartitionMethod::Unknown(1))
+    ))
 }
 
 fn walk(
@@ -244,6 +278,7 @@ pub fn task_target(total: u64, slots: usize, configured: u64) -> u64 {
 /// `None` groups when every partition keeps its task.
 pub fn decide(
     bytes: &[u64],
+    what: &str,
     mode: Coalesce,
     slots: usize,
     configured: u64,
@@ -264,14 +299,14 @@ pub fn decide(
     };
     if groups.len() == n {
         let why = format!(
-            "kept {n} tasks: {} read in all, no two adjacent partitions fit in {} a task{forced}",
+            "kept {n} tasks: {} read in all, no two adjacent {what} fit in {} a task{forced}",
             human(total),
             human(target)
         );
         return (None, why);
     }
     let why = format!(
-        "coalesced {n} partitions into {} task(s): {} read in all, the largest task {} \
+        "coalesced {n} {what} into {} task(s): {} read in all, the largest task {} \
          (target {} a task){forced}",
         groups.len(),
         human(total),
@@ -324,13 +359,25 @@ mod tests {
 
     #[test]
     fn a_decision_says_what_and_why() {
-        let (groups, why) = decide(&[100, 200, 300, 400], Coalesce::Auto, 2, 64 * MIB);
+        let (groups, why) = decide(
+            &[100, 200, 300, 400],
+            "partitions",
+            Coalesce::Auto,
+            2,
+            64 * MIB,
+        );
         assert_eq!(groups, Some(vec![0..=3]));
         assert!(why.contains("coalesced 4 partitions into 1 task"), "{why}");
-        let (groups, why) = decide(&[8 * MIB, 8 * MIB], Coalesce::Auto, 2, 64 * MIB);
+        let (groups, why) = decide(
+            &[8 * MIB, 8 * MIB],
+            "partitions",
+            Coalesce::Auto,
+            2,
+            64 * MIB,
+        );
         assert_eq!(groups, None);
         assert!(why.starts_with("kept 2 tasks"), "{why}");
-        let (groups, why) = decide(&[8 * MIB, 8 * MIB], Coalesce::On, 2, 64 * MIB);
+        let (groups, why) = decide(&[8 * MIB, 8 * MIB], "slices", Coalesce::On, 2, 64 * MIB);
         assert_eq!(groups, Some(vec![0..=1]));
         assert!(why.ends_with("forced on"), "{why}");
     }

@@ -20,10 +20,14 @@
 //! several tasks ([`skew_split`], `dfx_engine.skew_split`), and coalescing small
 //! ones into one ([`coalesce`], `dfx_engine.coalesce`).
 //!
-//! Each decision is about partitions run one per task. A stage whose tasks
+//! Each of them is about partitions run one per task. A stage whose tasks
 //! run slices of several partitions (`dfx_engine.partitions_per_task`) is
-//! run as planned: a slice is already a coalesced unit, and its maps cannot
-//! be told apart by partition.
+//! decided by slice instead: adjacent small slices are run by one task,
+//! which executes every partition of its slices at once, each reading its
+//! own buckets (`dfx_engine.coalesced_maps`), unless its maps keep a bucket
+//! per partition (a stage the root reads map by map). No partition of a
+//! slice is split and no join switched: a slice's task already runs many
+//! partitions on all of its worker's cores.
 
 pub mod broadcast_switch;
 pub mod coalesce;
@@ -40,8 +44,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::{BroadcastSwitch, Coalesce, DfxConfig, SkewSplit};
 use crate::error::Area;
 use crate::error::fail;
-use crate::read_settings::{BROADCAST_READ, COALESCED_PARTITIONS, SPLIT_READ};
+use crate::read_settings::{BROADCAST_READ, COALESCED_MAPS, COALESCED_PARTITIONS, SPLIT_READ};
 pub use crate::read_settings::{BroadcastRead, PartitionGroups, PartitionRole, SplitRead};
+use crate::wire::WriterPayload;
 
 /// What the scheduler asks with a ready stage.
 #[derive(Debug, Clone, Deserialize)]
@@ -57,8 +62,9 @@ pub struct AdaptRequest {
 /// The plugin's answer for one stage.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Adaptation {
-    /// The partitions each task runs, first partition to last, when they
-    /// are coalesced; `None`: one task per partition, as planned.
+    /// The maps each task runs, first to last, when they are coalesced (a
+    /// map runs one partition, or a slice of them); `None`: one task per
+    /// map, as planned.
     pub groups: Option<Vec<[usize; 2]>>,
     /// `dfx_engine` settings (without the prefix) every task of the stage
     /// must be given.
@@ -113,16 +119,10 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
         .map_err(|e| fail(Area::Adapt, format!("not an encoded physical plan: {e}")))?;
     let writer = crate::wire::read_encoded_stage(plan_bytes)?;
     let stage_id = writer.stage_id;
-    // Each decision is per partition, and a task running a slice already
-    // holds several: the stage runs as planned.
+    // A task running a slice already holds several partitions: what is
+    // decided for it is how many slices one task runs.
     if writer.partitions_per_map > 1 {
-        return Ok(Adaptation {
-            reason: Some(format!(
-                "each task runs a slice of {} partitions: run as planned",
-                writer.partitions_per_map
-            )),
-            ..Adaptation::default()
-        });
+        return coalesce_slices(&root, &writer, &config, (mode, skew, switch), request.slots);
     }
     let reads = match coalesce::hash_reads(&root) {
         Ok(reads) => reads,
@@ -162,8 +162,13 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
             coalesce::partition_bytes(&reads, &config).await
         })?
     };
-    let (groups, reason) =
-        coalesce::decide(&bytes, mode, request.slots, config.coalesce_task_bytes);
+    let (groups, reason) = coalesce::decide(
+        &bytes,
+        "partitions",
+        mode,
+        request.slots,
+        config.coalesce_task_bytes,
+    );
     let reason = match reasons.is_empty() {
         true => reason,
         false => format!("{}; {reason}", reasons.join("; ")),
@@ -179,6 +184,81 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
         groups: Some(groups.iter().map(|g| [*g.start(), *g.end()]).collect()),
         settings: BTreeMap::from([(COALESCED_PARTITIONS.to_string(), setting)]),
         reason: Some(reason),
+        tasks: None,
+    })
+}
+
+/// The stage `root` (`writer`), whose tasks run slices of several
+/// partitions, with its adjacent small slices run by one task each group,
+/// or why not. A group's task runs every partition of its slices at once,
+/// each reading its own buckets, so any stage of hash reads can be
+/// coalesced so; no partition is split and no join switched, since a
+/// slice's task already reads a whole slice of buckets.
+fn coalesce_slices(
+    root: &PhysicalPlanNode,
+    writer: &WriterPayload,
+    config: &DfxConfig,
+    (mode, skew, switch): (Coalesce, SkewSplit, BroadcastSwitch),
+    slots: usize,
+) -> Result<Adaptation> {
+    let (stage_id, per_map) = (writer.stage_id, writer.partitions_per_map as usize);
+    let slices = format!("each task runs a slice of {per_map} partitions");
+    let mut reasons = Vec::new();
+    if switch != BroadcastSwitch::Off || skew != SkewSplit::Off {
+        reasons.push("no join is switched and no partition split".to_string());
+    }
+    let said = |reasons: &[String]| format!("{slices}: {}", reasons.join("; "));
+    let kept = |mut reasons: Vec<String>, why: String| {
+        reasons.push(why);
+        Ok(Adaptation {
+            reason: Some(said(&reasons)),
+            ..Adaptation::default()
+        })
+    };
+    if mode == Coalesce::Off {
+        return match reasons.is_empty() {
+            true => Ok(Adaptation::default()),
+            false => kept(reasons, "none is coalesced (coalesce off)".into()),
+        };
+    }
+    if coalesce::keeps_partitions(writer)? {
+        return kept(
+            reasons,
+            format!("its maps keep a bucket for each of the {per_map} partitions of their slice"),
+        );
+    }
+    if writer.maps <= 1 {
+        return kept(reasons, "its one task runs every partition".into());
+    }
+    let reads = match coalesce::hash_reads(root) {
+        Ok(reads) => reads,
+        Err(why) => return kept(reasons, format!("its slices cannot be coalesced: {why}")),
+    };
+    let bytes = {
+        let config = config.clone();
+        on_io_blocking(stage_id, async move {
+            coalesce::partition_bytes(&reads, &config).await
+        })?
+    };
+    let slice_bytes: Vec<u64> = bytes.chunks(per_map).map(|c| c.iter().sum()).collect();
+    let (groups, grouped) = coalesce::decide(
+        &slice_bytes,
+        "slices",
+        mode,
+        slots,
+        config.coalesce_task_bytes,
+    );
+    let Some(groups) = groups else {
+        return kept(reasons, grouped);
+    };
+    reasons.push(grouped);
+    Ok(Adaptation {
+        groups: Some(groups.iter().map(|g| [*g.start(), *g.end()]).collect()),
+        settings: BTreeMap::from([(
+            COALESCED_MAPS.to_string(),
+            PartitionGroups::format(stage_id, &groups),
+        )]),
+        reason: Some(said(&reasons)),
         tasks: None,
     })
 }
@@ -263,8 +343,13 @@ fn switch_stage(
                 .sum()
         })
         .collect();
-    let (groups, grouped) =
-        coalesce::decide(&shares, coalescing, slots, config.coalesce_task_bytes);
+    let (groups, grouped) = coalesce::decide(
+        &shares,
+        "partitions",
+        coalescing,
+        slots,
+        config.coalesce_task_bytes,
+    );
     let reason = format!("{reason}; {grouped}");
     let Some(groups) = groups else {
         return Ok(Some(Ok(Adaptation {

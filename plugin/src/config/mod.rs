@@ -40,6 +40,9 @@
 //! - `dfx_engine.coalesced_partitions`: set by the scheduler, never by a
 //!   user: the partitions each task of one coalesced stage reads (see
 //!   [`crate::read_settings`]).
+//! - `dfx_engine.coalesced_maps`: set by the scheduler, never by a user:
+//!   the maps each task of one coalesced stage of slices runs (see
+//!   [`crate::read_settings`]).
 //! - `dfx_engine.skew_split`: adaptive splitting of a skewed partition (see
 //!   [`crate::adapt::skew_split`]): `auto` (the default: a partition whose
 //!   probe-side bytes are above `skew_split_factor` times the median and
@@ -84,7 +87,7 @@ use datafusion::common::{DataFusionError, Result, extensions_options};
 use datafusion::config::DATAFUSION_FFI_CONFIG_NAMESPACE;
 use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
 
-pub use crate::read_settings::{BROADCAST_READ, COALESCED_PARTITIONS, SPLIT_READ};
+pub use crate::read_settings::{BROADCAST_READ, COALESCED_MAPS, COALESCED_PARTITIONS, SPLIT_READ};
 use crate::read_settings::{BroadcastRead, PartitionGroups, SplitRead};
 pub use choices::{
     BroadcastSwitch, Coalesce, JoinFilters, ShuffleCompression, ShuffleDurability, SkewSplit,
@@ -182,6 +185,8 @@ extensions_options! {
         pub coalesce_task_bytes: u64, default = 64 * 1024 * 1024
         /// Set by the scheduler: the partitions each task of a coalesced stage reads.
         pub coalesced_partitions: String, default = String::new()
+        /// Set by the scheduler: the maps each task of a coalesced stage of slices runs.
+        pub coalesced_maps: String, default = String::new()
         /// Adaptive splitting of a skewed partition: `auto`, `on` or `off`.
         pub skew_split: String, default = "auto".to_string()
         /// `auto` splits a partition past this times the median partition.
@@ -346,6 +351,16 @@ impl DfxConfig {
     /// A setting that does not parse (see [`crate::read_settings`]).
     pub fn coalesced_partitions(&self) -> Result<Option<PartitionGroups>> {
         PartitionGroups::parse(&self.coalesced_partitions)
+    }
+
+    /// The maps each task of a coalesced stage of slices runs, as the
+    /// scheduler set them; `None` when it set none.
+    ///
+    /// # Errors
+    ///
+    /// A setting that does not parse (see [`crate::read_settings`]).
+    pub fn coalesced_maps(&self) -> Result<Option<PartitionGroups>> {
+        PartitionGroups::parse_maps(&self.coalesced_maps)
     }
 
     /// Whether (and when) a ready stage's skewed partitions are split.

@@ -43,6 +43,7 @@ use crate::exchange::staging::Staging;
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
 use crate::exec::common::exec_defaults;
 use crate::paths::map_path;
+use crate::read_settings::PartitionRole;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
@@ -188,10 +189,17 @@ impl ShuffleWriterExec {
     /// Buckets per map: the partitioning's, or under one bucket a bucket per
     /// partition of a slice.
     pub fn buckets(&self) -> usize {
-        match self.partitioning {
-            Partitioning::UnknownPartitioning(1) => self.partitions_per_map,
-            _ => self.partitioning.partition_count(),
+        match self.keeps_partitions() {
+            true => self.partitions_per_map,
+            false => self.partitioning.partition_count(),
         }
+    }
+
+    /// Whether each map keeps a bucket for every partition of its slice
+    /// (under `UnknownPartitioning(1)`), rather than rows split by a
+    /// partitioning whatever partition they come from.
+    pub fn keeps_partitions(&self) -> bool {
+        matches!(self.partitioning, Partitioning::UnknownPartitioning(1))
     }
 
     /// The schema of the rows the stage publishes.
@@ -394,7 +402,6 @@ impl ShuffleWriterExec {
         if map >= maps {
             return Err(self.error(map, format!("out of range: the stage has {maps} map(s)")));
         }
-        let slice = self.slice(map);
         // A part of a split partition runs that partition and publishes as
         // the map it is told, naming the other parts' maps if it is the
         // first (see `crate::adapt::skew_split`).
@@ -403,18 +410,67 @@ impl ShuffleWriterExec {
         let coalesced = config
             .coalesced_partitions()
             .map_err(|e| self.error(map, e))?;
-        // Adaptive decisions are per partition; a stage whose maps run
-        // slices runs as planned (see `crate::adapt`).
+        let coalesced_maps = config.coalesced_maps().map_err(|e| self.error(map, e))?;
+        // Partitions are split or coalesced in a stage of one partition a
+        // map, maps coalesced in one of slices (see `crate::adapt`).
         if self.partitions_per_map > 1 && (split.is_some() || coalesced.is_some()) {
             return Err(self.error(
                 map,
                 format!(
-                    "each map runs a slice of {} partitions, so the stage is never split or \
+                    "each map runs a slice of {} partitions, so no partition is split or \
                      coalesced, yet the task was told to",
                     self.partitions_per_map
                 ),
             ));
         }
+        let slice_groups = match coalesced_maps {
+            None => None,
+            Some(_) if coalesced.is_some() => {
+                return Err(self.error(
+                    map,
+                    "the task was told to coalesce both its partitions and its maps",
+                ));
+            }
+            Some(groups) if groups.stage_id != self.stage_id => {
+                return Err(self.error(
+                    map,
+                    format!(
+                        "the task was told the coalesced maps of stage {}, not of this one",
+                        groups.stage_id
+                    ),
+                ));
+            }
+            Some(_) if self.keeps_partitions() => {
+                return Err(self.error(
+                    map,
+                    "its maps keep a bucket for each partition of their slice, so they cannot \
+                     be coalesced, yet the task was told to",
+                ));
+            }
+            Some(groups) => Some(groups),
+        };
+        let slice = match slice_groups.as_ref().map(|g| g.role(map)) {
+            None | Some(PartitionRole::Own) => self.slice(map),
+            Some(PartitionRole::Head(group)) if *group.end() < maps => {
+                self.slice(*group.start()).start..self.slice(*group.end()).end
+            }
+            Some(PartitionRole::Head(group)) => {
+                return Err(self.error(
+                    map,
+                    format!(
+                        "the task was told to run maps {}-{}, past the stage's {maps}",
+                        group.start(),
+                        group.end()
+                    ),
+                ));
+            }
+            Some(PartitionRole::Member) => {
+                return Err(self.error(
+                    map,
+                    "its map is coalesced into another map's task, yet it was run",
+                ));
+            }
+        };
         let (map, companions) = match split {
             Some(split) if split.stage_id != self.stage_id || split.partition != partition => {
                 return Err(self.error(
@@ -467,7 +523,7 @@ impl ShuffleWriterExec {
                 ));
             }
             Some(groups) => groups.members_of(map),
-            None => Vec::new(),
+            None => slice_groups.map_or_else(Vec::new, |groups| groups.members_of(map)),
         };
         let empty_summary = match self.input.downcast_ref::<KeySummaryExec>() {
             Some(summarize) if !members.is_empty() => Some(summarize.empty_summary()?),
