@@ -653,6 +653,72 @@ async fn a_partitioned_join_with_a_small_build_side_runs_as_a_broadcast_join() {
     }
 }
 
+/// The skewed join in slices of two partitions, its probe side in four
+/// files (two maps of two). Split (forced on, or `auto` with a least of
+/// 1 MiB), key 0's partition runs as two parts inside its slice's task,
+/// one per probe map, and no task is added; the answer is the hand-worked
+/// one. `off` keeps every stage as planned.
+#[tokio::test]
+async fn a_skewed_partition_of_a_slice_runs_as_parts_inside_its_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = keys_table(dir.path(), "t", 4, 400_000, |row| {
+        row.saturating_sub(359_999) as i64
+    });
+    let d = keys_table(dir.path(), "d", 1, 300_001, |row| 2 * row as i64);
+    let spec =
+        SessionSpec::new([("t".to_string(), t), ("d".to_string(), d)]).with_target_partitions(4);
+    let host = host();
+    let settings: [&[(&str, &str)]; 3] = [
+        &[("skew_split", "on")],
+        &[("skew_split_bytes", "1048576")],
+        &[("skew_split", "off")],
+    ];
+    for (run, options) in settings.iter().enumerate() {
+        let mut distributed = spec
+            .clone()
+            .with_shuffle_dir(dir.path().join(format!("shuffle-{run}")));
+        for (key, value) in [
+            ("partitions_per_task", "2"),
+            ("coalesce", "off"),
+            ("broadcast_switch", "off"),
+        ]
+        .iter()
+        .chain(options.iter())
+        {
+            distributed = with_option(distributed, key, value);
+        }
+        let result = host
+            .run_distributed(SKEWED_JOIN, &distributed)
+            .await
+            .unwrap();
+        assert_eq!(rows(&result.batches), skewed_join_expected(), "{options:?}");
+        assert!(
+            splits(&result.decisions).is_empty(),
+            "{:?}",
+            result.decisions
+        );
+        let split: Vec<&Decision> = result
+            .decisions
+            .iter()
+            .filter(|d| d.reason.contains("parts inside its task"))
+            .collect();
+        if options.contains(&("skew_split", "off")) {
+            assert!(split.is_empty(), "{:?}", result.decisions);
+            continue;
+        }
+        // Only key 0's partition has rows in both maps of the probe stage.
+        assert_eq!(split.len(), 1, "{options:?}: {:?}", result.decisions);
+        assert_eq!((split[0].planned_tasks, split[0].tasks), (2, 2));
+        assert!(
+            split[0]
+                .reason
+                .contains("into 2 parts inside its task by its maps"),
+            "{}",
+            split[0].reason
+        );
+    }
+}
+
 /// The skewed join in slices of two and of four partitions, every decision
 /// forced on: a stage of slices runs as planned, and the answer is the
 /// hand-worked one.

@@ -7,6 +7,8 @@
 //! dfx_engine.coalesced_maps        "<stage>:<first>-<last>,<first>-<last>,..."   e.g. "7:0-1,2"
 //! dfx_engine.split_read            "<stage>:<partition>:<probe stage>:<first>-<last>:<map>:<companion>,..."
 //!                                                                                 e.g. "4:1:2:0-0:1:3"
+//! dfx_engine.split_parts           "<stage>:<partition>:<probe stage>:<first>-<last>,..."
+//!                                                                                 e.g. "4:5:2:0-0,1-3"
 //! dfx_engine.broadcast_read        "<stage>:<probe stage>:<build stage>,..."     e.g. "5:3:4"
 //! ```
 //!
@@ -26,6 +28,12 @@
 //! **Split reads.** Which partition a part of a split partition reads,
 //! whose probe maps, the map it publishes as and, for the first part, the
 //! maps of the others (see [`crate::adapt::skew_split`]).
+//!
+//! **Split parts.** A partition of a task's slice run as several parts
+//! inside that task, each reading the partition's bucket from a range of
+//! the probe stage's maps (a split read publishing as the task's own map),
+//! so a skewed partition spreads over the task's cores. Only the writer
+//! reads this setting; it tells each part's readers its split read.
 //!
 //! **Broadcast reads.** Which stages a switched stage reads whole and
 //! which by map (see [`crate::adapt::broadcast_switch`]).
@@ -49,6 +57,10 @@ pub const COALESCED_MAPS: &str = "coalesced_maps";
 /// The key (without the prefix) by which the driver tells a task of a
 /// split partition which part it reads.
 pub const SPLIT_READ: &str = "split_read";
+
+/// The key (without the prefix) by which the driver tells a task of a
+/// stage of slices which partition of its slice runs as several parts.
+pub const SPLIT_PARTS: &str = "split_parts";
 
 /// The key (without the prefix) by which the driver tells a switched
 /// stage's tasks how they read.
@@ -284,6 +296,89 @@ impl SplitRead {
     }
 }
 
+/// Parsed `dfx_engine.split_parts`: a partition of a task's slice run as
+/// several parts inside the task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SplitParts {
+    /// The stage whose partition is split.
+    pub stage_id: u64,
+    /// The partition.
+    pub partition: usize,
+    /// The stage its probe side reads, split by map.
+    pub probe_stage: u64,
+    /// Each part's range of the probe stage's maps, ascending and disjoint.
+    pub parts: Vec<RangeInclusive<usize>>,
+}
+
+impl SplitParts {
+    /// The setting's value.
+    pub fn format(&self) -> String {
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .map(|r| format!("{}-{}", r.start(), r.end()))
+            .collect();
+        format!(
+            "{}:{}:{}:{}",
+            self.stage_id,
+            self.partition,
+            self.probe_stage,
+            parts.join(",")
+        )
+    }
+
+    /// The parts a setting names; `None` for an empty setting.
+    ///
+    /// # Errors
+    ///
+    /// Text that is not of the form above, fewer than two parts, or ranges
+    /// reversed, overlapping or out of order; the message quotes the text.
+    pub fn parse(text: &str) -> Result<Option<Self>> {
+        let Some(setting) = SettingText::of(
+            SPLIT_PARTS,
+            text,
+            "\"<stage>:<partition>:<probe stage>:<first>-<last>,...\" with two or more \
+             ascending, disjoint ranges",
+        ) else {
+            return Ok(None);
+        };
+        let [stage, partition, probe, ranges] = setting.fields()?;
+        let mut parts: Vec<RangeInclusive<usize>> = Vec::new();
+        for part in ranges.split(',') {
+            let range = setting.range(part, false)?;
+            if parts.last().is_some_and(|last| last.end() >= range.start()) {
+                return Err(setting.bad("ranges overlap or are out of order"));
+            }
+            parts.push(range);
+        }
+        if parts.len() < 2 {
+            return Err(setting.bad("fewer than two parts"));
+        }
+        Ok(Some(Self {
+            stage_id: setting.number(stage)?,
+            partition: setting.number(partition)?,
+            probe_stage: setting.number(probe)?,
+            parts,
+        }))
+    }
+
+    /// What each part's readers are told: a split read of the partition
+    /// publishing as `map`, the task's own, with no companions.
+    pub fn reads(&self, map: usize) -> Vec<SplitRead> {
+        self.parts
+            .iter()
+            .map(|maps| SplitRead {
+                stage_id: self.stage_id,
+                partition: self.partition,
+                probe_stage: self.probe_stage,
+                maps: maps.clone(),
+                map,
+                companions: Vec::new(),
+            })
+            .collect()
+    }
+}
+
 /// Parsed `dfx_engine.broadcast_read`: the reads of a switched stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BroadcastRead {
@@ -371,6 +466,39 @@ mod tests {
             let err = PartitionGroups::parse_maps(bad).unwrap_err().to_string();
             assert!(err.contains("dfx_engine.coalesced_maps"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn split_parts_round_trip_into_reads_and_bad_ones_are_refused() -> Result<()> {
+        let parts = SplitParts {
+            stage_id: 4,
+            partition: 5,
+            probe_stage: 2,
+            parts: vec![0..=0, 1..=3],
+        };
+        let text = parts.format();
+        assert_eq!(text, "4:5:2:0-0,1-3");
+        assert_eq!(SplitParts::parse(&text)?, Some(parts.clone()));
+        let reads = parts.reads(2);
+        assert_eq!(reads.len(), 2);
+        assert_eq!((reads[1].partition, reads[1].map), (5, 2));
+        assert_eq!(reads[1].maps, 1..=3);
+        assert!(reads.iter().all(|r| r.companions.is_empty()));
+        assert_eq!(SplitParts::parse("")?, None);
+        for bad in [
+            "4:5:2:0-1",
+            "4:5:2:0-1,1-2",
+            "4:5:2:2-3,0-1",
+            "4:5:0-1,2-3",
+            "4:x:2:0-1,2-3",
+        ] {
+            let err = SplitParts::parse(bad).unwrap_err().to_string();
+            assert!(
+                err.contains(bad) && err.contains("split_parts"),
+                "{bad}: {err}"
+            );
+        }
+        Ok(())
     }
 
     #[test]

@@ -22,12 +22,13 @@
 //!
 //! Each of them is about partitions run one per task. A stage whose tasks
 //! run slices of several partitions (`dfx_engine.partitions_per_task`) is
-//! decided by slice instead: adjacent small slices are run by one task,
-//! which executes every partition of its slices at once, each reading its
-//! own buckets (`dfx_engine.coalesced_maps`), unless its maps keep a bucket
-//! per partition (a stage the root reads map by map). No partition of a
-//! slice is split and no join switched: a slice's task already runs many
-//! partitions on all of its worker's cores.
+//! decided by slice instead: in each slice its most skewed partition runs
+//! as parts inside the slice's task (`dfx_engine.split_parts`), or else
+//! adjacent small slices are run by one task, which executes every
+//! partition of its slices at once, each reading its own buckets
+//! (`dfx_engine.coalesced_maps`), unless its maps keep a bucket per
+//! partition (a stage the root reads map by map). No join is switched: a
+//! slice's task already reads a whole slice of buckets.
 
 pub mod broadcast_switch;
 pub mod coalesce;
@@ -44,7 +45,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::{BroadcastSwitch, Coalesce, DfxConfig, SkewSplit};
 use crate::error::Area;
 use crate::error::fail;
-use crate::read_settings::{BROADCAST_READ, COALESCED_MAPS, COALESCED_PARTITIONS, SPLIT_READ};
+use crate::read_settings::{
+    BROADCAST_READ, COALESCED_MAPS, COALESCED_PARTITIONS, SPLIT_PARTS, SPLIT_READ,
+};
 pub use crate::read_settings::{BroadcastRead, PartitionGroups, PartitionRole, SplitRead};
 use crate::wire::WriterPayload;
 
@@ -122,7 +125,7 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
     // A task running a slice already holds several partitions: what is
     // decided for it is how many slices one task runs.
     if writer.partitions_per_map > 1 {
-        return coalesce_slices(&root, &writer, &config, (mode, skew, switch), request.slots);
+        return adapt_slices(&root, &writer, &config, (mode, skew, switch), request.slots);
     }
     let reads = match coalesce::hash_reads(&root) {
         Ok(reads) => reads,
@@ -189,12 +192,12 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
 }
 
 /// The stage `root` (`writer`), whose tasks run slices of several
-/// partitions, with its adjacent small slices run by one task each group,
-/// or why not. A group's task runs every partition of its slices at once,
-/// each reading its own buckets, so any stage of hash reads can be
-/// coalesced so; no partition is split and no join switched, since a
+/// partitions: in each slice its most skewed partition run as parts inside
+/// the slice's task, or else its adjacent small slices run by one task
+/// each group; or why neither. A group's task runs every partition of its
+/// slices at once, each reading its own buckets. No join is switched: a
 /// slice's task already reads a whole slice of buckets.
-fn coalesce_slices(
+fn adapt_slices(
     root: &PhysicalPlanNode,
     writer: &WriterPayload,
     config: &DfxConfig,
@@ -204,8 +207,8 @@ fn coalesce_slices(
     let (stage_id, per_map) = (writer.stage_id, writer.partitions_per_map as usize);
     let slices = format!("each task runs a slice of {per_map} partitions");
     let mut reasons = Vec::new();
-    if switch != BroadcastSwitch::Off || skew != SkewSplit::Off {
-        reasons.push("no join is switched and no partition split".to_string());
+    if switch != BroadcastSwitch::Off {
+        reasons.push("no join is switched".to_string());
     }
     let said = |reasons: &[String]| format!("{slices}: {}", reasons.join("; "));
     let kept = |mut reasons: Vec<String>, why: String| {
@@ -215,10 +218,32 @@ fn coalesce_slices(
             ..Adaptation::default()
         })
     };
+    let reads = match coalesce::hash_reads(root) {
+        Ok(reads) => reads,
+        Err(_) if mode == Coalesce::Off && skew == SkewSplit::Off && reasons.is_empty() => {
+            return Ok(Adaptation::default());
+        }
+        Err(why) => return kept(reasons, format!("nothing can be decided: {why}")),
+    };
+    if skew != SkewSplit::Off
+        && let Some(split) = split_in_slices(root, writer, &reads, config, skew)?
+    {
+        match split {
+            Ok((tasks, why)) => {
+                reasons.push(why);
+                return Ok(Adaptation {
+                    reason: Some(said(&reasons)),
+                    tasks: Some(tasks),
+                    ..Adaptation::default()
+                });
+            }
+            Err(why) => reasons.push(why),
+        }
+    }
     if mode == Coalesce::Off {
         return match reasons.is_empty() {
             true => Ok(Adaptation::default()),
-            false => kept(reasons, "none is coalesced (coalesce off)".into()),
+            false => kept(reasons, "no slice is coalesced (coalesce off)".into()),
         };
     }
     if coalesce::keeps_partitions(writer)? {
@@ -230,10 +255,6 @@ fn coalesce_slices(
     if writer.maps <= 1 {
         return kept(reasons, "its one task runs every partition".into());
     }
-    let reads = match coalesce::hash_reads(root) {
-        Ok(reads) => reads,
-        Err(why) => return kept(reasons, format!("its slices cannot be coalesced: {why}")),
-    };
     let bytes = {
         let config = config.clone();
         on_io_blocking(stage_id, async move {
@@ -261,6 +282,50 @@ fn coalesce_slices(
         reason: Some(said(&reasons)),
         tasks: None,
     })
+}
+
+/// The tasks of a stage of slices told their split partitions, and why;
+/// or why no partition is split.
+type SliceSplit = std::result::Result<(Vec<PlannedTask>, String), String>;
+
+/// The tasks of the stage of slices `root` (`writer`, reading `reads`)
+/// each told the partition of its slice run as parts, and why; or why
+/// none is; `None` for a stage whose partitions cannot be split (see
+/// [`skew_split`]).
+fn split_in_slices(
+    root: &PhysicalPlanNode,
+    writer: &WriterPayload,
+    reads: &[coalesce::HashRead],
+    config: &DfxConfig,
+    mode: SkewSplit,
+) -> Result<Option<SliceSplit>> {
+    let Ok(probe) = skew_split::probe_stage(root) else {
+        return Ok(None);
+    };
+    let Some(read) = reads.iter().find(|r| r.stage_id == probe).cloned() else {
+        return Ok(None);
+    };
+    let per_map = {
+        let (config, read) = (config.clone(), read.clone());
+        on_io_blocking(writer.stage_id, async move {
+            coalesce::map_bucket_bytes(&read, &config).await
+        })?
+    };
+    let per_task = writer.partitions_per_map as usize;
+    let (split, why) =
+        skew_split::decide_in_slices(writer.stage_id, per_task, &read, &per_map, mode);
+    if split.is_empty() {
+        return Ok(Some(Err(why)));
+    }
+    let tasks = split
+        .into_iter()
+        .map(|(map, parts)| PlannedTask {
+            map,
+            like: map,
+            settings: BTreeMap::from([(SPLIT_PARTS.to_string(), parts.format())]),
+        })
+        .collect();
+    Ok(Some(Ok((tasks, why))))
 }
 
 /// `work` (reading the markers of stage `stage_id`'s inputs, local or on

@@ -34,6 +34,7 @@
 //! partition itself (an added map's task runs its planned map's part of
 //! the plan), so no operator is asked for a partition it does not have.
 
+use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
 
 use datafusion_proto::protobuf::physical_plan_node::PhysicalPlanType;
@@ -42,7 +43,7 @@ use datafusion_proto::protobuf::{AggregateMode, JoinType, PartitionMode, Physica
 use crate::adapt::coalesce::{HashRead, human};
 use crate::config::SkewSplit;
 use crate::encoded::find_payload;
-use crate::read_settings::SplitRead;
+use crate::read_settings::{SplitParts, SplitRead};
 use crate::wire::{Payload, ReadMode};
 
 /// The least bytes a part aims at when a partition is split: below this,
@@ -154,32 +155,35 @@ pub struct Part {
     pub read: SplitRead,
 }
 
-/// The parts of the stage `stage_id` (of `maps` planned maps) whose
-/// partitions read `probe` (`per_map[m][p]`: bytes of bucket p in the
-/// probe stage's map m, companions included), under `mode` with `slots`
-/// tasks at once; and why. Under `auto` a skewed partition is cut into
-/// parts of at least the median, its share of the slots and
+/// A skewed partition, and the ranges of probe maps its parts read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Skewed {
+    partition: usize,
+    /// Its bytes from the probe stage.
+    bytes: u64,
+    ranges: Vec<RangeInclusive<usize>>,
+}
+
+/// The partitions of `per_map` (`per_map[m][p]`: bytes of bucket p in the
+/// probe stage's map m) that are skewed under `mode`, each cut into parts
+/// for `slots` at once, and the median partition's bytes. Under `auto` a
+/// part is at least the median, its share of the slots and
 /// [`MIN_PART_BYTES`]: more parts than slots only queue, and each reads
 /// the build side again.
-pub fn decide(
-    stage_id: u64,
-    maps: usize,
-    probe: &HashRead,
+fn skewed(
+    partitions: usize,
     per_map: &[Vec<u64>],
     mode: SkewSplit,
     slots: usize,
-) -> (Vec<Part>, String) {
-    let partitions = probe.buckets;
+) -> (Vec<Skewed>, u64) {
     let per_partition: Vec<u64> = (0..partitions)
         .map(|p| per_map.iter().map(|m| m.get(p).copied().unwrap_or(0)).sum())
         .collect();
     let median = median(&per_partition);
-    let mut parts = Vec::new();
-    let mut next = maps;
-    let mut said = Vec::new();
+    let mut out = Vec::new();
     for (p, &bytes) in per_partition.iter().enumerate() {
         let target = match mode {
-            SkewSplit::Off => return (Vec::new(), String::new()),
+            SkewSplit::Off => return (Vec::new(), median),
             SkewSplit::On => 1,
             SkewSplit::Auto {
                 factor,
@@ -198,20 +202,75 @@ pub fn decide(
             .map(|m| m.get(p).copied().unwrap_or(0))
             .collect();
         let ranges = ranges(&of_maps, target);
-        if ranges.len() < 2 {
-            continue;
+        if ranges.len() >= 2 {
+            out.push(Skewed {
+                partition: p,
+                bytes,
+                ranges,
+            });
         }
+    }
+    (out, median)
+}
+
+/// Why a decision split what it did, or why it split nothing.
+fn said(mode: SkewSplit, probe: u64, split: &[String], median: u64) -> String {
+    let forced = if mode == SkewSplit::On {
+        ", forced on"
+    } else {
+        ""
+    };
+    match split.is_empty() {
+        true => format!(
+            "split no partition: none of stage {probe}'s is skewed (median {}){forced}",
+            human(median)
+        ),
+        false => format!(
+            "split {} (the median partition {}){forced}",
+            split.join(", "),
+            human(median)
+        ),
+    }
+}
+
+/// The parts of the stage `stage_id` (of `maps` planned maps) whose
+/// partitions read `probe` (`per_map[m][p]`: bytes of bucket p in the
+/// probe stage's map m, companions included), under `mode` with `slots`
+/// tasks at once; and why. A skewed partition's first part publishes as
+/// its map, the others as maps added past `maps`.
+pub fn decide(
+    stage_id: u64,
+    maps: usize,
+    probe: &HashRead,
+    per_map: &[Vec<u64>],
+    mode: SkewSplit,
+    slots: usize,
+) -> (Vec<Part>, String) {
+    if mode == SkewSplit::Off {
+        return (Vec::new(), String::new());
+    }
+    let (skewed, median) = skewed(probe.buckets, per_map, mode, slots);
+    let mut parts = Vec::new();
+    let mut next = maps;
+    let mut split = Vec::new();
+    for Skewed {
+        partition: p,
+        bytes,
+        ranges,
+    } in skewed
+    {
         let companions: Vec<usize> = (next..next + ranges.len() - 1).collect();
         next += ranges.len() - 1;
         for (i, range) in ranges.iter().enumerate() {
+            let map = if i == 0 { p } else { companions[i - 1] };
             parts.push(Part {
-                map: if i == 0 { p } else { companions[i - 1] },
+                map,
                 read: SplitRead {
                     stage_id,
                     partition: p,
                     probe_stage: probe.stage_id,
                     maps: range.clone(),
-                    map: if i == 0 { p } else { companions[i - 1] },
+                    map,
                     companions: if i == 0 {
                         companions.clone()
                     } else {
@@ -220,34 +279,60 @@ pub fn decide(
                 },
             });
         }
-        said.push(format!(
+        split.push(format!(
             "partition {p} ({} from stage {}) into {} tasks by its maps",
             human(bytes),
             probe.stage_id,
             ranges.len()
         ));
     }
-    let forced = if mode == SkewSplit::On {
-        ", forced on"
-    } else {
-        ""
-    };
-    if said.is_empty() {
-        return (
-            Vec::new(),
-            format!(
-                "split no partition: none of stage {}'s is skewed (median {}){forced}",
-                probe.stage_id,
-                human(median)
-            ),
-        );
+    (parts, said(mode, probe.stage_id, &split, median))
+}
+
+/// For the stage `stage_id` whose tasks run slices of `per_task`
+/// partitions reading `probe` (as in [`decide`]): in each slice, its most
+/// skewed partition run as parts inside the slice's task; under `auto`
+/// about as many as the task's partitions, since they share its worker's
+/// cores. Each slice's map with what its task is told, and why.
+pub fn decide_in_slices(
+    stage_id: u64,
+    per_task: usize,
+    probe: &HashRead,
+    per_map: &[Vec<u64>],
+    mode: SkewSplit,
+) -> (Vec<(usize, SplitParts)>, String) {
+    if mode == SkewSplit::Off {
+        return (Vec::new(), String::new());
     }
-    let why = format!(
-        "split {} (the median partition {}){forced}",
-        said.join(", "),
-        human(median)
-    );
-    (parts, why)
+    let (skewed, median) = skewed(probe.buckets, per_map, mode, per_task);
+    let mut largest: BTreeMap<usize, Skewed> = BTreeMap::new();
+    for part in skewed {
+        let map = part.partition / per_task.max(1);
+        if largest.get(&map).is_none_or(|held| held.bytes < part.bytes) {
+            largest.insert(map, part);
+        }
+    }
+    let mut split = Vec::new();
+    let mut tasks = Vec::new();
+    for (map, skewed) in largest {
+        split.push(format!(
+            "partition {} ({} from stage {}) into {} parts inside its task by its maps",
+            skewed.partition,
+            human(skewed.bytes),
+            probe.stage_id,
+            skewed.ranges.len()
+        ));
+        tasks.push((
+            map,
+            SplitParts {
+                stage_id,
+                partition: skewed.partition,
+                probe_stage: probe.stage_id,
+                parts: skewed.ranges,
+            },
+        ));
+    }
+    (tasks, said(mode, probe.stage_id, &split, median))
 }
 
 /// Adjacent maps grouped while a group stays within `target` bytes; a
@@ -347,6 +432,42 @@ mod tests {
         assert_eq!(ranges(&[0, 5], 1), vec![0..=1]);
         assert_eq!(ranges(&[10, 0, 20, 0], 1), vec![0..=1, 2..=3]);
         assert_eq!(ranges(&[3, 3, 3], 6), vec![0..=1, 2..=2]);
+    }
+
+    #[test]
+    fn a_slice_runs_its_most_skewed_partition_as_parts_inside_its_task() {
+        // Slices of two: partitions 0 and 1 (map 0), 2 and 3 (map 1).
+        // Partition 1 holds 80 MiB over four probe maps, partition 0 40 MiB,
+        // the others 1 MiB.
+        let per_map = vec![vec![10 * MIB, 20 * MIB, MIB / 4, MIB / 4]; 4];
+        let mode = SkewSplit::Auto {
+            factor: 4.0,
+            bytes: 16 * MIB,
+        };
+        let (tasks, why) = decide_in_slices(7, 2, &probe(4, 4), &per_map, mode);
+        // One partition a slice, the larger; about a part per partition of
+        // the slice, since the parts share its task's cores.
+        assert_eq!(tasks.len(), 1, "{why}");
+        let (map, parts) = &tasks[0];
+        assert_eq!((*map, parts.partition, parts.probe_stage), (0, 1, 2));
+        assert_eq!(parts.parts, vec![0..=1, 2..=3]);
+        assert!(
+            why.contains("partition 1 (80.0 MiB from stage 2) into 2 parts inside its task"),
+            "{why}"
+        );
+        // The other slice has nothing skewed; forced on, each slice's
+        // largest partition is cut at every map.
+        let (tasks, why) = decide_in_slices(7, 2, &probe(4, 4), &per_map, SkewSplit::On);
+        let split: Vec<_> = tasks
+            .iter()
+            .map(|(m, p)| (*m, p.partition, p.parts.len()))
+            .collect();
+        assert_eq!(split, vec![(0, 1, 4), (1, 2, 4)], "{why}");
+        assert!(
+            decide_in_slices(7, 2, &probe(4, 4), &per_map, SkewSplit::Off)
+                .0
+                .is_empty()
+        );
     }
 
     #[test]

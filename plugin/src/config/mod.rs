@@ -53,6 +53,9 @@
 //! - `dfx_engine.split_read`: set by the scheduler, never by a user: which
 //!   part of a split partition one task reads (see
 //!   [`crate::adapt::skew_split`]).
+//! - `dfx_engine.split_parts`: set by the scheduler, never by a user:
+//!   which partition of a task's slice runs as several parts inside it
+//!   (see [`crate::read_settings`]).
 //! - `dfx_engine.broadcast_switch`: adaptive broadcast switching (see
 //!   [`crate::adapt::broadcast_switch`]): `auto` (the default: a partitioned
 //!   join runs as a broadcast join when its build stages published at most
@@ -87,8 +90,10 @@ use datafusion::common::{DataFusionError, Result, extensions_options};
 use datafusion::config::DATAFUSION_FFI_CONFIG_NAMESPACE;
 use datafusion_ffi::config::extension_options::FFI_ExtensionOptions;
 
-pub use crate::read_settings::{BROADCAST_READ, COALESCED_MAPS, COALESCED_PARTITIONS, SPLIT_READ};
-use crate::read_settings::{BroadcastRead, PartitionGroups, SplitRead};
+pub use crate::read_settings::{
+    BROADCAST_READ, COALESCED_MAPS, COALESCED_PARTITIONS, SPLIT_PARTS, SPLIT_READ,
+};
+use crate::read_settings::{BroadcastRead, PartitionGroups, SplitParts, SplitRead};
 pub use choices::{
     BroadcastSwitch, Coalesce, JoinFilters, ShuffleCompression, ShuffleDurability, SkewSplit,
     SplitMode,
@@ -195,6 +200,8 @@ extensions_options! {
         pub skew_split_bytes: u64, default = 64 * 1024 * 1024
         /// Set by the scheduler: which part of a split partition a task reads.
         pub split_read: String, default = String::new()
+        /// Set by the scheduler: which partition of a task's slice runs as several parts.
+        pub split_parts: String, default = String::new()
         /// Adaptive broadcast switching of a partitioned join: `auto`, `on` or `off`.
         pub broadcast_switch: String, default = "auto".to_string()
         /// `auto` switches when the build side published at most this many bytes.
@@ -400,6 +407,16 @@ impl DfxConfig {
     /// A setting that does not parse (see [`crate::read_settings`]).
     pub fn split_read(&self) -> Result<Option<SplitRead>> {
         SplitRead::parse(&self.split_read)
+    }
+
+    /// Which partition of the task's slice runs as several parts, as the
+    /// scheduler set it; `None` when it set none.
+    ///
+    /// # Errors
+    ///
+    /// A setting that does not parse (see [`crate::read_settings`]).
+    pub fn split_parts(&self) -> Result<Option<SplitParts>> {
+        SplitParts::parse(&self.split_parts)
     }
 
     /// Whether (and when) a ready stage's partitioned joins switch to

@@ -24,6 +24,7 @@ pub mod sealed_recursive_query;
 pub mod shuffle_reader;
 pub mod shuffle_writer;
 pub mod store_scan;
+pub(crate) mod told_task;
 
 pub use join_filter::{BuildStage, JoinFilterExec};
 pub use key_summary::KeySummaryExec;

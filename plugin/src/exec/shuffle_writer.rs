@@ -42,8 +42,9 @@ use crate::exchange::publish::{MapJob, SUMMARY_SCHEMA, Target};
 use crate::exchange::staging::Staging;
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
 use crate::exec::common::exec_defaults;
+use crate::exec::told_task::{StageShape, ToldTask};
 use crate::paths::map_path;
-use crate::read_settings::PartitionRole;
+use crate::read_settings::SplitParts;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, Result};
@@ -181,9 +182,17 @@ impl ShuffleWriterExec {
 
     /// The input partitions map `map` runs.
     pub fn slice(&self, map: usize) -> Range<usize> {
-        let partitions = self.input.output_partitioning().partition_count();
-        let start = (map * self.partitions_per_map).min(partitions);
-        start..(start + self.partitions_per_map).min(partitions)
+        self.shape().slice(map)
+    }
+
+    /// The facts of this stage a task's settings are checked against.
+    fn shape(&self) -> StageShape {
+        StageShape {
+            stage_id: self.stage_id,
+            partitions: self.input.output_partitioning().partition_count(),
+            partitions_per_map: self.partitions_per_map,
+            keeps_partitions: self.keeps_partitions(),
+        }
     }
 
     /// Buckets per map: the partitioning's, or under one bucket a bucket per
@@ -276,11 +285,13 @@ impl ShuffleWriterExec {
     /// partitions run at once or the worker sealed the stage's input (every
     /// operator is then the plugin's; see `crate::exec::sealed_input`). So a
     /// slice splits and encodes on every core, and each batch crosses one
-    /// channel.
+    /// channel. A partition split into `parts` runs once per part, each
+    /// part's readers told its split read.
     fn cut_slice(
         &self,
         map: usize,
         slice: Range<usize>,
+        parts: Option<SplitParts>,
         context: &Arc<TaskContext>,
         compression: ShuffleCompression,
     ) -> Result<(Vec<SegmentStream>, Option<SummarySlot>)> {
@@ -291,7 +302,7 @@ impl ShuffleWriterExec {
         let slot = summarize
             .map(|summarize| summarize.new_slot(self.maps()))
             .transpose()?;
-        let on_runtime = sealed.is_some() || Self::runs_at_once(&slice);
+        let on_runtime = sealed.is_some() || Self::runs_at_once(&slice) || parts.is_some();
         let batch_size = context.session_config().batch_size();
         // One context for the whole slice, so under a memory limit its
         // partitions share one pool: the limit is the map task's, however
@@ -300,8 +311,21 @@ impl ShuffleWriterExec {
             Some(_) => sealed_context(Arc::clone(context))?,
             None => Arc::clone(context),
         };
-        let mut cut = Vec::with_capacity(slice.len());
+        // Each run of the slice: a partition with the context it runs in.
+        let mut runs = Vec::with_capacity(slice.len());
         for (place, partition) in slice.enumerate() {
+            match &parts {
+                Some(parts) if parts.partition == partition => {
+                    for read in parts.reads(map) {
+                        let told = told(&context, |dfx| dfx.split_read = read.format())?;
+                        runs.push((place, partition, told));
+                    }
+                }
+                _ => runs.push((place, partition, Arc::clone(&context))),
+            }
+        }
+        let mut cut = Vec::with_capacity(runs.len());
+        for (place, partition, context) in runs {
             let cutter = BucketCutter::new(
                 self.stage_id,
                 map,
@@ -312,7 +336,6 @@ impl ShuffleWriterExec {
                 compression,
             );
             let (plan, below, slot) = (Arc::clone(plan), Arc::clone(below), slot.clone());
-            let context = Arc::clone(&context);
             let open = move || {
                 let stream = plan.execute(partition, context)?;
                 let stream = match (below.downcast_ref::<KeySummaryExec>(), &slot) {
@@ -334,8 +357,16 @@ impl ShuffleWriterExec {
 /// they share one read of each upstream map (see
 /// `crate::exchange::shared_reads`).
 fn slice_context(context: &Arc<TaskContext>, slice: &Range<usize>) -> Result<Arc<TaskContext>> {
+    told(context, |dfx| {
+        dfx.task_partitions = format!("{}-{}", slice.start, slice.end.saturating_sub(1));
+    })
+}
+
+/// `context` with its `dfx_engine` settings changed by `edit`; its
+/// runtime (and so its memory pool) shared.
+fn told(context: &Arc<TaskContext>, edit: impl FnOnce(&mut DfxConfig)) -> Result<Arc<TaskContext>> {
     let mut dfx = DfxConfig::from_config(context.session_config().options())?;
-    dfx.task_partitions = format!("{}-{}", slice.start, slice.end.saturating_sub(1));
+    edit(&mut dfx);
     let mut config = context.session_config().clone();
     config.options_mut().extensions.insert(dfx);
     Ok(Arc::new(rebuilt_task_context(
@@ -402,97 +433,16 @@ impl ShuffleWriterExec {
         if map >= maps {
             return Err(self.error(map, format!("out of range: the stage has {maps} map(s)")));
         }
-        // A part of a split partition runs that partition and publishes as
-        // the map it is told, naming the other parts' maps if it is the
-        // first (see `crate::adapt::skew_split`).
-        let partition = map;
-        let split = config.split_read().map_err(|e| self.error(map, e))?;
-        let coalesced = config
-            .coalesced_partitions()
+        let ToldTask {
+            map,
+            slice,
+            companions,
+            members,
+            parts,
+        } = self
+            .shape()
+            .told_task(map, &config)
             .map_err(|e| self.error(map, e))?;
-        let coalesced_maps = config.coalesced_maps().map_err(|e| self.error(map, e))?;
-        // Partitions are split or coalesced in a stage of one partition a
-        // map, maps coalesced in one of slices (see `crate::adapt`).
-        if self.partitions_per_map > 1 && (split.is_some() || coalesced.is_some()) {
-            return Err(self.error(
-                map,
-                format!(
-                    "each map runs a slice of {} partitions, so no partition is split or \
-                     coalesced, yet the task was told to",
-                    self.partitions_per_map
-                ),
-            ));
-        }
-        let slice_groups = match coalesced_maps {
-            None => None,
-            Some(_) if coalesced.is_some() => {
-                return Err(self.error(
-                    map,
-                    "the task was told to coalesce both its partitions and its maps",
-                ));
-            }
-            Some(groups) if groups.stage_id != self.stage_id => {
-                return Err(self.error(
-                    map,
-                    format!(
-                        "the task was told the coalesced maps of stage {}, not of this one",
-                        groups.stage_id
-                    ),
-                ));
-            }
-            Some(_) if self.keeps_partitions() => {
-                return Err(self.error(
-                    map,
-                    "its maps keep a bucket for each partition of their slice, so they cannot \
-                     be coalesced, yet the task was told to",
-                ));
-            }
-            Some(groups) => Some(groups),
-        };
-        let slice = match slice_groups.as_ref().map(|g| g.role(map)) {
-            None | Some(PartitionRole::Own) => self.slice(map),
-            Some(PartitionRole::Head(group)) if *group.end() < maps => {
-                self.slice(*group.start()).start..self.slice(*group.end()).end
-            }
-            Some(PartitionRole::Head(group)) => {
-                return Err(self.error(
-                    map,
-                    format!(
-                        "the task was told to run maps {}-{}, past the stage's {maps}",
-                        group.start(),
-                        group.end()
-                    ),
-                ));
-            }
-            Some(PartitionRole::Member) => {
-                return Err(self.error(
-                    map,
-                    "its map is coalesced into another map's task, yet it was run",
-                ));
-            }
-        };
-        let (map, companions) = match split {
-            Some(split) if split.stage_id != self.stage_id || split.partition != partition => {
-                return Err(self.error(
-                    map,
-                    format!(
-                        "the task was told a part of partition {} of stage {}, not of this one",
-                        split.partition, split.stage_id
-                    ),
-                ));
-            }
-            Some(split) if split.map < maps && split.map != partition => {
-                return Err(self.error(
-                    map,
-                    format!(
-                        "the task was told to publish as map {}, another planned map",
-                        split.map
-                    ),
-                ));
-            }
-            Some(split) => (split.map, split.companions),
-            None => (map, Vec::new()),
-        };
         let location = ShuffleLocation::parse(&self.shuffle_dir).map_err(|e| self.error(map, e))?;
         let target = match &location {
             ShuffleLocation::Local(dir) => {
@@ -510,21 +460,6 @@ impl ShuffleWriterExec {
                 location: s3.clone(),
             },
         };
-        // In a coalesced stage's task, the partitions whose rows this map
-        // reads publish their maps empty (see `crate::read_settings`).
-        let members = match coalesced {
-            Some(groups) if groups.stage_id != self.stage_id => {
-                return Err(self.error(
-                    map,
-                    format!(
-                        "the task was told the coalesced partitions of stage {}, not of this one",
-                        groups.stage_id
-                    ),
-                ));
-            }
-            Some(groups) => groups.members_of(map),
-            None => slice_groups.map_or_else(Vec::new, |groups| groups.members_of(map)),
-        };
         let empty_summary = match self.input.downcast_ref::<KeySummaryExec>() {
             Some(summarize) if !members.is_empty() => Some(summarize.empty_summary()?),
             _ => None,
@@ -537,7 +472,7 @@ impl ShuffleWriterExec {
         let compression = config
             .shuffle_compression(matches!(location, ShuffleLocation::Local(_)))
             .map_err(|e| self.error(map, e.to_string()))?;
-        let (cut, summary) = self.cut_slice(map, slice, &task_context, compression)?;
+        let (cut, summary) = self.cut_slice(map, slice, parts, &task_context, compression)?;
         // The spill file of a large map: beside its file for a local
         // location, in the system's temp directory for S3.
         let spill_near = match &location {
