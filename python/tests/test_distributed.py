@@ -416,15 +416,20 @@ SKEWED_JOIN_SQL = (
 )
 
 
-def skewed_join_spec(tmp_path: pathlib.Path, **engine_options: str) -> SessionSpec:
+def skewed_join_spec(
+    tmp_path: pathlib.Path, *, t_files: int = 2, **engine_options: str
+) -> SessionSpec:
     """A spec over two tables joined on ``k``, ``t`` skewed under key 0.
 
-    t: key 0 in 360,000 rows, keys 1..=40,000 once, in two files (the
-    second holds the tail); d: every even key of 0..=600,000, more rows
-    than DataFusion broadcasts, so the join is partitioned with t probing.
+    t: key 0 in 360,000 rows, keys 1..=40,000 once, in ``t_files`` files
+    of equal rows (the last holds the tail); d: every even key of
+    0..=600,000, more rows than DataFusion broadcasts, so the join is
+    partitioned with t probing.
     """
     keys = [0] * 360_000 + list(range(1, 40_001))
-    tables = {"t": [keys[:200_000], keys[200_000:]], "d": [list(range(0, 600_001, 2))]}
+    rows = len(keys) // t_files
+    t = [keys[i * rows : (i + 1) * rows] for i in range(t_files)]
+    tables = {"t": t, "d": [list(range(0, 600_001, 2))]}
     for name, files in tables.items():
         (tmp_path / name).mkdir()
         for index, column in enumerate(files):
@@ -462,6 +467,29 @@ def test_a_skewed_partition_is_split_and_every_part_published(
     ]
     assert len(naming) == 1, naming
     assert read_marker(spec.shuffle_dir, stage, 4)["map"] == 4
+
+
+def test_a_skewed_partition_of_a_slice_runs_as_parts_inside_its_task(
+    tmp_path: pathlib.Path,
+) -> None:
+    # t in four files, so its stage in slices of two has two maps, both
+    # holding key 0; the join's four partitions run as two tasks.
+    spec = skewed_join_spec(
+        tmp_path,
+        t_files=4,
+        skew_split="on",
+        broadcast_switch="off",
+        partitions_per_task="2",
+    )
+    result = run_distributed(SKEWED_JOIN_SQL, spec)
+    assert as_rows(result.batches) == [{"n": 400_000, "matched": 380_000, "v": 400_000}]
+    split = [d for d in result.decisions if "parts inside its task" in d["reason"]]
+    assert len(split) == 1, result.decisions
+    # No task is added: key 0's partition runs as two parts in its slice's.
+    assert (split[0]["planned_tasks"], split[0]["tasks"]) == (2, 2)
+    assert "into 2 parts inside its task by its maps" in split[0]["reason"]
+    stage = split[0]["stage_id"]
+    assert sorted(m for s, m in result.tasks if s == stage) == [0, 1]
 
 
 def test_a_partitioned_join_switched_to_broadcast_divides_its_probe_maps(
