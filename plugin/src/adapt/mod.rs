@@ -27,8 +27,9 @@
 //! adjacent small slices are run by one task, which executes every
 //! partition of its slices at once, each reading its own buckets
 //! (`dfx_engine.coalesced_maps`), unless its maps keep a bucket per
-//! partition (a stage the root reads map by map). No join is switched: a
-//! slice's task already reads a whole slice of buckets.
+//! partition (a stage the root reads map by map). No join is switched:
+//! each of a slice's partitions would build the whole build side, where
+//! the partitioned join builds one bucket of it.
 
 pub mod broadcast_switch;
 pub mod coalesce;
@@ -195,8 +196,8 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
 /// partitions: in each slice its most skewed partition run as parts inside
 /// the slice's task, or else its adjacent small slices run by one task
 /// each group; or why neither. A group's task runs every partition of its
-/// slices at once, each reading its own buckets. No join is switched: a
-/// slice's task already reads a whole slice of buckets.
+/// slices at once, each reading its own buckets. No join is switched: each
+/// of a slice's partitions would build the whole build side.
 fn adapt_slices(
     root: &PhysicalPlanNode,
     writer: &WriterPayload,
@@ -207,8 +208,13 @@ fn adapt_slices(
     let (stage_id, per_map) = (writer.stage_id, writer.partitions_per_map as usize);
     let slices = format!("each task runs a slice of {per_map} partitions");
     let mut reasons = Vec::new();
+    // Switched, each of a slice's partitions would build the whole build
+    // side, and a skewed partition is split instead.
     if switch != BroadcastSwitch::Off {
-        reasons.push("no join is switched".to_string());
+        reasons.push(format!(
+            "no join is switched (each of its {per_map} partitions would build the whole build \
+             side)"
+        ));
     }
     let said = |reasons: &[String]| format!("{slices}: {}", reasons.join("; "));
     let kept = |mut reasons: Vec<String>, why: String| {
