@@ -66,6 +66,11 @@ pub struct SkewArgs {
     /// Partitions the session plans for.
     #[arg(long, default_value_t = 2, value_name = "N")]
     pub partitions: usize,
+    /// Partitions each task runs at once (a slice; see `dfx run
+    /// --partitions-per-task`). In slices, a skewed partition runs as
+    /// parts inside its slice's task.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub partitions_per_task: usize,
     /// Runs of each mode, taken in turn (medians are reported).
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub runs: usize,
@@ -86,7 +91,8 @@ pub struct SkewFigures {
     pub median_ms: f64,
     /// Tasks the last run ran (none in one process).
     pub tasks: usize,
-    /// The adaptive decisions of the last run that changed a stage's tasks.
+    /// The adaptive decisions of the last run that changed a stage's tasks
+    /// (or split a partition inside a task, or switched a join).
     pub decisions: Vec<String>,
 }
 
@@ -104,6 +110,11 @@ pub async fn skew(plugin: &Plugin, args: &SkewArgs) -> Result<Vec<SkewFigures>, 
              and {})",
             args.hot, args.files, args.rows
         )));
+    }
+    if args.partitions_per_task == 0 {
+        return Err(TpchError::Invalid(
+            "--partitions-per-task must be at least 1 (is 0)".to_string(),
+        ));
     }
     let temp;
     let root = match &args.output.dir {
@@ -156,7 +167,9 @@ pub async fn skew(plugin: &Plugin, args: &SkewArgs) -> Result<Vec<SkewFigures>, 
         for (index, (mode, options)) in MODES.iter().enumerate() {
             let shuffle = root.join(format!("shuffle-{index}-{run}"));
             let mut distributed = spec.clone().with_shuffle_dir(&shuffle);
-            for (key, value) in *options {
+            let per_task = args.partitions_per_task.to_string();
+            let slices = [("partitions_per_task", per_task.as_str())];
+            for (key, value) in options.iter().chain(&slices) {
                 distributed
                     .engine_options
                     .insert(key.to_string(), value.to_string());
@@ -173,7 +186,9 @@ pub async fn skew(plugin: &Plugin, args: &SkewArgs) -> Result<Vec<SkewFigures>, 
                 .decisions
                 .iter()
                 .filter(|d| {
-                    d.tasks != d.planned_tasks || d.reason.starts_with("switched to broadcast")
+                    d.tasks != d.planned_tasks
+                        || d.reason.starts_with("switched to broadcast")
+                        || d.reason.contains("parts inside its task")
                 })
                 .map(|d| format!("stage {}: {}", d.stage_id, d.reason))
                 .collect();
