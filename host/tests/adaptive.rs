@@ -238,6 +238,57 @@ async fn a_stage_of_small_slices_runs_them_in_one_task() {
     );
 }
 
+/// The final aggregate finds both maps of the join's coalesced slices lost
+/// (the head's and the member's it published empty): the head's task runs
+/// again, publishing both, and the query answers as by hand.
+#[tokio::test]
+async fn a_lost_map_of_coalesced_slices_is_restored_by_their_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = numbers_table(dir.path(), 4, 10);
+    let shuffle = dir.path().join("shuffle");
+    let spec = with_option(
+        SessionSpec::new([("t".to_string(), table)])
+            .with_target_partitions(8)
+            .with_shuffle_dir(shuffle.clone()),
+        "partitions_per_task",
+        "2",
+    );
+    let (_, stages) = planned(&spec, LEFT_JOINED).await;
+    let join = stages
+        .iter()
+        .find(|s| s.info.deps.len() == 2)
+        .expect("a stage reading both sides")
+        .stage_id();
+    let head = shuffle.join(format!("stage-{join}/map-0.arrow"));
+    let member = shuffle.join(format!("stage-{join}/map-1.arrow"));
+    // Only the first attempt's envelope is this file.
+    let host = host_with_script(&format!(
+        r#""$DFX" worker "$1" || exit $?
+case "$1" in */task-{join}-0.json) rm -f {head} {member} ;; esac"#,
+        head = head.display(),
+        member = member.display()
+    ));
+    let result = host.run_distributed(LEFT_JOINED, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), left_joined_expected());
+    let decision = result
+        .decisions
+        .iter()
+        .find(|d| d.stage_id == join)
+        .unwrap_or_else(|| panic!("no decision for the join: {:?}", result.decisions));
+    assert_eq!((decision.planned_tasks, decision.tasks), (2, 1));
+    assert_eq!(result.attempts[&(join, 0)], 2, "{:?}", result.attempts);
+    assert!(
+        result
+            .retries
+            .iter()
+            .any(|r| r.starts_with(&format!("stage {join} map 0 attempt 1: run again"))),
+        "{:?}",
+        result.retries
+    );
+    assert!(head.is_file() && member.is_file());
+    assert!(bucket_rows(&member).iter().all(|&rows| rows == 0));
+}
+
 /// The root finds the head's map of a coalesced group lost, with a member's
 /// (which the head publishes empty): the group's task runs again,
 /// publishing both, and the query answers. A member lost alone is no loss:
