@@ -81,8 +81,9 @@ pub fn hash_reads(root: &PhysicalPlanNode) -> std::result::Result<Vec<HashRead>,
 }
 
 /// Whether the maps of the stage `writer` keep a bucket for each partition
-/// of their slice (a writer that splits rows by no partitioning), so that
-/// their slices cannot be run by one task.
+/// of their slice (a writer that splits rows by no partitioning, as
+/// `ShuffleWriterExec::keeps_partitions` says of the decoded writer), so
+/// that their slices cannot be run by one task.
 ///
 /// # Errors
 ///

@@ -317,8 +317,8 @@ impl ShuffleWriterExec {
             match &parts {
                 Some(parts) if parts.partition == partition => {
                     for read in parts.reads(map) {
-                        let told = told(&context, |dfx| dfx.split_read = read.format())?;
-                        runs.push((place, partition, told));
+                        let part = with_settings(&context, |dfx| dfx.split_read = read.format())?;
+                        runs.push((place, partition, part));
                     }
                 }
                 _ => runs.push((place, partition, Arc::clone(&context))),
@@ -357,14 +357,17 @@ impl ShuffleWriterExec {
 /// they share one read of each upstream map (see
 /// `crate::exchange::shared_reads`).
 fn slice_context(context: &Arc<TaskContext>, slice: &Range<usize>) -> Result<Arc<TaskContext>> {
-    told(context, |dfx| {
+    with_settings(context, |dfx| {
         dfx.task_partitions = format!("{}-{}", slice.start, slice.end.saturating_sub(1));
     })
 }
 
 /// `context` with its `dfx_engine` settings changed by `edit`; its
 /// runtime (and so its memory pool) shared.
-fn told(context: &Arc<TaskContext>, edit: impl FnOnce(&mut DfxConfig)) -> Result<Arc<TaskContext>> {
+fn with_settings(
+    context: &Arc<TaskContext>,
+    edit: impl FnOnce(&mut DfxConfig),
+) -> Result<Arc<TaskContext>> {
     let mut dfx = DfxConfig::from_config(context.session_config().options())?;
     edit(&mut dfx);
     let mut config = context.session_config().clone();
