@@ -124,6 +124,22 @@ fn left_joined_expected() -> Vec<Vec<Value>> {
         .collect()
 }
 
+/// The decision about the stage of `result` reading two stages (the
+/// join's).
+fn join_decision(result: &dfx_host::DistributedResult) -> &Decision {
+    let join = result
+        .stages
+        .iter()
+        .find(|s| s.deps.len() == 2)
+        .expect("a stage reading both sides")
+        .stage_id;
+    result
+        .decisions
+        .iter()
+        .find(|d| d.stage_id == join)
+        .unwrap_or_else(|| panic!("no decision for the join: {:?}", result.decisions))
+}
+
 /// A left join is partitioned (both sides hash-exchanged): forced on with
 /// a target of one byte, its stage runs partitions in pairs, each task
 /// reading the same two buckets of both sides.
@@ -152,16 +168,7 @@ async fn forced_on_pairs_the_partitions_of_both_sides_of_a_join() {
         rows(&result.batches),
         rows(&host.run_local(LEFT_JOINED, &spec).await.unwrap())
     );
-    let join_stage = result
-        .stages
-        .iter()
-        .find(|s| s.deps.len() == 2)
-        .expect("a stage reading both sides");
-    let decision = result
-        .decisions
-        .iter()
-        .find(|d| d.stage_id == join_stage.stage_id)
-        .unwrap_or_else(|| panic!("no decision for the join: {:?}", result.decisions));
+    let decision = join_decision(&result);
     assert_eq!((decision.planned_tasks, decision.tasks), (4, 2));
     assert!(
         decision.reason.ends_with("forced on"),
@@ -192,17 +199,8 @@ async fn a_stage_of_small_slices_runs_them_in_one_task() {
         rows(&result.batches),
         rows(&host.run_local(LEFT_JOINED, &spec).await.unwrap())
     );
-    let join_stage = result
-        .stages
-        .iter()
-        .find(|s| s.deps.len() == 2)
-        .expect("a stage reading both sides")
-        .stage_id;
-    let decision = result
-        .decisions
-        .iter()
-        .find(|d| d.stage_id == join_stage)
-        .unwrap_or_else(|| panic!("no decision for the join: {:?}", result.decisions));
+    let decision = join_decision(&result);
+    let join_stage = decision.stage_id;
     assert_eq!((decision.planned_tasks, decision.tasks), (2, 1));
     assert!(
         decision
@@ -270,11 +268,8 @@ case "$1" in */task-{join}-0.json) rm -f {head} {member} ;; esac"#,
     ));
     let result = host.run_distributed(LEFT_JOINED, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), left_joined_expected());
-    let decision = result
-        .decisions
-        .iter()
-        .find(|d| d.stage_id == join)
-        .unwrap_or_else(|| panic!("no decision for the join: {:?}", result.decisions));
+    let decision = join_decision(&result);
+    assert_eq!(decision.stage_id, join);
     assert_eq!((decision.planned_tasks, decision.tasks), (2, 1));
     assert_eq!(result.attempts[&(join, 0)], 2, "{:?}", result.attempts);
     assert!(
