@@ -18,11 +18,28 @@ fn with_option(mut spec: SessionSpec, key: &str, value: &str) -> SessionSpec {
     spec
 }
 
+/// `spec` with each of the plugin settings `options`.
+fn with_options(spec: SessionSpec, options: &[(&str, &str)]) -> SessionSpec {
+    options
+        .iter()
+        .fold(spec, |spec, (key, value)| with_option(spec, key, value))
+}
+
 /// The decisions that ran a stage with fewer tasks than planned.
 fn coalesced(decisions: &[Decision]) -> Vec<&Decision> {
     decisions
         .iter()
         .filter(|d| d.tasks < d.planned_tasks)
+        .collect()
+}
+
+/// The maps of `stage` whose tasks `result` ran, in the order they ran.
+fn ran_maps(result: &dfx_host::DistributedResult, stage: u64) -> Vec<usize> {
+    result
+        .tasks
+        .iter()
+        .filter(|(s, _)| *s == stage)
+        .map(|(_, map)| *map)
         .collect()
 }
 
@@ -62,12 +79,7 @@ async fn a_small_stage_runs_as_one_task_and_publishes_its_other_maps_empty() {
         decision.reason
     );
     let stage = decision.stage_id;
-    let ran: Vec<usize> = result
-        .tasks
-        .iter()
-        .filter(|(s, _)| *s == stage)
-        .map(|(_, map)| *map)
-        .collect();
+    let ran = ran_maps(&result, stage);
     assert_eq!(ran, vec![0]);
     // Every map is published; the head's holds the three groups.
     let dir = spec.shuffle_dir.clone().unwrap();
@@ -177,6 +189,61 @@ async fn forced_on_pairs_the_partitions_of_both_sides_of_a_join() {
     );
 }
 
+/// A host whose worker deletes `files` once the first attempt of `map` of
+/// `stage` has published (only the first attempt's envelope is the file
+/// the script matches).
+fn losing_after_first_attempt(
+    stage: u64,
+    map: usize,
+    files: &[&std::path::Path],
+) -> dfx_host::Host {
+    let files: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    host_with_script(&format!(
+        r#""$DFX" worker "$1" || exit $?
+case "$1" in */task-{stage}-{map}.json) rm -f {} ;; esac"#,
+        files.join(" ")
+    ))
+}
+
+/// That `result` ran map `map` of `stage` twice, the second time because
+/// its output was lost.
+fn assert_ran_again(result: &dfx_host::DistributedResult, stage: u64, map: usize) {
+    assert_eq!(result.attempts[&(stage, map)], 2, "{:?}", result.attempts);
+    let again = format!("stage {stage} map {map} attempt 1: run again");
+    assert!(
+        result.retries.iter().any(|r| r.starts_with(&again)),
+        "{:?}",
+        result.retries
+    );
+}
+
+/// The stage of `sql`'s plan under `spec` that reads two stages (the
+/// join's).
+async fn planned_join(spec: &SessionSpec, sql: &str) -> u64 {
+    let (_, stages) = planned(spec, sql).await;
+    stages
+        .iter()
+        .find(|s| s.info.deps.len() == 2)
+        .expect("a stage reading both sides")
+        .stage_id()
+}
+
+/// The spec of `numbers_table(dir, 4, 10)` planned for eight partitions,
+/// and the same publishing into `shuffle` in slices of two partitions.
+fn numbers_in_slices_of_two(
+    dir: &std::path::Path,
+    shuffle: &std::path::Path,
+) -> (SessionSpec, SessionSpec) {
+    let table = numbers_table(dir, 4, 10);
+    let spec = SessionSpec::new([("t".to_string(), table)]).with_target_partitions(8);
+    let sliced = with_option(
+        spec.clone().with_shuffle_dir(shuffle),
+        "partitions_per_task",
+        "2",
+    );
+    (spec, sliced)
+}
+
 /// The left join above in slices of two partitions: its stage's two
 /// slices read a few KiB, so one task runs all four partitions at once,
 /// each reading its own buckets, and publishes the other map empty. The
@@ -184,14 +251,8 @@ async fn forced_on_pairs_the_partitions_of_both_sides_of_a_join() {
 #[tokio::test]
 async fn a_stage_of_small_slices_runs_them_in_one_task() {
     let dir = tempfile::tempdir().unwrap();
-    let table = numbers_table(dir.path(), 4, 10);
-    let spec = SessionSpec::new([("t".to_string(), table)]).with_target_partitions(8);
     let shuffle = dir.path().join("shuffle");
-    let sliced = with_option(
-        spec.clone().with_shuffle_dir(shuffle.clone()),
-        "partitions_per_task",
-        "2",
-    );
+    let (spec, sliced) = numbers_in_slices_of_two(dir.path(), &shuffle);
     let host = host();
     let result = host.run_distributed(LEFT_JOINED, &sliced).await.unwrap();
     assert_eq!(rows(&result.batches), left_joined_expected());
@@ -209,12 +270,7 @@ async fn a_stage_of_small_slices_runs_them_in_one_task() {
         "{}",
         decision.reason
     );
-    let ran: Vec<usize> = result
-        .tasks
-        .iter()
-        .filter(|(s, _)| *s == join_stage)
-        .map(|(_, map)| *map)
-        .collect();
+    let ran = ran_maps(&result, join_stage);
     assert_eq!(ran, vec![0]);
     // The head's map holds every group of `a.v`; the others are empty.
     let map = |m: usize| shuffle.join(format!("stage-{join_stage}/map-{m}.arrow"));
@@ -242,44 +298,18 @@ async fn a_stage_of_small_slices_runs_them_in_one_task() {
 #[tokio::test]
 async fn a_lost_map_of_coalesced_slices_is_restored_by_their_head() {
     let dir = tempfile::tempdir().unwrap();
-    let table = numbers_table(dir.path(), 4, 10);
     let shuffle = dir.path().join("shuffle");
-    let spec = with_option(
-        SessionSpec::new([("t".to_string(), table)])
-            .with_target_partitions(8)
-            .with_shuffle_dir(shuffle.clone()),
-        "partitions_per_task",
-        "2",
-    );
-    let (_, stages) = planned(&spec, LEFT_JOINED).await;
-    let join = stages
-        .iter()
-        .find(|s| s.info.deps.len() == 2)
-        .expect("a stage reading both sides")
-        .stage_id();
+    let (_, spec) = numbers_in_slices_of_two(dir.path(), &shuffle);
+    let join = planned_join(&spec, LEFT_JOINED).await;
     let head = shuffle.join(format!("stage-{join}/map-0.arrow"));
     let member = shuffle.join(format!("stage-{join}/map-1.arrow"));
-    // Only the first attempt's envelope is this file.
-    let host = host_with_script(&format!(
-        r#""$DFX" worker "$1" || exit $?
-case "$1" in */task-{join}-0.json) rm -f {head} {member} ;; esac"#,
-        head = head.display(),
-        member = member.display()
-    ));
+    let host = losing_after_first_attempt(join, 0, &[&head, &member]);
     let result = host.run_distributed(LEFT_JOINED, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), left_joined_expected());
     let decision = join_decision(&result);
     assert_eq!(decision.stage_id, join);
     assert_eq!((decision.planned_tasks, decision.tasks), (2, 1));
-    assert_eq!(result.attempts[&(join, 0)], 2, "{:?}", result.attempts);
-    assert!(
-        result
-            .retries
-            .iter()
-            .any(|r| r.starts_with(&format!("stage {join} map 0 attempt 1: run again"))),
-        "{:?}",
-        result.retries
-    );
+    assert_ran_again(&result, join, 0);
     assert!(head.is_file() && member.is_file());
     assert!(bucket_rows(&member).iter().all(|&rows| rows == 0));
 }
@@ -303,13 +333,7 @@ async fn a_lost_map_of_a_coalesced_group_is_restored_by_its_head() {
     let dir = spec.shuffle_dir.clone().unwrap();
     let head = dir.join(format!("stage-{last}/map-0.arrow"));
     let lost = dir.join(format!("stage-{last}/map-2.arrow"));
-    // Only the first attempt's envelope is this file.
-    let host = host_with_script(&format!(
-        r#""$DFX" worker "$1" || exit $?
-case "$1" in */task-{last}-0.json) rm -f {head} {lost} ;; esac"#,
-        head = head.display(),
-        lost = lost.display()
-    ));
+    let host = losing_after_first_attempt(last, 0, &[&head, &lost]);
     let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), by_flag_expected());
     assert_eq!(
@@ -389,7 +413,12 @@ async fn a_skewed_join_answers_alike_whatever_coalescing_does() {
 /// its other side, every even key of 0..=600,000 (more rows than
 /// DataFusion broadcasts, fewer than the skewed side, so it is the build).
 fn skewed_join_tables(dir: &std::path::Path) -> SessionSpec {
-    let t = keys_table(dir, "t", 2, 400_000, |row| {
+    skewed_join_tables_in(dir, 2)
+}
+
+/// The same tables, `t` in `files` files of equal rows.
+fn skewed_join_tables_in(dir: &std::path::Path, files: u64) -> SessionSpec {
+    let t = keys_table(dir, "t", files, 400_000, |row| {
         row.saturating_sub(359_999) as i64
     });
     let d = keys_table(dir, "d", 1, 300_001, |row| 2 * row as i64);
@@ -463,12 +492,7 @@ async fn a_skewed_partition_is_split_among_tasks_by_its_probe_maps() {
             decision.reason
         );
         let stage = decision.stage_id;
-        let mut ran: Vec<usize> = result
-            .tasks
-            .iter()
-            .filter(|(s, _)| *s == stage)
-            .map(|(_, map)| *map)
-            .collect();
+        let mut ran = ran_maps(&result, stage);
         ran.sort_unstable();
         assert_eq!(ran, vec![0, 1, 2, 3, 4]);
         // The added map is named by exactly one planned map's marker.
@@ -499,31 +523,13 @@ async fn a_lost_added_map_of_a_split_partition_runs_again() {
     ] {
         spec = with_option(spec, key, value);
     }
-    let (_, stages) = planned(&spec, SKEWED_JOIN).await;
-    let join = stages
-        .iter()
-        .find(|s| s.info.deps.len() == 2)
-        .expect("the join's stage reads two stages")
-        .stage_id();
+    let join = planned_join(&spec, SKEWED_JOIN).await;
     let lost = shuffle.join(format!("stage-{join}/map-4.arrow"));
-    // Only the first attempt's envelope is this file.
-    let host = host_with_script(&format!(
-        r#""$DFX" worker "$1" || exit $?
-case "$1" in */task-{join}-4.json) rm -f {lost} ;; esac"#,
-        lost = lost.display()
-    ));
+    let host = losing_after_first_attempt(join, 4, &[&lost]);
     let result = host.run_distributed(SKEWED_JOIN, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), skewed_join_expected());
     assert_eq!(splits(&result.decisions).len(), 1, "{:?}", result.decisions);
-    assert_eq!(result.attempts[&(join, 4)], 2, "{:?}", result.attempts);
-    assert!(
-        result
-            .retries
-            .iter()
-            .any(|r| r.starts_with(&format!("stage {join} map 4 attempt 1: run again"))),
-        "{:?}",
-        result.retries
-    );
+    assert_ran_again(&result, join, 4);
     assert!(lost.is_file(), "its task published it again");
 }
 
@@ -707,12 +713,7 @@ async fn a_partitioned_join_with_a_small_build_side_runs_as_a_broadcast_join() {
 #[tokio::test]
 async fn a_skewed_partition_of_a_slice_runs_as_parts_inside_its_task() {
     let dir = tempfile::tempdir().unwrap();
-    let t = keys_table(dir.path(), "t", 4, 400_000, |row| {
-        row.saturating_sub(359_999) as i64
-    });
-    let d = keys_table(dir.path(), "d", 1, 300_001, |row| 2 * row as i64);
-    let spec =
-        SessionSpec::new([("t".to_string(), t), ("d".to_string(), d)]).with_target_partitions(4);
+    let spec = skewed_join_tables_in(dir.path(), 4);
     let host = host();
     let settings: [&[(&str, &str)]; 3] = [
         &[("skew_split", "on")],
@@ -720,19 +721,18 @@ async fn a_skewed_partition_of_a_slice_runs_as_parts_inside_its_task() {
         &[("skew_split", "off")],
     ];
     for (run, options) in settings.iter().enumerate() {
-        let mut distributed = spec
-            .clone()
-            .with_shuffle_dir(dir.path().join(format!("shuffle-{run}")));
-        for (key, value) in [
-            ("partitions_per_task", "2"),
-            ("coalesce", "off"),
-            ("broadcast_switch", "off"),
-        ]
-        .iter()
-        .chain(options.iter())
-        {
-            distributed = with_option(distributed, key, value);
-        }
+        let sliced = with_options(
+            spec.clone(),
+            &[
+                ("partitions_per_task", "2"),
+                ("coalesce", "off"),
+                ("broadcast_switch", "off"),
+            ],
+        );
+        let distributed = with_options(
+            sliced.with_shuffle_dir(dir.path().join(format!("shuffle-{run}"))),
+            options,
+        );
         let result = host
             .run_distributed(SKEWED_JOIN, &distributed)
             .await
