@@ -221,6 +221,13 @@ fn said(mode: SkewSplit, probe: u64, split: &[String], median: u64) -> String {
         ""
     };
     match split.is_empty() {
+        // Forced on, every partition is a candidate: what it lacks is rows
+        // in two maps, since a part is a range of maps.
+        true if mode == SkewSplit::On => format!(
+            "split no partition: none has rows in two or more of stage {probe}'s maps \
+             (median {}){forced}",
+            human(median)
+        ),
         true => format!(
             "split no partition: none of stage {probe}'s is skewed (median {}){forced}",
             human(median)
@@ -479,5 +486,13 @@ mod tests {
         assert!(why.ends_with("forced on"), "{why}");
         let (parts, _) = decide(7, 2, &probe(2, 2), &per_map, SkewSplit::Off, 2);
         assert!(parts.is_empty());
+        // Forced on, with every partition's rows in one map: nothing to cut.
+        let one_map = vec![vec![10, 20]];
+        let (parts, why) = decide(7, 2, &probe(1, 2), &one_map, SkewSplit::On, 2);
+        assert!(parts.is_empty());
+        assert!(
+            why.contains("none has rows in two or more of stage 2's maps"),
+            "{why}"
+        );
     }
 }
