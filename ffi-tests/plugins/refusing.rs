@@ -155,6 +155,10 @@ extern "C" fn plan_stages(_plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8
     called()
 }
 
+extern "C" fn stage_runs_slices(_plan_bytes: RSlice<'_, u8>) -> FfiResult<bool> {
+    called()
+}
+
 /// A dfx root module that declares `dfx_abi_version` and
 /// `datafusion_ffi_major` as given, every function of which only counts.
 pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPluginRef {
@@ -192,6 +196,7 @@ pub fn refusing_module(dfx_abi_version: u32, datafusion_ffi_major: u64) -> DfxPl
         adapt_stage,
         seal_stage_input,
         plan_stages,
+        stage_runs_slices,
     }
     .leak_into_prefix()
 }

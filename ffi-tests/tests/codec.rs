@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use datafusion_proto::physical_plan::{
     DefaultPhysicalExtensionCodec, DefaultPhysicalProtoConverter,
 };
@@ -98,6 +98,13 @@ async fn stage_info_and_encoded_stage_info_agree() {
         for (stage, bytes) in all.iter().zip(&planned.stages) {
             let from_bytes = plugin().encoded_stage_info(bytes).unwrap();
             assert_eq!(from_bytes, stage.info, "{sql}");
+            // One partition a map (the session's default): no slices, as
+            // the decoded writer says too.
+            let writer = &stage.writer;
+            let slices = writer.children()[0].output_partitioning().partition_count()
+                > writer.output_partitioning().partition_count();
+            assert_eq!(plugin().stage_runs_slices(bytes), Some(Ok(slices)), "{sql}");
+            assert!(!slices, "{sql}");
         }
     }
     let (session, planned) = planned(dir.path(), AGGREGATE_SQL).await;
@@ -113,6 +120,11 @@ async fn stage_info_and_encoded_stage_info_agree() {
             .encoded_stage_info(&bytes[..bytes.len() / 2])
             .is_err()
     );
+    let error = plugin()
+        .stage_runs_slices(b"not a plan")
+        .unwrap()
+        .unwrap_err();
+    assert!(error.contains("cannot read the stage's writer"), "{error}");
     // Neither a reader nor the root (a merge) is a stage, encoded or not
     // (as the planner handed them back: a reader carrying its stage).
     let reader = find_readers(&planned.handed, plugin().reader_node_name().unwrap()).remove(0);

@@ -72,6 +72,7 @@ pub fn root_module() -> DfxPluginRef {
         adapt_stage,
         seal_stage_input,
         plan_stages,
+        stage_runs_slices,
     }
     .leak_into_prefix()
 }
@@ -288,6 +289,13 @@ extern "C" fn plan_stages(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8>
     guarded("plan split", || {
         let stages = encoded::split_plan(plan_bytes.as_slice())?;
         Ok(stages.into_iter().map(RVec::from).collect())
+    })
+}
+
+/// Whether the encoded stage's maps run slices, read from its writer.
+extern "C" fn stage_runs_slices(plan_bytes: RSlice<'_, u8>) -> FfiResult<bool> {
+    guarded("stage slices", || {
+        Ok(crate::wire::read_encoded_stage(plan_bytes.as_slice())?.runs_slices())
     })
 }
 

@@ -174,14 +174,13 @@ def _run(task: _internal.Task, sessions: SessionCache) -> Published:
         # plugin's writer runs them (every task context crossing the
         # boundary is rebuilt with a default runtime), so under a limit the
         # plugin runs the stage's operators itself, with the spec's pool.
-        decoded = task.sealed_plan() if limited else plan
+        # A map running a slice runs its partitions at once on the plugin's
+        # runtime, where only the plugin's own operators may run: the
+        # plugin decodes the stage's input itself there too.
+        sealed = limited or task.runs_slices()
+        decoded = task.sealed_plan() if sealed else plan
         try:
             stage = ExecutionPlan.from_bytes(ctx, decoded)
-            if not limited and _runs_a_slice(stage):
-                # A map running a slice runs its partitions at once on the
-                # plugin's runtime, where only the plugin's own operators
-                # may run: the plugin decodes the stage's input itself.
-                stage = ExecutionPlan.from_bytes(ctx, task.sealed_plan())
         except Exception as err:
             message = f"{task.name}: cannot decode the encoded stage: {err}"
             raise TaskError(message) from err
@@ -192,15 +191,6 @@ def _run(task: _internal.Task, sessions: SessionCache) -> Published:
     except Exception as err:
         message = f"{task.name}: execution failed: {err}"
         raise TaskError(message) from err
-
-
-def _runs_a_slice(stage: ExecutionPlan) -> bool:
-    """Whether each map of ``stage`` (a writer) runs several partitions.
-
-    It then has fewer maps than its input has partitions.
-    """
-    children = stage.children()
-    return bool(children) and children[0].partition_count > stage.partition_count
 
 
 Layout = tuple[list[int], list[int], list[int], int, str | None, tuple[int, int] | None]

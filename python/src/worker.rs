@@ -128,6 +128,30 @@ impl Task {
         Ok(PyBytes::new(py, &sealed).unbind())
     }
 
+    /// Whether each map of the stage runs a slice of several partitions, as
+    /// the plugin reads it from the stage's writer: such a map runs its
+    /// partitions at once on the plugin's runtime, where only the plugin's
+    /// own operators may run, so the stage is decoded sealed
+    /// (:meth:`sealed_plan`). Ask after :meth:`check`.
+    ///
+    /// Raises:
+    ///     ValueError: The plugin cannot read the stage's writer, or was
+    ///         built before it could, naming the task.
+    fn runs_slices(&self, py: Python<'_>) -> PyResult<bool> {
+        let plugin = plugin(py)?;
+        let plan = self.plan.bind(py).as_bytes().to_vec();
+        let name = self.input.name();
+        match py.detach(|| plugin.stage_runs_slices(&plan)) {
+            Some(Ok(slices)) => Ok(slices),
+            Some(Err(err)) => Err(PyValueError::new_err(format!("{name}: {err}"))),
+            None => Err(PyValueError::new_err(format!(
+                "{name}: the plugin {} cannot tell whether a stage's maps run slices; rebuild \
+                 it with this package",
+                plugin.path().display()
+            ))),
+        }
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Task({}, attempt {})",

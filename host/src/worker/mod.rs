@@ -213,30 +213,51 @@ pub fn decode_checked(session: &DfxSession, task: &TaskInput) -> Result<Arc<dyn 
     if !vetted {
         session.mark_vetted(&task.plan);
     }
+    let cannot =
+        |err: String| HostError::Invalid(format!("{}: plan {plan_file}: {err}", task.name()));
+    // A map running a slice runs its partitions at once on the plugin's
+    // runtime, where only the plugin's own operators may run: the plugin
+    // decodes the stage's input itself. The plugin tells from the bytes
+    // (bytes it cannot read are left to the decode to refuse); one built
+    // before it could is asked by the decoded stage.
+    let runs_slices = plugin
+        .stage_runs_slices(&task.plan)
+        .and_then(std::result::Result::ok);
+    let sealed = || {
+        plugin
+            .seal_stage_input(&task.plan)
+            .map_err(HostError::Invalid)
+            .and_then(|sealed| session.decode(&sealed))
+            .map_err(|err| {
+                cannot(format!(
+                    "cannot seal the input of a stage whose maps run slices: {err}"
+                ))
+            })
+    };
+    if runs_slices == Some(true) {
+        return checked_stage(plugin, task, sealed()?);
+    }
     // Under a memory limit each task's pool must account for all its task
     // holds, so no task inherits a build side another task's pool reserved.
     let stage = match session.spec().memory_limit {
         None => session.decode_stage_for_map(&task.plan, task.written, envelope.planned_map()),
         Some(_) => session.decode(&task.plan),
     }
-    .map_err(|err| HostError::Invalid(format!("{}: plan {plan_file}: {err}", task.name())))?;
-    // A map running a slice runs its partitions at once on the plugin's
-    // runtime, where only the plugin's own operators may run: the plugin
-    // decodes the stage's input itself.
-    let stage = match runs_a_slice(&stage) {
-        false => stage,
-        true => plugin
-            .seal_stage_input(&task.plan)
-            .map_err(HostError::Invalid)
-            .and_then(|sealed| session.decode(&sealed))
-            .map_err(|err| {
-                HostError::Invalid(format!(
-                    "{}: plan {plan_file}: cannot seal the input of a stage whose maps run \
-                     slices: {err}",
-                    task.name()
-                ))
-            })?,
+    .map_err(|err| cannot(err.to_string()))?;
+    let stage = match runs_slices {
+        None if runs_a_slice(&stage) => sealed()?,
+        _ => stage,
     };
+    checked_stage(plugin, task, stage)
+}
+
+/// `stage` when its root is the plugin's writer, else why not.
+fn checked_stage(
+    plugin: &Plugin,
+    task: &TaskInput,
+    stage: Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let plan_file = task.envelope.plan.display();
     // By the node's name, which a foreign node answers with its plugin
     // node's own (the plugin's exported stage node name); the display is
     // only for the message.

@@ -242,6 +242,13 @@ pub struct DfxPlugin {
     /// are cut out here, each rooted at its writer with its own readers'
     /// stages taken out. What a driver ships and describes.
     pub plan_stages: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8>>>,
+    /// Whether each map of the encoded stage `plan_bytes` runs a slice of
+    /// several of its input's partitions, read from its writer without
+    /// decoding the plan. Such a map runs its partitions at once on the
+    /// plugin's runtime, where only the plugin's own operators may run, so
+    /// a worker decodes the stage with its input sealed
+    /// ([`DfxPlugin::seal_stage_input`]).
+    pub stage_runs_slices: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<bool>,
 }
 
 /// What [`DfxPlugin::cut_stage`] answers: an encoded stage cut for its maps.

@@ -408,6 +408,28 @@ impl Plugin {
         }
     }
 
+    /// Whether each map of the encoded stage `plan_bytes` runs a slice of
+    /// several partitions (see [`DfxPlugin::stage_runs_slices`]); `None`
+    /// for a plugin built before the export, whose stage must be decoded
+    /// to tell.
+    ///
+    /// # Errors
+    ///
+    /// Bytes whose root is not a writer, naming the plugin file.
+    pub fn stage_runs_slices(
+        &self,
+        plan_bytes: &[u8],
+    ) -> Option<std::result::Result<bool, String>> {
+        let runs_slices = self.module.stage_runs_slices()?;
+        Some(match runs_slices(RSlice::from_slice(plan_bytes)) {
+            RResult::ROk(slices) => Ok(slices),
+            RResult::RErr(message) => Err(format!(
+                "dfx plugin {}: cannot read the stage's writer: {message}",
+                self.path.display()
+            )),
+        })
+    }
+
     /// The id the plugin's logical codec is installed under
     /// (`dfx_engine.logical.v1`), or `None` for a plugin built before it.
     pub fn logical_codec_id(&self) -> Option<&'static str> {

@@ -125,7 +125,7 @@ pub fn adapt_stage(plan_bytes: &[u8], request_json: &str) -> Result<Adaptation> 
     let stage_id = writer.stage_id;
     // A task running a slice already holds several partitions: what is
     // decided for it is how many slices one task runs.
-    if writer.partitions_per_map > 1 {
+    if writer.runs_slices() {
         return adapt_slices(&root, &writer, &config, (mode, skew, switch), request.slots);
     }
     let reads = match coalesce::hash_reads(&root) {

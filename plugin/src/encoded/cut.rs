@@ -55,7 +55,7 @@ struct Cutter {
 pub fn cut_stage(plan_bytes: &[u8]) -> Result<CutStage> {
     // A map running a slice reads the groups of several partitions: its
     // scans stay whole (its stage has a few maps, so few copies of them).
-    if crate::wire::read_encoded_stage(plan_bytes)?.partitions_per_map > 1 {
+    if crate::wire::read_encoded_stage(plan_bytes)?.runs_slices() {
         return cut_with(plan_bytes, false)?.finish(plan_bytes);
     }
     let cut = cut_with(plan_bytes, true)?;

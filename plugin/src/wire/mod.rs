@@ -110,6 +110,14 @@ pub struct WriterPayload {
     pub partitioning: Vec<u8>,
 }
 
+impl WriterPayload {
+    /// Whether each map runs a slice of several of its input's partitions
+    /// (at once, on the plugin's runtime).
+    pub fn runs_slices(&self) -> bool {
+        self.partitions_per_map > 1
+    }
+}
+
 /// What a reader carries across a process boundary: the stage it reads, as
 /// a description and (until the plan is cut into stages) as encoded bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]

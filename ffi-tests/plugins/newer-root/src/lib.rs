@@ -1,6 +1,6 @@
 //! A test-only dfx plugin declaring a *newer* root module: every field of the
-//! current one, same versions, plus one field appended after
-//! `seal_stage_input`, as a later version may append an export.
+//! current one, same versions, plus one field appended after the last
+//! (`stage_runs_slices`), as a later version may append an export.
 //!
 //! A current host must load it and use every field it knows. The functions
 //! here do no query work (the constructors of DataFusion objects return an
@@ -137,6 +137,8 @@ pub struct DfxPlugin {
     pub seal_stage_input: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<u8>>,
     /// Splits nothing: this plugin does no query work.
     pub plan_stages: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8>>>,
+    /// Reads nothing: this plugin does no query work.
+    pub stage_runs_slices: extern "C" fn(plan_bytes: RSlice<'_, u8>) -> FfiResult<bool>,
     /// The appended field: an export a later version might add.
     pub newer_field: extern "C" fn() -> u64,
 }
@@ -285,6 +287,10 @@ extern "C" fn plan_stages(_plan_bytes: RSlice<'_, u8>) -> FfiResult<RVec<RVec<u8
     no_query_work()
 }
 
+extern "C" fn stage_runs_slices(_plan_bytes: RSlice<'_, u8>) -> FfiResult<bool> {
+    no_query_work()
+}
+
 /// A current host cannot name this field, so never calls it.
 extern "C" fn newer_field() -> u64 {
     count();
@@ -329,6 +335,7 @@ pub fn root_module() -> DfxPluginRef {
         adapt_stage,
         seal_stage_input,
         plan_stages,
+        stage_runs_slices,
         newer_field,
     }
     .leak_into_prefix()
