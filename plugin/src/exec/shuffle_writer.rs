@@ -118,7 +118,7 @@ impl ShuffleWriterExec {
         let supported = matches!(
             partitioning,
             Partitioning::Hash(_, _) | Partitioning::RoundRobinBatch(_)
-        ) || matches!(partitioning, Partitioning::UnknownPartitioning(1));
+        ) || keeps_partitions(&partitioning);
         if buckets == 0 || !supported {
             return Err(DataFusionError::Internal(format!(
                 "dfx stage {stage_id}: a writer cannot split rows by {partitioning}"
@@ -126,7 +126,13 @@ impl ShuffleWriterExec {
         }
         let partitions = input.output_partitioning().partition_count();
         let partitions_per_map = partitions_per_map.clamp(1, partitions.max(1));
-        let maps = partitions.div_ceil(partitions_per_map);
+        let maps = StageShape {
+            stage_id,
+            partitions,
+            partitions_per_map,
+            keeps_partitions: keeps_partitions(&partitioning),
+        }
+        .maps();
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(Arc::clone(&SUMMARY_SCHEMA)),
             Partitioning::UnknownPartitioning(maps),
@@ -208,7 +214,7 @@ impl ShuffleWriterExec {
     /// (under `UnknownPartitioning(1)`), rather than rows split by a
     /// partitioning whatever partition they come from.
     pub fn keeps_partitions(&self) -> bool {
-        matches!(self.partitioning, Partitioning::UnknownPartitioning(1))
+        keeps_partitions(&self.partitioning)
     }
 
     /// The schema of the rows the stage publishes.
@@ -351,6 +357,12 @@ impl ShuffleWriterExec {
         }
         Ok((cut, slot))
     }
+}
+
+/// Whether a writer splitting rows by `partitioning` keeps a bucket for
+/// every partition of its slice instead.
+fn keeps_partitions(partitioning: &Partitioning) -> bool {
+    matches!(partitioning, Partitioning::UnknownPartitioning(1))
 }
 
 /// `context` telling the readers below which partitions the task runs, so
