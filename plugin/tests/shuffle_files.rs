@@ -18,6 +18,7 @@ use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::prelude::{SessionConfig, SessionContext};
 use dfx_plugin::config::DfxConfig;
+use dfx_plugin::exchange::staging::SPILL_BYTES;
 use dfx_plugin::exec::SealedInputExec;
 use dfx_plugin::{ReadMode, ShuffleReaderExec, ShuffleWriterExec};
 use futures::StreamExt;
@@ -43,7 +44,12 @@ fn hash_writer(dir: &Path, maps: usize, fail_at: Option<usize>) -> Arc<ShuffleWr
 /// buckets: in batches of 1,000 rows, each bucket of each map is several
 /// segments of about a MiB, each of many batches.
 fn large_hash_writer(dir: &Path, maps: usize) -> Result<Arc<ShuffleWriterExec>> {
-    let input = generated_plan(maps, 30, 20_000, None);
+    hash_writer_of(dir, maps, 30)
+}
+
+/// [`large_hash_writer`] with `batches` batches of 20,000 rows per map.
+fn hash_writer_of(dir: &Path, maps: usize, batches: usize) -> Result<Arc<ShuffleWriterExec>> {
+    let input = generated_plan(maps, batches, 20_000, None);
     let key = col("k", &kv_schema())?;
     Ok(Arc::new(ShuffleWriterExec::try_new(
         3,
@@ -500,11 +506,22 @@ async fn a_bucket_of_many_segments_reads_back_whole_and_in_order() -> Result<()>
             );
         }
     }
+    assert_every_row_reads_back(&writer, 2, &ctx).await
+}
+
+/// Every row `writer`'s maps `0..maps` were given is read back once, from
+/// the bucket of its key, each map's rows in the order it produced them
+/// (the generated keys ascend, so a bucket reads as at most `maps` runs).
+async fn assert_every_row_reads_back(
+    writer: &Arc<ShuffleWriterExec>,
+    maps: usize,
+    ctx: &SessionContext,
+) -> Result<()> {
     // Each hash partition holds exactly its keys, every row once, and
     // within a map in the order the map produced them.
     let reader = Arc::new(ShuffleReaderExec::try_new(
         ReadMode::Hash,
-        Arc::clone(&writer) as Arc<dyn ExecutionPlan>,
+        Arc::clone(writer) as Arc<dyn ExecutionPlan>,
     )?);
     let mut all = Vec::new();
     for partition in 0..4 {
@@ -522,11 +539,13 @@ async fn a_bucket_of_many_segments_reads_back_whole_and_in_order() -> Result<()>
                     .to_vec()
             })
             .collect();
+        let descents = keys.windows(2).filter(|w| w[1] <= w[0]).count();
+        assert!(descents < maps, "bucket {partition} is out of order");
         all.extend(keys);
     }
     all.sort_unstable();
     let mut expected: Vec<i64> = Vec::new();
-    for map in 0..2 {
+    for map in 0..maps {
         let batches = datafusion::physical_plan::common::collect(
             writer.input().execute(map, ctx.task_ctx())?,
         )
@@ -545,6 +564,33 @@ async fn a_bucket_of_many_segments_reads_back_whole_and_in_order() -> Result<()>
     expected.sort_unstable();
     assert_eq!(all, expected);
     Ok(())
+}
+
+#[tokio::test]
+async fn a_map_past_its_staging_bound_spills_and_reads_back_whole_and_in_order() -> Result<()> {
+    // 3,000,000 rows of 16 bytes: the staged segments pass the bound and
+    // spill, and are copied from the spill file into the map's file.
+    let dir = temp_dir();
+    let writer = hash_writer_of(dir.path(), 1, 150)?;
+    let mut config = SessionConfig::new().with_batch_size(20_000);
+    config.options_mut().extensions.insert(DfxConfig::default());
+    let ctx = SessionContext::new_with_config(config);
+    let mut stream = writer.execute(0, ctx.task_ctx())?;
+    while let Some(batch) = stream.next().await {
+        batch?;
+    }
+    let file = dir.path().join("stage-3/map-0.arrow");
+    let size = std::fs::metadata(&file)?.len();
+    assert!(size > SPILL_BYTES, "{size} byte(s) would not spill");
+    let marker = read_marker(&file);
+    let mut next = 0;
+    for bucket in marker["buckets"].as_array().unwrap() {
+        for segment in bucket["segments"].as_array().unwrap() {
+            assert_eq!(segment["offset"].as_u64().unwrap(), next, "{segment}");
+            next += segment["bytes"].as_u64().unwrap();
+        }
+    }
+    assert_every_row_reads_back(&writer, 1, &ctx).await
 }
 
 /// How many of this process's open files are under `dir`.

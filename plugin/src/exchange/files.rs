@@ -222,6 +222,38 @@ impl MapFile {
         Ok(())
     }
 
+    /// Append `len` bytes of `from` starting at `offset` (a spilled
+    /// segment), copied file to file: on Linux the kernel moves them
+    /// between the two files' pages, where a read and a write would pass
+    /// them through a fresh buffer of this process.
+    ///
+    /// # Errors
+    ///
+    /// A read or write failure, or `from` ending early, naming this file.
+    pub fn append_range(&mut self, from: &File, offset: u64, len: u64) -> Result<(), String> {
+        let fail = |e: String| {
+            io_failure(
+                &self.location,
+                format!(
+                    "cannot copy a spilled segment into {}: {e}",
+                    self.temp.path().display()
+                ),
+            )
+        };
+        let mut from = from;
+        from.seek(SeekFrom::Start(offset))
+            .map_err(|e| fail(e.to_string()))?;
+        let copied =
+            std::io::copy(&mut from.take(len), &mut self.file).map_err(|e| fail(e.to_string()))?;
+        if copied != len {
+            return Err(fail(format!(
+                "the spill file ends {copied} byte(s) into a segment of {len}"
+            )));
+        }
+        self.bytes += len;
+        Ok(())
+    }
+
     /// Publish the file as `final_path`, unless another attempt of its map
     /// published one there first (see [`TempFile::publish_new`]); answers
     /// whether this file is the one published.
@@ -423,5 +455,30 @@ mod tests {
         std::fs::create_dir(&taken).unwrap();
         let err = publish(dir.path(), &taken, b"rows").unwrap_err();
         assert!(err.contains("cannot publish"), "{err}");
+    }
+
+    #[test]
+    fn a_spilled_range_is_copied_whole_and_a_short_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let spill = dir.path().join("spill");
+        std::fs::write(&spill, b"..abcdef").unwrap();
+        let spill = File::open(&spill).unwrap();
+        let final_path = dir.path().join("map-0.arrow");
+        let mut file = MapFile::create(dir.path(), &final_path).unwrap();
+        file.append(b"<").unwrap();
+        file.append_range(&spill, 2, 4).unwrap();
+        file.append_range(&spill, 6, 2).unwrap();
+        assert_eq!(file.len(), 7);
+        let err = file.append_range(&spill, 6, 5).unwrap_err();
+        assert!(
+            err.contains("the spill file ends 2 byte(s) into a segment of 5"),
+            "{err}"
+        );
+        drop(file);
+        let mut file = MapFile::create(dir.path(), &final_path).unwrap();
+        file.append(b"<").unwrap();
+        file.append_range(&spill, 2, 6).unwrap();
+        assert!(file.publish(&final_path).unwrap());
+        assert_eq!(std::fs::read(&final_path).unwrap(), b"<abcdef");
     }
 }

@@ -26,7 +26,7 @@ use crate::exchange::dirs::prepare_stage_dir;
 use crate::exchange::files::MapFile;
 use crate::exchange::locate::read_published_marker;
 use crate::exchange::marker::{BucketEntry, KeysRegion, MapMarker, Segment};
-use crate::exchange::staging::Staging;
+use crate::exchange::staging::{Staging, Taken};
 use crate::exchange::store::{ObjectKey, ObjectMap, S3Location};
 use crate::filters::slot::{self, SummarySlot};
 use crate::filters::summary::KeySummary;
@@ -103,6 +103,33 @@ impl MapSink {
             copy.append(segment)?;
         }
         Ok(())
+    }
+
+    /// Append a segment taken back out of the staging: a spilled one is
+    /// copied from the spill file into a local file without passing through
+    /// memory; an upload needs its bytes.
+    async fn append_taken(
+        &mut self,
+        taken: Taken<'_>,
+        spill_near: &Path,
+    ) -> std::result::Result<u64, String> {
+        let MapMain::File(file) = &mut self.main else {
+            let bytes = taken.bytes(spill_near)?;
+            self.append(&bytes).await?;
+            return Ok(bytes.len() as u64);
+        };
+        let (from, offset, len) = match taken {
+            Taken::Spilled(from, offset, len) => (from, offset, len),
+            Taken::Held(bytes) => {
+                self.append(&bytes).await?;
+                return Ok(bytes.len() as u64);
+            }
+        };
+        file.append_range(from, offset, len)?;
+        if let Some((copy, _)) = self.copy.as_mut() {
+            copy.append_range(from, offset, len)?;
+        }
+        Ok(len)
     }
 
     async fn publish(self, path: &Path) -> std::result::Result<PublishedFile, String> {
@@ -241,14 +268,13 @@ impl MapJob {
                 ))
             };
             for (taken, rows) in self.staging.take(bucket).into_iter().zip(rows) {
-                let bytes = taken.bytes(&spill_near).map_err(fail)?;
                 let offset = sink.len();
-                sink.append(&bytes).await.map_err(fail)?;
+                let bytes = sink.append_taken(taken, &spill_near).await.map_err(fail)?;
                 entry.rows += rows;
-                entry.bytes += bytes.len() as u64;
+                entry.bytes += bytes;
                 entry.segments.push(Segment {
                     offset,
-                    bytes: bytes.len() as u64,
+                    bytes,
                     rows,
                 });
             }
