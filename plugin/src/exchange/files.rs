@@ -22,7 +22,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 
 use crate::config::ShuffleCompression;
 use crate::error::io_failure;
-use crate::exchange::ipc_check::check_stream_bytes;
+use crate::exchange::ipc_check::{FileRange, check_stream, check_stream_bytes};
 use crate::guard;
 use crate::paths::temp_path;
 
@@ -344,6 +344,56 @@ pub fn decode_segments(bytes: Vec<u8>) -> Result<Vec<(SchemaRef, Vec<RecordBatch
             }
         })?);
         at += len;
+    }
+    if streams.is_empty() {
+        return Err("not a readable Arrow IPC stream: no bytes".to_string());
+    }
+    Ok(streams)
+}
+
+/// Decode the segments in `len` bytes of `file` from `offset` (a bucket's
+/// byte range in its map file), as [`decode_segments`] decodes them in
+/// memory: each stream's framing is checked by reading only it, then each
+/// of its messages is read into a buffer of its own, which its batch's
+/// arrays then slice. So the bytes are copied once, out of the file, and
+/// no buffer the size of the range is made.
+///
+/// # Errors
+///
+/// A failed read, or why the bytes are not readable Arrow IPC streams,
+/// with the byte offset (in the range) of the stream at fault.
+pub(crate) fn read_segments(
+    file: &File,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<(SchemaRef, Vec<RecordBatch>)>, String> {
+    let mut streams = Vec::new();
+    let mut at = 0;
+    while at < len {
+        let stream = FileRange {
+            file,
+            offset: offset + at,
+            len: len - at,
+        };
+        let ends = check_stream(&stream).map_err(|why| {
+            format!("not a readable Arrow IPC stream (the one at byte {at}): {why}")
+        })?;
+        let mut start = 0;
+        let mut parts = Vec::with_capacity(ends.len());
+        for end in ends {
+            let message = read_range(file, stream.offset + start, end - start)
+                .map_err(|e| format!("cannot read the message at byte {}: {e}", at + start))?;
+            parts.push(Buffer::from_vec(message));
+            start = end;
+        }
+        streams.push(decode_stream(parts).map_err(|why| {
+            if at == 0 {
+                why
+            } else {
+                format!("{why} (the stream at byte {at})")
+            }
+        })?);
+        at += start;
     }
     if streams.is_empty() {
         return Err("not a readable Arrow IPC stream: no bytes".to_string());

@@ -22,6 +22,9 @@
 //! A dfx writer writes LZ4 frames or no compression: any other codec is a
 //! file dfx did not write, refused too.
 
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
 use datafusion::arrow::ipc::{CompressionType, MessageHeader, RecordBatch, root_as_message};
 
 /// IPC's continuation marker before a message's metadata length.
@@ -37,6 +40,77 @@ const LZ4_MAX_RATIO: u64 = 256;
 /// Room for the frame header and a block's worth of literals.
 const LZ4_SLACK: u64 = 1 << 16;
 
+/// Where a stream's framing is read from: bytes in memory, or a range of a
+/// file read a field at a time.
+pub trait StreamSource {
+    /// Bytes in the source.
+    fn len(&self) -> u64;
+
+    /// Whether the source holds no byte.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Fill `buf` from byte `at` of the source.
+    ///
+    /// # Errors
+    ///
+    /// `at` plus `buf`'s length past the source's end, or a failed read.
+    fn read_at(&self, at: u64, buf: &mut [u8]) -> Result<(), String>;
+}
+
+impl StreamSource for [u8] {
+    fn len(&self) -> u64 {
+        <[u8]>::len(self) as u64
+    }
+
+    fn read_at(&self, at: u64, buf: &mut [u8]) -> Result<(), String> {
+        let bytes = usize::try_from(at)
+            .ok()
+            .and_then(|at| self.get(at..at.checked_add(buf.len())?))
+            .ok_or_else(|| {
+                format!(
+                    "cannot read {} byte(s) at {at}: the stream ends at {}",
+                    buf.len(),
+                    self.len()
+                )
+            })?;
+        buf.copy_from_slice(bytes);
+        Ok(())
+    }
+}
+
+/// `len` bytes of a file from `offset`: a bucket's range in its map file.
+#[derive(Debug, Clone, Copy)]
+pub struct FileRange<'a> {
+    /// The file.
+    pub file: &'a File,
+    /// Where the range starts in it.
+    pub offset: u64,
+    /// The range's length.
+    pub len: u64,
+}
+
+impl StreamSource for FileRange<'_> {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, at: u64, buf: &mut [u8]) -> Result<(), String> {
+        let end = at.checked_add(buf.len() as u64);
+        if end.is_none_or(|end| end > self.len) {
+            return Err(format!(
+                "cannot read {} byte(s) at {at}: the stream ends at {}",
+                buf.len(),
+                self.len
+            ));
+        }
+        self.file
+            .read_exact_at(buf, self.offset + at)
+            .map_err(|e| format!("cannot read {} byte(s) at {at}: {e}", buf.len()))
+    }
+}
+
 /// Check the framing of the Arrow IPC stream at the start of `data` (a
 /// segment, or the first of a bucket's segments read whole); returns where
 /// each of its messages ends, in order, the last being its length: up to
@@ -47,28 +121,39 @@ const LZ4_SLACK: u64 = 1 << 16;
 /// The first declared size that does not fit, or framing that is not a
 /// dfx-written stream, said with its byte offset.
 pub fn check_stream_bytes(data: &[u8]) -> Result<Vec<usize>, String> {
-    let len = data.len() as u64;
+    let ends = check_stream(data)?;
+    Ok(ends.into_iter().map(|end| end as usize).collect())
+}
+
+/// [`check_stream_bytes`] of any [`StreamSource`], reading only the
+/// framing: a file's messages are then read each into a buffer of its own.
+///
+/// # Errors
+///
+/// As [`check_stream_bytes`].
+pub fn check_stream<S: StreamSource + ?Sized>(data: &S) -> Result<Vec<u64>, String> {
+    let len = data.len();
     let mut at = 0u64;
     let mut ends = Vec::new();
     loop {
         let left = len.saturating_sub(at);
         if left == 0 {
             // A stream may end without its end-of-stream marker.
-            if ends.last() != Some(&data.len()) {
-                ends.push(data.len());
+            if ends.last() != Some(&len) {
+                ends.push(len);
             }
             return Ok(ends);
         }
         let mut word = [0u8; 4];
-        read_at(data, at, &mut word)?;
+        data.read_at(at, &mut word)?;
         at += 4;
         if word == CONTINUATION {
-            read_at(data, at, &mut word)?;
+            data.read_at(at, &mut word)?;
             at += 4;
         }
         let meta_len = i32::from_le_bytes(word);
         if meta_len == 0 {
-            ends.push(at as usize);
+            ends.push(at);
             return Ok(ends);
         }
         let left = len.saturating_sub(at);
@@ -78,7 +163,7 @@ pub fn check_stream_bytes(data: &[u8]) -> Result<Vec<usize>, String> {
             ));
         }
         let mut meta = vec![0u8; meta_len as usize];
-        read_at(data, at, &mut meta)?;
+        data.read_at(at, &mut meta)?;
         at += meta_len as u64;
         let message = root_as_message(&meta)
             .map_err(|e| format!("a message at byte {at} is malformed: {e}"))?;
@@ -100,14 +185,14 @@ pub fn check_stream_bytes(data: &[u8]) -> Result<Vec<usize>, String> {
             check_buffers(data, at, body_len as u64, &batch)?;
         }
         at += body_len as u64;
-        ends.push(at as usize);
+        ends.push(at);
     }
 }
 
 /// Every buffer of `batch` lies within its body (at `body` in the file,
 /// `body_len` long), and no compressed one expands beyond what LZ4 can.
-fn check_buffers(
-    data: &[u8],
+fn check_buffers<S: StreamSource + ?Sized>(
+    data: &S,
     body: u64,
     body_len: u64,
     batch: &RecordBatch<'_>,
@@ -136,7 +221,7 @@ fn check_buffers(
             continue;
         }
         let mut prefix = [0u8; 8];
-        read_at(data, body + offset as u64, &mut prefix)?;
+        data.read_at(body + offset as u64, &mut prefix)?;
         let uncompressed = i64::from_le_bytes(prefix);
         let frame = length as u64 - 8;
         let most = frame
@@ -150,20 +235,5 @@ fn check_buffers(
             ));
         }
     }
-    Ok(())
-}
-
-fn read_at(data: &[u8], at: u64, buf: &mut [u8]) -> Result<(), String> {
-    let bytes = usize::try_from(at)
-        .ok()
-        .and_then(|at| data.get(at..at.checked_add(buf.len())?))
-        .ok_or_else(|| {
-            format!(
-                "cannot read {} byte(s) at {at}: the stream ends at {}",
-                buf.len(),
-                data.len()
-            )
-        })?;
-    buf.copy_from_slice(bytes);
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! The stream of one reader partition: the segments of each bucket it
-//! reads, local (a positioned read of the map's file) or remote (a ranged
-//! GET on the plugin's I/O runtime, awaited from the host's poll, never
-//! blocked on), each checked against its marker (framing, fields, rows)
-//! before its batch is handed on.
+//! reads, local (each message read from the map's file into a buffer of its
+//! own) or remote (a ranged GET on the plugin's I/O runtime, awaited from
+//! the host's poll, never blocked on), each checked against its marker
+//! (framing, fields, rows) before its batch is handed on.
 use std::collections::VecDeque;
 use std::fmt;
 use std::fs::File;
@@ -23,7 +23,7 @@ use object_store::ObjectStore;
 use crate::counters::LiveObject;
 use crate::error;
 use crate::exchange::fetch::{FetchError, RangeFetcher, Source, fetch_order};
-use crate::exchange::files::{decode_segments, describe_fields, read_range, same_fields};
+use crate::exchange::files::{decode_segments, describe_fields, read_segments, same_fields};
 use crate::exchange::locate::Piece;
 use crate::exchange::marker::Segment;
 use crate::exchange::shared_reads::Cover;
@@ -197,9 +197,13 @@ impl BucketStream {
         )
     }
 
-    /// Decode `segment`'s bytes into the open piece's batches, checking
-    /// their fields and their row count against the marker.
-    fn decode(&mut self, segment: Segment, bytes: Vec<u8>) -> Result<()> {
+    /// Take `segment`'s decoded streams into the open piece's batches,
+    /// checking their fields and their row count against the marker.
+    fn decode(
+        &mut self,
+        segment: Segment,
+        streams: std::result::Result<Vec<(SchemaRef, Vec<RecordBatch>)>, String>,
+    ) -> Result<()> {
         let stage_id = self.stage_id;
         let expected = Arc::clone(&self.schema);
         let open = self.current.as_mut().expect("a piece is open");
@@ -211,7 +215,7 @@ impl BucketStream {
             )
         };
         // One segment, or a bucket's segments read as one range.
-        let streams = decode_segments(bytes).map_err(fail)?;
+        let streams = streams.map_err(fail)?;
         for (schema, _) in &streams {
             if !same_fields(schema.fields(), expected.fields()) {
                 return Err(fail(format!(
@@ -278,15 +282,23 @@ impl BucketStream {
                 });
                 continue;
             }
-            let bytes = futures::ready!(self.poll_segment(cx))?;
+            let open = self.current.as_ref().expect("a piece is open");
+            let streams = match &open.piece.file {
+                // Read message by message: no buffer the size of the range.
+                Some(file) => {
+                    let segment = open.piece.segments.front().expect("checked above");
+                    read_segments(file, segment.offset, segment.bytes)
+                }
+                None => decode_segments(futures::ready!(self.poll_segment(cx))?),
+            };
             let open = self.current.as_mut().expect("a piece is open");
             let segment = open.piece.segments.pop_front().expect("checked above");
-            self.decode(segment, bytes)?;
+            self.decode(segment, streams)?;
         }
     }
 
-    /// The bytes of the open piece's next segment: read from its file, or
-    /// fetched from its object (checking the object's size first).
+    /// The bytes of the open piece's next segment, fetched from its object
+    /// (checking the object's size first).
     fn poll_segment(&mut self, cx: &mut Context<'_>) -> Poll<Result<Vec<u8>>> {
         let stage_id = self.stage_id;
         let open = self.current.as_mut().expect("a piece is open");
@@ -298,12 +310,6 @@ impl BucketStream {
                 format!("segment at byte {}: {message}", segment.offset),
             )
         };
-        if let Some(file) = &open.piece.file {
-            return Poll::Ready(
-                read_range(file, segment.offset, segment.bytes)
-                    .map_err(|e| fail(&open.piece, format!("cannot read: {e}"))),
-            );
-        }
         let remote = self.remote.as_mut().expect("a remote piece");
         if let Some(ranges) = remote.ranges.as_mut() {
             return match futures::ready!(ranges.poll_next_piece(cx)) {
