@@ -75,6 +75,40 @@ async fn distributed_equals_local_equals_the_hand_checked_answer_in_both_split_m
 }
 
 #[tokio::test]
+async fn a_scalar_subquerys_aggregate_is_computed_by_each_task_that_reads_it() {
+    // avg(l_quantity) over 1..8 is 4.5: the orders of quantities 5 to 8.
+    const ABOVE_AVERAGE: &str = "SELECT l_orderkey FROM lineitem \
+        WHERE l_quantity > (SELECT avg(l_quantity) FROM lineitem) ORDER BY l_orderkey";
+    let expected = vec![vec![i(5)], vec![i(6)], vec![i(7)], vec![i(8)]];
+    let fixture = Fixture::new();
+    let host = host();
+    let local = host
+        .run_local(ABOVE_AVERAGE, &fixture.spec())
+        .await
+        .unwrap();
+    assert_eq!(rows(&local), expected);
+    let spec = one_task_per_partition(fixture.distributed_spec("shuffle"));
+    let result = host.run_distributed(ABOVE_AVERAGE, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), expected);
+    // Two stages of a task per file: the partial averages, and the filter,
+    // each of whose four tasks finishes the average from the four partial
+    // rows. No stage of one task holds the average alone.
+    assert_eq!(result.stages.len(), 2, "{:?}", result.stages);
+    let partial = result
+        .stages
+        .iter()
+        .find(|s| s.deps.is_empty())
+        .expect("a stage reading no other stage");
+    let filter = result.stage(1).unwrap();
+    assert_eq!(filter.deps, vec![partial.stage_id], "{:?}", result.stages);
+    assert_eq!((partial.maps, filter.maps), (4, 4), "{:?}", result.stages);
+    let partial_rows: usize = (0..partial.maps)
+        .map(|m| result.task_rows[&(partial.stage_id, m)])
+        .sum();
+    assert_eq!(partial_rows, 4, "{:?}", result.task_rows);
+}
+
+#[tokio::test]
 async fn a_stage_runs_only_after_every_stage_it_reads() {
     let fixture = Fixture::new();
     let result = host()

@@ -12,7 +12,7 @@
 //! | --- | --- |
 //! | hash or round-robin `RepartitionExec` | hash exchange: writer splits by the same partitioning, reader replaces the repartition (plus a per-partition sort if it preserved order) |
 //! | `CoalescePartitionsExec`, `SortPreservingMergeExec` over >1 partitions | pass-through exchange below; the merge runs in the consumer |
-//! | CollectLeft `HashJoinExec` (inner, right, right semi/anti/mark), `NestedLoopJoinExec`, `CrossJoinExec` | broadcast: the build side is its own stage, every probe task reads all of it |
+//! | CollectLeft `HashJoinExec` (inner, right, right semi/anti/mark), `NestedLoopJoinExec`, `CrossJoinExec` | broadcast: the build side is its own stage, every probe task reads all of it; a build side merged from a stage already cut, under projections, filters and final aggregates without grouping (a scalar subquery), reads that stage whole instead |
 //! | the same hash joins of a type that emits unmatched build rows (left, full, left semi/anti/mark) | partitioned instead: both sides hash-exchanged on the join keys, each task owns one partition of each |
 //! | null-aware anti joins (`NOT IN`), nested-loop joins of those types | the probe side is gathered: the join runs in one task that sees every probe partition |
 //! | any of these whose output partitioning changed | a hash exchange restores the partitioning the operators above were planned for |
@@ -164,8 +164,11 @@ impl Cutter {
     /// `input` as a broadcast read of a stage that already exists, when it is
     /// a coalesce over a pass-through read (what the rule below a merge made
     /// of a multi-partition build side), possibly under row-by-row operators
-    /// (a projection, a filter), which run on the whole build side in each
-    /// consumer task just as well.
+    /// (a projection, a filter) and final aggregates without grouping, which
+    /// run on the whole build side in each consumer task just as well: a
+    /// scalar subquery's `avg` or `max` is then computed by each task from
+    /// its partial stage's rows (one per partition), and is not a stage of
+    /// its own on the query's critical path.
     fn read_whole(&self, input: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         if let Some(coalesce) = input.downcast_ref::<CoalescePartitionsExec>()
             && coalesce.fetch().is_none()
@@ -177,7 +180,7 @@ impl Cutter {
                 Arc::clone(reader.planned_writer()?),
             )?));
         }
-        if !is_row_by_row(input) {
+        if !is_row_by_row(input) && !is_global_final_aggregate(input) {
             return Ok(None);
         }
         let child = Arc::clone(input.children()[0]);
@@ -535,6 +538,13 @@ fn emits_unmatched_build_rows(join_type: &JoinType) -> bool {
 
 /// A node that maps each input row (or batch) to output on its own, so it
 /// can run above any split or merge of its input.
+/// A final aggregate without grouping: one row out of its partial
+/// aggregate's rows, one per partition, whatever the rows below them.
+fn is_global_final_aggregate(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.downcast_ref::<AggregateExec>()
+        .is_some_and(|agg| *agg.mode() == AggregateMode::Final && agg.group_expr().is_empty())
+}
+
 fn is_row_by_row(plan: &Arc<dyn ExecutionPlan>) -> bool {
     plan.children().len() == 1 && (plan.is::<ProjectionExec>() || plan.is::<FilterExec>())
 }
