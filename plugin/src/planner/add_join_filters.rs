@@ -81,7 +81,7 @@ pub const MIN_PROBE_ROWS: usize = 10_000;
 /// `plan`, cut into stages and numbered, with the filters of every join
 /// they fit (none under [`JoinFilters::Off`]). Stage ids do not change; the
 /// caller numbers the plan again so each writer's deps include the build
-/// stages its filters read ([`crate::planner::first_writers`]).
+/// stages its filters read (`first_writers` in `crate::planner::number_stages`).
 ///
 /// # Errors
 ///

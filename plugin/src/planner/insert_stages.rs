@@ -27,7 +27,7 @@
 //! such a join whole.
 //!
 //! Stages are numbered in pre-order once every cut is made (see
-//! [`renumber`]), so the n-th writer in pre-order has id `FIRST_STAGE_ID + n`.
+//! [`number_stages`]), so the n-th writer in pre-order has id `FIRST_STAGE_ID + n`.
 //! Then the joins whose build side is a stage of its own get their filters
 //! ([`crate::planner::add_join_filters`]), and the plan is numbered again: the ids stay,
 //! and a stage whose probe side is filtered depends on the build stage too.
@@ -54,11 +54,10 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use super::restate_constants::restate_constants;
 use crate::config::{JoinFilters, SplitMode};
-use crate::exec::join_filter::JoinFilterExec;
 use crate::exec::shuffle_reader::ShuffleReaderExec;
 use crate::exec::shuffle_writer::ShuffleWriterExec;
-use crate::paths::stage_id;
 use crate::planner::add_join_filters;
+use crate::planner::number_stages::number_stages;
 use crate::wire::ReadMode;
 
 /// Cut `plan` into stages under `mode`, publishing into `shuffle_dir`, each
@@ -101,14 +100,14 @@ pub fn insert_stages(
         }
     };
     let mut next = 0;
-    let plan = renumber(plan, &mut next)?;
+    let plan = number_stages(plan, &mut next)?;
     if filters == JoinFilters::Off {
         return Ok((plan, next));
     }
     // Ids do not change (no writer is added); deps gain the build stages.
     let plan = add_join_filters(plan, filters)?;
     let mut again = 0;
-    let plan = renumber(plan, &mut again)?;
+    let plan = number_stages(plan, &mut again)?;
     Ok((plan, again))
 }
 
@@ -119,7 +118,7 @@ struct Cutter {
 }
 
 impl Cutter {
-    /// A writer of a stage not numbered yet (see [`renumber`]).
+    /// A writer of a stage not numbered yet (see [`number_stages`]).
     fn writer(
         &self,
         input: Arc<dyn ExecutionPlan>,
@@ -556,53 +555,4 @@ fn head_has_leaf(plan: &Arc<dyn ExecutionPlan>) -> bool {
     }
     let children = plan.children();
     children.is_empty() || children.into_iter().any(head_has_leaf)
-}
-
-/// Number the writers in pre-order and record each one's deps: the writers
-/// met first below it on each path.
-fn renumber(plan: Arc<dyn ExecutionPlan>, next: &mut u64) -> Result<Arc<dyn ExecutionPlan>> {
-    if let Some(writer) = plan.downcast_ref::<ShuffleWriterExec>() {
-        let id = stage_id(*next);
-        *next += 1;
-        let input = renumber(Arc::clone(writer.input()), next)?;
-        let mut deps = Vec::new();
-        first_writers(&input, &mut deps);
-        deps.sort_unstable();
-        deps.dedup();
-        let renumbered = ShuffleWriterExec::try_new(
-            id,
-            writer.shuffle_dir().to_path_buf(),
-            input,
-            writer.partitioning().clone(),
-            deps,
-            writer.partitions_per_map(),
-        )?;
-        return Ok(Arc::new(renumbered));
-    }
-    if let Some(reader) = plan.downcast_ref::<ShuffleReaderExec>() {
-        let writer = renumber(Arc::clone(reader.planned_writer()?), next)?;
-        return Ok(Arc::new(ShuffleReaderExec::try_new(reader.mode(), writer)?));
-    }
-    let children = plan
-        .children()
-        .into_iter()
-        .map(|child| renumber(Arc::clone(child), next))
-        .collect::<Result<Vec<_>>>()?;
-    replace_children_if_necessary(plan, children)
-}
-
-/// Ids of the writers met first below `plan` on each path, and of the
-/// build stages whose summaries a join filter on the way reads (its task
-/// must not start before they are published).
-pub(crate) fn first_writers(plan: &Arc<dyn ExecutionPlan>, ids: &mut Vec<u64>) {
-    if let Some(writer) = plan.downcast_ref::<ShuffleWriterExec>() {
-        ids.push(writer.stage_id());
-        return;
-    }
-    if let Some(filter) = plan.downcast_ref::<JoinFilterExec>() {
-        ids.push(filter.build().stage_id);
-    }
-    for child in plan.children() {
-        first_writers(child, ids);
-    }
 }

@@ -19,6 +19,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
 mod add_join_filters;
 mod insert_stages;
+mod number_stages;
 mod restate_constants;
 mod seal_recursive_queries;
 mod wrap_store_scans;
