@@ -336,19 +336,10 @@ pub fn decode_segments(bytes: Vec<u8>) -> Result<Vec<(SchemaRef, Vec<RecordBatch
                 .collect()
         };
         rest = rest.slice(len);
-        streams.push(decode_stream(parts).map_err(|why| {
-            if at == 0 {
-                why
-            } else {
-                format!("{why} (the stream at byte {at})")
-            }
-        })?);
+        streams.push(decode_stream(parts, at as u64)?);
         at += len;
     }
-    if streams.is_empty() {
-        return Err("not a readable Arrow IPC stream: no bytes".to_string());
-    }
-    Ok(streams)
+    some_streams(streams)
 }
 
 /// Decode the segments in `len` bytes of `file` from `offset` (a bucket's
@@ -386,15 +377,16 @@ pub(crate) fn read_segments(
             parts.push(Buffer::from_vec(message));
             start = end;
         }
-        streams.push(decode_stream(parts).map_err(|why| {
-            if at == 0 {
-                why
-            } else {
-                format!("{why} (the stream at byte {at})")
-            }
-        })?);
+        streams.push(decode_stream(parts, at)?);
         at += start;
     }
+    some_streams(streams)
+}
+
+/// The streams decoded, refused when there is none (no bytes at all).
+fn some_streams(
+    streams: Vec<(SchemaRef, Vec<RecordBatch>)>,
+) -> Result<Vec<(SchemaRef, Vec<RecordBatch>)>, String> {
     if streams.is_empty() {
         return Err("not a readable Arrow IPC stream: no bytes".to_string());
     }
@@ -402,8 +394,20 @@ pub(crate) fn read_segments(
 }
 
 /// Decode one checked stream, given in consecutive parts, catching a
-/// decoder panic.
-fn decode_stream(parts: Vec<Buffer>) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
+/// decoder panic; a failure names the stream's byte offset `at` in its
+/// bytes, unless it is the first.
+fn decode_stream(parts: Vec<Buffer>, at: u64) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
+    decode_parts(parts).map_err(|why| {
+        if at == 0 {
+            why
+        } else {
+            format!("{why} (the stream at byte {at})")
+        }
+    })
+}
+
+/// [`decode_stream`] without the offset in its message.
+fn decode_parts(parts: Vec<Buffer>) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
     // Arrow's IPC reader panics on some corrupt streams instead of failing
     // (fuzzing found a buffer offset beyond the message body).
     let decoded = guard::catch_decoder(move || -> Result<_, ArrowError> {
