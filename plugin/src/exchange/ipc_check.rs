@@ -68,16 +68,15 @@ impl StreamSource for [u8] {
         let bytes = usize::try_from(at)
             .ok()
             .and_then(|at| self.get(at..at.checked_add(buf.len())?))
-            .ok_or_else(|| {
-                format!(
-                    "cannot read {} byte(s) at {at}: the stream ends at {}",
-                    buf.len(),
-                    self.len()
-                )
-            })?;
+            .ok_or_else(|| past_end(at, buf.len(), StreamSource::len(self)))?;
         buf.copy_from_slice(bytes);
         Ok(())
     }
+}
+
+/// A read of `want` bytes at `at` of a stream `len` long, refused.
+fn past_end(at: u64, want: usize, len: u64) -> String {
+    format!("cannot read {want} byte(s) at {at}: the stream ends at {len}")
 }
 
 /// `len` bytes of a file from `offset`: a bucket's range in its map file.
@@ -99,11 +98,7 @@ impl StreamSource for FileRange<'_> {
     fn read_at(&self, at: u64, buf: &mut [u8]) -> Result<(), String> {
         let end = at.checked_add(buf.len() as u64);
         if end.is_none_or(|end| end > self.len) {
-            return Err(format!(
-                "cannot read {} byte(s) at {at}: the stream ends at {}",
-                buf.len(),
-                self.len
-            ));
+            return Err(past_end(at, buf.len(), self.len));
         }
         self.file
             .read_exact_at(buf, self.offset + at)

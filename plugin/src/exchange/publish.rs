@@ -113,23 +113,20 @@ impl MapSink {
         taken: Taken<'_>,
         spill_near: &Path,
     ) -> std::result::Result<u64, String> {
-        let MapMain::File(file) = &mut self.main else {
-            let bytes = taken.bytes(spill_near)?;
-            self.append(&bytes).await?;
-            return Ok(bytes.len() as u64);
-        };
-        let (from, offset, len) = match taken {
-            Taken::Spilled(from, offset, len) => (from, offset, len),
-            Taken::Held(bytes) => {
-                self.append(&bytes).await?;
-                return Ok(bytes.len() as u64);
+        match (taken, &mut self.main) {
+            (Taken::Spilled(from, offset, len), MapMain::File(file)) => {
+                file.append_range(from, offset, len)?;
+                if let Some((copy, _)) = self.copy.as_mut() {
+                    copy.append_range(from, offset, len)?;
+                }
+                Ok(len)
             }
-        };
-        file.append_range(from, offset, len)?;
-        if let Some((copy, _)) = self.copy.as_mut() {
-            copy.append_range(from, offset, len)?;
+            (taken, _) => {
+                let bytes = taken.bytes(spill_near)?;
+                self.append(&bytes).await?;
+                Ok(bytes.len() as u64)
+            }
         }
-        Ok(len)
     }
 
     async fn publish(self, path: &Path) -> std::result::Result<PublishedFile, String> {
