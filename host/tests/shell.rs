@@ -127,6 +127,8 @@ fn the_shell_creates_a_table_answers_on_one_pool_survives_a_bad_query_and_quits(
         plugin_path().display().to_string(),
         "--partitions".into(),
         "2".into(),
+        "--partitions-per-task".into(),
+        "2".into(),
     ]
     .iter()
     .map(|word| sh_quote(word))
@@ -168,9 +170,9 @@ fn the_shell_creates_a_table_answers_on_one_pool_survives_a_bad_query_and_quits(
     );
     let (answered, stages, tasks) = footers(&pane)[0];
     assert_eq!(answered, 3, "{pane}");
-    // Scanned in one stage, aggregated by region in another at least; a
-    // task at least for each (adaptive coalescing may run two maps as one).
-    assert!(stages >= 2 && tasks >= stages, "{pane}");
+    // No operator runs more than a task's two partitions: one stage of one
+    // task, on a worker of the shell's pool.
+    assert_eq!((stages, tasks), (1, 1), "{pane}");
 
     tmux.send_line("\\stats");
     let pane = tmux.wait_for("the stats", |pane| {

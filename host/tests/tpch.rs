@@ -463,6 +463,18 @@ async fn all_22_queries_agree_with_slices_of_two_partitions_split_at_every_excha
     assert!(coalesced > 0, "{reports:?}");
 }
 
+/// Two partitions in slices of two: every operator of every query runs at
+/// most two partitions, so each query is one stage of one task, which
+/// pipelines the whole plan as one process does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_22_queries_agree_as_one_stage_when_no_wider_than_a_task() {
+    let reports = all_queries_agree_with(Split::Exchange, 2, &sliced("2"), &[]).await;
+    for report in &reports {
+        assert_eq!(report.stages, Some(1), "{report:?}");
+        assert_eq!(report.tasks, Some(1), "{report:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_22_queries_agree_with_uneven_slices_split_at_aggregates() {
     // Five partitions after an exchange, in slices of two: maps of two, two
@@ -503,7 +515,13 @@ async fn all_22_queries_agree_in_slices_of_two_with_their_partitions_split_insid
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_22_queries_agree_with_one_task_per_stage_and_every_decision_forced_on() {
-    let options: Vec<_> = DECISIONS_ON.into_iter().chain(sliced("4")).collect();
+    // Kept as stages: a plan no wider than a task would run as one stage,
+    // with no decision to make.
+    let options: Vec<_> = DECISIONS_ON
+        .into_iter()
+        .chain(sliced("4"))
+        .chain([("collapse_stages", "off")])
+        .collect();
     let reports = all_queries_agree_with(Split::Exchange, 4, &options, &PARTITIONED_JOINS).await;
     // A stage of slices is decided by slice, and says so: no join is
     // switched and no task added (a split partition runs inside its task).

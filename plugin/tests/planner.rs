@@ -118,6 +118,56 @@ async fn a_plan_without_exchange_is_one_pass_through_stage() -> Result<()> {
     Ok(())
 }
 
+/// The plan of `sql` in [`session`], each map running `per_task` partitions,
+/// with `collapse_stages` as given.
+async fn plan_in_tasks_of(
+    sql: &str,
+    per_task: &str,
+    collapse: &str,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let dir = temp_dir();
+    let ctx = session(Some(dir.path()))?;
+    {
+        let state = ctx.state_ref();
+        let mut state = state.write();
+        let options = state.config_mut().options_mut();
+        options.set("dfx_engine.partitions_per_task", per_task)?;
+        options.set("dfx_engine.collapse_stages", collapse)?;
+    }
+    ctx.sql(sql).await?.create_physical_plan().await
+}
+
+#[tokio::test]
+async fn a_plan_no_wider_than_a_task_runs_as_one_stage() -> Result<()> {
+    let sql = "SELECT t.g, sum(u.v) FROM t JOIN u ON t.k = u.k GROUP BY t.g ORDER BY t.g";
+    // Two partitions everywhere, two a task: every stage would be one task.
+    let plan = plan_in_tasks_of(sql, "2", "auto").await?;
+    assert_eq!(stage_ids(&plan), vec![1], "{}", text(&plan));
+    let writer = stages(&plan)[0].clone();
+    let inside = text(writer.children()[0]);
+    assert!(
+        inside.contains("RepartitionExec: partitioning=Hash"),
+        "{inside}"
+    );
+    assert!(!inside.contains("ShuffleReaderExec"), "{inside}");
+    // One a task, or collapsing turned off: cut at every exchange.
+    for (per_task, collapse) in [("1", "auto"), ("2", "off")] {
+        let plan = plan_in_tasks_of(sql, per_task, collapse).await?;
+        assert!(
+            stage_ids(&plan).len() > 2,
+            "{per_task} {collapse}: {}",
+            text(&plan)
+        );
+    }
+    // A union of two tables runs four partitions: wider than a task of two.
+    let union = "SELECT g, count(*) FROM (SELECT g FROM t UNION ALL SELECT g FROM u) GROUP BY g";
+    let plan = plan_in_tasks_of(union, "2", "auto").await?;
+    assert!(stage_ids(&plan).len() > 1, "{}", text(&plan));
+    let plan = plan_in_tasks_of(union, "4", "auto").await?;
+    assert_eq!(stage_ids(&plan), vec![1], "{}", text(&plan));
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_collected_inner_join_broadcasts_its_build_side() -> Result<()> {
     let dir = temp_dir();

@@ -56,6 +56,16 @@ pub enum Coalesce {
     Off,
 }
 
+/// Whether a plan whose every stage would be one task runs as one stage:
+/// `dfx_engine.collapse_stages`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CollapseStages {
+    /// When no operator of the plan runs more partitions than a task does.
+    Auto,
+    /// Never: the plan is cut as the split rule says.
+    Off,
+}
+
 /// Whether the planner adds filters that cross stages.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum JoinFilters {

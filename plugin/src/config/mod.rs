@@ -95,8 +95,8 @@ pub use crate::read_settings::{
 };
 use crate::read_settings::{BroadcastRead, PartitionGroups, SplitParts, SplitRead};
 pub use choices::{
-    BroadcastSwitch, Coalesce, JoinFilters, ShuffleCompression, ShuffleDurability, SkewSplit,
-    SplitMode,
+    BroadcastSwitch, Coalesce, CollapseStages, JoinFilters, ShuffleCompression, ShuffleDurability,
+    SkewSplit, SplitMode,
 };
 
 mod choices;
@@ -139,6 +139,9 @@ pub const JOIN_FILTERS_KEY: &str = "dfx_engine.join_filters";
 
 /// The full key of the build-to-probe row ratio under which `auto` filters.
 pub const JOIN_FILTER_RATIO_KEY: &str = "dfx_engine.join_filter_ratio";
+
+/// The full key of running a plan of one-task stages as one stage.
+pub const COLLAPSE_STAGES_KEY: &str = "dfx_engine.collapse_stages";
 
 /// The full key of adaptive coalescing.
 pub const COALESCE_KEY: &str = "dfx_engine.coalesce";
@@ -218,6 +221,8 @@ extensions_options! {
         pub map_server: String, default = String::new()
         /// Set by a worker keeping copies to serve: where its writers put them.
         pub map_copy_dir: String, default = String::new()
+        /// A plan whose every stage would be one task runs as one stage: `auto` or `off`.
+        pub collapse_stages: String, default = "auto".to_string()
         /// Where map files live between stages: `object_store`, `local` or `both`.
         pub shuffle_durability: String, default = "object_store".to_string()
     }
@@ -261,7 +266,7 @@ impl DfxConfig {
                      `{SHUFFLE_DIR_KEY}`, `{SPLIT_KEY}`, `{SHUFFLE_COMPRESSION_KEY}`, \
                      `{S3_ENDPOINT_KEY}`, `{S3_REGION_KEY}`, `{S3_ALLOW_HTTP_KEY}`, \
                      `{MEMORY_TABLE_LIMIT_KEY}`, `{MEMORY_LIMIT_KEY}`, `{JOIN_FILTERS_KEY}`, \
-                     `{JOIN_FILTER_RATIO_KEY}`, `{COALESCE_KEY}`, \
+                     `{JOIN_FILTER_RATIO_KEY}`, `{COLLAPSE_STAGES_KEY}`, `{COALESCE_KEY}`, \
                      `{COALESCE_TASK_BYTES_KEY}`, `{SKEW_SPLIT_KEY}`, \
                      `{SKEW_SPLIT_FACTOR_KEY}` and `{SKEW_SPLIT_BYTES_KEY}`): {err}"
                 ))
@@ -330,6 +335,21 @@ impl DfxConfig {
             "off" => Ok(JoinFilters::Off),
             other => Err(DataFusionError::Configuration(format!(
                 "dfx config: `{JOIN_FILTERS_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
+            ))),
+        }
+    }
+
+    /// Whether a plan whose every stage would be one task runs as one stage.
+    ///
+    /// # Errors
+    ///
+    /// A value other than `auto` or `off`, named in the message.
+    pub fn collapse_stages(&self) -> Result<CollapseStages> {
+        match self.collapse_stages.trim() {
+            "" | "auto" => Ok(CollapseStages::Auto),
+            "off" => Ok(CollapseStages::Off),
+            other => Err(DataFusionError::Configuration(format!(
+                "dfx config: `{COLLAPSE_STAGES_KEY}` is {other:?}; expected \"auto\" or \"off\""
             ))),
         }
     }

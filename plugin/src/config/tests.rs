@@ -129,6 +129,25 @@ fn join_filters_are_auto_unless_set() -> Result<()> {
 }
 
 #[test]
+fn collapsing_stages_is_auto_unless_set() -> Result<()> {
+    let config = DfxConfig::from_config(&ConfigOptions::default())?;
+    assert_eq!(config.collapse_stages()?, CollapseStages::Auto);
+    let options = options_with_ffi(COLLAPSE_STAGES_KEY, "off")?;
+    let config = DfxConfig::from_config(&options)?;
+    assert_eq!(config.collapse_stages()?, CollapseStages::Off);
+    let options = options_with_ffi(COLLAPSE_STAGES_KEY, "on")?;
+    let err = DfxConfig::from_config(&options)?
+        .collapse_stages()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(COLLAPSE_STAGES_KEY) && err.contains("\"on\"") && err.contains("\"off\""),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
 fn coalescing_is_auto_unless_set() -> Result<()> {
     let config = DfxConfig::from_config(&ConfigOptions::default())?;
     assert_eq!(config.coalesce()?, Coalesce::Auto);

@@ -26,6 +26,9 @@
 //! so this mode gives right answers too, at the cost of every task computing
 //! such a join whole.
 //!
+//! In either mode, a plan no wider than a map's slice of partitions is not
+//! cut at all but run as one stage ([`insert_stages`] says why).
+//!
 //! Stages are numbered in pre-order once every cut is made (see
 //! [`number_stages`]), so the n-th writer in pre-order has id `FIRST_STAGE_ID + n`.
 //! Then the joins whose build side is a stage of its own get their filters
@@ -53,16 +56,36 @@ use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use super::restate_constants::restate_constants;
-use crate::config::{JoinFilters, SplitMode};
+use crate::config::{CollapseStages, JoinFilters, SplitMode};
 use crate::exec::shuffle_reader::ShuffleReaderExec;
 use crate::exec::shuffle_writer::ShuffleWriterExec;
 use crate::planner::add_join_filters;
 use crate::planner::number_stages::number_stages;
 use crate::wire::ReadMode;
 
-/// Cut `plan` into stages under `mode`, publishing into `shuffle_dir`, each
-/// map of a stage running `partitions_per_map` of its partitions; returns
-/// the new plan and its number of stages (at least one).
+/// How a plan is cut: the split rule, the filters that cross stages, the
+/// partitions each map runs, and whether a plan of one-task stages runs as
+/// one stage.
+#[derive(Debug, Clone, Copy)]
+pub struct Cut {
+    /// Where the plan is cut.
+    pub mode: SplitMode,
+    /// Which joins get filters that cross stages.
+    pub filters: JoinFilters,
+    /// Partitions of a stage each map (each task) runs, at least one.
+    pub partitions_per_map: usize,
+    /// Whether a plan whose every stage would be one task runs as one stage.
+    pub collapse: CollapseStages,
+}
+
+/// Cut `plan` into stages as `cut` says, publishing into `shuffle_dir`;
+/// returns the new plan and its number of stages (at least one).
+///
+/// A plan none of whose operators runs more partitions than a map does
+/// would run each stage as one task, each waiting for the last one's files
+/// (one machine: its cores are both the partitions and a slice). Under
+/// [`CollapseStages::Auto`] it is one stage: its one task pipelines the
+/// whole plan on its worker's cores, as one process does.
 ///
 /// # Errors
 ///
@@ -70,15 +93,25 @@ use crate::wire::ReadMode;
 pub fn insert_stages(
     plan: Arc<dyn ExecutionPlan>,
     shuffle_dir: &Path,
-    mode: SplitMode,
-    filters: JoinFilters,
-    partitions_per_map: usize,
+    cut: Cut,
 ) -> Result<(Arc<dyn ExecutionPlan>, u64)> {
+    let Cut {
+        mode,
+        filters,
+        partitions_per_map,
+        collapse,
+    } = cut;
     let cutter = Cutter {
         shuffle_dir: shuffle_dir.to_path_buf(),
         mode,
         partitions_per_map,
     };
+    if collapse == CollapseStages::Auto && widest_partitions(&plan) <= partitions_per_map {
+        let plan = cutter.pass_through(plan)?;
+        let mut next = 0;
+        let plan = number_stages(plan, &mut next)?;
+        return Ok((plan, next));
+    }
     let plan = match mode {
         SplitMode::Exchange => {
             let plan = cutter.cut(plan)?;
@@ -535,8 +568,6 @@ fn emits_unmatched_build_rows(join_type: &JoinType) -> bool {
     )
 }
 
-/// A node that maps each input row (or batch) to output on its own, so it
-/// can run above any split or merge of its input.
 /// A final aggregate without grouping: one row out of its partial
 /// aggregate's rows, one per partition, whatever the rows below them.
 fn is_global_final_aggregate(plan: &Arc<dyn ExecutionPlan>) -> bool {
@@ -544,6 +575,8 @@ fn is_global_final_aggregate(plan: &Arc<dyn ExecutionPlan>) -> bool {
         .is_some_and(|agg| *agg.mode() == AggregateMode::Final && agg.group_expr().is_empty())
 }
 
+/// A node that maps each input row (or batch) to output on its own, so it
+/// can run above any split or merge of its input.
 fn is_row_by_row(plan: &Arc<dyn ExecutionPlan>) -> bool {
     plan.children().len() == 1 && (plan.is::<ProjectionExec>() || plan.is::<FilterExec>())
 }
@@ -555,4 +588,12 @@ fn head_has_leaf(plan: &Arc<dyn ExecutionPlan>) -> bool {
     }
     let children = plan.children();
     children.is_empty() || children.into_iter().any(head_has_leaf)
+}
+
+/// The most partitions any operator of `plan` runs.
+fn widest_partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
+    plan.children()
+        .into_iter()
+        .map(widest_partitions)
+        .fold(plan.output_partitioning().partition_count(), usize::max)
 }

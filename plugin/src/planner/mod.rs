@@ -25,7 +25,7 @@ mod seal_recursive_queries;
 mod wrap_store_scans;
 
 pub use add_join_filters::add_join_filters;
-pub use insert_stages::insert_stages;
+pub use insert_stages::{Cut, insert_stages};
 pub use restate_constants::restate_constants;
 pub use seal_recursive_queries::{seal_recursive_queries, whole_work_tables};
 pub use wrap_store_scans::wrap_store_scans;
@@ -69,6 +69,7 @@ impl QueryPlanner for DfxQueryPlanner {
         let filters = dfx.join_filters()?;
         // Checked here too, so a typo fails the query before any task runs.
         dfx.shuffle_compression(true)?;
+        let collapse = dfx.collapse_stages()?;
         let shuffle_dir = dfx.shuffle_dir();
         let mut config = session.config().clone();
         if shuffle_dir.is_some() {
@@ -105,8 +106,13 @@ impl QueryPlanner for DfxQueryPlanner {
             None => Ok(plan),
             Some(dir) => {
                 let plan = wrap_store_scans(plan)?;
-                let (plan, stages) =
-                    insert_stages(plan, &dir, split, filters, dfx.partitions_per_task())?;
+                let cut = Cut {
+                    mode: split,
+                    filters,
+                    partitions_per_map: dfx.partitions_per_task(),
+                    collapse,
+                };
+                let (plan, stages) = insert_stages(plan, &dir, cut)?;
                 counters::stages_inserted(stages);
                 Ok(plan)
             }
