@@ -400,3 +400,32 @@ exec "$DFX" worker "$1""#,
     );
     assert_eq!(read_marker(&map_file)["map"], 1);
 }
+
+/// A plan no wider than a task is one stage (`collapse_stages`): a worker
+/// that dies in its one task costs a rerun of the whole query's task, and
+/// the answer is still the one-process answer.
+#[tokio::test]
+async fn a_plan_run_as_one_stage_is_retried_whole_when_its_worker_dies() {
+    let fixture = Fixture::new();
+    let spec = in_slices(fixture.distributed_spec("shuffle"), 64);
+    let (_, stages) = planned(&spec, BY_FLAG).await;
+    assert_eq!(stages.len(), 1, "{:?}", stages[0].info);
+    assert_eq!(stages[0].info.maps, 1, "{:?}", stages[0].info);
+    let s = stages[0].stage_id();
+    let host = host_with_script(&format!(
+        r#"case "$1" in */task-{s}-0.json) kill -KILL $$ ;; esac
+exec "$DFX" worker "$1""#
+    ));
+    let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
+    assert_eq!(rows(&result.batches), by_flag_expected());
+    assert_eq!(result.stages.len(), 1);
+    assert_eq!(result.attempts[&(s, 0)], 2, "{:?}", result.attempts);
+    assert_eq!(result.retries.len(), 1, "{:?}", result.retries);
+    assert!(
+        result.retries[0].starts_with(&format!(
+            "stage {s} map 0 attempt 0: was killed by signal 9"
+        )),
+        "{:?}",
+        result.retries
+    );
+}
