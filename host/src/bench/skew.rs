@@ -168,7 +168,13 @@ pub async fn skew(plugin: &Plugin, args: &SkewArgs) -> Result<Vec<SkewFigures>, 
             let shuffle = root.join(format!("shuffle-{index}-{run}"));
             let mut distributed = spec.clone().with_shuffle_dir(&shuffle);
             let per_task = args.partitions_per_task.to_string();
-            let slices = [("partitions_per_task", per_task.as_str())];
+            // Kept as stages however wide a slice: the decisions measured
+            // are made between stages, which a plan no wider than a task
+            // would not have.
+            let slices = [
+                ("partitions_per_task", per_task.as_str()),
+                ("collapse_stages", "off"),
+            ];
             for (key, value) in options.iter().chain(&slices) {
                 distributed
                     .engine_options
