@@ -106,13 +106,10 @@ pub fn insert_stages(
         mode,
         partitions_per_map,
     };
-    if collapse == CollapseStages::Auto && widest_partitions(&plan) <= partitions_per_map {
-        let plan = cutter.pass_through(plan)?;
-        let mut next = 0;
-        let plan = number_stages(plan, &mut next)?;
-        return Ok((plan, next));
-    }
+    let one_stage =
+        collapse == CollapseStages::Auto && widest_partitions(&plan) <= partitions_per_map;
     let plan = match mode {
+        _ if one_stage => cutter.pass_through(plan)?,
         SplitMode::Exchange => {
             let plan = cutter.cut(plan)?;
             if cutter.head_needs_a_stage(&plan) {
@@ -134,7 +131,8 @@ pub fn insert_stages(
     };
     let mut next = 0;
     let plan = number_stages(plan, &mut next)?;
-    if filters == JoinFilters::Off {
+    // One stage has no build stage to filter by.
+    if filters == JoinFilters::Off || one_stage {
         return Ok((plan, next));
     }
     // Ids do not change (no writer is added); deps gain the build stages.
