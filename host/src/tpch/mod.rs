@@ -89,7 +89,8 @@ pub struct TpchArgs {
     /// Where generated data is cached (one sub-directory per scale and partition count).
     #[arg(long, default_value = DEFAULT_DATA_DIR, value_name = "DIR")]
     pub data_dir: PathBuf,
-    /// Timed runs per query and mode; the table shows the medians.
+    /// Timed runs per query and mode, the three modes in turn within each
+    /// run; the table shows the medians.
     #[arg(long, default_value_t = 3, value_name = "N")]
     pub runs: usize,
     /// Also write the figures as JSON to this file.
@@ -188,7 +189,8 @@ pub async fn run_cli(args: TpchArgs) -> Result<ExitCode, TpchError> {
     let tables = args.tables_on.as_deref().unwrap_or("local files");
     println!(
         "TPC-H sf{} with {} partitions, split {}, shuffle compression {}, shuffle durability {}, \
-         worker mode {}, tables on {tables}, median of {} run(s) per mode\n",
+         worker mode {}, tables on {tables}, median of {} run(s) per mode, the modes in \
+         turn\n",
         report.scale,
         report.partitions,
         report.split,

@@ -133,7 +133,8 @@ async fn prepare_data(options: &TpchOptions) -> Result<Dataset, TpchError> {
 }
 
 /// Run one query `runs` times each way (stock DataFusion, dfx's session in
-/// one process, distributed) and compare every dfx answer with stock's.
+/// one process, distributed), the three ways in turn within each run, and
+/// compare every dfx answer with stock's.
 ///
 /// # Errors
 /// Only an unknown query number or a shuffle directory that cannot be
@@ -185,37 +186,43 @@ pub async fn run_query_in(
         }
     };
 
-    // The reference: stock DataFusion, default config, same files and
-    // partitions. Its answer is the one every dfx run is checked against.
+    // Each run times the three modes in turn (stock, dfx-local, distributed),
+    // so a busy spell on a shared machine falls on all three rather than on
+    // whichever mode's runs it happens to span. The reference is the first
+    // stock answer: stock DataFusion, default config, same files and
+    // partitions, which every dfx run is checked against.
     let mut stock_times = Vec::new();
-    let mut expected: Option<Vec<RecordBatch>> = None;
-    for _ in 0..runs {
+    let mut local_times = Vec::new();
+    let mut distributed_times = Vec::new();
+    let mut expected: Option<(Vec<RecordBatch>, Vec<_>)> = None;
+    for run in 0..runs {
         let started = Instant::now();
         match within(timeout, run_stock(sql, spec)).await {
             Ok(batches) => {
                 stock_times.push(millis(started));
-                expected.get_or_insert(batches);
+                if expected.is_none() {
+                    let rows = rows_of(&batches)?;
+                    report.rows = Some(rows.len());
+                    expected = Some((batches, rows));
+                }
             }
             Err(err) => {
                 report.outcome = Outcome::LocalFailed(format!("stock: {}", summary(&err)));
                 return Ok(report);
             }
         }
-    }
-    let expected = expected.unwrap_or_default();
-    let expected_rows = rows_of(&expected)?;
-    report.rows = Some(expected_rows.len());
-    report.stock_ms = median(&stock_times);
+        let Some((expected, expected_rows)) = &expected else {
+            // The first stock run either answered or returned above.
+            break;
+        };
 
-    let mut local_times = Vec::new();
-    for run in 0..runs {
         let started = Instant::now();
         match within(timeout, host.run_local(sql, spec)).await {
             Ok(batches) => {
                 local_times.push(millis(started));
                 let actual = rows_of(&batches)?;
-                let agreement = compare_columns(&expected, &batches)
-                    .and_then(|()| compare(&expected_rows, &actual, &order));
+                let agreement = compare_columns(expected, &batches)
+                    .and_then(|()| compare(expected_rows, &actual, &order));
                 if let Err(mismatch) = agreement {
                     report.outcome =
                         Outcome::Mismatch(format!("dfx-local run {}: {mismatch}", run + 1));
@@ -227,11 +234,7 @@ pub async fn run_query_in(
                 return Ok(report);
             }
         }
-    }
-    report.local_ms = median(&local_times);
 
-    let mut distributed_times = Vec::new();
-    for run in 0..runs {
         // One directory per query run: the driver refuses a directory holding
         // stage output, since readers would take the first run's files.
         let (run_dir, _shuffle) = match shuffle_root {
@@ -268,8 +271,8 @@ pub async fn run_query_in(
                     .map(|d| format!("stage {}: {}", d.stage_id, d.reason))
                     .collect();
                 let actual = rows_of(&result.batches)?;
-                let agreement = compare_columns(&expected, &result.batches)
-                    .and_then(|()| compare(&expected_rows, &actual, &order));
+                let agreement = compare_columns(expected, &result.batches)
+                    .and_then(|()| compare(expected_rows, &actual, &order));
                 if let Err(mismatch) = agreement {
                     report.outcome = Outcome::Mismatch(format!("run {}: {mismatch}", run + 1));
                 }
@@ -283,6 +286,8 @@ pub async fn run_query_in(
             break;
         }
     }
+    report.stock_ms = median(&stock_times);
+    report.local_ms = median(&local_times);
     report.distributed_ms = median(&distributed_times);
     if let (Some(stock), Some(distributed), Outcome::Agree) =
         (report.stock_ms, report.distributed_ms, &report.outcome)
