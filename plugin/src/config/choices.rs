@@ -1,6 +1,39 @@
 //! The config's choices among a few values, as the accessors of
 //! [`super::DfxConfig`] answer them: each decision's setting, where map
-//! files live, how they are compressed, where a plan is cut.
+//! files live, how they are compressed, where a plan is cut; and
+//! [`choose`], the one parser of them all.
+
+use datafusion::common::{DataFusionError, Result};
+
+/// The choice a setting's `value` names among `choices` (each a name and
+/// what it means); an empty value is the first, the default. Every choice
+/// setting is read by this one parser, so each refuses a value it does not
+/// know in the same words: the key, the value, and every name it knows.
+///
+/// # Errors
+///
+/// A value that names no choice, said with `key` and every choice's name.
+pub(super) fn choose<T: Copy>(key: &str, value: &str, choices: &[(&str, T)]) -> Result<T> {
+    let value = value.trim();
+    let chosen = match value {
+        "" => choices.first(),
+        named => choices.iter().find(|(name, _)| *name == named),
+    };
+    chosen.map(|&(_, choice)| choice).ok_or_else(|| {
+        let names: Vec<String> = choices
+            .iter()
+            .map(|(name, _)| format!("{name:?}"))
+            .collect();
+        let expected = match names.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => "no value".to_string(),
+        };
+        DataFusionError::Configuration(format!(
+            "dfx config: `{key}` is {value:?}; expected {expected}"
+        ))
+    })
+}
 
 /// Whether a ready stage's partitioned joins run as broadcast joins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

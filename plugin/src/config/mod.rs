@@ -94,6 +94,7 @@ pub use crate::read_settings::{
     BROADCAST_READ, COALESCED_MAPS, COALESCED_PARTITIONS, SPLIT_PARTS, SPLIT_READ,
 };
 use crate::read_settings::{BroadcastRead, PartitionGroups, SplitParts, SplitRead};
+use choices::choose;
 pub use choices::{
     BroadcastSwitch, Coalesce, CollapseStages, JoinFilters, ShuffleCompression, ShuffleDurability,
     SkewSplit, SplitMode,
@@ -228,6 +229,31 @@ extensions_options! {
     }
 }
 
+/// Why `dfx_engine.{inner}` could not be set to `value`: a key dfx does
+/// not declare is named with every key it does (read off the declaration
+/// itself, so none is left out); a value its key refuses, with the reason.
+fn refused_setting(inner: &str, value: &str, err: DataFusionError) -> DataFusionError {
+    let declared: Vec<String> = DfxConfig::default()
+        .entries()
+        .into_iter()
+        .map(|entry| entry.key)
+        .collect();
+    let field = inner.split('.').next().unwrap_or(inner);
+    if declared.iter().any(|key| key == field) {
+        return DataFusionError::Configuration(format!(
+            "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` to {value:?}: {err}"
+        ));
+    }
+    let named: Vec<String> = declared
+        .iter()
+        .map(|key| format!("`{CONFIG_PREFIX}.{key}`"))
+        .collect();
+    DataFusionError::Configuration(format!(
+        "dfx config: `{CONFIG_PREFIX}.{inner}` is not a dfx setting; dfx declares {}",
+        named.join(", ")
+    ))
+}
+
 impl ConfigExtension for DfxConfig {
     const PREFIX: &'static str = CONFIG_PREFIX;
 }
@@ -260,17 +286,9 @@ impl DfxConfig {
                 continue;
             };
             let value = entry.value.unwrap_or_default();
-            config.set(inner, &value).map_err(|err| {
-                DataFusionError::Configuration(format!(
-                    "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` (dfx declares \
-                     `{SHUFFLE_DIR_KEY}`, `{SPLIT_KEY}`, `{SHUFFLE_COMPRESSION_KEY}`, \
-                     `{S3_ENDPOINT_KEY}`, `{S3_REGION_KEY}`, `{S3_ALLOW_HTTP_KEY}`, \
-                     `{MEMORY_TABLE_LIMIT_KEY}`, `{MEMORY_LIMIT_KEY}`, `{JOIN_FILTERS_KEY}`, \
-                     `{JOIN_FILTER_RATIO_KEY}`, `{COLLAPSE_STAGES_KEY}`, `{COALESCE_KEY}`, \
-                     `{COALESCE_TASK_BYTES_KEY}`, `{SKEW_SPLIT_KEY}`, \
-                     `{SKEW_SPLIT_FACTOR_KEY}` and `{SKEW_SPLIT_BYTES_KEY}`): {err}"
-                ))
-            })?;
+            config
+                .set(inner, &value)
+                .map_err(|err| refused_setting(inner, &value, err))?;
         }
         Ok(config)
     }
@@ -281,13 +299,14 @@ impl DfxConfig {
     ///
     /// A value other than `exchange` or `aggregate`, named in the message.
     pub fn split_mode(&self) -> Result<SplitMode> {
-        match self.split.trim() {
-            "" | "exchange" => Ok(SplitMode::Exchange),
-            "aggregate" => Ok(SplitMode::Aggregate),
-            other => Err(DataFusionError::Configuration(format!(
-                "dfx config: `{SPLIT_KEY}` is {other:?}; expected \"exchange\" or \"aggregate\""
-            ))),
-        }
+        choose(
+            SPLIT_KEY,
+            &self.split,
+            &[
+                ("exchange", SplitMode::Exchange),
+                ("aggregate", SplitMode::Aggregate),
+            ],
+        )
     }
 
     /// How the segments of map files are compressed.
@@ -302,15 +321,20 @@ impl DfxConfig {
     /// DataFusion without it and 2.02x with it), and LZ4 for S3, where every
     /// byte crosses the network.
     pub fn shuffle_compression(&self, local: bool) -> Result<ShuffleCompression> {
-        match self.shuffle_compression.trim() {
-            "" | "auto" if local => Ok(ShuffleCompression::None),
-            "" | "auto" | "lz4" => Ok(ShuffleCompression::Lz4),
-            "none" => Ok(ShuffleCompression::None),
-            other => Err(DataFusionError::Configuration(format!(
-                "dfx config: `{SHUFFLE_COMPRESSION_KEY}` is {other:?}; expected \"auto\", \"lz4\" \
-                 or \"none\""
-            ))),
-        }
+        let by_location = match local {
+            true => ShuffleCompression::None,
+            false => ShuffleCompression::Lz4,
+        };
+        let forced = choose(
+            SHUFFLE_COMPRESSION_KEY,
+            &self.shuffle_compression,
+            &[
+                ("auto", None),
+                ("lz4", Some(ShuffleCompression::Lz4)),
+                ("none", Some(ShuffleCompression::None)),
+            ],
+        )?;
+        Ok(forced.unwrap_or(by_location))
     }
 
     /// Whether (and when) the planner filters probe sides across stages.
@@ -320,23 +344,25 @@ impl DfxConfig {
     /// A value other than `auto`, `on` or `off`, or a ratio that is not a
     /// number of at least 0, named in the message.
     pub fn join_filters(&self) -> Result<JoinFilters> {
-        match self.join_filters.trim() {
-            "" | "auto" => {
-                let ratio = self.join_filter_ratio;
-                if ratio.is_nan() || ratio < 0.0 {
-                    return Err(DataFusionError::Configuration(format!(
-                        "dfx config: `{JOIN_FILTER_RATIO_KEY}` is {ratio}; expected a number of \
-                         at least 0"
-                    )));
-                }
-                Ok(JoinFilters::Auto(ratio))
-            }
-            "on" => Ok(JoinFilters::On),
-            "off" => Ok(JoinFilters::Off),
-            other => Err(DataFusionError::Configuration(format!(
-                "dfx config: `{JOIN_FILTERS_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
-            ))),
+        let forced = choose(
+            JOIN_FILTERS_KEY,
+            &self.join_filters,
+            &[
+                ("auto", None),
+                ("on", Some(JoinFilters::On)),
+                ("off", Some(JoinFilters::Off)),
+            ],
+        )?;
+        if let Some(forced) = forced {
+            return Ok(forced);
         }
+        let ratio = self.join_filter_ratio;
+        if ratio.is_nan() || ratio < 0.0 {
+            return Err(DataFusionError::Configuration(format!(
+                "dfx config: `{JOIN_FILTER_RATIO_KEY}` is {ratio}; expected a number of at least 0"
+            )));
+        }
+        Ok(JoinFilters::Auto(ratio))
     }
 
     /// Whether a plan whose every stage would be one task runs as one stage.
@@ -345,13 +371,11 @@ impl DfxConfig {
     ///
     /// A value other than `auto` or `off`, named in the message.
     pub fn collapse_stages(&self) -> Result<CollapseStages> {
-        match self.collapse_stages.trim() {
-            "" | "auto" => Ok(CollapseStages::Auto),
-            "off" => Ok(CollapseStages::Off),
-            other => Err(DataFusionError::Configuration(format!(
-                "dfx config: `{COLLAPSE_STAGES_KEY}` is {other:?}; expected \"auto\" or \"off\""
-            ))),
-        }
+        choose(
+            COLLAPSE_STAGES_KEY,
+            &self.collapse_stages,
+            &[("auto", CollapseStages::Auto), ("off", CollapseStages::Off)],
+        )
     }
 
     /// Whether ready stages' small partitions share tasks.
@@ -360,14 +384,15 @@ impl DfxConfig {
     ///
     /// A value other than `auto`, `on` or `off`, named in the message.
     pub fn coalesce(&self) -> Result<Coalesce> {
-        match self.coalesce.trim() {
-            "" | "auto" => Ok(Coalesce::Auto),
-            "on" => Ok(Coalesce::On),
-            "off" => Ok(Coalesce::Off),
-            other => Err(DataFusionError::Configuration(format!(
-                "dfx config: `{COALESCE_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
-            ))),
-        }
+        choose(
+            COALESCE_KEY,
+            &self.coalesce,
+            &[
+                ("auto", Coalesce::Auto),
+                ("on", Coalesce::On),
+                ("off", Coalesce::Off),
+            ],
+        )
     }
 
     /// The partitions each task of a coalesced stage reads, as the
@@ -397,26 +422,28 @@ impl DfxConfig {
     /// A value other than `auto`, `on` or `off`, or a factor that is not a
     /// number of at least 1, named in the message.
     pub fn skew_split(&self) -> Result<SkewSplit> {
-        match self.skew_split.trim() {
-            "" | "auto" => {
-                let factor = self.skew_split_factor;
-                if factor.is_nan() || factor < 1.0 {
-                    return Err(DataFusionError::Configuration(format!(
-                        "dfx config: `{SKEW_SPLIT_FACTOR_KEY}` is {factor}; expected a number of \
-                         at least 1"
-                    )));
-                }
-                Ok(SkewSplit::Auto {
-                    factor,
-                    bytes: self.skew_split_bytes,
-                })
-            }
-            "on" => Ok(SkewSplit::On),
-            "off" => Ok(SkewSplit::Off),
-            other => Err(DataFusionError::Configuration(format!(
-                "dfx config: `{SKEW_SPLIT_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
-            ))),
+        let forced = choose(
+            SKEW_SPLIT_KEY,
+            &self.skew_split,
+            &[
+                ("auto", None),
+                ("on", Some(SkewSplit::On)),
+                ("off", Some(SkewSplit::Off)),
+            ],
+        )?;
+        if let Some(forced) = forced {
+            return Ok(forced);
         }
+        let factor = self.skew_split_factor;
+        if factor.is_nan() || factor < 1.0 {
+            return Err(DataFusionError::Configuration(format!(
+                "dfx config: `{SKEW_SPLIT_FACTOR_KEY}` is {factor}; expected a number of at least 1"
+            )));
+        }
+        Ok(SkewSplit::Auto {
+            factor,
+            bytes: self.skew_split_bytes,
+        })
     }
 
     /// Which part of a split partition this task reads, as the scheduler
@@ -446,16 +473,20 @@ impl DfxConfig {
     ///
     /// A value other than `auto`, `on` or `off`, named in the message.
     pub fn broadcast_switch(&self) -> Result<BroadcastSwitch> {
-        match self.broadcast_switch.trim() {
-            "" | "auto" => Ok(BroadcastSwitch::Auto {
-                bytes: self.broadcast_switch_bytes,
-            }),
-            "on" => Ok(BroadcastSwitch::On),
-            "off" => Ok(BroadcastSwitch::Off),
-            other => Err(DataFusionError::Configuration(format!(
-                "dfx config: `{BROADCAST_SWITCH_KEY}` is {other:?}; expected \"auto\", \"on\" or \"off\""
-            ))),
-        }
+        choose(
+            BROADCAST_SWITCH_KEY,
+            &self.broadcast_switch,
+            &[
+                (
+                    "auto",
+                    BroadcastSwitch::Auto {
+                        bytes: self.broadcast_switch_bytes,
+                    },
+                ),
+                ("on", BroadcastSwitch::On),
+                ("off", BroadcastSwitch::Off),
+            ],
+        )
     }
 
     /// How this task of a switched stage reads, as the scheduler set it;
@@ -503,17 +534,18 @@ impl DfxConfig {
     ///
     /// # Errors
     ///
-    /// A durability other than `object_store`, `local` or `both`.
+    /// A durability other than `object_store`, `local` or `both`, named in
+    /// the message.
     pub fn shuffle_durability(&self) -> Result<ShuffleDurability> {
-        match self.shuffle_durability.trim() {
-            "object_store" => Ok(ShuffleDurability::ObjectStore),
-            "local" => Ok(ShuffleDurability::Local),
-            "both" => Ok(ShuffleDurability::Both),
-            other => Err(DataFusionError::Configuration(format!(
-                "dfx config: `{CONFIG_PREFIX}.shuffle_durability` is {other:?}; expected \
-                 object_store, local or both"
-            ))),
-        }
+        choose(
+            &format!("{CONFIG_PREFIX}.{}", dfx_abi::SHUFFLE_DURABILITY),
+            &self.shuffle_durability,
+            &[
+                ("object_store", ShuffleDurability::ObjectStore),
+                ("local", ShuffleDurability::Local),
+                ("both", ShuffleDurability::Both),
+            ],
+        )
     }
 
     /// Whether map files stay only on the disks of the workers that wrote

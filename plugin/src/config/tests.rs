@@ -46,8 +46,29 @@ fn empty_or_missing_means_no_distribution() -> Result<()> {
 fn unknown_key_is_an_error() -> Result<()> {
     let options = options_with_ffi("dfx_engine.shufle_dir", "/tmp/x")?;
     let err = DfxConfig::from_config(&options).unwrap_err().to_string();
-    assert!(err.contains("dfx_engine.shufle_dir"), "{err}");
-    assert!(err.contains(SHUFFLE_DIR_KEY), "{err}");
+    assert!(
+        err.contains("`dfx_engine.shufle_dir` is not a dfx setting"),
+        "{err}"
+    );
+    // Every declared key is named, those the scheduler sets among them.
+    for entry in DfxConfig::default().entries() {
+        assert!(
+            err.contains(&format!("`{CONFIG_PREFIX}.{}`", entry.key)),
+            "{err}"
+        );
+    }
+    assert!(
+        err.contains(SHUFFLE_DIR_KEY) && err.contains(BROADCAST_SWITCH_KEY),
+        "{err}"
+    );
+    // A value its key refuses is said with the key, the value and why.
+    let options = options_with_ffi("dfx_engine.partitions_per_task", "many")?;
+    let err = DfxConfig::from_config(&options).unwrap_err().to_string();
+    assert!(
+        err.contains("cannot set `dfx_engine.partitions_per_task` to \"many\"")
+            && !err.contains("dfx declares"),
+        "{err}"
+    );
     Ok(())
 }
 
@@ -128,41 +149,84 @@ fn join_filters_are_auto_unless_set() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn collapsing_stages_is_auto_unless_set() -> Result<()> {
-    let config = DfxConfig::from_config(&ConfigOptions::default())?;
-    assert_eq!(config.collapse_stages()?, CollapseStages::Auto);
-    let options = options_with_ffi(COLLAPSE_STAGES_KEY, "off")?;
-    let config = DfxConfig::from_config(&options)?;
-    assert_eq!(config.collapse_stages()?, CollapseStages::Off);
-    let options = options_with_ffi(COLLAPSE_STAGES_KEY, "on")?;
-    let err = DfxConfig::from_config(&options)?
-        .collapse_stages()
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains(COLLAPSE_STAGES_KEY) && err.contains("\"on\"") && err.contains("\"off\""),
-        "{err}"
-    );
-    Ok(())
+/// An accessor of a choice setting, answering the choice's debug form.
+type Accessor = fn(&DfxConfig) -> Result<String>;
+
+/// Every choice setting: its key, its accessor, and the names it knows,
+/// the default first.
+fn choice_settings() -> Vec<(String, Accessor, Vec<&'static str>)> {
+    fn answer<T: std::fmt::Debug>(choice: Result<T>) -> Result<String> {
+        choice.map(|choice| format!("{choice:?}"))
+    }
+    vec![
+        (
+            SPLIT_KEY.to_string(),
+            |c| answer(c.split_mode()),
+            vec!["exchange", "aggregate"],
+        ),
+        (
+            SHUFFLE_COMPRESSION_KEY.to_string(),
+            |c| answer(c.shuffle_compression(false)),
+            vec!["auto", "lz4", "none"],
+        ),
+        (
+            JOIN_FILTERS_KEY.to_string(),
+            |c| answer(c.join_filters()),
+            vec!["auto", "on", "off"],
+        ),
+        (
+            COLLAPSE_STAGES_KEY.to_string(),
+            |c| answer(c.collapse_stages()),
+            vec!["auto", "off"],
+        ),
+        (
+            COALESCE_KEY.to_string(),
+            |c| answer(c.coalesce()),
+            vec!["auto", "on", "off"],
+        ),
+        (
+            SKEW_SPLIT_KEY.to_string(),
+            |c| answer(c.skew_split()),
+            vec!["auto", "on", "off"],
+        ),
+        (
+            BROADCAST_SWITCH_KEY.to_string(),
+            |c| answer(c.broadcast_switch()),
+            vec!["auto", "on", "off"],
+        ),
+        (
+            format!("{CONFIG_PREFIX}.{}", dfx_abi::SHUFFLE_DURABILITY),
+            |c| answer(c.shuffle_durability()),
+            vec!["object_store", "local", "both"],
+        ),
+    ]
 }
 
 #[test]
-fn coalescing_is_auto_unless_set() -> Result<()> {
-    let config = DfxConfig::from_config(&ConfigOptions::default())?;
-    assert_eq!(config.coalesce()?, Coalesce::Auto);
-    assert_eq!(config.coalesced_partitions()?, None);
-    let options = options_with_ffi(COALESCE_KEY, "off")?;
-    assert_eq!(DfxConfig::from_config(&options)?.coalesce()?, Coalesce::Off);
-    let options = options_with_ffi(COALESCE_KEY, "always")?;
-    let err = DfxConfig::from_config(&options)?
-        .coalesce()
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains(COALESCE_KEY) && err.contains("always"),
-        "{err}"
-    );
+fn every_choice_setting_defaults_to_its_first_and_refuses_in_the_same_words() -> Result<()> {
+    let defaults = DfxConfig::from_config(&ConfigOptions::default())?;
+    assert_eq!(defaults.coalesced_partitions()?, None);
+    for (key, accessor, names) in choice_settings() {
+        let mut answers = Vec::new();
+        for name in &names {
+            // Spaces around a value do not count.
+            let config = DfxConfig::from_config(&options_with_ffi(&key, &format!(" {name} "))?)?;
+            answers.push(accessor(&config)?);
+        }
+        assert_eq!(accessor(&defaults)?, answers[0], "{key}: the default");
+        let config = DfxConfig::from_config(&options_with_ffi(&key, "")?)?;
+        assert_eq!(accessor(&config)?, answers[0], "{key}: an empty value");
+
+        let config = DfxConfig::from_config(&options_with_ffi(&key, "sometimes")?)?;
+        let err = accessor(&config).unwrap_err().to_string();
+        let quoted: Vec<String> = names.iter().map(|name| format!("{name:?}")).collect();
+        let (last, rest) = quoted.split_last().expect("every setting has choices");
+        let expected = format!(
+            "dfx config: `{key}` is \"sometimes\"; expected {} or {last}",
+            rest.join(", ")
+        );
+        assert!(err.ends_with(&expected), "{err}\nexpected: {expected}");
+    }
     Ok(())
 }
 
@@ -204,7 +268,7 @@ fn shuffle_durability_is_read_once_and_refused_by_name() -> Result<()> {
         assert!(
             err.contains(&key)
                 && err.contains("\"disk\"")
-                && err.contains("object_store, local or both"),
+                && err.contains(r#""object_store", "local" or "both""#),
             "{err}"
         );
     }
