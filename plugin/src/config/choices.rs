@@ -35,6 +35,20 @@ pub(super) fn choose<T: Copy>(key: &str, value: &str, choices: &[(&str, T)]) -> 
     })
 }
 
+/// `value`, the number setting `key` holds, when it is at least `least`.
+///
+/// # Errors
+///
+/// A smaller number, or not a number, said with the key.
+pub(super) fn at_least(key: &str, value: f64, least: f64) -> Result<f64> {
+    if value.is_nan() || value < least {
+        return Err(DataFusionError::Configuration(format!(
+            "dfx config: `{key}` is {value}; expected a number of at least {least}"
+        )));
+    }
+    Ok(value)
+}
+
 /// Whether a ready stage's partitioned joins run as broadcast joins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BroadcastSwitch {

@@ -94,11 +94,11 @@ pub use crate::read_settings::{
     BROADCAST_READ, COALESCED_MAPS, COALESCED_PARTITIONS, SPLIT_PARTS, SPLIT_READ,
 };
 use crate::read_settings::{BroadcastRead, PartitionGroups, SplitParts, SplitRead};
-use choices::choose;
 pub use choices::{
     BroadcastSwitch, Coalesce, CollapseStages, JoinFilters, ShuffleCompression, ShuffleDurability,
     SkewSplit, SplitMode,
 };
+use choices::{at_least, choose};
 
 mod choices;
 
@@ -353,16 +353,12 @@ impl DfxConfig {
                 ("off", Some(JoinFilters::Off)),
             ],
         )?;
-        if let Some(forced) = forced {
-            return Ok(forced);
+        match forced {
+            Some(forced) => Ok(forced),
+            None => {
+                at_least(JOIN_FILTER_RATIO_KEY, self.join_filter_ratio, 0.0).map(JoinFilters::Auto)
+            }
         }
-        let ratio = self.join_filter_ratio;
-        if ratio.is_nan() || ratio < 0.0 {
-            return Err(DataFusionError::Configuration(format!(
-                "dfx config: `{JOIN_FILTER_RATIO_KEY}` is {ratio}; expected a number of at least 0"
-            )));
-        }
-        Ok(JoinFilters::Auto(ratio))
     }
 
     /// Whether a plan whose every stage would be one task runs as one stage.
@@ -431,19 +427,13 @@ impl DfxConfig {
                 ("off", Some(SkewSplit::Off)),
             ],
         )?;
-        if let Some(forced) = forced {
-            return Ok(forced);
+        match forced {
+            Some(forced) => Ok(forced),
+            None => Ok(SkewSplit::Auto {
+                factor: at_least(SKEW_SPLIT_FACTOR_KEY, self.skew_split_factor, 1.0)?,
+                bytes: self.skew_split_bytes,
+            }),
         }
-        let factor = self.skew_split_factor;
-        if factor.is_nan() || factor < 1.0 {
-            return Err(DataFusionError::Configuration(format!(
-                "dfx config: `{SKEW_SPLIT_FACTOR_KEY}` is {factor}; expected a number of at least 1"
-            )));
-        }
-        Ok(SkewSplit::Auto {
-            factor,
-            bytes: self.skew_split_bytes,
-        })
     }
 
     /// Which part of a split partition this task reads, as the scheduler
