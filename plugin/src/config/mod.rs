@@ -233,25 +233,19 @@ extensions_options! {
 /// not declare is named with every key it does (read off the declaration
 /// itself, so none is left out); a value its key refuses, with the reason.
 fn refused_setting(inner: &str, value: &str, err: DataFusionError) -> DataFusionError {
-    let declared: Vec<String> = DfxConfig::default()
-        .entries()
-        .into_iter()
-        .map(|entry| entry.key)
-        .collect();
+    let declared = DfxConfig::default().entries();
     let field = inner.split('.').next().unwrap_or(inner);
-    if declared.iter().any(|key| key == field) {
-        return DataFusionError::Configuration(format!(
-            "dfx config: cannot set `{CONFIG_PREFIX}.{inner}` to {value:?}: {err}"
-        ));
-    }
-    let named: Vec<String> = declared
-        .iter()
-        .map(|key| format!("`{CONFIG_PREFIX}.{key}`"))
-        .collect();
-    DataFusionError::Configuration(format!(
-        "dfx config: `{CONFIG_PREFIX}.{inner}` is not a dfx setting; dfx declares {}",
-        named.join(", ")
-    ))
+    let message = if declared.iter().any(|entry| entry.key == field) {
+        format!("cannot set `{CONFIG_PREFIX}.{inner}` to {value:?}: {err}")
+    } else {
+        let named: Vec<String> = declared
+            .iter()
+            .map(|entry| format!("`{CONFIG_PREFIX}.{}`", entry.key))
+            .collect();
+        let named = named.join(", ");
+        format!("`{CONFIG_PREFIX}.{inner}` is not a dfx setting; dfx declares {named}")
+    };
+    DataFusionError::Configuration(format!("dfx config: {message}"))
 }
 
 impl ConfigExtension for DfxConfig {
