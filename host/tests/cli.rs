@@ -743,6 +743,28 @@ fn dfx_run_set_gives_every_session_a_plugin_setting() {
         stderr.contains("dfx_engine.join_filters") && stderr.contains("sometimes"),
         "{stderr}"
     );
+    // So is a decision's value, when the query is planned: whether or not
+    // the adaptive step would ever ask about it, no task runs.
+    for (setting, key) in [
+        ("coalesce=sometimes", "dfx_engine.coalesce"),
+        ("skew_split=sometimes", "dfx_engine.skew_split"),
+        ("broadcast_switch=sometimes", "dfx_engine.broadcast_switch"),
+    ] {
+        let out = run(setting);
+        assert_eq!(out.status.code(), Some(1), "{setting}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains(key)
+                && stderr.contains(r#""auto", "on" or "off""#)
+                && stderr.contains("cannot create the physical plan"),
+            "{setting}: {stderr}"
+        );
+        assert!(
+            text(&out.stdout).is_empty(),
+            "{setting}: {}",
+            text(&out.stdout)
+        );
+    }
     // A key the spec holds as a flag of its own is refused before anything
     // runs.
     let out = run("split=aggregate");

@@ -226,6 +226,9 @@ fn every_choice_setting_defaults_to_its_first_and_refuses_in_the_same_words() ->
             rest.join(", ")
         );
         assert!(err.ends_with(&expected), "{err}\nexpected: {expected}");
+        // The planner's check of every choice refuses it too.
+        let err = config.check_choices().unwrap_err().to_string();
+        assert!(err.ends_with(&expected), "{err}\nexpected: {expected}");
     }
     Ok(())
 }

@@ -67,8 +67,8 @@ impl QueryPlanner for DfxQueryPlanner {
         let dfx = DfxConfig::from_config(session.config_options())?;
         let split = dfx.split_mode()?;
         let filters = dfx.join_filters()?;
-        // Checked here too, so a typo fails the query before any task runs.
-        dfx.shuffle_compression(true)?;
+        // Every choice, so a typo fails the query before any task runs.
+        dfx.check_choices()?;
         let collapse = dfx.collapse_stages()?;
         let shuffle_dir = dfx.shuffle_dir();
         let mut config = session.config().clone();
