@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -368,10 +369,13 @@ def test_engine_options_reach_every_session_of_the_query(
         result = run_distributed(JOINED_SQL, spec)
         assert as_rows(result.batches) == [{"l_returnflag": "R", "n": 2}], setting
     # The plugin reads the key: a value it does not take, or a key it does
-    # not know, is refused naming it.
+    # not know, is refused naming it; a decision's value too, though the
+    # adaptive step that reads it could keep its stage as planned.
     for options, named in (
         ({"join_filters": "sometimes"}, "sometimes"),
-        ({"no_such_setting": "1"}, "no_such_setting"),
+        ({"coalesce": "sometimes"}, re.escape('coalesce` is "sometimes"')),
+        ({"skew_split": "sometimes"}, re.escape('skew_split` is "sometimes"')),
+        ({"no_such_setting": "1"}, "no_such_setting` is not a dfx setting"),
     ):
         spec = dataclasses.replace(make_spec(), engine_options=options)
         with pytest.raises(Exception, match=named):
