@@ -57,13 +57,20 @@ class Design:
     # other machines' maps are requests: (k - 1) / k of them, the tasks
     # spread evenly.
     owner_reads_disk: bool = False
-    # Partitioned prefixes the query's objects are spread over.
+    # Partitioned prefixes the shuffle's objects are spread over.
     prefixes: int = 1
+    # Partitioned prefixes the tables' files are spread over (the user's
+    # layout, not dfx's).
+    table_prefixes: int = 1
     # Machine-sized tasks whose partitions each request their own bucket of
     # every upstream task (shuffle_reader.rs per partition, as built): one
     # request per (reader partition, upstream task) instead of one per pair
     # of tasks.
     request_per_partition: bool = False
+    # One stage (`collapse_stages`, a plan no wider than a task): the whole
+    # plan pipelined in one task, its exchanges repartitions in memory, so
+    # no map file is written or read.
+    one_stage: bool = False
 
     def __post_init__(self) -> None:
         """Machine-sized tasks read by ranges."""
@@ -230,7 +237,7 @@ def task_times(
         cores = target.cores if d.machine_tasks and s.maps > 1 else 1
         compute = (f.alpha_ms + f.beta_ms * target.scale / m / cores) / 1e3
         at_once = (load or {}).get(sid, min(target.slots, m)) * in_flight
-        prefix_gets = store.get_rate * d.prefixes
+        prefix_gets = store.get_rate * d.table_prefixes
         get_s, give_up = request_s(
             store.latency_s, at_once, prefix_gets, terms.slow_down
         )
@@ -255,11 +262,13 @@ def task_times(
             put_rounds = 2 + math.ceil(parts / d.parts_in_flight)
             put_bw = min(put_bw * d.parts_in_flight, put_to.machine_bw)
         io = put_rounds * sh_put_s + out_bytes / put_bw
+        if d.one_stage:
+            io, puts, out_bytes = 0.0, 0, 0.0
         gets = 0.0  # the shuffle's, this task's
         in_bytes = 0.0
         parse_s = 0.0
         request_cost = 0.0
-        for dep in s.deps:
+        for dep in [] if d.one_stage else s.deps:
             u = fits[dep].stage
             um = maps[dep]
             rows = u.rows * grow
@@ -420,7 +429,7 @@ def predict(
     final = final_read_ms / 1e3
     shuffle = target.design.shuffle_store or target.store
     roots = totals["root_maps"]
-    if target.store is not LOCAL:
+    if target.store is not LOCAL and not target.design.one_stage:
         if target.design.ranges:
             # Each root map's range, none of an empty root.
             if totals["root_rows"] > 0:
