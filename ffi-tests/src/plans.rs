@@ -464,7 +464,9 @@ pub fn stage_info_to_json(info: &DfxStageInfo) -> serde_json::Value {
         "shuffle_dir": info.shuffle_dir.as_str(),
         "maps": info.maps,
         "buckets": info.buckets,
+        "partitions_per_map": info.partitions_per_map,
         "deps": info.deps.to_vec(),
+        "aligned_deps": info.aligned_deps.to_vec(),
         "partitioning": info.partitioning.as_str(),
     })
 }
@@ -486,21 +488,25 @@ pub fn stage_info_from_json(json: &serde_json::Value) -> std::result::Result<Dfx
             .map(|s| s.into())
             .ok_or_else(|| format!("no string `{key}` in {json}"))
     };
-    let deps = json["deps"]
-        .as_array()
-        .ok_or_else(|| format!("no array `deps` in {json}"))?
-        .iter()
-        .map(|d| {
-            d.as_u64()
-                .ok_or_else(|| format!("a dep is not a number: {d}"))
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let ids = |key: &str| {
+        json[key]
+            .as_array()
+            .ok_or_else(|| format!("no array `{key}` in {json}"))?
+            .iter()
+            .map(|d| {
+                d.as_u64()
+                    .ok_or_else(|| format!("an id of `{key}` is not a number: {d}"))
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+    };
     Ok(DfxStageInfo {
         stage_id: number("stage_id")?,
         shuffle_dir: text("shuffle_dir")?,
         maps: number("maps")?,
         buckets: number("buckets")?,
-        deps: deps.into(),
+        partitions_per_map: number("partitions_per_map")?,
+        deps: ids("deps")?.into(),
+        aligned_deps: ids("aligned_deps")?.into(),
         partitioning: text("partitioning")?,
     })
 }

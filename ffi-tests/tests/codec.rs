@@ -42,7 +42,7 @@ fn infos(plan: &Arc<dyn ExecutionPlan>) -> Vec<dfx_abi::DfxStageInfo> {
 
 #[test]
 fn the_codec_id_is_listed() {
-    assert_eq!(plugin().codec_id(), "dfx_engine.physical.v4");
+    assert_eq!(plugin().codec_id(), "dfx_engine.physical.v5");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

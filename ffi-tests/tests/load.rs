@@ -41,7 +41,7 @@ fn real_plugin_loads_and_declares_its_versions() {
     assert_eq!(plugin.name(), "dfx-plugin");
     assert_eq!(plugin.stage_node_name(), "ShuffleWriterExec");
     assert_eq!(plugin.reader_node_name(), Some("ShuffleReaderExec"));
-    assert_eq!(plugin.codec_id(), "dfx_engine.physical.v4");
+    assert_eq!(plugin.codec_id(), "dfx_engine.physical.v5");
     assert_eq!(plugin.config_prefix(), "dfx_engine");
     // The exchange's exports are all present (appended after ABI version 1's).
     let module = plugin.module();
@@ -210,7 +210,7 @@ fn a_newer_root_module_with_a_trailing_field_loads_and_works() {
     assert_eq!(plugin.name(), "dfx-test-plugin-newer-root");
     assert_eq!(plugin.stage_node_name(), "ShuffleWriterExec");
     assert_eq!(plugin.reader_node_name(), Some("ShuffleReaderExec"));
-    assert_eq!(plugin.codec_id(), "dfx_engine.physical.v4");
+    assert_eq!(plugin.codec_id(), "dfx_engine.physical.v5");
     assert_eq!(plugin.config_prefix(), "dfx_engine");
     // A field the host does not know is not an error.
     let calls = test_library_calls(&path);

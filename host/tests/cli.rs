@@ -796,3 +796,74 @@ fn dfx_run_set_gives_every_session_a_plugin_setting() {
         text(&out.stderr)
     );
 }
+
+/// A task running a slice of two of four partitions is handed, of the hash
+/// exchange its final aggregate reads bucket by partition, only the two
+/// buckets of its slice of each upstream map; the answer is the
+/// hand-checked one. Process workers leave each envelope in the location,
+/// read back here.
+#[test]
+fn a_task_is_handed_only_its_slices_buckets_of_the_exchange_it_reads() {
+    let fixture = Fixture::new();
+    let table = format!("lineitem={}", fixture.table_dir().display());
+    let shuffle = fixture.shuffle_dir("windows");
+    let out = dfx(&[
+        "run",
+        "--table",
+        &table,
+        "--partitions",
+        "4",
+        "--partitions-per-task",
+        "2",
+        "--worker-mode",
+        "process",
+        "--set",
+        "coalesce=off",
+        "--shuffle-dir",
+        shuffle.to_str().unwrap(),
+        BY_FLAG,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for row in [
+        "| A            | 3 | 11.0 | 1100.0 |",
+        "| N            | 3 | 15.0 | 1500.0 |",
+        "| R            | 2 | 10.0 | 1000.0 |",
+    ] {
+        assert!(stdout.contains(row), "{row} in {stdout}");
+    }
+    // Stage 1 (the final aggregate) reads stage 2 (the partial aggregates
+    // of two maps, four buckets each): 2 rows a file, 8 in all.
+    let mut rows = 0;
+    for map in 0..2usize {
+        let envelope = shuffle.join("tasks").join(format!("task-1-{map}.json"));
+        let envelope: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&envelope).unwrap()).unwrap();
+        let ranges = envelope["spec"]["stage_options"][dfx_abi::SHUFFLE_RANGES]
+            .as_str()
+            .unwrap_or_else(|| panic!("map {map} handed no layouts: {envelope}"));
+        let layouts = dfx_abi::StageLayouts::parse(ranges).unwrap().unwrap();
+        let upstream = &layouts.stages[&2];
+        assert_eq!(upstream.len(), 2, "{ranges}");
+        for layout in upstream {
+            assert_eq!(
+                layout.described(),
+                map * 2..map * 2 + 2,
+                "map {map}: {ranges}"
+            );
+            rows += layout.rows.iter().sum::<u64>();
+        }
+    }
+    assert_eq!(
+        rows, 8,
+        "the two slices' windows hold every partial row once"
+    );
+    // The scan stage reads no stage: handed nothing.
+    let scan: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(shuffle.join("tasks/task-2-0.json")).unwrap())
+            .unwrap();
+    assert!(
+        scan["spec"]["stage_options"][dfx_abi::SHUFFLE_RANGES].is_null(),
+        "{scan}"
+    );
+}

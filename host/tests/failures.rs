@@ -162,7 +162,7 @@ async fn a_worker_whose_codec_ids_differ_refuses_before_decoding() {
         .to_string();
     assert!(err.contains("codec ids differ"), "{err}");
     assert!(err.contains("someone_else.physical.v9"), "{err}");
-    assert!(err.contains("dfx_engine.physical.v4"), "{err}");
+    assert!(err.contains("dfx_engine.physical.v5"), "{err}");
     assert!(!err.contains("decode"), "{err}");
 
     // Same through the binary.

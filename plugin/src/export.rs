@@ -200,7 +200,9 @@ extern "C" fn stage_info(plan: FFI_ExecutionPlan) -> FfiResult<DfxStageInfo> {
             shuffle_dir: RString::from(writer.shuffle_dir().to_string_lossy().into_owned()),
             maps: writer.maps() as u64,
             buckets: writer.buckets() as u64,
+            partitions_per_map: writer.partitions_per_map() as u64,
             deps: writer.deps().iter().copied().collect(),
+            aligned_deps: writer.aligned_deps().iter().copied().collect(),
             partitioning: RString::from(writer.partitioning_display()),
         })
     })
@@ -214,7 +216,9 @@ extern "C" fn encoded_stage_info(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxSta
             shuffle_dir: RString::from(payload.shuffle_dir),
             maps: payload.maps,
             buckets: payload.buckets,
+            partitions_per_map: payload.partitions_per_map,
             deps: payload.deps.into_iter().collect(),
+            aligned_deps: payload.aligned_deps.into_iter().collect(),
             partitioning: RString::from(payload.partitioning_display),
         })
     })

@@ -393,3 +393,61 @@ async fn run_stages_below(
     run_stages(ctx, &input).await?;
     Ok(())
 }
+
+/// Each writer's stage id, deps and the deps it reads partition by
+/// partition, in pre-order.
+fn alignment(plan: &Arc<dyn ExecutionPlan>) -> Vec<(u64, Vec<u64>, Vec<u64>)> {
+    stages(plan)
+        .iter()
+        .map(|s| {
+            let w = s.downcast_ref::<ShuffleWriterExec>().unwrap();
+            (w.stage_id(), w.deps().to_vec(), w.aligned_deps().to_vec())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_stage_reads_partition_by_partition_only_along_operators_that_keep_partitions()
+-> Result<()> {
+    // The final aggregate reads its hash exchange bucket by partition; the
+    // collected build side is read whole by every partition.
+    let joined = "SELECT t.g, sum(u.v) FROM t JOIN u ON t.k = u.k GROUP BY t.g";
+    let plan = plan_with(joined, "exchange").await?;
+    assert_eq!(
+        alignment(&plan),
+        [
+            (1, vec![2], vec![2]),
+            (2, vec![3], vec![]),
+            (3, vec![], vec![])
+        ],
+        "{}",
+        text(&plan)
+    );
+    // A partitioned join reads both sides bucket by partition.
+    let dir = temp_dir();
+    let ctx = session_with(Some(dir.path()), "exchange")?;
+    for key in [
+        "hash_join_single_partition_threshold",
+        "hash_join_single_partition_threshold_rows",
+    ] {
+        ctx.sql(&format!("SET datafusion.optimizer.{key} = 0"))
+            .await?;
+    }
+    let plan = ctx.sql(joined).await?.create_physical_plan().await?;
+    let join_stage = alignment(&plan)
+        .into_iter()
+        .find(|(_, deps, _)| deps.len() == 2)
+        .unwrap_or_else(|| panic!("no stage reads two: {}", text(&plan)));
+    assert_eq!(join_stage.2, join_stage.1, "{}", text(&plan));
+    // Under a union, partition p + 2 of the stage reads bucket p of the
+    // second side: neither side is read partition by partition.
+    let union = "SELECT g, sum(v) FROM t GROUP BY g UNION ALL SELECT g, sum(v) FROM u GROUP BY g";
+    let plan = plan_with(union, "exchange").await?;
+    assert_eq!(
+        alignment(&plan)[0],
+        (1, vec![2, 3], vec![]),
+        "{}",
+        text(&plan)
+    );
+    Ok(())
+}

@@ -5,7 +5,7 @@
 //! ```text
 //! phase 1  __datafusion_session_components__(ctx)
 //!            ctx's task-context provider ──► plugin.physical_codec(provider)
-//!            ──► DfxPhysicalCodec (id dfx_engine.physical.v4) joins the chain
+//!            ──► DfxPhysicalCodec (id dfx_engine.physical.v5) joins the chain
 //!            ctx's task-context provider ──► plugin.logical_codec(provider)
 //!            ──► DfxLogicalCodec (id dfx_engine.logical.v1) joins the logical
 //!                chain: it carries in-memory tables into the planner
@@ -197,7 +197,7 @@ pub struct DfxPhysicalCodec {
 
 #[pymethods]
 impl DfxPhysicalCodec {
-    /// The plugin's codec id (`dfx_engine.physical.v4`).
+    /// The plugin's codec id (`dfx_engine.physical.v5`).
     #[getter(__datafusion_codec_id__)]
     fn codec_id(&self, py: Python<'_>) -> PyResult<&'static str> {
         Ok(plugin(py)?.codec_id())

@@ -139,7 +139,7 @@ pub fn map_footer() -> (&'static [u8], u64) {
     (dfx_abi::MAP_FOOTER_MAGIC, dfx_abi::MAP_FOOTER_BYTES)
 }
 
-/// The id of the plugin's physical codec (`dfx_engine.physical.v4`).
+/// The id of the plugin's physical codec (`dfx_engine.physical.v5`).
 #[pyfunction]
 pub fn physical_codec_id(py: Python<'_>) -> PyResult<&'static str> {
     Ok(plugin(py)?.codec_id())

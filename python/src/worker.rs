@@ -200,6 +200,7 @@ fn run_handler(
             )
         })?;
     let layout = layout.map(|(offsets, bytes, rows, size, e_tag, keys)| MapLayout {
+        first_bucket: 0,
         offsets,
         bytes,
         rows,

@@ -23,8 +23,8 @@ def test_session_carries_the_plugin_codec(
     make_spec: Callable[..., SessionSpec],
 ) -> None:
     ctx, engine = build_session(make_spec())
-    assert ctx.physical_extension_codec_ids() == ["dfx_engine.physical.v4"]
-    assert expected_codec_ids() == ["dfx_engine.physical.v4"]
+    assert ctx.physical_extension_codec_ids() == ["dfx_engine.physical.v5"]
+    assert expected_codec_ids() == ["dfx_engine.physical.v5"]
     assert engine.physical_codec_id() == _internal.physical_codec_id()
 
 

@@ -70,7 +70,7 @@ def test_versions_and_contract_constants() -> None:
     assert _internal.stage_node_name() == "ShuffleWriterExec"
     assert _internal.reader_node_name() == "ShuffleReaderExec"
     assert _internal.config_prefix() == "dfx_engine"
-    assert _internal.physical_codec_id() == "dfx_engine.physical.v4"
+    assert _internal.physical_codec_id() == "dfx_engine.physical.v5"
     assert [_internal.stage_id(n) for n in range(3)] == [1, 2, 3]
     assert _internal.stage_id() == 1
     assert _internal.marker_path("/d", 2, 5) == "/d/stage-2/map-5.arrow"

@@ -33,7 +33,7 @@ def test_spec_round_trips_and_carries_codec_ids() -> None:
         "shuffle_dir": "/s",
         "target_partitions": 3,
         "split": "exchange",
-        "codec_ids": ["dfx_engine.physical.v4"],
+        "codec_ids": ["dfx_engine.physical.v5"],
     }
     assert SessionSpec.from_json(data) == spec
     assert SessionSpec.from_json(json.dumps(data)) == spec

@@ -170,7 +170,7 @@ def test_worker_refuses_other_codec_ids_before_decoding(
     done = run_worker(envelope)
     assert done.returncode == 1
     assert "someone_else.physical.v9" in done.stderr
-    assert "dfx_engine.physical.v4" in done.stderr
+    assert "dfx_engine.physical.v5" in done.stderr
     assert f"stage {info.stage_id} map 0: refusing to decode {plan}" in done.stderr
     assert published_files(spec.shuffle_dir) == set()
 

@@ -1,4 +1,4 @@
-//! The plugin codec's payload (`dfx_engine.physical.v4`) and the stage
+//! The plugin codec's payload (`dfx_engine.physical.v5`) and the stage
 //! description read from encoded plan bytes (the ABI's `encoded_stage_info`).
 //! Seeds are what the codec itself encoded for real writers and readers.
 

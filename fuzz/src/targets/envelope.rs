@@ -17,7 +17,7 @@ impl Target for EnvelopeTarget {
 
     fn seeds(&self) -> Vec<Vec<u8>> {
         [
-            r#"{"spec":{"tables":{"lineitem":"/data/lineitem","orders":"/data/orders"},"shuffle_dir":"/tmp/q1","target_partitions":4,"codec_ids":["dfx_engine.physical.v4"],"split":"exchange"},"plan":"/tmp/q1/tasks/stage-2.plan","stage_id":2,"partition":3}"#,
+            r#"{"spec":{"tables":{"lineitem":"/data/lineitem","orders":"/data/orders"},"shuffle_dir":"/tmp/q1","target_partitions":4,"codec_ids":["dfx_engine.physical.v5"],"split":"exchange"},"plan":"/tmp/q1/tasks/stage-2.plan","stage_id":2,"partition":3}"#,
             r#"{"spec":"{\"tables\":{\"t\":\"/d/t\"},\"shuffle_dir\":\"/s\",\"split\":\"aggregate\"}","plan":"/s/tasks/stage-1.plan","stage_id":1,"partition":0}"#,
             r#"{"spec":{"shuffle_dir":""},"plan":"p","stage_id":18446744073709551615,"partition":0}"#,
             r#"{"spec":{"tables":{}},"plan":"/x","stage_id":1,"partition":1,"extra":[1,{"a":null}]}"#,

@@ -247,7 +247,9 @@ mod tests {
             shuffle_dir: "/s".into(),
             maps,
             buckets: 1,
+            partitions_per_map: 1,
             deps,
+            aligned_deps: Vec::new(),
             partitioning: "single".into(),
         }
     }

@@ -34,7 +34,7 @@
 //! The *codec ids* of a session are the installed codecs' ids in install
 //! order; the terminal codec has none. A session built by
 //! [`crate::session::build_session`] carries exactly the plugin's codec id
-//! (`dfx_engine.physical.v4`), the list datafusion-python reports for
+//! (`dfx_engine.physical.v5`), the list datafusion-python reports for
 //! `SessionContext().with_extensions(...)` with the dfx extension.
 
 use std::fmt;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 /// The dfx ABI version: bumped whenever the meaning of a root-module field or
 /// of an exported function's arguments changes.
-pub const DFX_ABI_VERSION: u32 = 2;
+pub const DFX_ABI_VERSION: u32 = 3;
 
 /// The DataFusion major this build's `datafusion-ffi` structs belong to.
 ///

@@ -40,7 +40,7 @@ pub use location::{LocationError, S3Location, ShuffleLocation};
 pub use lock::{DriverLock, S3_LOCK_OBJECT, S3LockHolder};
 pub use map_file::{MAP_FOOTER_BYTES, MAP_FOOTER_MAGIC, map_marker_range};
 pub use map_layout::{
-    MapLayout, SHUFFLE_RANGES, SUMMARY_COLUMNS, SUMMARY_KEYS_COLUMNS, StageLayouts,
+    BucketRange, MapLayout, SHUFFLE_RANGES, SUMMARY_COLUMNS, SUMMARY_KEYS_COLUMNS, StageLayouts,
 };
 pub use map_ticket::{
     MAP_COPY_DIR, MAP_SERVER, MAX_TICKET_RANGES, MapTicket, MapTicketAnswer, SHUFFLE_DURABILITY,

@@ -27,8 +27,15 @@ pub const SHUFFLE_RANGES: &str = "shuffle_ranges";
 /// there are and how many rows they hold (arrays, bucket by bucket: a
 /// stage may have many buckets); the file's whole size; and, on S3, the
 /// object's entity tag.
+///
+/// The arrays may describe a window of the buckets only, from
+/// `first_bucket` on: what the driver hands a task that reads no other
+/// bucket of the map ([`MapLayout::window`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MapLayout {
+    /// The bucket the arrays begin with (0: every bucket from the first).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub first_bucket: u64,
     /// Each bucket's first byte in the file.
     pub offsets: Vec<u64>,
     /// Each bucket's length in bytes (0: empty).
@@ -54,11 +61,27 @@ pub struct MapLayout {
     pub owner: Option<String>,
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// Where one bucket lies in its map file, and its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BucketRange {
+    /// The bucket's first byte in the file.
+    pub offset: u64,
+    /// Its length in bytes (0: empty).
+    pub bytes: u64,
+    /// Its rows.
+    pub rows: u64,
+}
+
 impl MapLayout {
     /// A map of `buckets` empty buckets in a file of `size` bytes: what a
     /// map a coalesced task covers publishes.
     pub fn empty(buckets: usize) -> Self {
         Self {
+            first_bucket: 0,
             offsets: vec![0; buckets],
             bytes: vec![0; buckets],
             rows: vec![0; buckets],
@@ -69,9 +92,47 @@ impl MapLayout {
         }
     }
 
-    /// Buckets described.
+    /// Buckets described: those of the window, from `first_bucket` on.
     pub fn buckets(&self) -> usize {
         self.offsets.len()
+    }
+
+    /// The buckets described, as the map's bucket numbers.
+    pub fn described(&self) -> std::ops::Range<usize> {
+        let first = usize::try_from(self.first_bucket).unwrap_or(usize::MAX);
+        first..first.saturating_add(self.buckets())
+    }
+
+    /// Where bucket `bucket` of the map lies; `None` outside the window.
+    pub fn bucket(&self, bucket: usize) -> Option<BucketRange> {
+        let at = bucket.checked_sub(usize::try_from(self.first_bucket).ok()?)?;
+        Some(BucketRange {
+            offset: *self.offsets.get(at)?,
+            bytes: *self.bytes.get(at)?,
+            rows: *self.rows.get(at)?,
+        })
+    }
+
+    /// This layout describing only the buckets of `buckets` it describes:
+    /// what a task that reads no other bucket of the map is handed.
+    pub fn window(&self, buckets: std::ops::Range<usize>) -> Self {
+        let described = self.described();
+        let start = buckets.start.clamp(described.start, described.end);
+        let end = buckets.end.clamp(start, described.end);
+        let part = |values: &[u64]| {
+            let at = start - described.start..end - described.start;
+            values.get(at).unwrap_or_default().to_vec()
+        };
+        Self {
+            first_bucket: start as u64,
+            offsets: part(&self.offsets),
+            bytes: part(&self.bytes),
+            rows: part(&self.rows),
+            size: self.size,
+            e_tag: self.e_tag.clone(),
+            keys: self.keys,
+            owner: self.owner.clone(),
+        }
     }
 
     /// Whether the arrays agree in length and every bucket (and the key
@@ -193,8 +254,53 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_window_describes_its_buckets_by_their_numbers_in_the_map() {
+        let whole = MapLayout {
+            first_bucket: 0,
+            offsets: vec![0, 10, 15, 15],
+            bytes: vec![10, 5, 0, 7],
+            rows: vec![3, 1, 0, 2],
+            size: 40,
+            e_tag: Some("\"t\"".into()),
+            keys: Some((22, 4)),
+            owner: None,
+        };
+        let window = whole.window(1..3);
+        assert_eq!(window.described(), 1..3);
+        assert_eq!(window.bucket(0), None, "before the window");
+        assert_eq!(window.bucket(3), None, "after the window");
+        for bucket in 1..3 {
+            assert_eq!(
+                window.bucket(bucket),
+                whole.bucket(bucket),
+                "bucket {bucket}"
+            );
+        }
+        assert_eq!(
+            (window.size, &window.e_tag, window.keys),
+            (40, &whole.e_tag, whole.keys)
+        );
+        assert!(window.is_consistent());
+        // A window of a window, and one reaching past the map, keep to what
+        // is described.
+        assert_eq!(window.window(2..9).described(), 2..3);
+        assert_eq!(whole.window(3..9).bucket(3).map(|b| b.rows), Some(2));
+        assert_eq!(whole.window(6..9).buckets(), 0);
+        // The whole map's text is unchanged: the window's start is written
+        // only when it is not the first bucket.
+        assert!(
+            !serde_json::to_string(&whole)
+                .unwrap()
+                .contains("first_bucket")
+        );
+        let text = serde_json::to_string(&window).unwrap();
+        assert_eq!(serde_json::from_str::<MapLayout>(&text).unwrap(), window);
+    }
+
+    #[test]
     fn layouts_round_trip_and_inconsistent_ones_are_refused() {
         let layout = MapLayout {
+            first_bucket: 0,
             offsets: vec![0, 10],
             bytes: vec![10, 5],
             rows: vec![3, 1],

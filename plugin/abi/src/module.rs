@@ -70,7 +70,7 @@ pub struct DfxPlugin {
     /// by containment of this name in a node's display, in pre-order,
     /// descending into stages (they nest).
     pub stage_node_name: RStr<'static>,
-    /// Id of the plugin's physical extension codec (`dfx_engine.physical.v4`).
+    /// Id of the plugin's physical extension codec (`dfx_engine.physical.v5`).
     pub codec_id: RStr<'static>,
     /// Prefix of the plugin's config extension (`dfx_engine`).
     pub config_prefix: RStr<'static>,
@@ -271,14 +271,22 @@ pub struct DfxStageInfo {
     pub stage_id: u64,
     /// The shuffle directory the stage publishes into.
     pub shuffle_dir: RString,
-    /// Map tasks: the partitions of the writer's input, one task each.
+    /// Map tasks: one per slice of the writer's input partitions.
     pub maps: u64,
     /// Buckets each map splits its rows into (1 for pass-through and
     /// broadcast exchanges).
     pub buckets: u64,
+    /// Input partitions each map runs: map `m` runs partitions
+    /// `m * partitions_per_map ..` (the last map may run fewer).
+    pub partitions_per_map: u64,
     /// Ids of the stages this one reads (the writers met first below it on
     /// each path), ascending. A stage runs once all of them are published.
     pub deps: RVec<u64>,
+    /// The deps this stage reads partition by partition: its input's
+    /// partition `p` reads bucket `p` of every map of them and nothing else,
+    /// so map `m` reads only the buckets of its own slice. Ascending; a dep
+    /// read any other way (whole, merged, through a union) is not listed.
+    pub aligned_deps: RVec<u64>,
     /// How rows are split into buckets, for display (`hash([k@0], 4)`,
     /// `single`).
     pub partitioning: RString,

@@ -88,7 +88,7 @@ impl Plugin {
         self.module.stage_node_name().as_str()
     }
 
-    /// The id of the plugin's physical codec (`dfx_engine.physical.v4`).
+    /// The id of the plugin's physical codec (`dfx_engine.physical.v5`).
     pub fn codec_id(&self) -> &'static str {
         self.module.codec_id().as_str()
     }

@@ -207,7 +207,7 @@ pub async fn map_bucket_bytes(read: &HashRead, config: &DfxConfig) -> Result<Vec
     let layouts = config.shuffle_ranges()?;
     if let Some(maps) = layouts.as_ref().and_then(|l| l.stages.get(&read.stage_id))
         && maps.len() == read.maps
-        && maps.iter().all(|m| m.buckets() == read.buckets)
+        && maps.iter().all(|m| m.described() == (0..read.buckets))
     {
         return Ok(maps.iter().map(|m| m.bytes.clone()).collect());
     }

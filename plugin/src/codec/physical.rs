@@ -150,7 +150,8 @@ impl DfxPhysicalCodec {
             partitioning,
             payload.deps,
             partitions_per_map,
-        )?;
+        )?
+        .with_aligned_deps(payload.aligned_deps);
         let decoded = (
             writer.maps() as u64,
             writer.buckets() as u64,
@@ -389,6 +390,7 @@ impl DfxPhysicalCodec {
             buckets: writer.buckets() as u64,
             partitions_per_map: writer.partitions_per_map() as u64,
             deps: writer.deps().to_vec(),
+            aligned_deps: writer.aligned_deps().to_vec(),
             shuffle_dir: shuffle_dir.to_string(),
             partitioning_display: writer.partitioning_display(),
             partitioning: proto.encode_to_vec(),

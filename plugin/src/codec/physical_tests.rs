@@ -12,6 +12,7 @@ fn sample() -> Vec<u8> {
         buckets: 3,
         partitions_per_map: 2,
         deps: vec![8, 9],
+        aligned_deps: vec![9],
         shuffle_dir: "/tmp/shuffle-ä".into(),
         partitioning_display: "hash([k@0], 3)".into(),
         partitioning: vec![1, 2, 3],

@@ -45,6 +45,7 @@ fn stage(maps: u64, input: PhysicalPlanNode) -> Vec<u8> {
         buckets: 1,
         partitions_per_map: 1,
         deps: Vec::new(),
+        aligned_deps: Vec::new(),
         shuffle_dir: "/s".into(),
         partitioning_display: "single".into(),
         partitioning: Vec::new(),

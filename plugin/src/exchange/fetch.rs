@@ -438,6 +438,7 @@ mod tests {
     fn a_maps_adjacent_buckets_are_one_request_and_each_map_its_own() {
         // Bucket 2 is empty: buckets 1 and 3 are adjacent around it.
         let layout = MapLayout {
+            first_bucket: 0,
             offsets: vec![0, 10, 30, 30],
             bytes: vec![10, 20, 0, 5],
             rows: vec![1, 2, 0, 1],

@@ -413,9 +413,27 @@ impl Piece {
 /// map, from the maps' reports): no marker is read. Each bucket is one
 /// contiguous range of its file, read as one piece of one "segment" (its
 /// segments, decoded one after the other); an empty bucket is skipped.
-/// The caller has checked that `maps` has every map and bucket. A map whose
+/// The caller has checked that `maps` describes every piece's map and
+/// bucket (see [`layouts_describe`]). A map whose
 /// layout names an owner other than `own_server` (the reading process's
 /// own map server) is read from that owner.
+/// Whether `maps`, the layouts a task was handed of a stage of `planned`
+/// maps of `buckets` buckets, describe every piece it reads: one layout a
+/// map, none reaching past the stage's buckets, and each piece's bucket in
+/// its map's window. A task handed less reads by the markers.
+pub(crate) fn layouts_describe(
+    maps: &[MapLayout],
+    planned: usize,
+    buckets: usize,
+    pieces: &[(usize, usize)],
+) -> bool {
+    maps.len() == planned
+        && maps.iter().all(|m| m.described().end <= buckets)
+        && pieces
+            .iter()
+            .all(|&(map, bucket)| maps[map].described().contains(&bucket))
+}
+
 pub(crate) fn locate_by_layouts(
     root: &Path,
     stage_id: u64,
@@ -427,14 +445,15 @@ pub(crate) fn locate_by_layouts(
         .into_iter()
         .filter_map(|(map, bucket)| {
             let layout = maps.get(map)?;
-            let rows = *layout.rows.get(bucket)?;
+            let range = layout.bucket(bucket)?;
+            let rows = range.rows;
             (rows > 0).then(|| Piece {
                 map,
                 bucket,
                 rows,
                 segments: VecDeque::from([Segment {
-                    offset: layout.offsets[bucket],
-                    bytes: layout.bytes[bucket],
+                    offset: range.offset,
+                    bytes: range.bytes,
                     rows,
                 }]),
                 path: map_path(root, stage_id, map),
@@ -494,4 +513,43 @@ pub(crate) fn locate_local(
         }
     }
     Ok(located)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn four_buckets() -> MapLayout {
+        MapLayout {
+            first_bucket: 0,
+            offsets: vec![0, 10, 20, 30],
+            bytes: vec![10; 4],
+            rows: vec![1, 2, 3, 4],
+            size: 40,
+            e_tag: None,
+            keys: None,
+            owner: None,
+        }
+    }
+
+    #[test]
+    fn a_task_uses_its_layouts_only_when_they_describe_every_bucket_it_reads() {
+        let whole = vec![four_buckets(), four_buckets()];
+        let window: Vec<MapLayout> = whole.iter().map(|m| m.window(2..4)).collect();
+        let slice = [(0, 2), (0, 3), (1, 2), (1, 3)];
+        assert!(layouts_describe(&whole, 2, 4, &slice));
+        assert!(layouts_describe(&window, 2, 4, &slice));
+        // A bucket outside the window, a map missing, or a stage of fewer
+        // buckets than the layouts name: read by the markers instead.
+        assert!(!layouts_describe(&window, 2, 4, &[(0, 1)]));
+        assert!(!layouts_describe(&window[..1], 2, 4, &slice));
+        assert!(!layouts_describe(&whole, 2, 3, &[(0, 0)]));
+        // The pieces a window describes lie where the whole layout says.
+        let located = locate_by_layouts(Path::new("/s"), 2, &window, slice.to_vec(), None);
+        let at: Vec<(usize, u64, u64)> = located
+            .iter()
+            .map(|p| (p.bucket, p.segments[0].offset, p.rows))
+            .collect();
+        assert_eq!(at, [(2, 20, 3), (3, 30, 4), (2, 20, 3), (3, 30, 4)]);
+    }
 }

@@ -23,7 +23,7 @@ use std::ops::Range;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
-use dfx_abi::MapLayout;
+use dfx_abi::{BucketRange, MapLayout};
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use object_store::ObjectStore;
@@ -58,15 +58,13 @@ impl Cover {
     ) -> Vec<Option<Self>> {
         maps.iter()
             .map(|layout| {
-                let held: Vec<usize> = slice
+                let held: Vec<BucketRange> = slice
                     .clone()
-                    .filter(|&b| layout.rows.get(b).is_some_and(|&rows| rows > 0))
+                    .filter_map(|b| layout.bucket(b))
+                    .filter(|range| range.rows > 0)
                     .collect();
-                let offset = held.iter().map(|&b| layout.offsets[b]).min()?;
-                let end = held
-                    .iter()
-                    .map(|&b| layout.offsets[b] + layout.bytes[b])
-                    .max()?;
+                let offset = held.iter().map(|range| range.offset).min()?;
+                let end = held.iter().map(|range| range.offset + range.bytes).max()?;
                 (held.len() >= 2 && end - offset <= budget).then_some(Self {
                     offset,
                     len: end - offset,

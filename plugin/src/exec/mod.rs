@@ -11,9 +11,13 @@
 //! SealedInputExec             a writer's input run by the plugin, under the memory limit
 //! ```
 //!
+//! [`aligned_reads`] says which stages a writer's input reads partition by
+//! partition, so that each map is handed only its slice's buckets of them.
+//!
 //! Their names and payloads are [`crate::wire`]'s; their codec is
 //! [`crate::codec`]; the rewrites that place them are [`crate::planner`]'s.
 
+pub mod aligned_reads;
 pub mod common;
 pub(crate) mod driven;
 pub mod join_filter;

@@ -50,7 +50,7 @@ use prost::Message;
 use crate::config::DfxConfig;
 use crate::counters::LiveObject;
 use crate::exchange::fetch::{Sources, copy_source, file_source, s3_source, served_source};
-use crate::exchange::locate::{locate_by_layouts, locate_local, read_markers};
+use crate::exchange::locate::{layouts_describe, locate_by_layouts, locate_local, read_markers};
 use crate::exchange::shared_reads::Cover;
 use crate::exchange::store::{S3Options, ShuffleLocation, location_root, s3_store};
 use crate::exchange::stream::BucketStream;
@@ -462,8 +462,9 @@ impl ShuffleReaderExec {
             _ => self.pieces(partition, groups.as_ref()),
         };
         // The driver's layouts of this stage's maps, when it handed them and
-        // they describe every planned map and bucket (a stage with maps
-        // added by a skew split is read by its markers, which name them).
+        // they describe every planned map and every bucket this partition
+        // reads (a stage with maps added by a skew split is read by its
+        // markers, which name them).
         let layouts = config
             .shuffle_ranges()
             .map_err(|e| self.error(partition, e))?;
@@ -471,9 +472,7 @@ impl ShuffleReaderExec {
         let laid_out = layouts
             .as_ref()
             .and_then(|l| l.stages.get(&self.stage_id))
-            .filter(|maps| {
-                maps.len() == self.maps && maps.iter().all(|m| m.buckets() == self.buckets)
-            })
+            .filter(|maps| layouts_describe(maps, self.maps, self.buckets, &pieces))
             .map(|maps| locate_by_layouts(&root, self.stage_id, maps, pieces.clone(), own_server));
         // A hash partition of a task running a slice shares each map's read
         // with the slice's other partitions.

@@ -77,6 +77,11 @@ pub struct ShuffleWriterExec {
     deps: Vec<u64>,
     /// Input partitions each map runs, at least one and at most all.
     partitions_per_map: usize,
+    /// The deps the input reads partition by partition: none until the
+    /// planner finds them in the input it built (or a payload carries
+    /// them), kept when a host hands the writer other children (its own
+    /// wrappers of the same operators).
+    aligned_deps: Vec<u64>,
     properties: Arc<PlanProperties>,
     _live: LiveObject,
 }
@@ -84,14 +89,17 @@ pub struct ShuffleWriterExec {
 impl ShuffleWriterExec {
     /// This node over `input` in place of its own input.
     fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::try_new(
+        let writer = Self::try_new(
             self.stage_id,
             self.shuffle_dir.clone(),
             input,
             self.partitioning.clone(),
             self.deps.clone(),
             self.partitions_per_map,
-        )?))
+        )?;
+        Ok(Arc::new(
+            writer.with_aligned_deps(self.aligned_deps.clone()),
+        ))
     }
 
     /// A writer of stage `stage_id` over `input`, splitting each map's rows
@@ -146,6 +154,7 @@ impl ShuffleWriterExec {
             partitioning,
             deps,
             partitions_per_map,
+            aligned_deps: Vec::new(),
             properties,
             _live: LiveObject::new(),
         })
@@ -179,6 +188,20 @@ impl ShuffleWriterExec {
     /// Map tasks: one per slice of the input's partitions.
     pub fn maps(&self) -> usize {
         self.properties.output_partitioning().partition_count()
+    }
+
+    /// The deps its input reads partition by partition: map `m` reads only
+    /// the buckets of its own slice of them (see
+    /// [`crate::exec::aligned_reads`]).
+    pub fn aligned_deps(&self) -> &[u64] {
+        &self.aligned_deps
+    }
+
+    /// This writer saying `aligned_deps` are read partition by partition
+    /// (as a decoded payload says), whatever its input shows.
+    pub fn with_aligned_deps(mut self, aligned_deps: Vec<u64>) -> Self {
+        self.aligned_deps = aligned_deps;
+        self
     }
 
     /// Input partitions each map runs (the last map may run fewer).

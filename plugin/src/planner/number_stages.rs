@@ -1,5 +1,6 @@
 //! Stage ids and deps: the writers of a cut plan numbered in pre-order,
-//! each with the stages it reads.
+//! each with the stages it reads, and those it reads partition by
+//! partition.
 
 use std::sync::Arc;
 
@@ -7,6 +8,7 @@ use datafusion::common::Result;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 
+use crate::exec::aligned_reads::aligned_reads;
 use crate::exec::join_filter::JoinFilterExec;
 use crate::exec::shuffle_reader::ShuffleReaderExec;
 use crate::exec::shuffle_writer::ShuffleWriterExec;
@@ -34,7 +36,8 @@ pub(crate) fn number_stages(
             deps,
             writer.partitions_per_map(),
         )?;
-        return Ok(Arc::new(renumbered));
+        let aligned = aligned_reads(renumbered.input());
+        return Ok(Arc::new(renumbered.with_aligned_deps(aligned)));
     }
     if let Some(reader) = plan.downcast_ref::<ShuffleReaderExec>() {
         let writer = number_stages(Arc::clone(reader.planned_writer()?), next)?;

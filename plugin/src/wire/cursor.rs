@@ -49,6 +49,22 @@ impl<'a> Cursor<'a> {
         ))
     }
 
+    /// A u32 count of u64 ids, then the ids. The count is bounded by the
+    /// bytes present, so a corrupt one cannot make us allocate.
+    pub(crate) fn ids(&mut self, what: &str) -> Result<Vec<u64>> {
+        let count = self.u32(what)? as usize;
+        if count > self.buf.len() / 8 {
+            return Err(fail(
+                Area::Codec,
+                format!(
+                    "truncated payload: {count} {what} declared, {} bytes left",
+                    self.buf.len()
+                ),
+            ));
+        }
+        (0..count).map(|_| self.u64(what)).collect()
+    }
+
     pub(crate) fn blob(&mut self, what: &str) -> Result<&'a [u8]> {
         let len = self.u32(what)? as usize;
         self.take(len, what)

@@ -11,7 +11,7 @@
 //! ```text
 //! magic b"DFXS" | payload version u16 (PAYLOAD_VERSION) | node kind u8
 //! writer (kind 1): stage id u64 | maps u64 | buckets u64 | partitions per map u64
-//!                  | deps: u32 count, u64 each
+//!                  | deps: u32 count, u64 each | aligned deps: u32 count, u64 each
 //!                  | shuffle dir str | partitioning display str
 //!                  | partitioning blob (datafusion-proto `Partitioning`)
 //! reader (kind 2): read mode u8 | stage id u64 | maps u64 | buckets u64
@@ -70,13 +70,13 @@ pub use names::{
 /// The codec's id, as hosts list it among their session's codecs: one id per
 /// payload version, so a plan encoded by another version is refused by id
 /// before a byte of it is read.
-pub const CODEC_ID: &str = "dfx_engine.physical.v4";
+pub const CODEC_ID: &str = "dfx_engine.physical.v5";
 
 /// First bytes of every dfx payload.
 pub const PAYLOAD_MAGIC: [u8; 4] = *b"DFXS";
 
 /// Version of the payload layout this plugin writes and reads.
-pub const PAYLOAD_VERSION: u16 = 4;
+pub const PAYLOAD_VERSION: u16 = 5;
 
 const KIND_WRITER: u8 = 1;
 const KIND_READER: u8 = 2;
@@ -102,6 +102,9 @@ pub struct WriterPayload {
     pub partitions_per_map: u64,
     /// Ids of the stages it reads.
     pub deps: Vec<u64>,
+    /// Those of them its input reads partition by partition (see
+    /// [`crate::exec::aligned_reads`]).
+    pub aligned_deps: Vec<u64>,
     /// The stage's shuffle directory.
     pub shuffle_dir: String,
     /// The partitioning, for display.
@@ -229,11 +232,13 @@ impl Payload {
                 buf.extend_from_slice(&w.maps.to_le_bytes());
                 buf.extend_from_slice(&w.buckets.to_le_bytes());
                 buf.extend_from_slice(&w.partitions_per_map.to_le_bytes());
-                let deps = u32::try_from(w.deps.len())
-                    .map_err(|_| fail(Area::Codec, "too many deps to encode"))?;
-                buf.extend_from_slice(&deps.to_le_bytes());
-                for dep in &w.deps {
-                    buf.extend_from_slice(&dep.to_le_bytes());
+                for ids in [&w.deps, &w.aligned_deps] {
+                    let count = u32::try_from(ids.len())
+                        .map_err(|_| fail(Area::Codec, "too many deps to encode"))?;
+                    buf.extend_from_slice(&count.to_le_bytes());
+                    for dep in ids {
+                        buf.extend_from_slice(&dep.to_le_bytes());
+                    }
                 }
                 put_blob(buf, w.shuffle_dir.as_bytes(), "shuffle directory")?;
                 put_blob(
@@ -315,7 +320,8 @@ impl Payload {
                     "payload version {version} is not supported; this plugin reads version \
                  {PAYLOAD_VERSION} (was the plan encoded by another dfx? version 2 nested \
                  each stage inside its reader's inputs, version 3 carries it as a blob, \
-                 version 4 runs a slice of partitions per map)"
+                 version 4 runs a slice of partitions per map, version 5 names the \
+                 stages each reads partition by partition)"
                 ),
             ));
         }
@@ -325,27 +331,15 @@ impl Payload {
                 let maps = cursor.u64("maps")?;
                 let buckets = cursor.u64("buckets")?;
                 let partitions_per_map = cursor.u64("partitions per map")?;
-                let count = cursor.u32("deps")? as usize;
-                // Bounded by the bytes present, so a corrupt count cannot
-                // make us allocate.
-                if count > cursor.buf.len() / 8 {
-                    return Err(fail(
-                        Area::Codec,
-                        format!(
-                            "truncated payload: {count} deps declared, {} bytes left",
-                            cursor.buf.len()
-                        ),
-                    ));
-                }
-                let deps = (0..count)
-                    .map(|_| cursor.u64("dep"))
-                    .collect::<Result<Vec<_>>>()?;
+                let deps = cursor.ids("deps")?;
+                let aligned_deps = cursor.ids("aligned deps")?;
                 Payload::Writer(WriterPayload {
                     stage_id,
                     maps,
                     buckets,
                     partitions_per_map,
                     deps,
+                    aligned_deps,
                     shuffle_dir: cursor.string("shuffle directory")?,
                     partitioning_display: cursor.string("partitioning display")?,
                     partitioning: cursor.blob("partitioning")?.to_vec(),

@@ -104,6 +104,7 @@ mod tests {
             at += b;
         }
         MapLayout {
+            first_bucket: 0,
             offsets,
             rows: vec![1; bytes.len()],
             bytes,

@@ -198,7 +198,7 @@ impl Attempts {
         let path = attempt_path(&first.envelope, attempt);
         // The layouts of the maps it reads, as published now: a map run
         // again since an earlier attempt published a file of its own.
-        let ranges = self.layouts.setting_for(task.stage_id);
+        let ranges = self.layouts.setting_for_map(task.stage_id, task.map);
         let with_ranges = |mut envelope: Envelope| {
             envelope.attempt = attempt;
             if let Some(ranges) = &ranges {

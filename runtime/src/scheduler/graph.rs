@@ -30,13 +30,19 @@ pub struct StageInfo {
     pub stage_id: u64,
     /// The shuffle directory the writer publishes into.
     pub shuffle_dir: PathBuf,
-    /// Map tasks: one per partition of the writer's input.
+    /// Map tasks: one per slice of the writer's input partitions.
     pub maps: usize,
     /// Buckets each map splits its rows into.
     pub buckets: usize,
+    /// Input partitions each map runs: map `m` runs those from
+    /// `m * partitions_per_map` on.
+    pub partitions_per_map: usize,
     /// Ids of the stages this one reads, ascending: it runs once all of them
     /// are published.
     pub deps: Vec<u64>,
+    /// Those of them read partition by partition: map `m` reads only the
+    /// buckets of its own slice of them.
+    pub aligned_deps: Vec<u64>,
     /// How rows are split into buckets, for display (`hash([k@0], 4)`, `single`).
     pub partitioning: String,
 }
@@ -48,7 +54,9 @@ impl From<DfxStageInfo> for StageInfo {
             shuffle_dir: PathBuf::from(info.shuffle_dir.as_str()),
             maps: info.maps as usize,
             buckets: info.buckets as usize,
+            partitions_per_map: info.partitions_per_map as usize,
             deps: info.deps.iter().copied().collect(),
+            aligned_deps: info.aligned_deps.iter().copied().collect(),
             partitioning: info.partitioning.into_string(),
         }
     }
@@ -162,7 +170,9 @@ mod tests {
             shuffle_dir: PathBuf::from("/s"),
             maps: 2,
             buckets: 2,
+            partitions_per_map: 1,
             deps: deps.to_vec(),
+            aligned_deps: Vec::new(),
             partitioning: "single".into(),
         }
     }

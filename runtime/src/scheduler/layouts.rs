@@ -9,6 +9,14 @@
 //!     shuffle_ranges = {"stages": {"S": [layout of S/0, S/1, ...]}}
 //! ```
 //!
+//! A task is handed only the buckets it reads of a stage its stage reads
+//! partition by partition (the plugin's `aligned_deps`): map N runs the
+//! slice of partitions from `N * partitions_per_map`, and reads those
+//! buckets of each map of S, so its layouts are windows of that slice
+//! (O(maps) numbers rather than O(maps x buckets)). A stage an adaptive
+//! decision regrouped, split or switched, and the query's head, are handed
+//! whole layouts: their tasks read other buckets than their slice's.
+//!
 //! The query's head is handed the layouts of the stages no stage reads, so
 //! the driver's own read makes no marker request either.
 //!
@@ -18,6 +26,7 @@
 //! expect the planned count, read by marker (the marker names companions).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use dfx_abi::{MapLayout, StageLayouts};
@@ -31,6 +40,9 @@ type Key = (u64, usize);
 pub struct Layouts {
     /// Each stage's planned maps and buckets, and the stages it reads.
     stages: BTreeMap<u64, (usize, usize, Vec<u64>)>,
+    /// Each stage's partitions per map and the deps it reads partition by
+    /// partition.
+    slices: BTreeMap<u64, (usize, BTreeSet<u64>)>,
     state: Mutex<Book>,
 }
 
@@ -39,6 +51,9 @@ struct Book {
     by_map: BTreeMap<Key, Arc<MapLayout>>,
     /// Maps a coalesced task's head publishes empty.
     covered: BTreeSet<Key>,
+    /// Stages whose tasks an adaptive decision changed: handed whole
+    /// layouts.
+    whole: BTreeSet<u64>,
 }
 
 impl Layouts {
@@ -48,6 +63,13 @@ impl Layouts {
             stages: infos
                 .iter()
                 .map(|i| (i.stage_id, (i.maps, i.buckets, i.deps.clone())))
+                .collect(),
+            slices: infos
+                .iter()
+                .map(|i| {
+                    let aligned = i.aligned_deps.iter().copied().collect();
+                    (i.stage_id, (i.partitions_per_map, aligned))
+                })
                 .collect(),
             state: Mutex::default(),
         }
@@ -83,14 +105,24 @@ impl Layouts {
     /// The layouts of every map of `stage`, in map order: its planned maps
     /// then any added ones; `None` unless every planned map has one.
     pub fn of_stage(&self, stage: u64) -> Option<Vec<MapLayout>> {
+        self.windows_of_stage(stage, None)
+    }
+
+    /// [`Layouts::of_stage`], each layout cut to the buckets of `window`
+    /// when there is one.
+    fn windows_of_stage(&self, stage: u64, window: Option<Range<usize>>) -> Option<Vec<MapLayout>> {
         let &(maps, buckets, _) = self.stages.get(&stage)?;
         let book = self.lock();
+        let cut = |layout: &MapLayout| match &window {
+            Some(window) => layout.window(window.clone()),
+            None => layout.clone(),
+        };
         let mut layouts = Vec::with_capacity(maps);
         for map in 0.. {
             match book.by_map.get(&(stage, map)) {
-                Some(layout) => layouts.push(MapLayout::clone(layout)),
+                Some(layout) => layouts.push(cut(layout)),
                 None if map < maps && book.covered.contains(&(stage, map)) => {
-                    layouts.push(MapLayout::empty(buckets));
+                    layouts.push(cut(&MapLayout::empty(buckets)));
                 }
                 None if map < maps => return None,
                 None => break,
@@ -99,8 +131,34 @@ impl Layouts {
         Some(layouts)
     }
 
-    /// The `shuffle_ranges` setting for a task of `stage`: the layouts of
-    /// the stages it reads that have them; `None` when none has.
+    /// The tasks of `stage` read other buckets than their slices' (an
+    /// adaptive decision regrouped, split or switched them): each is
+    /// handed whole layouts from now on.
+    pub fn hand_whole(&self, stage: u64) {
+        self.lock().whole.insert(stage);
+    }
+
+    /// The `shuffle_ranges` setting for map `map` of `stage`: the layouts
+    /// of the stages it reads that have them, those it reads partition by
+    /// partition cut to the buckets of its slice; `None` when none has.
+    pub fn setting_for_map(&self, stage: u64, map: usize) -> Option<String> {
+        let (_, _, deps) = self.stages.get(&stage)?;
+        let (per_map, aligned) = self.slices.get(&stage)?;
+        let slice = (!self.lock().whole.contains(&stage) && *per_map > 0)
+            .then(|| map * per_map..(map + 1) * per_map);
+        let stages: BTreeMap<u64, Vec<MapLayout>> = deps
+            .iter()
+            .filter_map(|&dep| {
+                let window = slice.clone().filter(|_| aligned.contains(&dep));
+                Some((dep, self.windows_of_stage(dep, window)?))
+            })
+            .collect();
+        (!stages.is_empty()).then(|| StageLayouts { stages }.format())
+    }
+
+    /// The `shuffle_ranges` setting for a task of `stage` that may read
+    /// any bucket (the adaptive step's): the whole layouts of the stages it
+    /// reads that have them; `None` when none has.
     pub fn setting_for(&self, stage: u64) -> Option<String> {
         let (_, _, deps) = self.stages.get(&stage)?;
         let stages: BTreeMap<u64, Vec<MapLayout>> = deps
@@ -138,13 +196,16 @@ mod tests {
             shuffle_dir: "/s".into(),
             maps,
             buckets: 2,
+            partitions_per_map: 1,
             deps,
+            aligned_deps: Vec::new(),
             partitioning: "hash".into(),
         }
     }
 
     fn layout(rows: u64) -> Arc<MapLayout> {
         Arc::new(MapLayout {
+            first_bucket: 0,
             offsets: vec![0, 10],
             bytes: vec![10, 10],
             rows: vec![rows, rows],
@@ -172,6 +233,60 @@ mod tests {
         assert_eq!(book.of_stage(2).unwrap()[0].rows[0], 7);
         // A stage that reads nothing is handed nothing.
         assert_eq!(book.setting_for(2), None);
+    }
+
+    #[test]
+    fn a_map_is_handed_only_its_slices_buckets_of_a_stage_read_partition_by_partition() {
+        // Stage 1 (maps of 2 partitions) reads stage 2 bucket by partition
+        // and stage 3 whole (a collected side).
+        let mut reader = info(1, 2, vec![2, 3]);
+        reader.partitions_per_map = 2;
+        reader.aligned_deps = vec![2];
+        let book = Layouts::new(&[reader, info(2, 2, vec![]), info(3, 1, vec![])]);
+        let four = |rows: u64| {
+            Arc::new(MapLayout {
+                first_bucket: 0,
+                offsets: vec![0, 10, 20, 30],
+                bytes: vec![10; 4],
+                rows: vec![rows, rows + 1, rows + 2, rows + 3],
+                size: 40,
+                e_tag: None,
+                keys: None,
+                owner: None,
+            })
+        };
+        book.record((2, 0), Some(&four(0)));
+        book.record((2, 1), Some(&four(10)));
+        book.record((3, 0), Some(&layout(5)));
+        let handed = |map| {
+            StageLayouts::parse(&book.setting_for_map(1, map).unwrap())
+                .unwrap()
+                .unwrap()
+        };
+        for (map, buckets) in [(0, 0..2), (1, 2..4)] {
+            let layouts = handed(map);
+            for (upstream, layout) in layouts.stages[&2].iter().enumerate() {
+                assert_eq!(
+                    layout.described(),
+                    buckets,
+                    "map {map} of upstream {upstream}"
+                );
+                let whole = book.of_stage(2).unwrap()[upstream].clone();
+                for bucket in buckets.clone() {
+                    assert_eq!(layout.bucket(bucket), whole.bucket(bucket));
+                }
+            }
+            assert_eq!(layouts.stages[&3], book.of_stage(3).unwrap(), "read whole");
+        }
+        // The adaptive step reads every bucket; and once a decision changes
+        // the stage's tasks, each is handed the whole layouts.
+        let whole = book.of_stage(2).unwrap();
+        let every = StageLayouts::parse(&book.setting_for(1).unwrap())
+            .unwrap()
+            .unwrap();
+        assert_eq!(every.stages[&2], whole);
+        book.hand_whole(1);
+        assert_eq!(handed(1).stages[&2], whole);
     }
 
     #[test]

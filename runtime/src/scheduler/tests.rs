@@ -19,7 +19,9 @@ fn info(stage_id: u64, deps: &[u64]) -> StageInfo {
         shuffle_dir: "/s".into(),
         maps: 1,
         buckets: 1,
+        partitions_per_map: 1,
         deps: deps.to_vec(),
+        aligned_deps: Vec::new(),
         partitioning: "single".into(),
     }
 }

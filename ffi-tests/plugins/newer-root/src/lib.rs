@@ -62,7 +62,7 @@ pub struct DfxPlugin {
     pub plugin_version: RStr<'static>,
     /// `ShuffleWriterExec`.
     pub stage_node_name: RStr<'static>,
-    /// `dfx_engine.physical.v4`.
+    /// `dfx_engine.physical.v5`.
     pub codec_id: RStr<'static>,
     /// `dfx_engine`.
     pub config_prefix: RStr<'static>,
@@ -235,7 +235,9 @@ extern "C" fn encoded_stage_info(plan_bytes: RSlice<'_, u8>) -> FfiResult<DfxSta
         shuffle_dir: RString::from(String::from_utf8_lossy(plan_bytes.as_slice()).into_owned()),
         maps: 2,
         buckets: 3,
+        partitions_per_map: 1,
         deps: RVec::from(vec![4, 5]),
+        aligned_deps: RVec::from(vec![5]),
         partitioning: RString::from("single"),
     })
 }
@@ -308,7 +310,7 @@ pub fn root_module() -> DfxPluginRef {
         plugin_name: RStr::from_str("dfx-test-plugin-newer-root"),
         plugin_version: RStr::from_str(env!("CARGO_PKG_VERSION")),
         stage_node_name: RStr::from_str("ShuffleWriterExec"),
-        codec_id: RStr::from_str("dfx_engine.physical.v4"),
+        codec_id: RStr::from_str("dfx_engine.physical.v5"),
         config_prefix: RStr::from_str("dfx_engine"),
         new_query_planner,
         new_physical_codec,
