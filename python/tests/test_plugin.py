@@ -66,7 +66,7 @@ def test_versions_and_contract_constants() -> None:
     assert _internal.plugin_name() == "dfx-plugin"
     assert _internal.plugin_version()
     assert _internal.datafusion_ffi_major() == _internal.host_datafusion_ffi_major()
-    assert _internal.abi_version() == 2
+    assert _internal.abi_version() == 3
     assert _internal.stage_node_name() == "ShuffleWriterExec"
     assert _internal.reader_node_name() == "ShuffleReaderExec"
     assert _internal.config_prefix() == "dfx_engine"
