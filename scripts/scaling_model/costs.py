@@ -80,7 +80,7 @@ FOOTER_BYTES = 16
 
 # Parts of one upload in flight at once (`MAX_PARTS_IN_FLIGHT`,
 # plugin/src/exchange/store.rs).
-MAX_PARTS_IN_FLIGHT = 2
+MAX_PARTS_IN_FLIGHT = 8
 
 
 # object_store's retries of an S3 request answered 503 Slow Down (its

@@ -160,13 +160,13 @@ def predictions(
         Design("one stage", machine_tasks=True, one_stage=True),
     )
     # The shuffle's keys spread over prefixes (a hash ahead of the stage in
-    # each key) and a map's upload eight parts at once; not built.
+    # each key); not built.
     shuffle_spread = Design(
         "machine-sized, shuffle keys over 8 prefixes",
         machine_tasks=True,
-        parts_in_flight=8,
         prefixes=8,
     )
+    two_parts = Design("machine-sized, two parts", machine_tasks=True, parts_in_flight=2)
     ray = options.ray_task_ms
     parse = options.parse_mb_s
     as_built = Case("as built before ranges (corrected), pool", parse_mb_s=parse)
@@ -190,12 +190,17 @@ def predictions(
             sliced,
             parse_mb_s=parse,
         ),
+        Case(
+            "machine-sized, two parts of an upload in flight, pool",
+            two_parts,
+            parse_mb_s=parse,
+        ),
         machine_sized,
         Case(f"machine-sized, Ray {ray:g} ms", after, task_ms=ray, parse_mb_s=parse),
         Case("machine-sized, filling the interface, pool", wide, parse_mb_s=parse),
         Case("machine-sized, filling it, 16 prefixes", spread, parse_mb_s=parse),
         Case(
-            "machine-sized, shuffle keys over 8 prefixes, 8 parts in flight",
+            "machine-sized, shuffle keys over 8 prefixes",
             shuffle_spread,
             parse_mb_s=parse,
         ),

@@ -59,9 +59,13 @@ pub use dfx_abi::location::{S3Location, ShuffleLocation, canonical_location};
 /// 5 MiB in every part but the last.
 pub const PART_SIZE: usize = 8 * 1024 * 1024;
 
-/// Parts of one bucket in flight at once: memory per open bucket stays
-/// below `(MAX_PARTS_IN_FLIGHT + 1) * PART_SIZE`.
-pub const MAX_PARTS_IN_FLIGHT: usize = 2;
+/// Parts of one map's upload in flight at once. One connection to S3
+/// carries some 85 MB/s, and a machine-sized task uploads one map file at
+/// a time: eight parts (object_store's own `BufWriter` default) let it
+/// send 64 MiB at once, what its reads keep in flight by default
+/// (`read_bytes_in_flight`). Memory per open upload stays below
+/// `(MAX_PARTS_IN_FLIGHT + 1) * PART_SIZE`, 72 MiB.
+pub const MAX_PARTS_IN_FLIGHT: usize = 8;
 
 /// The directory (or URL) the names of [`crate::paths`] are built under:
 /// the local directory as written, or the S3 location's URL.
