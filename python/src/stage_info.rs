@@ -19,7 +19,7 @@ use crate::plugin::plugin;
 ///
 /// ```text
 /// stage 2 ── reads ──► stage 1        deps = [1]
-///   maps    = tasks of stage 2 (its input's partitions)
+///   maps    = tasks of stage 2 (slices of its input's partitions)
 ///   buckets = files each map publishes (its output's partitions)
 /// ```
 #[pyclass(frozen, get_all, eq, module = "dfx_engine._internal")]
@@ -33,8 +33,13 @@ pub struct StageInfo {
     pub(crate) maps: u64,
     /// Buckets each map splits its rows into.
     pub(crate) buckets: u64,
+    /// Input partitions each map runs (map `m` from `m * partitions_per_map`).
+    pub(crate) partitions_per_map: u64,
     /// Ids of the stages this one reads, ascending; it runs once they are published.
     pub(crate) deps: Vec<u64>,
+    /// Those of them read partition by partition: a map is handed only its
+    /// slice's buckets of them.
+    pub(crate) aligned_deps: Vec<u64>,
     /// How rows are split into buckets, for display (`hash([k@0], 4)`, `single`).
     pub(crate) partitioning: String,
 }
@@ -46,7 +51,9 @@ impl From<DfxStageInfo> for StageInfo {
             shuffle_dir: info.shuffle_dir.into_string(),
             maps: info.maps,
             buckets: info.buckets,
+            partitions_per_map: info.partitions_per_map,
             deps: info.deps.into_vec(),
+            aligned_deps: info.aligned_deps.into_vec(),
             partitioning: info.partitioning.into_string(),
         }
     }
@@ -59,7 +66,9 @@ impl From<&RuntimeStageInfo> for StageInfo {
             shuffle_dir: info.shuffle_dir.display().to_string(),
             maps: info.maps as u64,
             buckets: info.buckets as u64,
+            partitions_per_map: info.partitions_per_map as u64,
             deps: info.deps.clone(),
+            aligned_deps: info.aligned_deps.clone(),
             partitioning: info.partitioning.clone(),
         }
     }
@@ -69,9 +78,16 @@ impl From<&RuntimeStageInfo> for StageInfo {
 impl StageInfo {
     fn __repr__(&self) -> String {
         format!(
-            "StageInfo(stage_id={}, shuffle_dir={:?}, maps={}, buckets={}, deps={:?}, \
-             partitioning={:?})",
-            self.stage_id, self.shuffle_dir, self.maps, self.buckets, self.deps, self.partitioning
+            "StageInfo(stage_id={}, shuffle_dir={:?}, maps={}, buckets={}, \
+             partitions_per_map={}, deps={:?}, aligned_deps={:?}, partitioning={:?})",
+            self.stage_id,
+            self.shuffle_dir,
+            self.maps,
+            self.buckets,
+            self.partitions_per_map,
+            self.deps,
+            self.aligned_deps,
+            self.partitioning
         )
     }
 }

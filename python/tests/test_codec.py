@@ -135,7 +135,12 @@ def test_every_writer_describes_itself_in_pre_order(
     for i in infos:
         # A stage reads only stages below it, which pre-order numbers later.
         assert all(dep in ids and dep > i.stage_id for dep in i.deps)
+        assert set(i.aligned_deps) <= set(i.deps), i
+        assert i.partitions_per_map >= 1, i
     assert infos[-1].deps == []
+    # The final aggregate reads the partial aggregates' hash exchange bucket
+    # by partition.
+    assert infos[0].aligned_deps == infos[0].deps == [infos[1].stage_id], infos
 
 
 def test_prepare_describes_each_stage_as_the_plugin_does_and_refuses_them_reordered(
