@@ -222,15 +222,6 @@ impl Adapter<'_> {
             }
         };
         let reason = adaptation.reason.clone()?;
-        // A decision's tasks read other buckets than their slices' (a
-        // group's, a split partition's, a switched side's): whole layouts.
-        // One that keeps the planned tasks and settings keeps their slices.
-        if adaptation.tasks.is_some()
-            || adaptation.groups.is_some()
-            || !adaptation.settings.is_empty()
-        {
-            attempts.layouts().hand_whole(stage);
-        }
         if let Some(planned) = &adaptation.tasks {
             let tasks_now = match self.with_planned_tasks(stage, maps, tasks, &adaptation, planned)
             {

@@ -141,6 +141,9 @@ impl Attempts {
         rewritten: &BTreeMap<usize, Task>,
         heads: &BTreeMap<usize, usize>,
     ) {
+        // Its tasks read other buckets than their slices' (a group's, a
+        // switched side's): each is handed whole layouts.
+        self.layouts.hand_whole(stage);
         self.layouts.cover(
             stage,
             heads
@@ -164,6 +167,9 @@ impl Attempts {
     pub(crate) fn replace_first<'a>(&self, tasks: impl IntoIterator<Item = &'a Task>) {
         let mut first = self.first_tasks.lock().unwrap_or_else(|p| p.into_inner());
         for task in tasks {
+            // A split partition's parts read other buckets than their
+            // slices': whole layouts.
+            self.layouts.hand_whole(task.stage_id);
             first.insert((task.stage_id, task.map), task.clone());
         }
     }

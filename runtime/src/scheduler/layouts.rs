@@ -38,11 +38,9 @@ type Key = (u64, usize);
 /// The layout book of one query (see the module doc).
 #[derive(Debug, Default)]
 pub struct Layouts {
-    /// Each stage's planned maps and buckets, and the stages it reads.
-    stages: BTreeMap<u64, (usize, usize, Vec<u64>)>,
-    /// Each stage's partitions per map and the deps it reads partition by
-    /// partition.
-    slices: BTreeMap<u64, (usize, BTreeSet<u64>)>,
+    /// Each stage as planned: its maps, buckets, partitions per map, the
+    /// stages it reads and those it reads partition by partition.
+    stages: BTreeMap<u64, StageInfo>,
     state: Mutex<Book>,
 }
 
@@ -60,17 +58,7 @@ impl Layouts {
     /// A book for the stages `infos`.
     pub fn new(infos: &[StageInfo]) -> Self {
         Self {
-            stages: infos
-                .iter()
-                .map(|i| (i.stage_id, (i.maps, i.buckets, i.deps.clone())))
-                .collect(),
-            slices: infos
-                .iter()
-                .map(|i| {
-                    let aligned = i.aligned_deps.iter().copied().collect();
-                    (i.stage_id, (i.partitions_per_map, aligned))
-                })
-                .collect(),
+            stages: infos.iter().map(|i| (i.stage_id, i.clone())).collect(),
             state: Mutex::default(),
         }
     }
@@ -111,7 +99,8 @@ impl Layouts {
     /// [`Layouts::of_stage`], each layout cut to the buckets of `window`
     /// when there is one.
     fn windows_of_stage(&self, stage: u64, window: Option<Range<usize>>) -> Option<Vec<MapLayout>> {
-        let &(maps, buckets, _) = self.stages.get(&stage)?;
+        let info = self.stages.get(&stage)?;
+        let (maps, buckets) = (info.maps, info.buckets);
         let book = self.lock();
         let cut = |layout: &MapLayout| match &window {
             Some(window) => layout.window(window.clone()),
@@ -142,28 +131,30 @@ impl Layouts {
     /// of the stages it reads that have them, those it reads partition by
     /// partition cut to the buckets of its slice; `None` when none has.
     pub fn setting_for_map(&self, stage: u64, map: usize) -> Option<String> {
-        let (_, _, deps) = self.stages.get(&stage)?;
-        let (per_map, aligned) = self.slices.get(&stage)?;
-        let slice = (!self.lock().whole.contains(&stage) && *per_map > 0)
+        let per_map = self.stages.get(&stage)?.partitions_per_map;
+        let slice = (!self.lock().whole.contains(&stage) && per_map > 0)
             .then(|| map * per_map..(map + 1) * per_map);
-        let stages: BTreeMap<u64, Vec<MapLayout>> = deps
-            .iter()
-            .filter_map(|&dep| {
-                let window = slice.clone().filter(|_| aligned.contains(&dep));
-                Some((dep, self.windows_of_stage(dep, window)?))
-            })
-            .collect();
-        (!stages.is_empty()).then(|| StageLayouts { stages }.format())
+        self.setting(stage, slice)
     }
 
     /// The `shuffle_ranges` setting for a task of `stage` that may read
     /// any bucket (the adaptive step's): the whole layouts of the stages it
     /// reads that have them; `None` when none has.
     pub fn setting_for(&self, stage: u64) -> Option<String> {
-        let (_, _, deps) = self.stages.get(&stage)?;
-        let stages: BTreeMap<u64, Vec<MapLayout>> = deps
+        self.setting(stage, None)
+    }
+
+    /// The layouts of the stages `stage` reads, those it reads partition by
+    /// partition cut to `slice`'s buckets when there is one.
+    fn setting(&self, stage: u64, slice: Option<Range<usize>>) -> Option<String> {
+        let info = self.stages.get(&stage)?;
+        let stages: BTreeMap<u64, Vec<MapLayout>> = info
+            .deps
             .iter()
-            .filter_map(|&dep| Some((dep, self.of_stage(dep)?)))
+            .filter_map(|&dep| {
+                let window = slice.clone().filter(|_| info.aligned_deps.contains(&dep));
+                Some((dep, self.windows_of_stage(dep, window)?))
+            })
             .collect();
         (!stages.is_empty()).then(|| StageLayouts { stages }.format())
     }
@@ -174,7 +165,7 @@ impl Layouts {
         let read: BTreeSet<u64> = self
             .stages
             .values()
-            .flat_map(|(_, _, deps)| deps.iter().copied())
+            .flat_map(|info| info.deps.iter().copied())
             .collect();
         let stages: BTreeMap<u64, Vec<MapLayout>> = self
             .stages
