@@ -258,19 +258,6 @@ impl ShuffleWriterExec {
         }
     }
 
-    /// This writer with another id and deps (the planner renumbers stages
-    /// in pre-order once every cut is made).
-    pub fn renumbered(&self, stage_id: u64, deps: Vec<u64>) -> Result<Self> {
-        Self::try_new(
-            stage_id,
-            self.shuffle_dir.clone(),
-            Arc::clone(&self.input),
-            self.partitioning.clone(),
-            deps,
-            self.partitions_per_map,
-        )
-    }
-
     fn error(&self, map: usize, message: impl fmt::Display) -> DataFusionError {
         DataFusionError::Execution(format!("dfx stage {} map {map}: {message}", self.stage_id))
     }
