@@ -9,7 +9,7 @@ Starts ``moto_server`` (moto's S3 over HTTP; the host tests install it under
 Cargo's target temp directory) on a free local port with its request log in a
 file, runs ``dfx tpch`` once per query with the shuffle location in a bucket of
 it and the tables on local disk, and prints, per query, the requests on the
-stage objects (``stage-<S>/map-<M>.arrow``) by method: GETs are the reads of
+stage objects (``stage-<S>/<K>-map-<M>.arrow``) by method: GETs are the reads of
 every exchange (readers, the driver's adaptive step and its read of the last
 stage), PUTs, POSTs and HEADs the maps' publishing. The data is generated on
 first use under the target directory and reused.
@@ -134,7 +134,7 @@ def main() -> int:
             counts: Counter[str] = Counter()
             for line in lines:
                 found = LINE.search(line)
-                if found and re.search(r"/stage-\d+/map-\d+\.arrow$", found.group(2)):
+                if found and re.search(r"/stage-\d+/\d+-map-\d+\.arrow$", found.group(2)):
                     counts[found.group(1)] += 1
             print(
                 f"| q{query} | {args.partitions} | {args.partitions_per_task} "

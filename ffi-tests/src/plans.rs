@@ -5,7 +5,7 @@
 //! through a `ShuffleReaderExec`. In the plan a test session puts back
 //! together ([`crate::session::TestSession::planned`]) the reader's only
 //! child is that writer, so stages nest and the plan stays one tree. Executing map `m` of a writer publishes
-//! `stage-S/map-m.arrow` (every non-empty bucket's segments, closed by the
+//! `stage-S/k-map-m.arrow` (every non-empty bucket's segments, closed by the
 //! map's commit marker), and yields one summary batch
 //! `(bucket, rows, bytes)`. A reader never executes its writer: every stage a
 //! plan reads must have run before the plan's root is executed.
@@ -353,7 +353,7 @@ pub fn published_files(shuffle_dir: &Path) -> Result<BTreeSet<PathBuf>> {
     Ok(out.into_iter().filter(|p| !p.starts_with(&tasks)).collect())
 }
 
-/// A map task's commit marker (closing `stage-S/map-m.arrow`), as the plugin
+/// A map task's commit marker (closing `stage-S/k-map-m.arrow`), as the plugin
 /// writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Marker {

@@ -196,11 +196,11 @@ fn stage_ids_and_paths_come_from_the_plugin() {
     assert_eq!(plugin().stage_id(4), 5);
     assert_eq!(
         plugin().marker_path(Path::new("/q"), 3, 1),
-        Path::new("/q/stage-3/map-1.arrow")
+        Path::new("/q/stage-3/1-map-1.arrow")
     );
     assert_eq!(
         plugin().bucket_path(Path::new("/q"), 3, 1, 2).unwrap(),
-        Path::new("/q/stage-3/map-1.arrow")
+        Path::new("/q/stage-3/1-map-1.arrow")
     );
     assert_eq!(plugin().partition_glob(), "stage-*");
 }

@@ -9,7 +9,7 @@
 //!   (`ShuffleReaderExec`). Stages nest; each reads the stages it **deps** on.
 //! - **task**: one `(stage, map)`: a **worker** process runs partition `map`
 //!   of the stage's input and publishes its **buckets** into the query's
-//!   **shuffle directory** (one file per map, `stage-S/map-M.arrow`, closed
+//!   **shuffle directory** (one file per map, `stage-S/K-map-M.arrow`, closed
 //!   by its commit marker).
 //! - **pool**: long-lived serving workers (`dfx worker --serve`) that run
 //!   task after task with the plugin loaded once; the default. Process mode

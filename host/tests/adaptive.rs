@@ -83,10 +83,10 @@ async fn a_small_stage_runs_as_one_task_and_publishes_its_other_maps_empty() {
     assert_eq!(ran, vec![0]);
     // Every map is published; the head's holds the three groups.
     let dir = spec.shuffle_dir.clone().unwrap();
-    let head = bucket_rows(&dir.join(format!("stage-{stage}/map-0.arrow")));
+    let head = bucket_rows(&map_file(&dir, stage, 0));
     assert_eq!(head.iter().sum::<u64>(), 3, "{head:?}");
     for map in 1..4 {
-        let path = dir.join(format!("stage-{stage}/map-{map}.arrow"));
+        let path = map_file(&dir, stage, map);
         let marker = read_marker(&path);
         assert_eq!(marker["map"], map, "{}", path.display());
         assert!(
@@ -273,7 +273,7 @@ async fn a_stage_of_small_slices_runs_them_in_one_task() {
     let ran = ran_maps(&result, join_stage);
     assert_eq!(ran, vec![0]);
     // The head's map holds every group of `a.v`; the others are empty.
-    let map = |m: usize| shuffle.join(format!("stage-{join_stage}/map-{m}.arrow"));
+    let map = |m: usize| map_file(&shuffle, join_stage, m);
     assert!(bucket_rows(&map(0)).iter().sum::<u64>() > 0);
     assert_eq!(read_marker(&map(1))["map"], 1);
     assert!(bucket_rows(&map(1)).iter().all(|&rows| rows == 0));
@@ -301,8 +301,8 @@ async fn a_lost_map_of_coalesced_slices_is_restored_by_their_head() {
     let shuffle = dir.path().join("shuffle");
     let (_, spec) = numbers_in_slices_of_two(dir.path(), &shuffle);
     let join = planned_join(&spec, LEFT_JOINED).await;
-    let head = shuffle.join(format!("stage-{join}/map-0.arrow"));
-    let member = shuffle.join(format!("stage-{join}/map-1.arrow"));
+    let head = map_file(&shuffle, join, 0);
+    let member = map_file(&shuffle, join, 1);
     let host = losing_after_first_attempt(join, 0, &[&head, &member]);
     let result = host.run_distributed(LEFT_JOINED, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), left_joined_expected());
@@ -331,8 +331,8 @@ async fn a_lost_map_of_a_coalesced_group_is_restored_by_its_head() {
         .expect("a stage reading another")
         .stage_id();
     let dir = spec.shuffle_dir.clone().unwrap();
-    let head = dir.join(format!("stage-{last}/map-0.arrow"));
-    let lost = dir.join(format!("stage-{last}/map-2.arrow"));
+    let head = map_file(&dir, last, 0);
+    let lost = map_file(&dir, last, 2);
     let host = losing_after_first_attempt(last, 0, &[&head, &lost]);
     let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), by_flag_expected());
@@ -498,12 +498,12 @@ async fn a_skewed_partition_is_split_among_tasks_by_its_probe_maps() {
         // The added map is named by exactly one planned map's marker.
         let naming: Vec<usize> = (0..4)
             .filter(|map| {
-                let marker = read_marker(&shuffle.join(format!("stage-{stage}/map-{map}.arrow")));
+                let marker = read_marker(&map_file(&shuffle, stage, *map));
                 marker["companions"] == serde_json::json!([4])
             })
             .collect();
         assert_eq!(naming.len(), 1, "{options:?}");
-        let added = read_marker(&shuffle.join(format!("stage-{stage}/map-4.arrow")));
+        let added = read_marker(&map_file(&shuffle, stage, 4));
         assert_eq!(added["map"], 4);
         assert!(added.get("companions").is_none(), "{added}");
     }
@@ -524,7 +524,7 @@ async fn a_lost_added_map_of_a_split_partition_runs_again() {
         spec = with_option(spec, key, value);
     }
     let join = planned_join(&spec, SKEWED_JOIN).await;
-    let lost = shuffle.join(format!("stage-{join}/map-4.arrow"));
+    let lost = map_file(&shuffle, join, 4);
     let host = losing_after_first_attempt(join, 4, &[&lost]);
     let result = host.run_distributed(SKEWED_JOIN, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), skewed_join_expected());
@@ -605,11 +605,7 @@ async fn joins_of_every_kind_answer_alike_with_their_skewed_partition_split_or_s
 /// Rows each map of `stage` published into `shuffle`, from the markers.
 fn map_rows(shuffle: &std::path::Path, stage: u64, maps: usize) -> Vec<u64> {
     (0..maps)
-        .map(|map| {
-            bucket_rows(&shuffle.join(format!("stage-{stage}/map-{map}.arrow")))
-                .iter()
-                .sum()
-        })
+        .map(|map| bucket_rows(&map_file(shuffle, stage, map)).iter().sum())
         .collect()
 }
 

@@ -226,7 +226,7 @@ fn dfx_run_formats_and_local_mode() {
     assert_eq!(json[2]["net"], 1062.5);
     assert_eq!(json[1]["wavg"], 6.2);
     // A directory the user names is kept, with its output.
-    assert!(shuffle.join("stage-1").join("map-0.arrow").is_file());
+    assert!(shuffle.join("stage-1").join("0-map-0.arrow").is_file());
 
     let out = dfx(&["run", "--local", "--table", &table, BY_FLAG]);
     assert!(out.status.success(), "{}", text(&out.stderr));

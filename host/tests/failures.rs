@@ -88,7 +88,7 @@ async fn a_deleted_bucket_file_fails_the_final_read_naming_stage_map_bucket_and_
     // does, given attempts, is a test of its own in `retries`).
     let host = host_with_script(
         r#""$DFX" worker "$1" || exit $?
-case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/map-0.arrow ;; esac"#,
+case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/0-map-0.arrow ;; esac"#,
     )
     .max_attempts(1);
     for split in SPLITS {
@@ -126,7 +126,7 @@ async fn a_corrupt_bucket_file_fails_the_final_read_naming_it() {
     // One attempt: the final read's error is the point, not a rerun.
     let host = host_with_script(
         r#""$DFX" worker "$1" || exit $?
-case "$1" in */task-1-0.json) printf 'not arrow' > "$(dirname "$(dirname "$1")")/stage-1/map-0.arrow" ;; esac"#,
+case "$1" in */task-1-0.json) printf 'not arrow' > "$(dirname "$(dirname "$1")")/stage-1/0-map-0.arrow" ;; esac"#,
     )
     .max_attempts(1);
     let spec = fixture.distributed_spec("shuffle");
@@ -135,7 +135,7 @@ case "$1" in */task-1-0.json) printf 'not arrow' > "$(dirname "$(dirname "$1")")
         .await
         .unwrap_err()
         .to_string();
-    assert!(err.contains("stage-1/map-0.arrow"), "{err}");
+    assert!(err.contains("stage-1/0-map-0.arrow"), "{err}");
 }
 
 #[tokio::test]
@@ -658,7 +658,7 @@ async fn a_worker_reports_on_its_last_stdout_line() {
                 .as_deref()
                 .unwrap()
                 .join(format!("stage-{}", stage.stage_id()))
-                .join("map-2.arrow"),
+                .join("2-map-2.arrow"),
         );
         let marker_bytes: u64 = marker["buckets"]
             .as_array()

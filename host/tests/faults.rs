@@ -44,7 +44,7 @@ fn assert_published_whole(shuffle: &Path, result: &DistributedResult) {
     for stage in result.stage_ids() {
         let info = result.stage(stage).unwrap();
         for map in 0..info.maps {
-            let file = shuffle.join(format!("stage-{stage}/map-{map}.arrow"));
+            let file = map_file(shuffle, stage, map);
             let (data, marker) = split_map_file(&file);
             let mut segments: Vec<(u64, u64)> = Vec::new();
             let mut rows = 0;
@@ -139,7 +139,7 @@ async fn overtaken_straggler(
         .expect("a scan stage of several maps");
     let s = leaf.stage_id();
     let flag = dir.path().join("slowed");
-    let slow = format!("stage-{s}/map-1.arrow:60000:{}", flag.display());
+    let slow = format!("stage-{s}/1-map-1.arrow:60000:{}", flag.display());
     let host = hooks_host(&[("DFX_TEST_SLOW_PUBLISH", &slow)])
         .max_workers(Some(4))
         .speculation(Some(Speculation {

@@ -54,9 +54,9 @@ async fn a_map_server_streams_a_tickets_ranges_and_refuses_what_it_does_not_serv
     let bytes: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
     for location in [&served_dir, &other_dir] {
         std::fs::create_dir_all(location.join("stage-2")).unwrap();
-        std::fs::write(location.join("stage-2/map-1.arrow"), &bytes).unwrap();
+        std::fs::write(location.join("stage-2/1-map-1.arrow"), &bytes).unwrap();
     }
-    std::os::unix::fs::symlink("/etc/hostname", served_dir.join("stage-2/map-3.arrow")).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", served_dir.join("stage-2/3-map-3.arrow")).unwrap();
     let server = MapServer::start(plugin(), "127.0.0.1:0").unwrap();
     server.serve(&served_dir).unwrap();
     let channel = tonic::transport::Endpoint::from_shared(server.address().to_string())
@@ -90,7 +90,7 @@ async fn a_map_server_streams_a_tickets_ranges_and_refuses_what_it_does_not_serv
         "{err}"
     );
     // Not a ticket at all, and one with a field a ticket does not have.
-    let err = ask(&mut client, b"stage-2/map-1.arrow".to_vec())
+    let err = ask(&mut client, b"stage-2/1-map-1.arrow".to_vec())
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");

@@ -53,7 +53,7 @@ fn run_args(table: &Path) -> Vec<String> {
 /// The hook's setting: the first map 0 to publish (the one creating `flag`)
 /// sleeps three seconds first.
 fn slow_publish(flag: &Path) -> String {
-    format!("map-0.arrow:3000:{}", flag.display())
+    format!("0-map-0.arrow:3000:{}", flag.display())
 }
 
 /// The numbers after each of `words` in `line`: `stages 1/3` gives 1 and 3.

@@ -63,7 +63,7 @@ exec "$DFX" worker "$1""#
             .shuffle_dir
             .as_deref()
             .unwrap()
-            .join(format!("stage-{s}/map-1.arrow")),
+            .join(format!("stage-{s}/1-map-1.arrow")),
     );
     assert_eq!(marker["map"], 1, "{marker}");
 }
@@ -286,17 +286,17 @@ async fn lost_upstream_output_is_run_again_then_the_task() {
         .unwrap();
     let (u, r) = (leaf.stage_id(), reader.stage_id());
     let dir = spec.shuffle_dir.clone().unwrap();
-    let map_file = dir.join(format!("stage-{u}/map-0.arrow"));
+    let published = map_file(&dir, u, 0);
     // The reader's first attempt removes the file of upstream map 0 first.
     let host = host_with_script(&format!(
-        r#"case "$1" in */task-{r}-0.json) rm -f {map_file} ;; esac
+        r#"case "$1" in */task-{r}-0.json) rm -f {published} ;; esac
 exec "$DFX" worker "$1""#,
-        map_file = map_file.display()
+        published = published.display()
     ));
     let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), by_flag_expected());
-    assert!(map_file.is_file(), "the rerun published the map again");
-    assert_eq!(read_marker(&map_file)["map"], 0);
+    assert!(published.is_file(), "the rerun published the map again");
+    assert_eq!(read_marker(&published)["map"], 0);
     assert_eq!(result.attempts[&(u, 0)], 2, "{:?}", result.attempts);
     // A reader that saw the loss ran twice.
     assert!(
@@ -330,7 +330,7 @@ async fn a_map_the_root_finds_lost_runs_again_and_the_query_answers() {
     // another file (`task-1-0.attempt-1.json`).
     let host = host_with_script(
         r#""$DFX" worker "$1" || exit $?
-case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/map-0.arrow ;; esac"#,
+case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/0-map-0.arrow ;; esac"#,
     );
     let local = host.run_local(SORTED, &fixture.spec()).await.unwrap();
     let result = host.run_distributed(SORTED, &spec).await.unwrap();
@@ -345,7 +345,7 @@ case "$1" in */task-1-0.json) rm -f "$(dirname "$(dirname "$1")")"/stage-1/map-0
         .shuffle_dir
         .as_deref()
         .unwrap()
-        .join("stage-1/map-0.arrow");
+        .join("stage-1/0-map-0.arrow");
     assert_eq!(read_marker(&map_file)["map"], 0);
 }
 
@@ -369,16 +369,16 @@ async fn a_killed_slice_is_retried_and_a_lost_slice_run_again() {
     // Four files in slices of two: two maps.
     assert_eq!(leaf.info.maps, 2, "{:?}", leaf.info);
     let dir = spec.shuffle_dir.clone().unwrap();
-    let map_file = dir.join(format!("stage-{u}/map-1.arrow"));
+    let published = map_file(&dir, u, 1);
     // Map 1's first attempt is killed; the reader's first attempt then
     // removes map 1's file before it reads.
     let host = host_with_script(&format!(
         r#"case "$1" in
 */task-{u}-1.json) kill -KILL $$ ;;
-*/task-{r}-0.json) rm -f {map_file} ;;
+*/task-{r}-0.json) rm -f {published} ;;
 esac
 exec "$DFX" worker "$1""#,
-        map_file = map_file.display()
+        published = published.display()
     ));
     let result = host.run_distributed(BY_FLAG, &spec).await.unwrap();
     assert_eq!(rows(&result.batches), by_flag_expected());
@@ -398,7 +398,7 @@ exec "$DFX" worker "$1""#,
         )),
         "{retries}"
     );
-    assert_eq!(read_marker(&map_file)["map"], 1);
+    assert_eq!(read_marker(&published)["map"], 1);
 }
 
 /// A plan no wider than a task is one stage (`collapse_stages`): a worker

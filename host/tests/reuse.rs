@@ -15,7 +15,7 @@ async fn a_reused_shuffle_directory_is_refused_before_anything_is_built_or_run()
     std::fs::create_dir_all(dir.join("stage-1")).unwrap();
     // Output left by an earlier query (its content does not matter: it is
     // never opened), next to a file of the caller's that is not stage output.
-    std::fs::write(dir.join("stage-1").join("map-0.arrow"), b"{}").unwrap();
+    std::fs::write(dir.join("stage-1").join("0-map-0.arrow"), b"{}").unwrap();
     std::fs::write(dir.join("notes.txt"), b"mine").unwrap();
 
     let host = host();

@@ -161,7 +161,7 @@ impl Moto {
             let Some((_, rest)) = line.split_once(&start) else {
                 continue;
             };
-            let Some((stage, _)) = rest.split_once("/map-") else {
+            let Some((stage, _)) = rest.split_once('/') else {
                 continue;
             };
             *gets.entry(stage.parse().expect("a stage id")).or_default() += 1;
@@ -229,7 +229,9 @@ fn text(bytes: &[u8]) -> String {
 fn every_map_object(moto: &Moto, prefix: &str) -> Vec<String> {
     let keys = moto.keys(BUCKET, &format!("{prefix}/"));
     for (stage, map) in [1, 2].into_iter().flat_map(|s| (0..4).map(move |m| (s, m))) {
-        let object = format!("{prefix}/stage-{stage}/map-{map}.arrow");
+        let object = map_file(Path::new(prefix), stage, map)
+            .display()
+            .to_string();
         assert!(keys.contains(&object), "{object} missing in {keys:#?}");
     }
     keys
@@ -668,7 +670,11 @@ fn one_exchange_gets(per_task: usize) -> (usize, usize) {
     let model = |stage: u64, buckets_per_map: usize, per_reader: usize| {
         let mut pairs = 0;
         for map in 0..maps {
-            let marker = moto.marker(&format!("counted/stage-{stage}/map-{map}.arrow"));
+            let marker = moto.marker(
+                &map_file(Path::new("counted"), stage, map)
+                    .display()
+                    .to_string(),
+            );
             let buckets = marker["buckets"].as_array().unwrap();
             assert_eq!(buckets.len(), buckets_per_map, "{marker}");
             let readers: std::collections::BTreeSet<usize> = buckets

@@ -188,7 +188,7 @@ fn dfx_run_under_a_root_removes_each_location_and_dfx_gc_removes_only_stale_ones
     // A crashed driver's location of long ago, and one being written now.
     let stale = root.join("q-1000-00aa");
     std::fs::create_dir_all(stale.join("stage-1")).unwrap();
-    std::fs::write(stale.join("stage-1/map-0.arrow"), b"0123456789").unwrap();
+    std::fs::write(stale.join("stage-1/0-map-0.arrow"), b"0123456789").unwrap();
     age(&stale, UNIX_EPOCH + Duration::from_secs(1));
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
     let fresh = root.join(format!("q-{}-00bb", now.as_millis()));

@@ -4,9 +4,10 @@
 //! call the plugin's exported functions, which call these.
 //!
 //! ```text
-//! <dir>/stage-<S>/map-<M>.arrow   every bucket of map M, as segments, closed
-//!                                 by its commit marker (which byte ranges hold
-//!                                 which bucket); published whole, by rename
+//! <dir>/stage-<S>/<K>-map-<M>.arrow   every bucket of map M, as segments,
+//!                                     closed by its commit marker (which byte
+//!                                     ranges hold which bucket); published
+//!                                     whole, by rename; K = M mod KEY_PREFIXES
 //! ```
 //!
 //! One file per map, marker included, rather than one per bucket and a
@@ -22,6 +23,17 @@ pub const FIRST_STAGE_ID: u64 = 1;
 
 /// Glob, relative to a shuffle directory, matching every stage output entry.
 pub const PARTITION_GLOB: &str = "stage-*";
+
+/// How many key prefixes a stage's map files are spread over.
+///
+/// An object store serves a fixed request rate per prefix (S3: 5,500 GET
+/// and 3,500 PUT a second), and a stage's tasks read and write its maps all
+/// at once: with every key under `stage-<S>/map-`, 64 machine-sized tasks
+/// with eight requests in flight each ask one prefix for more than it
+/// serves. Leading each map's name with `M mod KEY_PREFIXES` gives the store
+/// that many prefixes, each holding an equal share of the stage's maps, to
+/// partition the load over.
+pub const KEY_PREFIXES: usize = 8;
 
 /// Suffix of a file still being written; never read, never published as is.
 pub const TEMP_SUFFIX: &str = ".tmp";
@@ -41,21 +53,21 @@ pub fn stage_dir(dir: &Path, stage_id: u64) -> PathBuf {
 /// its presence says the map is published. The exports `partition_path` and
 /// `bucket_path` both answer with it.
 pub fn map_path(dir: &Path, stage_id: u64, map: usize) -> PathBuf {
-    stage_dir(dir, stage_id).join(format!("map-{map}.arrow"))
+    let prefix = map % KEY_PREFIXES;
+    stage_dir(dir, stage_id).join(format!("{prefix}-map-{map}.arrow"))
 }
 
 /// The stage and map of a map file's name relative to its location
-/// (`stage-<S>/map-<M>.arrow`, as [`map_path`] makes it under a location),
-/// or `None` for any other name.
+/// (`stage-<S>/<K>-map-<M>.arrow`, as [`map_path`] makes it under a
+/// location), or `None` for any other name: one with a prefix `K` other
+/// than the map's, or numbers not as [`map_path`] writes them.
 pub fn parse_map_name(name: &str) -> Option<(u64, usize)> {
-    let (stage, map) = name.split_once('/')?;
+    let (stage, file) = name.split_once('/')?;
     let stage = stage.strip_prefix("stage-")?.parse().ok()?;
-    let map = map
-        .strip_prefix("map-")?
-        .strip_suffix(".arrow")?
-        .parse()
-        .ok()?;
-    Some((stage, map))
+    let (_, map) = file.split_once("-map-")?;
+    let map = map.strip_suffix(".arrow")?.parse().ok()?;
+    let named = map_path(Path::new(""), stage, map);
+    (named.as_os_str() == name).then_some((stage, map))
 }
 
 /// A temp name beside `final_path`, unique to this writer: the pid separates
@@ -84,7 +96,29 @@ mod tests {
         assert_eq!(stage_id(3), 4);
         assert_eq!(
             map_path(Path::new("/s"), 2, 7),
-            PathBuf::from("/s/stage-2/map-7.arrow")
+            PathBuf::from("/s/stage-2/7-map-7.arrow")
+        );
+        assert_eq!(
+            map_path(Path::new("/s"), 2, 21),
+            PathBuf::from("/s/stage-2/5-map-21.arrow")
+        );
+    }
+
+    #[test]
+    fn a_stages_maps_are_spread_evenly_over_the_key_prefixes() {
+        let mut per_prefix = std::collections::BTreeMap::<String, usize>::new();
+        for map in 0..64 {
+            let path = map_path(Path::new("root"), 3, map);
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let (prefix, _) = name.split_once("-map-").unwrap();
+            *per_prefix
+                .entry(format!("root/stage-3/{prefix}"))
+                .or_default() += 1;
+        }
+        assert_eq!(per_prefix.len(), KEY_PREFIXES);
+        assert!(
+            per_prefix.values().all(|&n| n == 64 / KEY_PREFIXES),
+            "{per_prefix:?}"
         );
     }
 
@@ -93,10 +127,14 @@ mod tests {
         let name = map_path(Path::new(""), 4, 11);
         assert_eq!(parse_map_name(name.to_str().unwrap()), Some((4, 11)));
         for other in [
-            "stage-4/map-11.arrow.tmp",
-            "stage-x/map-1.arrow",
+            "stage-4/3-map-11.arrow.tmp",
+            "stage-4/map-11.arrow",
+            "stage-4/2-map-11.arrow",
+            "stage-4/03-map-11.arrow",
+            "stage-04/3-map-11.arrow",
+            "stage-x/1-map-1.arrow",
             "stage-1",
-            "../map-1.arrow",
+            "../1-map-1.arrow",
         ] {
             assert_eq!(parse_map_name(other), None, "{other}");
         }
@@ -111,7 +149,7 @@ mod tests {
         for t in [&a, &b] {
             let name = t.file_name().unwrap().to_string_lossy();
             assert!(name.ends_with(TEMP_SUFFIX), "{name}");
-            assert!(name.starts_with("map-0.arrow."), "{name}");
+            assert!(name.starts_with("0-map-0.arrow."), "{name}");
             assert_eq!(t.parent(), final_path.parent());
         }
     }

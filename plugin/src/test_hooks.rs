@@ -8,7 +8,7 @@
 //! the first task anywhere to get there dies (the one that creates the file
 //! FLAG), so its retry, and every later task, runs through.
 //!
-//! `DFX_TEST_SLOW_PUBLISH=stage-S/map-M.arrow:MILLIS:FLAG`: the first attempt
+//! `DFX_TEST_SLOW_PUBLISH=stage-S/K-map-M.arrow:MILLIS:FLAG`: the first attempt
 //! of that map to get ready to publish (the one that creates FLAG) sleeps
 //! MILLIS first, a straggler for speculation to overtake.
 

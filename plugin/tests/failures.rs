@@ -54,7 +54,7 @@ async fn stage_with_map_1_lost(dir: &Path) -> Result<Arc<ShuffleWriterExec>> {
     let writer = hash_writer(dir, 2);
     run_map(&writer, 0).await?;
     run_map(&writer, 1).await?;
-    std::fs::remove_file(dir.join("stage-3/map-1.arrow"))?;
+    std::fs::remove_file(dir.join("stage-3/1-map-1.arrow"))?;
     Ok(writer)
 }
 
@@ -90,7 +90,7 @@ async fn a_reader_that_finds_a_map_file_missing_records_that_map_lost() -> Resul
     for part in [
         "dfx stage 3 map 1 bucket",
         "lost output",
-        "stage-3/map-1.arrow",
+        "stage-3/1-map-1.arrow",
     ] {
         assert!(err.contains(part), "{part:?} not in {err}");
     }
@@ -107,7 +107,7 @@ async fn a_map_file_gone_after_its_marker_was_read_is_lost_output_too() -> Resul
     run_map(&writer, 1).await?;
     // `execute` reads every marker; the file goes before the first poll.
     let mut stream = hash_reader(&writer).execute(0, SessionContext::new().task_ctx())?;
-    std::fs::remove_file(dir.path().join("stage-3/map-0.arrow"))?;
+    std::fs::remove_file(dir.path().join("stage-3/0-map-0.arrow"))?;
     let err = loop {
         match stream.next().await {
             Some(Ok(_)) => continue,
@@ -119,7 +119,7 @@ async fn a_map_file_gone_after_its_marker_was_read_is_lost_output_too() -> Resul
         "dfx stage 3 map 0 bucket 0",
         "lost output: the marker promised",
         "the file is gone",
-        "stage-3/map-0.arrow",
+        "stage-3/0-map-0.arrow",
     ] {
         assert!(err.contains(part), "{part:?} not in {err}");
     }
@@ -132,14 +132,14 @@ async fn a_writer_whose_publish_fails_records_an_io_failure() -> Result<()> {
     let dir = temp_dir();
     // A directory where the map's file is to be published: the rename
     // fails (EISDIR), for root too.
-    std::fs::create_dir_all(dir.path().join("stage-3/map-0.arrow/taken"))?;
+    std::fs::create_dir_all(dir.path().join("stage-3/0-map-0.arrow/taken"))?;
     let writer = hash_writer(dir.path(), 1);
     let err = run_map(&writer, 0).await.unwrap_err().to_string();
     for part in [
         "dfx stage 3 map 0",
         dfx_abi::IO_FAILURE,
         "cannot publish",
-        "stage-3/map-0.arrow",
+        "stage-3/0-map-0.arrow",
     ] {
         assert!(err.contains(part), "{part:?} not in {err}");
     }
@@ -168,7 +168,7 @@ async fn another_locations_failures_are_not_taken() -> Result<()> {
     let writer = stage_with_map_1_lost(lost.path()).await?;
     failed_read(&writer).await;
     let full = temp_dir();
-    std::fs::create_dir_all(full.path().join("stage-3/map-0.arrow/taken"))?;
+    std::fs::create_dir_all(full.path().join("stage-3/0-map-0.arrow/taken"))?;
     run_map(&hash_writer(full.path(), 1), 0).await.unwrap_err();
     let untouched = temp_dir();
     assert!(error::take(&location(untouched.path())).is_empty());

@@ -41,8 +41,8 @@ async fn the_directories_a_writer_creates_are_private() {
     ] {
         assert_eq!(mode(&created), PRIVATE_DIR_MODE, "{}", created.display());
     }
-    assert!(shuffle.join("stage-1/map-0.arrow").exists());
-    assert!(shuffle.join("stage-1/map-0.arrow").exists());
+    assert!(shuffle.join("stage-1/0-map-0.arrow").exists());
+    assert!(shuffle.join("stage-1/0-map-0.arrow").exists());
 }
 
 /// A directory owned by another user: as root, one chowned to `nobody`;
@@ -102,7 +102,7 @@ async fn an_existing_stage_directory_of_this_user_is_written_into() {
     let shuffle = dir.path().join("shuffle");
     std::fs::create_dir_all(shuffle.join("stage-1")).unwrap();
     run_map(&shuffle).await.unwrap();
-    assert!(shuffle.join("stage-1/map-0.arrow").exists());
+    assert!(shuffle.join("stage-1/0-map-0.arrow").exists());
     assert_eq!(
         std::fs::metadata(shuffle.join("stage-1")).unwrap().uid(),
         effective_uid()
@@ -138,7 +138,7 @@ fn publishing_onto_a_symlink_fails_and_leaves_the_link_and_its_target() {
     let dir = temp_dir();
     let victim = dir.path().join("victim");
     std::fs::write(&victim, b"precious").unwrap();
-    let published = dir.path().join("map-0.arrow");
+    let published = dir.path().join("0-map-0.arrow");
     std::os::unix::fs::symlink(&victim, &published).unwrap();
     let mut file = MapFile::create(dir.path(), &published).unwrap();
     file.append(b"segments").unwrap();

@@ -500,7 +500,7 @@ async fn a_missing_build_map_is_lost_output_of_that_map() -> Result<()> {
         shuffle
             .path()
             .join(format!("stage-{build_id}"))
-            .join("map-1.arrow"),
+            .join("1-map-1.arrow"),
     )
     .unwrap();
     let location = shuffle.path().to_string_lossy().into_owned();
@@ -556,10 +556,7 @@ async fn a_probe_handed_the_build_layouts_reads_each_summary_without_its_marker(
         let layout = MapLayout::from_summary(&summary).expect("a laid-out summary");
         let (offset, bytes) = layout.keys.expect("a build map says where its keys lie");
         // Blank the marker between the key summary and the footer.
-        let path = shuffle
-            .path()
-            .join(format!("stage-{build_id}"))
-            .join(format!("map-{map}.arrow"));
+        let path = dfx_plugin::paths::map_path(shuffle.path(), build_id, map);
         let mut file = std::fs::read(&path)?;
         let marker = (offset + bytes) as usize..file.len() - 16;
         assert!(!marker.is_empty());

@@ -114,14 +114,14 @@ async fn a_map_publishes_one_file_closed_by_its_marker() -> Result<()> {
     // bucket, no marker beside it, no temp file left.
     assert_eq!(
         files,
-        ["stage-3/map-0.arrow", "stage-3/map-1.arrow"],
+        ["stage-3/0-map-0.arrow", "stage-3/1-map-1.arrow"],
         "{files:?}"
     );
     // Hash: bucket b of both maps; every row lands in exactly one bucket.
     assert_eq!(read_all(&writer, ReadMode::Hash).await?, 1000);
     // The marker closing the file is JSON with rows per bucket summing to
     // the map's rows, and segments exactly filling the bytes before it.
-    let (segments, marker) = split_map_file(&dir.path().join("stage-3/map-0.arrow"));
+    let (segments, marker) = split_map_file(&dir.path().join("stage-3/0-map-0.arrow"));
     assert_eq!(marker["bytes"], segments.len() as u64, "{marker}");
     assert_eq!(marker["stage_id"], 3, "{marker}");
     assert_eq!(marker["map"], 0, "{marker}");
@@ -143,7 +143,7 @@ async fn each_bucket_is_one_contiguous_range_and_the_summary_says_where() -> Res
     let ctx = SessionContext::new_with_config(SessionConfig::new().with_batch_size(1_000));
     let summary = collect(writer.clone(), ctx.task_ctx()).await?;
     let layout = dfx_abi::MapLayout::from_summary(&summary).expect("a laid-out summary");
-    let path = dir.path().join("stage-3/map-0.arrow");
+    let path = dir.path().join("stage-3/0-map-0.arrow");
     assert_eq!(layout.size, std::fs::metadata(&path)?.len());
     assert_eq!(layout.e_tag, None);
     let (_, marker) = split_map_file(&path);
@@ -182,13 +182,13 @@ async fn a_map_with_every_bucket_empty_publishes_its_marker_alone() -> Result<()
         1,
     )?);
     assert_eq!(run_map(&writer, 0).await?, 0);
-    let (segments, marker) = split_map_file(&dir.path().join("stage-3/map-0.arrow"));
+    let (segments, marker) = split_map_file(&dir.path().join("stage-3/0-map-0.arrow"));
     assert!(segments.is_empty());
     assert_eq!(marker["bytes"], 0, "{marker}");
     assert_eq!(marker["buckets"].as_array().unwrap().len(), 4, "{marker}");
     // An empty map reads as no rows; a lost one is an error.
     assert_eq!(read_all(&writer, ReadMode::Hash).await?, 0);
-    std::fs::remove_file(dir.path().join("stage-3/map-0.arrow"))?;
+    std::fs::remove_file(dir.path().join("stage-3/0-map-0.arrow"))?;
     let err = read_all(&writer, ReadMode::Hash).await.unwrap_err();
     assert!(err.to_string().contains("lost output"), "{err}");
     Ok(())
@@ -286,11 +286,11 @@ async fn damaged(damage: impl Fn(&Path), expect: &[&str]) -> Result<()> {
 #[tokio::test]
 async fn a_missing_map_file_is_lost_output_of_that_map() -> Result<()> {
     damaged(
-        |dir| std::fs::remove_file(dir.join("stage-3/map-1.arrow")).unwrap(),
+        |dir| std::fs::remove_file(dir.join("stage-3/1-map-1.arrow")).unwrap(),
         &[
             "dfx stage 3 map 1 bucket",
             "lost output: the map's file is missing",
-            "stage-3/map-1.arrow",
+            "stage-3/1-map-1.arrow",
         ],
     )
     .await
@@ -301,7 +301,7 @@ async fn a_truncated_map_file_is_named() -> Result<()> {
     for keep in [0.5, 0.999] {
         damaged(
             |dir| {
-                let path = dir.join("stage-3/map-1.arrow");
+                let path = dir.join("stage-3/1-map-1.arrow");
                 let bytes = std::fs::read(&path).unwrap();
                 let len = (bytes.len() as f64 * keep) as usize;
                 std::fs::write(&path, &bytes[..len]).unwrap();
@@ -310,17 +310,17 @@ async fn a_truncated_map_file_is_named() -> Result<()> {
                 "dfx stage 3 map 1 bucket",
                 "does not end with the commit marker's footer",
                 "truncated",
-                "stage-3/map-1.arrow",
+                "stage-3/1-map-1.arrow",
             ],
         )
         .await?;
     }
     damaged(
-        |dir| std::fs::write(dir.join("stage-3/map-1.arrow"), b"short").unwrap(),
+        |dir| std::fs::write(dir.join("stage-3/1-map-1.arrow"), b"short").unwrap(),
         &[
             "dfx stage 3 map 1 bucket",
             "too few for the commit marker's footer",
-            "stage-3/map-1.arrow",
+            "stage-3/1-map-1.arrow",
         ],
     )
     .await
@@ -332,7 +332,7 @@ async fn a_segment_with_foreign_fields_is_named() -> Result<()> {
         |dir| {
             // A valid Arrow IPC stream of another table in place of map 0's
             // segments, and a marker (otherwise valid) saying it is bucket 1.
-            let path = dir.join("stage-3/map-0.arrow");
+            let path = dir.join("stage-3/0-map-0.arrow");
             let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
                 datafusion::arrow::datatypes::Field::new(
                     "other",
@@ -367,7 +367,7 @@ async fn a_segment_with_foreign_fields_is_named() -> Result<()> {
         &[
             "dfx stage 3 map 0 bucket 1",
             "other: Utf8",
-            "stage-3/map-0.arrow",
+            "stage-3/0-map-0.arrow",
         ],
     )
     .await
@@ -377,7 +377,7 @@ async fn a_segment_with_foreign_fields_is_named() -> Result<()> {
 async fn a_map_file_of_another_size_than_its_marker_records_is_refused_unread() -> Result<()> {
     damaged(
         |dir| {
-            let path = dir.join("stage-3/map-1.arrow");
+            let path = dir.join("stage-3/1-map-1.arrow");
             let mut bytes = std::fs::read(&path).unwrap();
             bytes.extend_from_slice(b"appended later");
             std::fs::write(&path, bytes).unwrap();
@@ -385,7 +385,7 @@ async fn a_map_file_of_another_size_than_its_marker_records_is_refused_unread() 
         &[
             "dfx stage 3 map 1 bucket",
             "does not end with the commit marker's footer",
-            "stage-3/map-1.arrow",
+            "stage-3/1-map-1.arrow",
         ],
     )
     .await?;
@@ -393,7 +393,7 @@ async fn a_map_file_of_another_size_than_its_marker_records_is_refused_unread() 
     // segment bytes says it starts.
     damaged(
         |dir| {
-            let path = dir.join("stage-3/map-1.arrow");
+            let path = dir.join("stage-3/1-map-1.arrow");
             let (mut segments, json) = split_map_file(&path);
             segments.extend_from_slice(b"inserted later");
             write_map_file(&path, &segments, &json);
@@ -401,7 +401,7 @@ async fn a_map_file_of_another_size_than_its_marker_records_is_refused_unread() 
         &[
             "dfx stage 3 map 1 bucket",
             "but its commit marker promises",
-            "stage-3/map-1.arrow",
+            "stage-3/1-map-1.arrow",
         ],
     )
     .await
@@ -411,7 +411,7 @@ async fn a_map_file_of_another_size_than_its_marker_records_is_refused_unread() 
 async fn a_marker_whose_segments_overrun_the_file_is_refused() -> Result<()> {
     damaged(
         |dir| {
-            let path = dir.join("stage-3/map-1.arrow");
+            let path = dir.join("stage-3/1-map-1.arrow");
             let (segments, mut json) = split_map_file(&path);
             let half = segments.len() / 2;
             json["bytes"] = half.into();
@@ -421,7 +421,7 @@ async fn a_marker_whose_segments_overrun_the_file_is_refused() -> Result<()> {
             "dfx stage 3 map 1 bucket",
             "the commit marker is not valid",
             "beyond the segments'",
-            "stage-3/map-1.arrow",
+            "stage-3/1-map-1.arrow",
         ],
     )
     .await
@@ -432,15 +432,15 @@ async fn a_marker_of_another_map_is_refused() -> Result<()> {
     damaged(
         |dir| {
             std::fs::copy(
-                dir.join("stage-3/map-0.arrow"),
-                dir.join("stage-3/map-1.arrow"),
+                dir.join("stage-3/0-map-0.arrow"),
+                dir.join("stage-3/1-map-1.arrow"),
             )
             .unwrap();
         },
         &[
             "dfx stage 3 map 1 bucket",
             "the commit marker belongs to stage 3 map 0",
-            "stage-3/map-1.arrow",
+            "stage-3/1-map-1.arrow",
         ],
     )
     .await
@@ -452,7 +452,7 @@ async fn a_buffer_declaring_more_than_lz4_can_expand_is_refused_before_allocatio
     // allocation failed and the process aborted (found by fuzzing).
     damaged(
         |dir| {
-            let path = dir.join("stage-3/map-0.arrow");
+            let path = dir.join("stage-3/0-map-0.arrow");
             let mut bytes = std::fs::read(&path).unwrap();
             let lz4_magic = [0x04, 0x22, 0x4d, 0x18];
             let frame = bytes
@@ -487,7 +487,7 @@ async fn a_bucket_of_many_segments_reads_back_whole_and_in_order() -> Result<()>
             batch?;
         }
     }
-    let marker = read_marker(&dir.path().join("stage-3/map-0.arrow"));
+    let marker = read_marker(&dir.path().join("stage-3/0-map-0.arrow"));
     let buckets = marker["buckets"].as_array().unwrap();
     let segments: Vec<usize> = buckets
         .iter()
@@ -579,7 +579,7 @@ async fn a_map_past_its_staging_bound_spills_and_reads_back_whole_and_in_order()
     while let Some(batch) = stream.next().await {
         batch?;
     }
-    let file = dir.path().join("stage-3/map-0.arrow");
+    let file = dir.path().join("stage-3/0-map-0.arrow");
     let size = std::fs::metadata(&file)?.len();
     assert!(size > SPILL_BYTES, "{size} byte(s) would not spill");
     let marker = read_marker(&file);

@@ -24,7 +24,7 @@ which carries that stage as bytes (so stages do not nest as protobuf
 messages, and each decodes on its own). A *map* is one
 partition of a stage's input, run by one worker (a *task* is a
 ``(stage_id, map)``); it splits its rows into *buckets*. The *shuffle
-directory* is where a map publishes ``stage-<S>/map-<M>.arrow``: every
+directory* is where a map publishes ``stage-<S>/<K>-map-<M>.arrow``: every
 bucket, as segments, closed by its commit marker, which indexes the segments
 by bucket. Readers (in later stages and in the driver) find them there.
 """

@@ -153,7 +153,7 @@ pub fn stage_id(py: Python<'_>, index: usize) -> PyResult<u64> {
 }
 
 /// The file of map task `map` of stage `stage` under `dir`
-/// (`stage-S/map-M.arrow`): every bucket of the map, closed by its commit
+/// (`stage-S/K-map-M.arrow`): every bucket of the map, closed by its commit
 /// marker, so the map is published once it exists.
 #[pyfunction]
 pub fn map_path(py: Python<'_>, dir: PathBuf, stage: u64, map: usize) -> PyResult<String> {

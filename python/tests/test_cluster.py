@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import BUCKET, S3_CREDENTIALS, S3Server, as_rows, split_map_file
 
+from dfx_engine import _internal
 from dfx_engine.driver import DistributedResult, run_distributed
 from dfx_engine.session import SessionSpec
 
@@ -282,7 +283,7 @@ def test_a_node_lost_mid_stage_has_its_running_map_rerun_on_the_other(
     keys = s3.keys(BUCKET, f"{prefix}/")
     maps = {key for key in keys if key.endswith(".arrow")}
     every_map = {
-        f"{prefix}/stage-{stage.stage_id}/map-{m}.arrow"
+        _internal.map_path(prefix, stage.stage_id, m)
         for stage in result.stages
         for m in range(stage.maps)
     }

@@ -196,7 +196,7 @@ def test_a_straggling_map_is_overtaken_by_its_speculative_twin(
     flag = tmp_path / "slowed"
     # The first attempt anywhere to publish a map 1 (a scan stage's) waits a
     # minute first; its twin, finding the flag taken, does not.
-    command = hooked_worker(kind, f"{SLOW_ENV}=map-1.arrow:60000:{flag}")
+    command = hooked_worker(kind, f"{SLOW_ENV}=1-map-1.arrow:60000:{flag}")
     shuffle = tmp_path / "shuffle"
     spec = SessionSpec(tables={"t": str(table)}, shuffle_dir=str(shuffle))
     with WorkerPool(max_workers=3, worker_command=command) as pool:

@@ -73,8 +73,8 @@ def test_versions_and_contract_constants() -> None:
     assert _internal.physical_codec_id() == "dfx_engine.physical.v5"
     assert [_internal.stage_id(n) for n in range(3)] == [1, 2, 3]
     assert _internal.stage_id() == 1
-    assert _internal.marker_path("/d", 2, 5) == "/d/stage-2/map-5.arrow"
-    assert _internal.bucket_path("/d", 2, 5, 3) == "/d/stage-2/map-5.arrow"
+    assert _internal.marker_path("/d", 2, 5) == "/d/stage-2/5-map-5.arrow"
+    assert _internal.bucket_path("/d", 2, 5, 3) == "/d/stage-2/5-map-5.arrow"
     assert _internal.partition_glob() == "stage-*"
 
 

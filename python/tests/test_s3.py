@@ -78,7 +78,7 @@ def test_tpch_through_s3_gives_the_local_answer_and_lands_as_objects(
     keys = s3.keys(BUCKET, f"{prefix}/")
     # Every map published its one object, closed by its marker.
     for stage, map_index in result.tasks:
-        published = f"{prefix}/stage-{stage}/map-{map_index}.arrow"
+        published = _internal.map_path(prefix, stage, map_index)
         assert published in keys, f"{published} missing in {keys}"
     # Only stage output and the driver's lock: envelopes and plans stayed on
     # this machine, in a scratch directory that is gone, and nothing
@@ -129,7 +129,7 @@ def test_rust_workers_reach_s3_through_the_python_drivers_store_options(
     assert_same(as_rows(result.batches), as_rows(run_local(SQL_ONLY, spec)))
     keys = s3.keys(BUCKET, f"{prefix}/")
     for stage, map_index in result.tasks:
-        assert f"{prefix}/stage-{stage}/map-{map_index}.arrow" in keys, keys
+        assert _internal.map_path(prefix, stage, map_index) in keys, keys
 
 
 def test_a_file_url_is_a_local_directory(

@@ -123,7 +123,7 @@ def test_dfx_gc_removes_a_crashed_drivers_s3_location_and_keeps_a_live_ones(
     client.put_object(Bucket=BUCKET, Key=f"{prefix}/{MARKER}", Body=b"")
     crashed = f"{prefix}/q-1000-00aa"
     client.put_object(
-        Bucket=BUCKET, Key=f"{crashed}/stage-1/map-0.arrow", Body=b"x" * 10
+        Bucket=BUCKET, Key=f"{crashed}/stage-1/0-map-0.arrow", Body=b"x" * 10
     )
     # This process stands for a live driver on this machine.
     live = f"{prefix}/q-2000-00bb"

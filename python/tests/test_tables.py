@@ -673,7 +673,7 @@ def assert_published_on_s3(
     keys = s3.keys(BUCKET, f"{prefix}/")
     maps = {key for key in keys if key.endswith(".arrow")}
     expected = {
-        f"{prefix}/stage-{stage.stage_id}/map-{index}.arrow"
+        _internal.map_path(prefix, stage.stage_id, index)
         for stage in result.stages
         for index in range(stage.maps)
     }

@@ -142,7 +142,7 @@ def test_worker_runs_one_map_and_reports_last(
     assert report["bytes"] > 0
     assert sum(bucket["rows"] for bucket in marker["buckets"]) == 2
     # Only this map published.
-    assert {p.name for p in published_files(spec.shuffle_dir)} == {"map-3.arrow"}
+    assert {p.name for p in published_files(spec.shuffle_dir)} == {"3-map-3.arrow"}
 
 
 def test_worker_refuses_an_envelope_that_is_not_a_json_object(

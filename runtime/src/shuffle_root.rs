@@ -8,7 +8,7 @@
 //!                                 under it; `dfx gc` refuses a root without it
 //!   q-<unix ms>-<16 hex>/         one query's location (QUERY_PREFIX + time + random)
 //!     .dfx-driver.lock            its driver's lock (flock), or _dfx-driver.lock on S3
-//!     stage-1/map-0.arrow ...     what its workers published
+//!     stage-1/0-map-0.arrow ...     what its workers published
 //! ```
 //!
 //! | what                 | rule                                                                                  |
@@ -548,7 +548,7 @@ mod tests {
         root.mark().await.unwrap();
         let old = dir.path().join("q-1000-00aa");
         std::fs::create_dir_all(old.join("stage-1")).unwrap();
-        std::fs::write(old.join("stage-1/map-0.arrow"), b"12345").unwrap();
+        std::fs::write(old.join("stage-1/0-map-0.arrow"), b"12345").unwrap();
         age(&old, UNIX_EPOCH + Duration::from_secs(1));
         // Held by a driver, however old.
         let held = PathBuf::from(format!("{}/q-2000-00bb", root.canonical()));

@@ -83,6 +83,11 @@ FOOTER_BYTES = 16
 MAX_PARTS_IN_FLIGHT = 8
 
 
+# Key prefixes a stage's map objects are spread over (`KEY_PREFIXES`,
+# plugin/src/paths.rs): map M's key leads with M mod 8.
+KEY_PREFIXES = 8
+
+
 # object_store's retries of an S3 request answered 503 Slow Down (its
 # `RetryConfig` and `BackoffConfig` defaults): up to 10 retries, the first
 # after 100 ms, each next after a wait drawn uniformly between 100 ms and

@@ -57,7 +57,8 @@ class Design:
     # other machines' maps are requests: (k - 1) / k of them, the tasks
     # spread evenly.
     owner_reads_disk: bool = False
-    # Partitioned prefixes the shuffle's objects are spread over.
+    # Partitioned prefixes the shuffle's objects are spread over (one, the
+    # query's location, before KEY_PREFIXES).
     prefixes: int = 1
     # Partitioned prefixes the tables' files are spread over (the user's
     # layout, not dfx's).

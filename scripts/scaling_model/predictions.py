@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from .costs import (
     FOOTER_BYTES,
+    KEY_PREFIXES,
     MB,
     PARSE_MB_S,
     RAY_TASK_MS,
@@ -108,7 +109,9 @@ def predictions(
     """The tables of docs/SCALING.md's predictions."""
     store = S3_TYPICAL
     ranged = Design("ranges in reports", ranges=True)
-    after = Design("machine-sized", machine_tasks=True)
+    # As built: a stage's keys over KEY_PREFIXES prefixes.
+    after = Design("machine-sized", machine_tasks=True, prefixes=KEY_PREFIXES)
+    one_prefix = Design("machine-sized, one key prefix", machine_tasks=True)
     sliced = Design(
         "slices, a request per reader partition",
         machine_tasks=True,
@@ -139,12 +142,13 @@ def predictions(
         prefixes=16,
         table_prefixes=16,
     )
-    # As built: read_bytes_in_flight's 64 MiB, two parts of an upload.
+    # As built: read_bytes_in_flight's 64 MiB, eight parts of an upload.
     served = Design(
         "machine-sized, Flight (local)",
         machine_tasks=True,
         shuffle_store=FLIGHT,
         owner_reads_disk=True,
+        prefixes=KEY_PREFIXES,
     )
     copied = Design(
         "machine-sized, Flight with an S3 copy (both)",
@@ -152,6 +156,7 @@ def predictions(
         shuffle_store=FLIGHT,
         owner_reads_disk=True,
         put_store=S3_TYPICAL,
+        prefixes=KEY_PREFIXES,
     )
     # What one machine runs (`collapse_stages`): each query one stage, its
     # one task pipelining the whole plan; no map file, no shuffle request.
@@ -159,19 +164,14 @@ def predictions(
         "one stage a query: one machine as it runs",
         Design("one stage", machine_tasks=True, one_stage=True),
     )
-    # The shuffle's keys spread over prefixes (a hash ahead of the stage in
-    # each key); not built.
-    shuffle_spread = Design(
-        "machine-sized, shuffle keys over 8 prefixes",
-        machine_tasks=True,
-        prefixes=8,
-    )
     two_parts = Design("machine-sized, two parts", machine_tasks=True, parts_in_flight=2)
     ray = options.ray_task_ms
     parse = options.parse_mb_s
     as_built = Case("as built before ranges (corrected), pool", parse_mb_s=parse)
     machine_sized = Case(
-        "machine-sized: slices, shared reads (built), pool", after, parse_mb_s=parse
+        "machine-sized: slices, shared reads, keys over 8 prefixes (built), pool",
+        after,
+        parse_mb_s=parse,
     )
     cases = [
         as_built,
@@ -191,19 +191,19 @@ def predictions(
             parse_mb_s=parse,
         ),
         Case(
-            "machine-sized, two parts of an upload in flight, pool",
+            "machine-sized, two parts of an upload in flight, one key prefix, pool",
             two_parts,
+            parse_mb_s=parse,
+        ),
+        Case(
+            "machine-sized, eight parts, one key prefix, pool",
+            one_prefix,
             parse_mb_s=parse,
         ),
         machine_sized,
         Case(f"machine-sized, Ray {ray:g} ms", after, task_ms=ray, parse_mb_s=parse),
         Case("machine-sized, filling the interface, pool", wide, parse_mb_s=parse),
         Case("machine-sized, filling it, 16 prefixes", spread, parse_mb_s=parse),
-        Case(
-            "machine-sized, shuffle keys over 8 prefixes",
-            shuffle_spread,
-            parse_mb_s=parse,
-        ),
         Case("machine-sized, Flight: local (built), pool", served, parse_mb_s=parse),
         Case("machine-sized, Flight: both (built), pool", copied, parse_mb_s=parse),
         Case(

@@ -82,7 +82,7 @@ impl Target for WorkerReportTarget {
             "{\"stage_id\":3,\"partition\":7,\"rows\":18446744073709551615,\"bytes\":0}",
             "{\"stage_id\":1,\"partition\":0,\"rows\":5,\"elapsed_ms\":null}\r\n",
             "{\"stage_id\":2,\"partition\":1,\"error\":\"stage 2 map 1: I/O failure: No space left on device\",\"retry\":\"io\"}\n",
-            "{\"stage_id\":3,\"partition\":0,\"error\":\"stage 3 map 0: stage-2/map-5.arrow is missing\",\"retry\":{\"lost\":[2,5]}}",
+            "{\"stage_id\":3,\"partition\":0,\"error\":\"stage 3 map 0: stage-2/5-map-5.arrow is missing\",\"retry\":{\"lost\":[2,5]}}",
             "{\"stage_id\":null,\"partition\":null,\"error\":\"cannot read envelope /t.json\",\"retry\":\"final\"}\n",
             "{\"stage_id\":1,\"partition\":0,\"error\":\"a worker that names no class\"}",
         ]

@@ -1,5 +1,5 @@
 //! The shuffle-file reader: a real `ShuffleReaderExec` reading a stage
-//! directory in which part of the one map file (`stage-1/map-0.arrow`) is
+//! directory in which part of the one map file (`stage-1/0-map-0.arrow`) is
 //! the fuzzer's input: either the commit marker closing it (the file's
 //! segments stay as the real writer published them, the footer gives the
 //! input's length), or its one segment (closed by a marker promising it).

@@ -10,7 +10,7 @@
 //! 3. decode the stage and check its root is the plugin's writer (by its
 //!    node name, never its display);
 //! 4. execute the map and drain it: the writer reads its upstream buckets,
-//!    runs the stage, publishes `stage-S/map-M.arrow` (its buckets, closed by
+//!    runs the stage, publishes `stage-S/K-map-M.arrow` (its buckets, closed by
 //!    the commit marker), and yields one summary batch;
 //! 5. respond with the report, or with the failure classified by what the
 //!    plugin recorded while the task ran ([`Response::of_outcome`]).

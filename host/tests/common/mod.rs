@@ -246,6 +246,11 @@ pub fn plugin() -> dfx_host::Plugin {
     dfx_abi::load(&plugin_path()).expect("the plugin file passes the handshake")
 }
 
+/// The file of map `map` of stage `stage` under `dir`, as the plugin names it.
+pub fn map_file(dir: &Path, stage: u64, map: usize) -> PathBuf {
+    plugin().map_path(dir, stage, map)
+}
+
 /// The real `dfx` binary of this build.
 pub fn dfx_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_dfx"))

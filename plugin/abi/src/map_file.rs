@@ -1,8 +1,8 @@
-//! The layout of a published map file (`stage-<S>/map-<M>.arrow`), for
+//! The layout of a published map file (`stage-<S>/<K>-map-<M>.arrow`), for
 //! anything that reads a shuffle location by hand (tests, tools): the
 //! plugin writes and reads it.
 
-/// The last 8 bytes of every published map file (`stage-<S>/map-<M>.arrow`).
+/// The last 8 bytes of every published map file (`stage-<S>/<K>-map-<M>.arrow`).
 ///
 /// A map file is the map's segments (each a whole Arrow IPC stream), then
 /// its commit marker (JSON: stage, map, and per bucket its rows and the byte

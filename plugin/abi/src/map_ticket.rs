@@ -34,7 +34,7 @@ pub const SHUFFLE_DURABILITY: &str = "shuffle_durability";
 /// ranges of each map, never one per row group.
 pub const MAX_TICKET_RANGES: usize = 4096;
 
-/// One `do_get` request: ranges of `stage-<stage>/map-<map>.arrow` under
+/// One `do_get` request: ranges of `stage-<stage>/<k>-map-<map>.arrow` under
 /// `location`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -106,7 +106,7 @@ pub struct DfxPlugin {
     pub stage_id: extern "C" fn(index: u64) -> u64,
 
     /// The file of map task `map` of `stage` under `dir`
-    /// (`stage-<S>/map-<M>.arrow`): every bucket of the map, closed by its
+    /// (`stage-<S>/<K>-map-<M>.arrow`): every bucket of the map, closed by its
     /// commit marker, so the map is published once it exists. The same file
     /// as [`DfxPlugin::bucket_path`]'s.
     pub partition_path: extern "C" fn(dir: RStr<'_>, stage: u64, map: u64) -> RString,

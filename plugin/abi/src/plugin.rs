@@ -104,7 +104,7 @@ impl Plugin {
     }
 
     /// The file of map task `map` of stage `stage_id` under `dir`
-    /// (`stage-<S>/map-<M>.arrow`): every bucket of the map, closed by its
+    /// (`stage-<S>/<K>-map-<M>.arrow`, `K` its key prefix): every bucket of the map, closed by its
     /// commit marker, so its presence says the map is published.
     pub fn map_path(&self, dir: &Path, stage_id: u64, map: usize) -> PathBuf {
         let dir = dir.to_string_lossy();

@@ -483,7 +483,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let stage = dir.path().join("stage-1");
         std::fs::create_dir_all(&stage).unwrap();
-        let final_path = stage.join("map-0.arrow");
+        let final_path = stage.join("0-map-0.arrow");
         assert!(publish(dir.path(), &final_path, b"first").unwrap());
         // A second attempt of the same map publishes too, and keeps nothing
         // of its own: the file is the first's.
@@ -493,19 +493,19 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(names, ["map-0.arrow"], "a temp file was left");
+        assert_eq!(names, ["0-map-0.arrow"], "a temp file was left");
     }
 
     #[test]
     fn a_link_or_directory_at_the_published_name_fails_the_publish() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("elsewhere");
-        let final_path = dir.path().join("map-0.arrow");
+        let final_path = dir.path().join("0-map-0.arrow");
         std::os::unix::fs::symlink(&target, &final_path).unwrap();
         let err = publish(dir.path(), &final_path, b"rows").unwrap_err();
         assert!(err.contains("cannot publish"), "{err}");
         assert!(!target.exists(), "the publish wrote through a planted link");
-        let taken = dir.path().join("map-1.arrow");
+        let taken = dir.path().join("1-map-1.arrow");
         std::fs::create_dir(&taken).unwrap();
         let err = publish(dir.path(), &taken, b"rows").unwrap_err();
         assert!(err.contains("cannot publish"), "{err}");
@@ -517,7 +517,7 @@ mod tests {
         let spill = dir.path().join("spill");
         std::fs::write(&spill, b"..abcdef").unwrap();
         let spill = File::open(&spill).unwrap();
-        let final_path = dir.path().join("map-0.arrow");
+        let final_path = dir.path().join("0-map-0.arrow");
         let mut file = MapFile::create(dir.path(), &final_path).unwrap();
         file.append(b"<").unwrap();
         file.append_range(&spill, 2, 4).unwrap();

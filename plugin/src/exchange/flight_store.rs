@@ -1,12 +1,12 @@
 //! A map file on the disk of the worker that wrote it, read through that
 //! worker's map server (Arrow Flight `do_get`, see `dfx_runtime::flight`),
 //! seen as a read-only object store: a ranged GET of
-//! `stage-<S>/map-<M>.arrow` is one stream of a [`MapTicket`] naming the
+//! `stage-<S>/<K>-map-<M>.arrow` is one stream of a [`MapTicket`] naming the
 //! range. So the fetcher, its coalescing, its bound on bytes in flight and
 //! the reads a slice's partitions share serve Flight as they serve S3.
 //!
 //! ```text
-//! RangeFetcher ─► get_opts("stage-2/map-0.arrow", bytes a..b)
+//! RangeFetcher ─► get_opts("stage-2/0-map-0.arrow", bytes a..b)
 //!                   └─► do_get(ticket{location, stage 2, map 0, [(a, b-a)]})
 //!                         ◄─ {"size": n} then the bytes, in chunks
 //! ```

@@ -1,5 +1,5 @@
 //! A map task's commit marker: the index closing its file
-//! `stage-<S>/map-<M>.arrow`.
+//! `stage-<S>/<K>-map-<M>.arrow`.
 //!
 //! The file is the map's segments, then this index (JSON), then a footer of
 //! 16 bytes: the index's length (u64, little-endian) and [`FOOTER_MAGIC`]
@@ -416,7 +416,7 @@ mod tests {
 
     #[test]
     fn a_trailer_reads_back_from_the_tail_of_its_file() {
-        let path = Path::new("/s/stage-2/map-1.arrow");
+        let path = Path::new("/s/stage-2/1-map-1.arrow");
         let mut file = vec![7u8; 10];
         file.extend(marker().trailer().unwrap());
         let size = file.len() as u64;
@@ -435,7 +435,7 @@ mod tests {
 
     #[test]
     fn a_key_summary_beyond_the_segments_is_refused() {
-        let path = Path::new("/s/stage-2/map-1.arrow");
+        let path = Path::new("/s/stage-2/1-map-1.arrow");
         let mut inside = marker();
         inside.keys = Some(KeysRegion {
             offset: 4,
@@ -456,13 +456,13 @@ mod tests {
 
     #[test]
     fn a_footer_that_is_not_one_is_named() {
-        let path = Path::new("/s/stage-2/map-1.arrow");
+        let path = Path::new("/s/stage-2/1-map-1.arrow");
         let err = MapMarker::index_range(&[0; 16], 16, &at(path)).unwrap_err();
         let message = err.to_string();
         for part in [
             "dfx stage 2 map 1 bucket 0",
             "footer",
-            "/s/stage-2/map-1.arrow",
+            "/s/stage-2/1-map-1.arrow",
         ] {
             assert!(message.contains(part), "{part:?} not in {message}");
         }

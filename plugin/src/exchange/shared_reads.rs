@@ -181,7 +181,7 @@ mod tests {
             allow_http: true,
         };
         let store = s3_store("bucket", &options).unwrap();
-        let key = ObjectPath::from("q/stage-1/map-0.arrow");
+        let key = ObjectPath::from("q/stage-1/0-map-0.arrow");
         let cover = Cover {
             offset: 10,
             len: 20,

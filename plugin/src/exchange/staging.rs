@@ -142,7 +142,7 @@ mod tests {
     #[test]
     fn spilled_segments_come_back_before_held_ones_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let near = dir.path().join("map-0.arrow");
+        let near = dir.path().join("0-map-0.arrow");
         let mut staging = Staging::new(2, near.clone());
         let big = vec![1u8; (SPILL_BYTES / 2) as usize];
         staging.push(0, big.clone()).unwrap();

@@ -16,7 +16,7 @@
 //!
 //! The location travels as a string inside the encoded stage (the writer's
 //! and reader's `shuffle_dir`), so the names of [`crate::paths`] apply to
-//! both: `s3://bucket/prefix/stage-1/map-0.arrow` is both the name
+//! both: `s3://bucket/prefix/stage-1/0-map-0.arrow` is both the name
 //! in an error and, past `s3://bucket/`, the object's key.
 //!
 //! Endpoint, region and credentials come from the standard AWS environment
@@ -453,12 +453,12 @@ mod tests {
             panic!("not s3");
         };
         let name = crate::paths::map_path(&PathBuf::from(s3.url()), 2, 1);
-        assert_eq!(s3.key(&name).unwrap().as_ref(), "p/stage-2/map-1.arrow");
+        assert_eq!(s3.key(&name).unwrap().as_ref(), "p/stage-2/1-map-1.arrow");
         let ShuffleLocation::S3(root) = parse("s3://b") else {
             panic!("not s3");
         };
         let name = crate::paths::map_path(&PathBuf::from(root.url()), 1, 0);
-        assert_eq!(root.key(&name).unwrap().as_ref(), "stage-1/map-0.arrow");
+        assert_eq!(root.key(&name).unwrap().as_ref(), "stage-1/0-map-0.arrow");
         assert!(root.key(Path::new("s3://other/x")).is_err());
     }
 

@@ -276,7 +276,10 @@ mod tests {
             "tmp/dfx-q1/sources/ab-3/part-0.arrow",
             "file:///tmp/dfx-q1/"
         ));
-        assert!(!is_source_file("tmp/dfx-q1/stage-1/map-0.arrow", location));
+        assert!(!is_source_file(
+            "tmp/dfx-q1/stage-1/0-map-0.arrow",
+            location
+        ));
         assert!(!is_source_file(
             "tmp/dfx-q2/sources/ab-3/part-0.arrow",
             location

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! worker A (writes stage 2, map 0)            worker B (reads stage 2)
-//!   task ──► <location>/stage-2/map-0.arrow      envelope: layouts, each with
+//!   task ──► <location>/stage-2/0-map-0.arrow      envelope: layouts, each with
 //!   report: layout + owner = A's address ──►       its owner
 //!   map server A ◄── do_get(ticket: location,   ◄─ a map B does not own:
 //!        stage 2, map 0, byte ranges)               its ranges over Flight;

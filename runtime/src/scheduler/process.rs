@@ -2,8 +2,8 @@
 //! it; and the command every worker, pooled or not, is started with.
 //!
 //! ```text
-//!            ┌─► worker task-2-0.json ─► stage-2/map-0.arrow (its buckets, then its marker)
-//! driver ────┼─► worker task-2-1.json ─► stage-2/map-1.arrow
+//!            ┌─► worker task-2-0.json ─► stage-2/0-map-0.arrow (its buckets, then its marker)
+//! driver ────┼─► worker task-2-1.json ─► stage-2/1-map-1.arrow
 //!            └─► ...                      (last stdout line: the response)
 //! ```
 //!
