@@ -1,10 +1,21 @@
-"""`check`: the model's request count against one worked by hand."""
+"""`check`: the model's request count against one worked by hand, and its
+copies of the plugin's constants against the plugin's source."""
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
-from .costs import S3_TYPICAL, Costs, marker_index_bytes
+from .costs import (
+    KEY_PREFIXES,
+    MAX_PARTS_IN_FLIGHT,
+    PART_SIZE,
+    S3_TYPICAL,
+    TAIL_GUESS,
+    Costs,
+    marker_index_bytes,
+)
 from .designs import Design, Target, predict
 from .fit import StageFit
 from .profile import Stage
@@ -98,6 +109,35 @@ def self_check() -> None:
     print(f"a marker of 10 buckets: {estimated} bytes estimated, {written} written")
     if estimated != written:
         failures.append("marker size")
+    failures += plugin_constants_differ()
     if failures:
         raise SystemExit(f"check failed: {', '.join(failures)}")
     print("check passed")
+
+
+# Each constant the model copies, with the plugin's file defining it.
+PLUGIN_CONSTANTS = {
+    "KEY_PREFIXES": ("plugin/src/paths.rs", KEY_PREFIXES),
+    "MAX_PARTS_IN_FLIGHT": ("plugin/src/exchange/store.rs", MAX_PARTS_IN_FLIGHT),
+    "PART_SIZE": ("plugin/src/exchange/store.rs", PART_SIZE),
+    "TAIL_GUESS": ("plugin/src/exchange/marker.rs", TAIL_GUESS),
+}
+
+
+def plugin_constants_differ() -> list[str]:
+    """The model's copies of the plugin's constants that differ from the
+    plugin's source (`pub const NAME: type = a * b * ...;`)."""
+    root = Path(__file__).resolve().parents[2]
+    differ = []
+    for name, (file, ours) in PLUGIN_CONSTANTS.items():
+        text = (root / file).read_text()
+        found = re.search(rf"pub const {name}: \w+ = ([\d_ *]+);", text)
+        theirs = None
+        if found:
+            theirs = 1
+            for factor in found.group(1).split("*"):
+                theirs *= int(factor.strip().replace("_", ""))
+        print(f"{name}: the model's {ours}, {file}'s {theirs}")
+        if theirs != ours:
+            differ.append(name)
+    return differ

@@ -246,9 +246,11 @@ pub fn plugin() -> dfx_host::Plugin {
     dfx_abi::load(&plugin_path()).expect("the plugin file passes the handshake")
 }
 
-/// The file of map `map` of stage `stage` under `dir`, as the plugin names it.
+/// The file of map `map` of stage `stage` under `dir`, as the plugin names it
+/// (the plugin loaded once for every name a test asks).
 pub fn map_file(dir: &Path, stage: u64, map: usize) -> PathBuf {
-    plugin().map_path(dir, stage, map)
+    static NAMER: std::sync::OnceLock<dfx_host::Plugin> = std::sync::OnceLock::new();
+    NAMER.get_or_init(plugin).map_path(dir, stage, map)
 }
 
 /// The real `dfx` binary of this build.
