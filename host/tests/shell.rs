@@ -129,6 +129,9 @@ fn the_shell_creates_a_table_answers_on_one_pool_survives_a_bad_query_and_quits(
         "2".into(),
         "--partitions-per-task".into(),
         "2".into(),
+        // On a worker of the shell's pool, not kept whole in the shell.
+        "--set".into(),
+        "collapse_stages=task".into(),
     ]
     .iter()
     .map(|word| sh_quote(word))
@@ -170,8 +173,9 @@ fn the_shell_creates_a_table_answers_on_one_pool_survives_a_bad_query_and_quits(
     );
     let (answered, stages, tasks) = footers(&pane)[0];
     assert_eq!(answered, 3, "{pane}");
-    // No operator runs more than a task's two partitions: one stage of one
-    // task, on a worker of the shell's pool.
+    // No operator runs more than a task's two partitions, and `task` keeps
+    // such a plan off the driver: one stage of one task, on a worker of the
+    // shell's pool.
     assert_eq!((stages, tasks), (1, 1), "{pane}");
 
     tmux.send_line("\\stats");

@@ -118,11 +118,12 @@ async fn a_plan_without_exchange_is_one_pass_through_stage() -> Result<()> {
     Ok(())
 }
 
-/// The plan of `sql` in [`session`], each map running `per_task` partitions,
-/// with `collapse_stages` as given.
+/// The plan of `sql` in [`session`] planned for `partitions`, each map
+/// running `per_task` of them, with `collapse_stages` as given.
 async fn plan_in_tasks_of(
     sql: &str,
-    per_task: &str,
+    partitions: usize,
+    per_task: usize,
     collapse: &str,
 ) -> Result<Arc<dyn ExecutionPlan>> {
     let dir = temp_dir();
@@ -131,17 +132,24 @@ async fn plan_in_tasks_of(
         let state = ctx.state_ref();
         let mut state = state.write();
         let options = state.config_mut().options_mut();
-        options.set("dfx_engine.partitions_per_task", per_task)?;
+        options.execution.target_partitions = partitions;
+        options.set("dfx_engine.partitions_per_task", &per_task.to_string())?;
         options.set("dfx_engine.collapse_stages", collapse)?;
     }
     ctx.sql(sql).await?.create_physical_plan().await
 }
 
+/// The cores of this process, which plans as a driver does.
+fn planning_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
 #[tokio::test]
-async fn a_plan_no_wider_than_a_task_runs_as_one_stage() -> Result<()> {
+async fn a_plan_no_wider_than_a_task_runs_whole() -> Result<()> {
     let sql = "SELECT t.g, sum(u.v) FROM t JOIN u ON t.k = u.k GROUP BY t.g ORDER BY t.g";
     // Two partitions everywhere, two a task: every stage would be one task.
-    let plan = plan_in_tasks_of(sql, "2", "auto").await?;
+    // `task`: one stage, the whole plan inside its writer.
+    let plan = plan_in_tasks_of(sql, 2, 2, "task").await?;
     assert_eq!(stage_ids(&plan), vec![1], "{}", text(&plan));
     let writer = stages(&plan)[0].clone();
     let inside = text(writer.children()[0]);
@@ -150,9 +158,27 @@ async fn a_plan_no_wider_than_a_task_runs_as_one_stage() -> Result<()> {
         "{inside}"
     );
     assert!(!inside.contains("ShuffleReaderExec"), "{inside}");
+    // `auto`, no wider than this process's cores either (the tables' two
+    // partitions): not cut at all, so the driver runs it, with no stage.
+    let plan = plan_in_tasks_of(sql, 2, 2, "auto").await?;
+    if planning_cores() >= 2 {
+        assert!(stages(&plan).is_empty(), "{}", text(&plan));
+        assert!(
+            text(&plan).contains("RepartitionExec: partitioning=Hash"),
+            "the whole plan: {}",
+            text(&plan)
+        );
+    } else {
+        assert_eq!(stage_ids(&plan), vec![1], "{}", text(&plan));
+    }
+    // `auto`, wider than this process's cores but no wider than a task: one
+    // stage, for a worker with the cores.
+    let wide = planning_cores() + 1;
+    let plan = plan_in_tasks_of(sql, wide, wide, "auto").await?;
+    assert_eq!(stage_ids(&plan), vec![1], "{}", text(&plan));
     // One a task, or collapsing turned off: cut at every exchange.
-    for (per_task, collapse) in [("1", "auto"), ("2", "off")] {
-        let plan = plan_in_tasks_of(sql, per_task, collapse).await?;
+    for (per_task, collapse) in [(1, "auto"), (2, "off"), (1, "task")] {
+        let plan = plan_in_tasks_of(sql, 2, per_task, collapse).await?;
         assert!(
             stage_ids(&plan).len() > 2,
             "{per_task} {collapse}: {}",
@@ -161,9 +187,9 @@ async fn a_plan_no_wider_than_a_task_runs_as_one_stage() -> Result<()> {
     }
     // A union of two tables runs four partitions: wider than a task of two.
     let union = "SELECT g, count(*) FROM (SELECT g FROM t UNION ALL SELECT g FROM u) GROUP BY g";
-    let plan = plan_in_tasks_of(union, "2", "auto").await?;
+    let plan = plan_in_tasks_of(union, 2, 2, "task").await?;
     assert!(stage_ids(&plan).len() > 1, "{}", text(&plan));
-    let plan = plan_in_tasks_of(union, "4", "auto").await?;
+    let plan = plan_in_tasks_of(union, 2, 4, "task").await?;
     assert_eq!(stage_ids(&plan), vec![1], "{}", text(&plan));
     Ok(())
 }

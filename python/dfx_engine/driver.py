@@ -260,6 +260,10 @@ def run_distributed(
 ) -> DistributedResult:
     """Run ``query`` with every map of every stage on a worker.
 
+    A plan dfx's planner keeps whole (no wider than a task's partitions and
+    than this machine's cores, ``dfx_engine.collapse_stages``) has no stage:
+    it runs here, and no task runs.
+
     ``query`` is SQL, or a DataFrame built on a dfx session of ``spec``
     (:func:`dfx_engine.session_for`); SQL becomes that session's DataFrame,
     and both take one path from there. A table the DataFrame holds in
@@ -308,7 +312,7 @@ def run_distributed(
             refuses (:mod:`dfx_engine.session` says which), in plain words.
         MemoryTableTooLargeError: An in-memory table over
             ``dfx_engine.memory_table_limit``, naming its size and the limit.
-        RuntimeError: If the plan has no stage, any task of a wave failed
+        RuntimeError: If any task of a wave failed
             for good (every failure of that wave is reported, and no later
             wave runs), or reading the root failed.
     """
@@ -399,7 +403,7 @@ def _run_claimed(
         # runs, in the same plain words as a plan too deep to hand back.
         for stage in encoded:
             ExecutionPlan.from_bytes(ctx, stage)
-    if not encoded and given:
+    if not encoded and given and not kept_whole(query_spec, df):
         raise not_a_dfx_dataframe(query_spec)
     # Described and cut by the runtime, the step the Rust host takes.
     stages = _internal.prepare(encoded)
@@ -418,6 +422,21 @@ def _run_claimed(
         claim.canonical, lambda ranges: read_head(ctx, plan, ranges)
     )
     return DistributedResult(batches, run)
+
+
+def kept_whole(spec: SessionSpec, df: DataFrame) -> bool:
+    """Whether dfx's planner, in a session of ``spec``, keeps ``df`` whole.
+
+    A plan no wider than a task and than the driver's cores is not cut
+    (``dfx_engine.collapse_stages``): it has no stage and runs in the
+    driver. A DataFrame whose own session planned no stage is either that,
+    or one of a session without dfx's planner; planning it again in a
+    session that has the planner tells them apart.
+    """
+    ctx = build_session(spec)[0]
+    again = ctx.create_dataframe_from_logical_plan(df.logical_plan())
+    with plain_planning_errors(ctx, again):
+        return not encode_stages(ctx, again.execution_plan())
 
 
 def _name_kept(err: BaseException, location: str) -> None:

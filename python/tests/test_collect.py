@@ -109,10 +109,15 @@ def test_count_a_stream_a_table_and_show_each_run_their_stages(
     pool: WorkerPool,
     tmp_path: pathlib.Path,
 ) -> None:
-    # Kept, so each action leaves its own location, stages and all.
+    # Kept, so each action leaves its own location, stages and all; on a
+    # worker, so a plan no wider than a task is a stage too, not kept whole
+    # for the driver.
     root = tmp_path / "root"
     spec = SessionSpec(
-        tables=dict(tpch_tables), shuffle_root=str(root), keep_shuffle=True
+        tables=dict(tpch_tables),
+        shuffle_root=str(root),
+        keep_shuffle=True,
+        engine_options={"collapse_stages": "task"},
     )
     ctx = session_for(spec, pool=pool)
     sql = "SELECT o_orderpriority, count(*) AS n FROM orders GROUP BY o_orderpriority"
@@ -155,7 +160,13 @@ def test_a_failing_query_keeps_and_names_its_location(
 def test_a_shuffle_dir_runs_one_query_and_refuses_a_second(
     tpch_tables: dict[str, str], pool: WorkerPool, tmp_path: pathlib.Path
 ) -> None:
-    spec = SessionSpec(tables=dict(tpch_tables), shuffle_dir=str(tmp_path / "own"))
+    # On a worker, so the query leaves stage output: one file, one partition,
+    # would be kept whole for the driver, and leave none.
+    spec = SessionSpec(
+        tables=dict(tpch_tables),
+        shuffle_dir=str(tmp_path / "own"),
+        engine_options={"collapse_stages": "task"},
+    )
     ctx = session_for(spec, pool=pool)
     sql = "SELECT count(*) AS n FROM nation"
     assert tpch_rows(ctx.sql(sql).collect()) == [(25,)]
@@ -166,7 +177,11 @@ def test_a_shuffle_dir_runs_one_query_and_refuses_a_second(
 def test_run_distributed_still_runs_a_dataframe_of_a_driving_session(
     tpch_tables: dict[str, str], pool: WorkerPool, tmp_path: pathlib.Path
 ) -> None:
-    spec = SessionSpec(tables=dict(tpch_tables), shuffle_dir=str(tmp_path / "own"))
+    spec = SessionSpec(
+        tables=dict(tpch_tables),
+        shuffle_dir=str(tmp_path / "own"),
+        engine_options={"collapse_stages": "task"},
+    )
     ctx = session_for(spec, pool=pool)
     result = run_distributed(
         ctx.sql("SELECT count(*) AS n FROM region"), spec, pool=pool

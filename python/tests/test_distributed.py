@@ -25,7 +25,7 @@ from conftest import (
     split_map_file,
 )
 
-from dfx_engine import _internal
+from dfx_engine import _internal, session_for
 from dfx_engine.driver import (
     dataframe_for,
     execute_plan,
@@ -348,6 +348,49 @@ def test_each_file_is_one_map_so_work_is_divided(tmp_path: pathlib.Path) -> None
     assert len(scans) == 2
     for stage in scans:
         assert [result.task_rows[(stage, m)] for m in range(2)] == [300_000, 300_000]
+
+
+def test_a_plan_no_wider_than_a_task_runs_whole_in_the_driver(
+    tmp_path: pathlib.Path,
+) -> None:
+    # One file, one partition: no wider than a task or than any driver.
+    table = tmp_path / "t"
+    table.mkdir()
+    keys = pa.array([1, 2, 2, 3, 3, 3], pa.int64())
+    pq.write_table(pa.table({"k": keys}), table / "part-0.parquet")
+    sql = "SELECT k, count(*) AS n FROM t GROUP BY k ORDER BY k"
+    answer = [{"k": 1, "n": 1}, {"k": 2, "n": 2}, {"k": 3, "n": 3}]
+
+    def spec(name: str, collapse: str) -> SessionSpec:
+        return SessionSpec(
+            tables={"t": str(table)},
+            shuffle_dir=str(tmp_path / name),
+            target_partitions=1,
+            engine_options={"collapse_stages": collapse},
+        )
+
+    # Kept whole: no stage, no task, and nothing written to the location.
+    whole = spec("whole", "auto")
+    result = run_distributed(sql, whole)
+    assert as_rows(result.batches) == answer
+    assert (result.stages, result.tasks) == ([], [])
+    assert published_files(whole.shuffle_dir) == set()
+    # A DataFrame of a session made from the spec takes the same path.
+    ctx = build_session(spec("frame", "auto"))[0]
+    result = run_distributed(ctx.sql(sql), spec("frame", "auto"))
+    assert as_rows(result.batches) == answer
+    assert result.tasks == []
+    # collect() on a session that drives its queries: the same, run here.
+    driving = session_for(
+        dataclasses.replace(whole, shuffle_dir="", shuffle_root=str(tmp_path / "root"))
+    )
+    assert as_rows(driving.sql(sql).collect()) == answer
+    # `task`: one stage, its one task on a worker, the same answer.
+    on_a_worker = spec("task", "task")
+    result = run_distributed(sql, on_a_worker)
+    assert as_rows(result.batches) == answer
+    assert [s.stage_id for s in result.stages] == [_internal.stage_id(0)]
+    assert len(result.tasks) == 1
 
 
 JOINED_SQL = (

@@ -398,6 +398,10 @@ def rust_host(
         str(PARTITIONS),
         "--max-workers",
         str(PARTITIONS),
+        # On a worker: a plan no wider than a task of this machine's cores
+        # would otherwise run whole in the driver, reading no stage.
+        "--set",
+        "collapse_stages=task",
         "--format",
         "json",
         *flags,
@@ -778,6 +782,9 @@ def test_tpch_through_the_rust_host_with_tables_and_shuffle_on_s3_agrees_with_st
             f"s3://{BUCKET}/tables/rust",
             "--json",
             str(report),
+            # Each query a stage whose output goes to the bucket.
+            "--set",
+            "collapse_stages=task",
         ],
         capture_output=True,
         text=True,

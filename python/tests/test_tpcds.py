@@ -401,6 +401,10 @@ def test_tpcds_query_through_the_rust_host_agrees_with_stock(
         split,
         "--max-workers",
         str(PARTITIONS),
+        # On a worker: a plan no wider than a task of this machine's cores
+        # would otherwise run whole in the driver, with no stage.
+        "--set",
+        "collapse_stages=task",
         "--format",
         "json",
         "-f",

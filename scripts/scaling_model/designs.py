@@ -68,9 +68,9 @@ class Design:
     # request per (reader partition, upstream task) instead of one per pair
     # of tasks.
     request_per_partition: bool = False
-    # One stage (`collapse_stages`, a plan no wider than a task): the whole
-    # plan pipelined in one task, its exchanges repartitions in memory, so
-    # no map file is written or read.
+    # Whole (`collapse_stages`, a plan no wider than a task): the whole
+    # plan pipelined in one process, its exchanges repartitions in memory,
+    # so no map file is written or read.
     one_stage: bool = False
 
     def __post_init__(self) -> None:

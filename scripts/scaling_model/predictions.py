@@ -158,10 +158,10 @@ def predictions(
         put_store=S3_TYPICAL,
         prefixes=KEY_PREFIXES,
     )
-    # What one machine runs (`collapse_stages`): each query one stage, its
-    # one task pipelining the whole plan; no map file, no shuffle request.
+    # What one machine runs (`collapse_stages`): each query whole, the
+    # driver pipelining the whole plan; no map file, no shuffle request.
     one_machine = Case(
-        "one stage a query: one machine as it runs",
+        "each query whole: one machine as it runs",
         Design("one stage", machine_tasks=True, one_stage=True),
     )
     two_parts = Design("machine-sized, two parts", machine_tasks=True, parts_in_flight=2)
@@ -239,7 +239,7 @@ def predictions(
     print(f"\n## Predictions: k machines of c = {cores} cores, {store.name}\n")
     print("All 22 queries one after another, seconds; P = k c partitions; the")
     print("speedup is k = 64 against the row's k = 1, and against one machine as")
-    print("it runs (each query one stage); GETs and given-up requests at k = 64.\n")
+    print("it runs (each query whole); GETs and given-up requests at k = 64.\n")
     print(
         f"| scale | design | {head} | speedup | over one machine | GETs | given up |"
     )

@@ -252,7 +252,11 @@ pub async fn overhead(
         .tempdir()
         .map_err(|e| TpchError::io(&std::env::temp_dir(), e))?;
     let table = write_empty_table(data.path())?;
-    let spec = SessionSpec::new([("empty".to_string(), table)]).with_target_partitions(1);
+    let mut spec = SessionSpec::new([("empty".to_string(), table)]).with_target_partitions(1);
+    // A stage of one task, on a worker: what is measured. A plan this small
+    // would otherwise be kept whole for the driver, with no task at all.
+    spec.engine_options
+        .insert("collapse_stages".to_string(), "task".to_string());
 
     let mut samples: Vec<StepTimes> = Vec::new();
     let mut real = Vec::new();

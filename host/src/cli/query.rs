@@ -38,7 +38,9 @@ pub struct QueryArgs {
     /// threads, publishing one map file for them all (the plugin's
     /// dfx_engine.partitions_per_task). Default: this machine's cores, so a
     /// stage of as many partitions is one task, and a query no wider than
-    /// that is one stage (`--set collapse_stages=off` keeps its stages).
+    /// that runs whole in this process, with no stage (`--set
+    /// collapse_stages=task` runs it as one stage on a worker, `off` keeps
+    /// its stages).
     #[arg(long, value_name = "N", value_parser = parse_at_least_one)]
     pub partitions_per_task: Option<usize>,
     /// Shuffle location for stage output (must not hold stage output yet):

@@ -278,6 +278,13 @@ async fn run_query(
         spec.split,
         started.elapsed()
     );
+    if result.stages.is_empty() {
+        // Said, so no-one reads "0 tasks" as a query that did nothing.
+        eprintln!(
+            "the plan is no wider than a task: it ran whole in this process \
+             (--set collapse_stages=task runs it on a worker)"
+        );
+    }
     let summaries = dfx_host::driver::analyze::stage_summaries(&result);
     for (stage, summary) in result.stages.iter().zip(&summaries) {
         let bytes = summary
@@ -304,7 +311,9 @@ async fn run_query(
             result.task_rows.len() - TASKS_SHOWN
         ));
     }
-    eprintln!("rows per task (stage/map=rows): {}", per_task.join(" "));
+    if !per_task.is_empty() {
+        eprintln!("rows per task (stage/map=rows): {}", per_task.join(" "));
+    }
     for retry in &result.retries {
         eprintln!("retried: {retry}");
     }

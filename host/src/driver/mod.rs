@@ -233,7 +233,9 @@ impl Host {
 
     /// Run `sql`: each map of each stage on a worker (a pooled one, or a
     /// process of its own), stage after stage as their inputs are published,
-    /// then the root of the same plan here.
+    /// then the root of the same plan here. A plan the plugin keeps whole
+    /// (no wider than a task and than this machine's cores, see
+    /// `dfx_engine.collapse_stages`) has no stage and runs here entirely.
     ///
     /// In `spec.shuffle_dir`, which must not already hold stage output; or
     /// in a fresh location under `spec.shuffle_root` (under this host's
@@ -243,8 +245,8 @@ impl Host {
     ///
     /// # Errors
     ///
-    /// Both a shuffle directory and a root, a reused directory, a plan without stages or whose
-    /// stages the plugin describes inconsistently, a stage that cannot be
+    /// Both a shuffle directory and a root, a reused directory, stages the
+    /// plugin describes inconsistently, a stage that cannot be
     /// encoded, any failed worker (every failure of its wave, together;
     /// nothing after that wave runs), or a failure of the final read (a
     /// missing or unreadable file is named by stage, map and bucket).
@@ -302,15 +304,11 @@ impl Host {
         let session = build_session(&self.plugin, spec).await?;
         // Planned once: the plan the stages are cut from is the plan whose
         // root runs here at the end, so both name the same files.
+        // A plan with no stage is one the plugin keeps whole for the driver
+        // (`dfx_engine.collapse_stages`): no task runs, and its root below is
+        // the whole plan.
         let planned = session.plan(sql).await?;
         let plan = planned.plan;
-        if planned.stages.is_empty() {
-            return Err(HostError::Invalid(format!(
-                "no {} in the plan of {sql:?}; the plugin's planner did not run or its config \
-                 extension was not registered",
-                self.plugin.stage_node_name()
-            )));
-        }
         // Every stage, encoded through the session that owns the codecs
         // (without them only DataFusion's own nodes survive) and cut out of
         // the plan by the plugin.

@@ -103,12 +103,17 @@ pub enum Coalesce {
     Off,
 }
 
-/// Whether a plan whose every stage would be one task runs as one stage:
-/// `dfx_engine.collapse_stages`.
+/// Whether a plan whose every stage would be one task is cut at all, and
+/// where it runs when it is not: `dfx_engine.collapse_stages`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CollapseStages {
-    /// When no operator of the plan runs more partitions than a task does.
+    /// When no operator of the plan runs more partitions than a task does:
+    /// uncut, run by the driver that planned it when it runs no more
+    /// partitions than the driver has cores either, else one stage.
     Auto,
+    /// When no operator of the plan runs more partitions than a task does:
+    /// one stage, its one task run by a worker.
+    Task,
     /// Never: the plan is cut as the split rule says.
     Off,
 }

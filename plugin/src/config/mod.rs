@@ -175,7 +175,8 @@ extensions_options! {
         pub map_server: String, default = String::new()
         /// Set by a worker keeping copies to serve: where its writers put them.
         pub map_copy_dir: String, default = String::new()
-        /// A plan whose every stage would be one task runs as one stage: `auto` or `off`.
+        /// A plan whose every stage would be one task runs uncut in the
+        /// driver or as one stage: `auto`, `task` or `off`.
         pub collapse_stages: String, default = "auto".to_string()
         /// Where map files live between stages: `object_store`, `local` or `both`.
         pub shuffle_durability: String, default = "object_store".to_string()
@@ -308,16 +309,21 @@ impl DfxConfig {
         }
     }
 
-    /// Whether a plan whose every stage would be one task runs as one stage.
+    /// Whether a plan whose every stage would be one task is cut, and where
+    /// it runs when it is not.
     ///
     /// # Errors
     ///
-    /// A value other than `auto` or `off`, named in the message.
+    /// A value other than `auto`, `task` or `off`, named in the message.
     pub fn collapse_stages(&self) -> Result<CollapseStages> {
         choose(
             COLLAPSE_STAGES_KEY,
             &self.collapse_stages,
-            &[("auto", CollapseStages::Auto), ("off", CollapseStages::Off)],
+            &[
+                ("auto", CollapseStages::Auto),
+                ("task", CollapseStages::Task),
+                ("off", CollapseStages::Off),
+            ],
         )
     }
 

@@ -177,7 +177,7 @@ fn choice_settings() -> Vec<(String, Accessor, Vec<&'static str>)> {
         (
             COLLAPSE_STAGES_KEY.to_string(),
             |c| answer(c.collapse_stages()),
-            vec!["auto", "off"],
+            vec!["auto", "task", "off"],
         ),
         (
             COALESCE_KEY.to_string(),

@@ -27,7 +27,8 @@
 //! such a join whole.
 //!
 //! In either mode, a plan no wider than a map's slice of partitions is not
-//! cut at all but run as one stage ([`insert_stages`] says why).
+//! cut at all: it runs in the driver, or as one stage ([`insert_stages`]
+//! says why and which).
 //!
 //! Stages are numbered in pre-order once every cut is made (see
 //! [`number_stages`]), so the n-th writer in pre-order has id `FIRST_STAGE_ID + n`.
@@ -55,37 +56,29 @@ use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMerge
 use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
+use super::cut::Cut;
 use super::restate_constants::restate_constants;
-use crate::config::{CollapseStages, JoinFilters, SplitMode};
+use super::run_whole::{kept_for_the_driver, runs_whole};
+use crate::config::{JoinFilters, SplitMode};
 use crate::exec::shuffle_reader::ShuffleReaderExec;
 use crate::exec::shuffle_writer::ShuffleWriterExec;
 use crate::planner::add_join_filters;
 use crate::planner::number_stages::number_stages;
 use crate::wire::ReadMode;
 
-/// How a plan is cut: the split rule, the filters that cross stages, the
-/// partitions each map runs, and whether a plan of one-task stages runs as
-/// one stage.
-#[derive(Debug, Clone, Copy)]
-pub struct Cut {
-    /// Where the plan is cut.
-    pub mode: SplitMode,
-    /// Which joins get filters that cross stages.
-    pub filters: JoinFilters,
-    /// Partitions of a stage each map (each task) runs, at least one.
-    pub partitions_per_map: usize,
-    /// Whether a plan whose every stage would be one task runs as one stage.
-    pub collapse: CollapseStages,
-}
-
 /// Cut `plan` into stages as `cut` says, publishing into `shuffle_dir`;
-/// returns the new plan and its number of stages (at least one).
+/// returns the new plan and its number of stages.
 ///
 /// A plan none of whose operators runs more partitions than a map does
 /// would run each stage as one task, each waiting for the last one's files
-/// (one machine: its cores are both the partitions and a slice). Under
-/// [`CollapseStages::Auto`] it is one stage: its one task pipelines the
-/// whole plan on its worker's cores, as one process does.
+/// (one machine: its cores are both the partitions and a slice). It runs
+/// whole instead, pipelined on all the cores of one process, as one
+/// process does. Under [`crate::config::CollapseStages::Auto`], when it is no wider than
+/// the driver's cores either, it is not cut at all (no stage): the driver
+/// that planned it runs it, so a query one machine answers pays no task, no
+/// map file and no encoding of its plan. Otherwise (a driver with fewer
+/// cores than a worker, or [`crate::config::CollapseStages::Task`]) it is one stage, whose
+/// one task a worker runs.
 ///
 /// # Errors
 ///
@@ -99,17 +92,19 @@ pub fn insert_stages(
         mode,
         filters,
         partitions_per_map,
-        collapse,
+        ..
     } = cut;
     let cutter = Cutter {
         shuffle_dir: shuffle_dir.to_path_buf(),
         mode,
         partitions_per_map,
     };
-    let one_stage =
-        collapse == CollapseStages::Auto && widest_partitions(&plan) <= partitions_per_map;
+    if kept_for_the_driver(&plan, &cut) {
+        return Ok((plan, 0));
+    }
+    let whole = runs_whole(&plan, &cut);
     let plan = match mode {
-        _ if one_stage => cutter.pass_through(plan)?,
+        _ if whole => cutter.pass_through(plan)?,
         SplitMode::Exchange => {
             let plan = cutter.cut(plan)?;
             if cutter.head_needs_a_stage(&plan) {
@@ -132,7 +127,7 @@ pub fn insert_stages(
     let mut next = 0;
     let plan = number_stages(plan, &mut next)?;
     // One stage has no build stage to filter by.
-    if filters == JoinFilters::Off || one_stage {
+    if filters == JoinFilters::Off || whole {
         return Ok((plan, next));
     }
     // Ids do not change (no writer is added); deps gain the build stages.
@@ -586,12 +581,4 @@ fn head_has_leaf(plan: &Arc<dyn ExecutionPlan>) -> bool {
     }
     let children = plan.children();
     children.is_empty() || children.into_iter().any(head_has_leaf)
-}
-
-/// The most partitions any operator of `plan` runs.
-fn widest_partitions(plan: &Arc<dyn ExecutionPlan>) -> usize {
-    plan.children()
-        .into_iter()
-        .map(widest_partitions)
-        .fold(plan.output_partitioning().partition_count(), usize::max)
 }

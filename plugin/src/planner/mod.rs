@@ -2,7 +2,8 @@
 //! plan into stages ([`crate::planner`]).
 //!
 //! No shuffle directory configured means no stage: the query runs in
-//! process, planned exactly as DataFusion would.
+//! process, planned exactly as DataFusion would. So is a plan the driver
+//! keeps whole ([`kept_for_the_driver`]), which runs in one process too.
 
 use std::sync::Arc;
 
@@ -18,19 +19,23 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
 mod add_join_filters;
+mod cut;
 mod insert_stages;
 mod number_stages;
 mod restate_constants;
+mod run_whole;
 mod seal_recursive_queries;
 mod wrap_store_scans;
 
 pub use add_join_filters::add_join_filters;
-pub use insert_stages::{Cut, insert_stages};
+pub use cut::Cut;
+pub use insert_stages::insert_stages;
 pub use restate_constants::restate_constants;
+pub use run_whole::kept_for_the_driver;
 pub use seal_recursive_queries::{seal_recursive_queries, whole_work_tables};
 pub use wrap_store_scans::wrap_store_scans;
 
-use crate::config::DfxConfig;
+use crate::config::{CollapseStages, DfxConfig};
 use crate::counters;
 use crate::counters::LiveObject;
 use crate::exchange::store::S3Options;
@@ -69,55 +74,87 @@ impl QueryPlanner for DfxQueryPlanner {
         let filters = dfx.join_filters()?;
         // Every choice, so a typo fails the query before any task runs.
         dfx.check_choices()?;
-        let collapse = dfx.collapse_stages()?;
-        let shuffle_dir = dfx.shuffle_dir();
-        let mut config = session.config().clone();
-        if shuffle_dir.is_some() {
-            isolate_partitions(config.options_mut());
-        }
-        // The host's object stores do not cross the boundary: a table on S3
-        // is listed through the plugin's (see `crate::tables`).
-        let runtime = with_table_stores(session.runtime_env(), S3Options::from_config(&dfx))?;
-        let mut state = SessionStateBuilder::new()
-            .with_config(config)
-            .with_runtime_env(runtime)
-            .with_default_features()
-            .build();
-        for udf in crate::functions::scalar_udfs() {
-            state.register_udf(udf)?;
-        }
-        for udaf in crate::functions::aggregate_udfs() {
-            state.register_udaf(udaf)?;
-        }
-        let logical_plan = &with_native_functions(logical_plan.clone(), &state)?;
-        // Optimized again under the settings above: the host optimized the
-        // plan under its own, which may leave uncorrelated scalar subqueries
-        // for a `ScalarSubqueryExec` (see `isolate_partitions`).
-        let logical_plan = match shuffle_dir {
-            Some(_) => &state.optimize(logical_plan)?,
-            None => logical_plan,
+        let Some(dir) = dfx.shuffle_dir() else {
+            return plan_physically(logical_plan, session, &dfx, Planning::AsOneProcess).await;
         };
-        let plan = DefaultPhysicalPlanner::default()
-            .create_physical_plan(logical_plan, &state)
-            .await?;
-        // Every plan crosses to the host encoded, so also one without stages.
-        let plan = seal_recursive_queries(plan)?;
-        match shuffle_dir {
-            None => Ok(plan),
-            Some(dir) => {
-                let plan = wrap_store_scans(plan)?;
-                let cut = Cut {
-                    mode: split,
-                    filters,
-                    partitions_per_map: dfx.partitions_per_task(),
-                    collapse,
-                };
-                let (plan, stages) = insert_stages(plan, &dir, cut)?;
-                counters::stages_inserted(stages);
-                Ok(plan)
+        let cut = Cut {
+            mode: split,
+            filters,
+            partitions_per_map: dfx.partitions_per_task(),
+            collapse: dfx.collapse_stages()?,
+            driver_cores: std::thread::available_parallelism().map_or(1, usize::from),
+        };
+        // A plan the driver may keep whole runs in one process, so it is
+        // first planned as one process plans it (join dynamic filters, a
+        // physical scalar subquery, round-robin repartitions); only a plan
+        // that turns out wider is planned again under the isolation settings.
+        let one_process = CollapseStages::Auto == cut.collapse
+            && session.config().target_partitions() <= cut.partitions_per_map.min(cut.driver_cores);
+        if one_process {
+            let plan = plan_physically(logical_plan, session, &dfx, Planning::AsOneProcess).await?;
+            if kept_for_the_driver(&plan, &cut) {
+                counters::stages_inserted(0);
+                return wrap_store_scans(plan);
             }
         }
+        let plan = plan_physically(logical_plan, session, &dfx, Planning::Isolated).await?;
+        let plan = wrap_store_scans(plan)?;
+        let (plan, stages) = insert_stages(plan, &dir, cut)?;
+        counters::stages_inserted(stages);
+        Ok(plan)
     }
+}
+
+/// How a plan is planned physically.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Planning {
+    /// As DataFusion plans it for one process: under the caller's settings.
+    AsOneProcess,
+    /// Under the isolation settings, for partitions that run apart
+    /// ([`isolate_partitions`]).
+    Isolated,
+}
+
+/// `logical_plan` planned physically, as `planning` says, with a session
+/// of the plugin's own built from `session`'s config and runtime (see
+/// [`DfxQueryPlanner`]), its recursive queries sealed.
+async fn plan_physically(
+    logical_plan: &LogicalPlan,
+    session: &dyn Session,
+    dfx: &DfxConfig,
+    planning: Planning,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let mut config = session.config().clone();
+    if planning == Planning::Isolated {
+        isolate_partitions(config.options_mut());
+    }
+    // The host's object stores do not cross the boundary: a table on S3
+    // is listed through the plugin's (see `crate::tables`).
+    let runtime = with_table_stores(session.runtime_env(), S3Options::from_config(dfx))?;
+    let mut state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_runtime_env(runtime)
+        .with_default_features()
+        .build();
+    for udf in crate::functions::scalar_udfs() {
+        state.register_udf(udf)?;
+    }
+    for udaf in crate::functions::aggregate_udfs() {
+        state.register_udaf(udaf)?;
+    }
+    let logical_plan = &with_native_functions(logical_plan.clone(), &state)?;
+    // Optimized again under the settings above: the host optimized the
+    // plan under its own, which may leave uncorrelated scalar subqueries
+    // for a `ScalarSubqueryExec` (see `isolate_partitions`).
+    let logical_plan = match planning {
+        Planning::Isolated => &state.optimize(logical_plan)?,
+        Planning::AsOneProcess => logical_plan,
+    };
+    let plan = DefaultPhysicalPlanner::default()
+        .create_physical_plan(logical_plan, &state)
+        .await?;
+    // Every plan crosses to the host encoded, so also one without stages.
+    seal_recursive_queries(plan)
 }
 
 /// `plan` with every function it calls by a name the plugin's own session

@@ -75,8 +75,9 @@ impl QueryPlanner for DrivingQueryPlanner {
                 return Err(location_kept(err, kept));
             }
         };
-        // A plan reading no table (`SELECT 1`, `EXPLAIN`) has no stage, so
-        // no reader: it runs here, and its location is not needed.
+        // A plan reading no table (`SELECT 1`, `EXPLAIN`), or one the plugin
+        // keeps whole for the driver (`collapse_stages`), has no stage, so no
+        // reader: it runs here, and its location is not needed.
         let reads_stages = driver
             .plugin
             .reader_node_name()

@@ -45,7 +45,8 @@ impl Scheduler {
     /// is published (see [`crate::scheduler`]); `spec` is shipped to every
     /// worker (with the codec ids the host encoded with) and `task_dir`
     /// receives the encoded stages. Envelopes travel inline unless
-    /// `envelope_files`.
+    /// `envelope_files`. No stage (a plan the plugin keeps whole for the
+    /// driver) runs no task, and its run's root read is the whole plan.
     ///
     /// # Errors
     ///
@@ -84,13 +85,6 @@ impl Scheduler {
                 "a distributed run needs a shuffle location; the spec has none".into(),
             )
         })?;
-        if stages.is_empty() {
-            return Err(RuntimeError::Invalid(
-                "the plan has no stage: the plugin's planner did not run, or saw no shuffle \
-                 location"
-                    .into(),
-            ));
-        }
         for stage in &stages {
             // The workers would refuse every one of them, after the driver
             // had started them all.
