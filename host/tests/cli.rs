@@ -416,6 +416,31 @@ fn dfx_explain_marks_each_stage_with_its_id_maps_buckets_and_deps() {
     assert!(out.status.success());
     assert!(!text(&out.stdout).contains("ShuffleWriterExec"));
     assert!(!text(&out.stdout).contains("<== stage"));
+
+    // One partition, no wider than a task: kept whole for the driver, and
+    // said so; under `task`, one stage.
+    let literals = "SELECT v, count(*) AS n FROM (VALUES (1), (2), (2)) AS t(v) GROUP BY v";
+    let out = dfx(&["explain", "--partitions", "1", literals]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stdout).contains("<== stage"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stderr).contains("no stage: the driver runs this plan whole"),
+        "{}",
+        text(&out.stderr)
+    );
+    let task = ["--partitions", "1", "--set", "collapse_stages=task"];
+    let out = dfx(&[&["explain"][..], &task, &[literals]].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("<== stage 1 ("),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(text(&out.stderr).is_empty(), "{}", text(&out.stderr));
 }
 
 #[test]

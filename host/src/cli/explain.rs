@@ -25,7 +25,15 @@ pub async fn explain(args: ExplainArgs) -> Result<()> {
         spec = spec.with_shuffle_dir(dir);
     }
     for sql in &script.queries {
-        print!("{}", host.explain(sql, &spec).await?);
+        let rendered = host.explain(sql, &spec).await?;
+        print!("{rendered}");
+        if !args.query.local && !rendered.contains(host.plugin().stage_node_name()) {
+            // Said, so an uncut plan is not read as one dfx failed to cut.
+            eprintln!(
+                "no stage: the driver runs this plan whole (a plan no wider than a task \
+                 is not cut; --set collapse_stages=task runs it on a worker)"
+            );
+        }
     }
     Ok(())
 }
