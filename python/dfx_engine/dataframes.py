@@ -238,7 +238,9 @@ def not_a_dfx_dataframe(spec: SessionSpec) -> ValueError:
     """The error for a DataFrame whose plan has no stage to run."""
     message = (
         "the DataFrame's plan has no stage: it was built on a session without "
-        "dfx's planner or without a shuffle location. Build it on "
+        "dfx's planner, without a shuffle location, or whose settings keep "
+        "it whole for the driver (dfx_engine.collapse_stages) where the "
+        "spec's would cut it. Build it on "
         f"dfx_engine.session_for(spec) for the spec of shuffle_dir "
         f"{spec.shuffle_dir!r}, the session run_distributed plans it with"
     )

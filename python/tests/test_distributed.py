@@ -391,6 +391,10 @@ def test_a_plan_no_wider_than_a_task_runs_whole_in_the_driver(
     assert as_rows(result.batches) == answer
     assert [s.stage_id for s in result.stages] == [_internal.stage_id(0)]
     assert len(result.tasks) == 1
+    # A DataFrame its own session kept whole, under a spec that would cut
+    # it: refused, naming that cause among the others.
+    with pytest.raises(ValueError, match="keep it whole for the driver"):
+        run_distributed(ctx.sql(sql), spec("again", "task"))
 
 
 JOINED_SQL = (
