@@ -31,11 +31,12 @@ pub use add_join_filters::add_join_filters;
 pub use cut::Cut;
 pub use insert_stages::insert_stages;
 pub use restate_constants::restate_constants;
+use run_whole::fits_the_driver;
 pub use run_whole::kept_for_the_driver;
 pub use seal_recursive_queries::{seal_recursive_queries, whole_work_tables};
 pub use wrap_store_scans::wrap_store_scans;
 
-use crate::config::{CollapseStages, DfxConfig};
+use crate::config::DfxConfig;
 use crate::counters;
 use crate::counters::LiveObject;
 use crate::exchange::store::S3Options;
@@ -88,9 +89,7 @@ impl QueryPlanner for DfxQueryPlanner {
         // first planned as one process plans it (join dynamic filters, a
         // physical scalar subquery, round-robin repartitions); only a plan
         // that turns out wider is planned again under the isolation settings.
-        let one_process = CollapseStages::Auto == cut.collapse
-            && session.config().target_partitions() <= cut.partitions_per_map.min(cut.driver_cores);
-        if one_process {
+        if fits_the_driver(session.config().target_partitions(), &cut) {
             let plan = plan_physically(logical_plan, session, &dfx, Planning::AsOneProcess).await?;
             if kept_for_the_driver(&plan, &cut) {
                 counters::stages_inserted(0);

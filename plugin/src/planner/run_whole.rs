@@ -13,8 +13,15 @@ use crate::config::CollapseStages;
 /// [`CollapseStages::Auto`], no operator of it runs more partitions than a
 /// map does, or than the driver has cores.
 pub fn kept_for_the_driver(plan: &Arc<dyn ExecutionPlan>, cut: &Cut) -> bool {
+    fits_the_driver(widest_partitions(plan), cut)
+}
+
+/// Whether `cut` keeps a plan whose widest operator runs `partitions`
+/// whole for the driver ([`kept_for_the_driver`]); the planner asks it of
+/// the session's target partitions before a plan exists.
+pub(super) fn fits_the_driver(partitions: usize, cut: &Cut) -> bool {
     cut.collapse == CollapseStages::Auto
-        && widest_partitions(plan) <= cut.partitions_per_map.min(cut.driver_cores)
+        && partitions <= cut.partitions_per_map.min(cut.driver_cores)
 }
 
 /// Whether `cut` runs `plan` whole, in the driver or as one stage: unless
